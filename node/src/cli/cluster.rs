@@ -1,0 +1,134 @@
+//! `baton cluster init` and `baton status`.
+
+use baton_rpc::proto::NodeInfoResponse;
+use baton_rpc::{Client, ClientConfig, Error};
+use clap::Subcommand;
+use serde_json::json;
+
+use super::exit;
+
+/// `baton cluster ...`
+#[derive(Subcommand, Debug)]
+pub enum ClusterCommand {
+    /// Form one cluster from the running nodes named by --endpoints (each reports its own id).
+    Init,
+}
+
+pub async fn run(command: ClusterCommand, endpoints: &[String], config: ClientConfig) -> u8 {
+    match command {
+        ClusterCommand::Init => init(endpoints, config).await,
+    }
+}
+
+async fn init(endpoints: &[String], config: ClientConfig) -> u8 {
+    let client = match Client::new(endpoints, config) {
+        Ok(client) => client,
+        Err(error) => return exit::report(&error),
+    };
+    let mut members = Vec::new();
+    for endpoint in client.endpoints() {
+        match client.node_info(endpoint).await {
+            Ok(info) if info.initialized => {
+                eprintln!(
+                    "ALREADY_INITIALIZED: node {} at {endpoint} already belongs to a cluster",
+                    info.id
+                );
+                return exit::REFUSED;
+            }
+            Ok(info) => members.push((info.id, info.addr)),
+            Err(error) => {
+                eprintln!("baton: node at {endpoint} did not answer");
+                return exit::report(&error);
+            }
+        }
+    }
+    let mut ids: Vec<u64> = members.iter().map(|(id, _)| *id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    if ids.len() != members.len() {
+        eprintln!("baton: two endpoints reported the same node id: {members:?}");
+        return exit::USAGE;
+    }
+    if let Err(error) = client.initialize(&client.endpoints()[0], &members).await {
+        return exit::report(&error);
+    }
+    match client.discover_leader().await {
+        Ok(leader) => {
+            let list: Vec<String> = members.iter().map(|(id, addr)| format!("{id}={addr}")).collect();
+            println!("initialized cluster {}; leader at {leader}", list.join(","));
+            exit::OK
+        }
+        Err(error) => exit::report(&error),
+    }
+}
+
+pub async fn status(endpoints: &[String], config: ClientConfig, as_json: bool) -> u8 {
+    let client = match Client::new(endpoints, config) {
+        Ok(client) => client,
+        Err(error) => return exit::report(&error),
+    };
+    let mut first: Option<NodeInfoResponse> = None;
+    let mut last_error: Option<Error> = None;
+    for endpoint in client.endpoints() {
+        match client.node_info(endpoint).await {
+            Ok(info) => {
+                first = Some(info);
+                break;
+            }
+            Err(error) => last_error = Some(error),
+        }
+    }
+    let Some(first) = first else {
+        eprintln!("baton: no node answered (tried {})", client.endpoints().join(", "));
+        return last_error.map(|e| exit::report(&e)).unwrap_or(exit::UNREACHABLE);
+    };
+    // Members come from the membership a node knows; a node not yet in a cluster lists itself.
+    let addrs: Vec<(u64, String)> = if first.members.is_empty() {
+        vec![(first.id, first.addr.clone())]
+    } else {
+        first.members.iter().map(|m| (m.id, m.addr.clone())).collect()
+    };
+    let mut rows = Vec::new();
+    let mut leader = None;
+    for (id, addr) in addrs {
+        match client.node_info(&addr).await {
+            Ok(info) => {
+                if info.role == "leader" {
+                    leader = Some(info.id);
+                }
+                rows.push((id, addr, info.role.clone(), Some(info)));
+            }
+            Err(_) => rows.push((id, addr, "unreachable".to_string(), None)),
+        }
+    }
+    if as_json {
+        let members: Vec<_> = rows
+            .iter()
+            .map(|(id, addr, role, info)| {
+                json!({
+                    "id": id,
+                    "addr": addr,
+                    "role": role,
+                    "term": info.as_ref().map(|i| i.term),
+                    "last_log_index": info.as_ref().map(|i| i.last_log_index),
+                    "applied_index": info.as_ref().map(|i| i.applied_index),
+                })
+            })
+            .collect();
+        println!("{}", json!({ "leader": leader, "members": members }));
+    } else {
+        println!("{:<4} {:<22} {:<12} {:>6} {:>10} {:>10}", "ID", "ADDR", "ROLE", "TERM", "LAST_LOG", "APPLIED");
+        for (id, addr, role, info) in &rows {
+            let (term, last, applied) = info
+                .as_ref()
+                .map(|i| (i.term.to_string(), i.last_log_index.to_string(), i.applied_index.to_string()))
+                .unwrap_or_else(|| ("-".into(), "-".into(), "-".into()));
+            println!("{id:<4} {addr:<22} {role:<12} {term:>6} {last:>10} {applied:>10}");
+        }
+        match leader {
+            Some(id) => println!("leader: node {id}"),
+            None => println!("leader: none"),
+        }
+    }
+    exit::OK
+}

@@ -1,0 +1,119 @@
+//! `baton dev`: a local three-node cluster in one process, for trying Baton out.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use baton_rpc::{Client, ClientConfig};
+use clap::Args;
+use tokio::sync::watch;
+
+use super::{exit, shutdown_signal, TuningArgs};
+
+/// Arguments of `baton dev`.
+#[derive(Args, Debug)]
+pub struct DevArgs {
+    /// Where the three nodes keep their data (`node-1`, `node-2`, `node-3` inside).
+    #[arg(long, default_value = "./.baton/dev")]
+    data_dir: PathBuf,
+    /// First of the three consecutive ports on 127.0.0.1.
+    #[arg(long, default_value_t = 7001)]
+    base_port: u16,
+    #[command(flatten)]
+    tuning: TuningArgs,
+}
+
+pub async fn run(args: DevArgs) -> u8 {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut nodes = Vec::new();
+    let mut endpoints = Vec::new();
+    for id in 1..=3u64 {
+        let Some(port) = args.base_port.checked_add(id as u16 - 1) else {
+            eprintln!("baton dev: --base-port {} leaves no room for three ports", args.base_port);
+            return exit::USAGE;
+        };
+        let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        endpoints.push(listen.to_string());
+        let config = args
+            .tuning
+            .node_config(id, listen, None, args.data_dir.join(format!("node-{id}")));
+        let mut stop = stop_rx.clone();
+        let shutdown = async move {
+            let _ = stop.wait_for(|stopped| *stopped).await;
+        };
+        nodes.push(tokio::spawn(baton_node::server::run(config, shutdown)));
+    }
+
+    let ready = tokio::select! {
+        ready = form_cluster(&endpoints) => ready,
+        _ = shutdown_signal() => Err("interrupted before the cluster was ready".to_string()),
+    };
+    let code = match ready {
+        Ok(leader) => {
+            println!(
+                "baton dev: ready, endpoints {} (leader {leader}, data in {})",
+                endpoints.join(","),
+                args.data_dir.display()
+            );
+            println!("baton dev: press Ctrl-C to stop");
+            shutdown_signal().await;
+            exit::OK
+        }
+        Err(why) => {
+            eprintln!("baton dev: {why}");
+            exit::FAILURE
+        }
+    };
+    let _ = stop_tx.send(true);
+    let mut code = code;
+    for node in nodes {
+        match node.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                eprintln!("baton dev: node failed: {e:#}");
+                code = exit::FAILURE;
+            }
+            Err(e) => {
+                eprintln!("baton dev: node task failed: {e}");
+                code = exit::FAILURE;
+            }
+        }
+    }
+    println!("baton dev: stopped");
+    code
+}
+
+/// Initialises the cluster on first start (later starts resume from the data dir) and waits for
+/// a leader. Returns the leader's address.
+async fn form_cluster(endpoints: &[String]) -> Result<String, String> {
+    let config = ClientConfig {
+        deadline: Duration::from_secs(30),
+        ..ClientConfig::default()
+    };
+    let client = Client::new(endpoints, config).map_err(|e| e.to_string())?;
+    let mut members = Vec::new();
+    for endpoint in endpoints {
+        let info = wait_for_node(&client, endpoint).await?;
+        if info.initialized {
+            return client.discover_leader().await.map_err(|e| e.to_string());
+        }
+        members.push((info.id, info.addr));
+    }
+    client
+        .initialize(&endpoints[0], &members)
+        .await
+        .map_err(|e| format!("cannot initialise the cluster: {e}"))?;
+    client.discover_leader().await.map_err(|e| e.to_string())
+}
+
+async fn wait_for_node(client: &Client, endpoint: &str) -> Result<baton_rpc::proto::NodeInfoResponse, String> {
+    let mut last = String::new();
+    for _ in 0..100 {
+        match client.node_info(endpoint).await {
+            Ok(info) => return Ok(info),
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(format!("node at {endpoint} did not start: {last}"))
+}

@@ -1,0 +1,274 @@
+//! `baton ticket ...` and `baton check`.
+
+use std::time::Duration;
+
+use baton_rpc::judge;
+use baton_rpc::Client;
+use baton_statemachine::handoff::{OfferArgs, Receipt, ReceiptStatus, Ticket};
+use clap::{Subcommand, ValueEnum};
+use serde_json::json;
+
+use super::{exit, rfc3339};
+
+/// `baton ticket ...`
+#[derive(Subcommand, Debug)]
+pub enum TicketCommand {
+    /// Offer a ticket (a live ticket with the same key is returned unchanged).
+    Offer {
+        #[arg(long)]
+        key: String,
+        #[arg(long)]
+        from: String,
+        #[arg(long)]
+        to: String,
+        #[arg(long)]
+        reply_to: String,
+        /// Time limit for taking and replying, e.g. 30s.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        ttl: Duration,
+        /// Payload text carried as-is.
+        #[arg(long, default_value = "")]
+        payload: String,
+    },
+    /// Take a ticket as its addressee; prints the token, fence and deadline.
+    Take {
+        #[arg(long)]
+        key: String,
+        #[arg(long)]
+        to: String,
+    },
+    /// Settle a taken ticket with a receipt.
+    Reply {
+        #[arg(long)]
+        key: String,
+        #[arg(long)]
+        token: String,
+        #[arg(long, value_enum)]
+        status: StatusArg,
+        #[arg(long, default_value = "")]
+        summary: String,
+        #[arg(long, default_value = "")]
+        failure: String,
+        /// Artifact references (repeatable).
+        #[arg(long = "artifact")]
+        artifacts: Vec<String>,
+    },
+    /// Withdraw an offered ticket as its source.
+    Cancel {
+        #[arg(long)]
+        key: String,
+        #[arg(long)]
+        by: String,
+    },
+    /// List every ticket (linearizable).
+    List {
+        /// Print a JSON array instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Offer KEY if needed, let N takers race for it, and judge the race.
+    Race {
+        #[arg(long)]
+        key: String,
+        #[arg(long, default_value_t = 8)]
+        takers: usize,
+        /// Time limit of the ticket and of the whole judgement.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        ttl: Duration,
+    },
+}
+
+/// A receipt status on the command line.
+#[derive(ValueEnum, Clone, Copy, Debug)]
+pub enum StatusArg {
+    Done,
+    Failed,
+    Refused,
+}
+
+impl From<StatusArg> for ReceiptStatus {
+    fn from(status: StatusArg) -> Self {
+        match status {
+            StatusArg::Done => ReceiptStatus::Done,
+            StatusArg::Failed => ReceiptStatus::Failed,
+            StatusArg::Refused => ReceiptStatus::Refused,
+        }
+    }
+}
+
+fn ttl_ms(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
+}
+
+pub async fn run(command: TicketCommand, client: &Client) -> u8 {
+    let result = match command {
+        TicketCommand::Offer {
+            key,
+            from,
+            to,
+            reply_to,
+            ttl,
+            payload,
+        } => client
+            .offer(OfferArgs {
+                key,
+                from,
+                to,
+                payload: payload.into_bytes(),
+                reply_to,
+                ttl_ms: ttl_ms(ttl),
+            })
+            .await
+            .map(|ticket| {
+                println!(
+                    "key={} generation={} state={} deadline={}",
+                    ticket.key,
+                    ticket.generation,
+                    ticket.state.as_str(),
+                    rfc3339(ticket.deadline_ms)
+                )
+            }),
+        TicketCommand::Take { key, to } => client.take(&key, &to).await.map(|handle| {
+            println!(
+                "token={} fence={} until={}",
+                handle.token,
+                handle.fence,
+                rfc3339(handle.until_ms)
+            )
+        }),
+        TicketCommand::Reply {
+            key,
+            token,
+            status,
+            summary,
+            failure,
+            artifacts,
+        } => {
+            let receipt = Receipt {
+                status: status.into(),
+                summary,
+                failure,
+                artifacts,
+            };
+            client
+                .reply(&key, &token, &receipt)
+                .await
+                .map(|()| println!("closed {key}"))
+        }
+        TicketCommand::Cancel { key, by } => client
+            .cancel(&key, &by)
+            .await
+            .map(|()| println!("withdrawn {key}")),
+        TicketCommand::List { json } => client.tickets().await.map(|snapshot| {
+            if json {
+                print_json(&snapshot.tickets)
+            } else {
+                print_table(&snapshot.tickets)
+            }
+        }),
+        TicketCommand::Race { key, takers, ttl } => return race(client, key, takers, ttl).await,
+    };
+    match result {
+        Ok(()) => exit::OK,
+        Err(error) => exit::report(&error),
+    }
+}
+
+fn print_table(tickets: &[Ticket]) {
+    println!("{:<24} {:<10} {:>4} {:<16} DEADLINE", "KEY", "STATE", "GEN", "HOLDER");
+    for t in tickets {
+        println!(
+            "{:<24} {:<10} {:>4} {:<16} {}",
+            t.key,
+            t.state.as_str(),
+            t.generation,
+            t.holder.as_deref().unwrap_or("-"),
+            rfc3339(t.deadline_ms)
+        );
+    }
+}
+
+fn print_json(tickets: &[Ticket]) {
+    let list: Vec<_> = tickets
+        .iter()
+        .map(|t| {
+            json!({
+                "key": t.key,
+                "state": t.state.as_str(),
+                "generation": t.generation,
+                "holder": t.holder,
+                "deadline": rfc3339(t.deadline_ms),
+                "deadline_ms": t.deadline_ms,
+                "from": t.from,
+                "to": t.to,
+                "reply_to": t.reply_to,
+                "ttl_ms": t.ttl_ms,
+                "receipt_at_ms": t.receipt_at_ms,
+                "receipt": t.receipt.as_ref().map(|r| json!({
+                    "status": r.status.as_str(),
+                    "summary": r.summary,
+                    "failure": r.failure,
+                    "artifacts": r.artifacts,
+                })),
+            })
+        })
+        .collect();
+    println!("{}", serde_json::Value::Array(list));
+}
+
+async fn race(client: &Client, key: String, takers: usize, ttl: Duration) -> u8 {
+    if takers == 0 {
+        eprintln!("baton: --takers must be at least 1");
+        return exit::USAGE;
+    }
+    let offered = client
+        .offer(OfferArgs {
+            key: key.clone(),
+            from: "race-source".into(),
+            to: "racer".into(),
+            payload: Vec::new(),
+            reply_to: "race-source".into(),
+            ttl_ms: ttl_ms(ttl),
+        })
+        .await;
+    let ticket = match offered {
+        Ok(ticket) => ticket,
+        Err(error) => return exit::report(&error),
+    };
+    let names = vec![ticket.to.clone(); takers];
+    let outcome = judge::concurrent_take(client, &key, &names, ttl).await;
+    println!(
+        "winners={} losers={} infra_errors={}",
+        outcome.winners.len(),
+        outcome.losers,
+        outcome.infra_errors.len()
+    );
+    match outcome.verdict() {
+        Ok(()) => exit::OK,
+        Err(why) => {
+            eprintln!("race failed: {why}");
+            exit::FAILURE
+        }
+    }
+}
+
+pub async fn check(client: &Client) -> u8 {
+    let snapshot = match client.tickets().await {
+        Ok(snapshot) => snapshot,
+        Err(error) => return exit::report(&error),
+    };
+    let problems = baton_statemachine::handoff::check(&snapshot.tickets, snapshot.now_ms);
+    if problems.is_empty() {
+        println!(
+            "ok: {} tickets, no problems (revision {})",
+            snapshot.tickets.len(),
+            snapshot.revision
+        );
+        return exit::OK;
+    }
+    for problem in &problems {
+        println!("{}\t{}\t{}", problem.key, problem.code.as_str(), problem.text);
+    }
+    println!("{} problems", problems.len());
+    exit::FAILURE
+}

@@ -1,0 +1,22 @@
+//! The one place that turns Rust values into bytes and back (log entries, votes, snapshots, Raft
+//! RPC bodies), so the encoding can be swapped in one module.
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// Encodes a value with bincode's standard configuration.
+pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, bincode::error::EncodeError> {
+    bincode::serde::encode_to_vec(value, bincode::config::standard())
+}
+
+/// Decodes a value encoded by [`encode`], refusing trailing bytes.
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::error::DecodeError> {
+    let (value, read) = bincode::serde::decode_from_slice(bytes, bincode::config::standard())?;
+    if read != bytes.len() {
+        return Err(bincode::error::DecodeError::OtherString(format!(
+            "{} trailing bytes",
+            bytes.len() - read
+        )));
+    }
+    Ok(value)
+}

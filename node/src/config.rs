@@ -1,0 +1,66 @@
+//! A node's configuration: one typed struct with documented defaults.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Everything one node needs to run.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// The node's id, unique in its cluster and fixed for the life of its data dir.
+    pub id: u64,
+    /// Where to listen for clients and peers.
+    pub listen: SocketAddr,
+    /// The address others reach this node at (default: `listen`).
+    pub advertise: String,
+    /// Where the node keeps its sled database.
+    pub data_dir: PathBuf,
+    /// Raft timing and snapshot policy.
+    pub raft: RaftTuning,
+    /// How often the leader checks for due expiries to sweep (default 1 s).
+    pub sweep_interval: Duration,
+}
+
+/// Raft timings and snapshot policy.
+#[derive(Debug, Clone)]
+pub struct RaftTuning {
+    /// Leader heartbeat interval (default 100 ms).
+    pub heartbeat: Duration,
+    /// Election timeout range (default 500–1000 ms): a follower that hears nothing from a leader
+    /// for a random time in this range starts an election.
+    pub election_timeout: (Duration, Duration),
+    /// Build a snapshot after this many log entries since the last one (default 10,000).
+    pub snapshot_every: u64,
+    /// Keep this many entries behind a snapshot so slightly lagging followers catch up from
+    /// the log rather than by snapshot (default 1,000).
+    pub keep_logs: u64,
+}
+
+impl Default for RaftTuning {
+    fn default() -> Self {
+        Self {
+            heartbeat: Duration::from_millis(100),
+            election_timeout: (Duration::from_millis(500), Duration::from_millis(1000)),
+            snapshot_every: 10_000,
+            keep_logs: 1_000,
+        }
+    }
+}
+
+impl RaftTuning {
+    /// The openraft configuration these settings describe.
+    pub fn to_openraft(&self) -> Result<openraft::Config, openraft::ConfigError> {
+        let config = openraft::Config {
+            cluster_name: "baton".into(),
+            heartbeat_interval: self.heartbeat.as_millis() as u64,
+            election_timeout_min: self.election_timeout.0.as_millis() as u64,
+            election_timeout_max: self.election_timeout.1.as_millis() as u64,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_every),
+            max_in_snapshot_log_to_keep: self.keep_logs,
+            install_snapshot_timeout: 10_000,
+            max_payload_entries: 256,
+            ..Default::default()
+        };
+        config.validate()
+    }
+}

@@ -1,0 +1,131 @@
+//! The Raft transport: openraft messages carried as codec bytes inside gRPC calls.
+
+use baton_rpc::proto::raft::raft_client::RaftClient;
+use baton_rpc::proto::raft::{raft_reply, RaftRequest};
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
+    VoteResponse,
+};
+use openraft::BasicNode;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::codec;
+use crate::types::{NodeId, TypeConfig};
+
+/// Largest Raft message accepted or sent (append batches and snapshot chunks).
+pub const MAX_RAFT_MESSAGE_BYTES: usize = 256 << 20;
+
+/// Creates one [`Peer`] per replication target.
+#[derive(Clone, Default)]
+pub struct Network;
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = Peer;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
+        let channel = Endpoint::from_shared(format!("http://{}", node.addr))
+            .map(|endpoint| {
+                endpoint
+                    .tcp_nodelay(true)
+                    .connect_timeout(std::time::Duration::from_millis(500))
+                    .connect_lazy()
+            })
+            .map_err(|e| e.to_string());
+        Peer { target, channel }
+    }
+}
+
+/// A connection to one peer.
+pub struct Peer {
+    target: NodeId,
+    channel: Result<Channel, String>,
+}
+
+type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct TransportError(String);
+
+impl Peer {
+    async fn send<Req, Resp, E>(&mut self, kind: Kind, request: &Req, option: &RPCOption) -> RpcResult<Resp, E>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let channel = self
+            .channel
+            .clone()
+            .map_err(|e| RPCError::Unreachable(Unreachable::new(&TransportError(e))))?;
+        let body = codec::encode(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let mut client = RaftClient::new(channel)
+            .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES);
+        let request = RaftRequest { body };
+        let call = async {
+            match kind {
+                Kind::Append => client.append_entries(request).await,
+                Kind::Vote => client.vote(request).await,
+                Kind::Snapshot => client.install_snapshot(request).await,
+            }
+        };
+        let reply = match tokio::time::timeout(option.hard_ttl(), call).await {
+            Err(_) => {
+                let e = TransportError(format!("no answer within {:?}", option.hard_ttl()));
+                return Err(RPCError::Unreachable(Unreachable::new(&e)));
+            }
+            Ok(Err(status)) => {
+                let e = TransportError(format!("{:?}: {}", status.code(), status.message()));
+                return Err(RPCError::Unreachable(Unreachable::new(&e)));
+            }
+            Ok(Ok(reply)) => reply.into_inner(),
+        };
+        match reply.result {
+            Some(raft_reply::Result::Ok(bytes)) => {
+                codec::decode(&bytes).map_err(|e| RPCError::Network(NetworkError::new(&e)))
+            }
+            Some(raft_reply::Result::Err(bytes)) => {
+                let err: RaftError<NodeId, E> =
+                    codec::decode(&bytes).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+                Err(RPCError::RemoteError(RemoteError::new(self.target, err)))
+            }
+            None => Err(RPCError::Network(NetworkError::new(&TransportError(
+                "empty raft reply".into(),
+            )))),
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Append,
+    Vote,
+    Snapshot,
+}
+
+impl RaftNetwork<TypeConfig> for Peer {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
+        self.send(Kind::Append, &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
+        self.send(Kind::Snapshot, &rpc, &option).await
+    }
+
+    async fn vote(&mut self, rpc: VoteRequest<NodeId>, option: RPCOption) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
+        self.send(Kind::Vote, &rpc, &option).await
+    }
+}

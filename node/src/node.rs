@@ -1,0 +1,104 @@
+//! A running node: its Raft instance, its state machine, and the two things every client-facing
+//! handler needs — propose a command, or read linearizably.
+
+use std::sync::Arc;
+
+use baton_rpc::error::{infra, infra_status, not_leader_status, refusal_status};
+use baton_statemachine::{Command, Envelope, Origin, Reply, Response};
+use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, RaftError};
+use openraft::BasicNode;
+use tonic::{Code, Status};
+
+use crate::stamp;
+use crate::store::{Applied, StateMachineStore};
+use crate::types::{NodeId, Raft};
+
+/// Shared handle to this node's consensus and state.
+pub struct Node {
+    /// This node's id.
+    pub id: NodeId,
+    /// The address peers and clients reach this node at.
+    pub addr: String,
+    /// The Raft instance.
+    pub raft: Raft,
+    /// The applied state.
+    pub state_machine: StateMachineStore,
+}
+
+/// A shareable [`Node`].
+pub type NodeRef = Arc<Node>;
+
+impl Node {
+    /// Stamps `command`, proposes it, waits for it to be committed and applied, and returns the
+    /// state machine's reply — or the refusal / infrastructure failure as a gRPC status.
+    pub async fn propose(&self, origin: Option<Origin>, command: Command) -> Result<Reply, Status> {
+        let name = command_name(&command);
+        let envelope = Envelope {
+            stamp: stamp::stamp(),
+            origin,
+            command,
+        };
+        let written = self.raft.client_write(envelope).await.map_err(|e| match e {
+            RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => not_leader(forward),
+            RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+                infra_status(Code::Internal, infra::INTERNAL, e.to_string())
+            }
+            RaftError::Fatal(fatal) => infra_status(Code::Unavailable, infra::INTERNAL, fatal.to_string()),
+        })?;
+        let index = written.log_id.index;
+        match written.data {
+            Response::Answer(Ok(reply)) => {
+                tracing::debug!(command = name, index, "applied");
+                Ok(reply)
+            }
+            Response::Answer(Err(refusal)) => {
+                tracing::debug!(command = name, index, code = refusal.code(), "refused");
+                Err(refusal_status(&refusal))
+            }
+            Response::SessionExpired => Err(infra_status(
+                Code::Aborted,
+                infra::SESSION_EXPIRED,
+                "this request is older than the store's session window; its outcome is unknown",
+            )),
+        }
+    }
+
+    /// Confirms leadership with a quorum (read index), waits until that index is applied, then
+    /// runs `read` on the applied state. The result is linearizable.
+    pub async fn read<T>(&self, read: impl FnOnce(&Applied) -> T) -> Result<T, Status> {
+        self.raft.ensure_linearizable().await.map_err(|e| match e {
+            RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward)) => not_leader(forward),
+            RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e)) => {
+                infra_status(Code::Unavailable, infra::NO_LEADER, e.to_string())
+            }
+            RaftError::Fatal(fatal) => infra_status(Code::Unavailable, infra::INTERNAL, fatal.to_string()),
+        })?;
+        let applied = self.state_machine.read();
+        Ok(read(&applied))
+    }
+
+    /// The address of a member, from the current membership.
+    pub fn member_addr(&self, id: NodeId) -> Option<String> {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        metrics
+            .membership_config
+            .membership()
+            .get_node(&id)
+            .map(|node| node.addr.clone())
+    }
+}
+
+fn not_leader(forward: ForwardToLeader<NodeId, BasicNode>) -> Status {
+    match (forward.leader_id, forward.leader_node) {
+        (Some(id), Some(node)) => not_leader_status(Some((id, node.addr))),
+        _ => infra_status(Code::Unavailable, infra::NO_LEADER, "no leader is known right now"),
+    }
+}
+
+fn command_name(command: &Command) -> &'static str {
+    match command {
+        Command::Handoff(command) => command.name(),
+        Command::Sweep => "sweep",
+    }
+}

@@ -1,0 +1,127 @@
+//! Running one node: open storage, start Raft, serve gRPC, sweep, and shut down cleanly.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use baton_rpc::proto::cluster_server::ClusterServer;
+use baton_rpc::proto::handoff_server::HandoffServer;
+use baton_rpc::proto::raft::raft_server::RaftServer;
+use baton_statemachine::Command;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::config::NodeConfig;
+use crate::network::{Network, MAX_RAFT_MESSAGE_BYTES};
+use crate::node::{Node, NodeRef};
+use crate::service::{ClusterService, HandoffService, RaftService};
+use crate::stamp::wall_clock_ms;
+use crate::store;
+use crate::types::Raft;
+
+/// Largest client request accepted (a 1 MiB payload plus headroom).
+const MAX_CLIENT_MESSAGE_BYTES: usize = 4 << 20;
+
+/// The sweep runs at least this often even with nothing due, to forget idle client sessions.
+const SESSION_SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// Runs a node until `shutdown` resolves, then stops serving and shuts Raft down.
+pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    serve(config, listener, shutdown).await
+}
+
+/// [`run`] on an already bound listener.
+pub async fn serve(
+    config: NodeConfig,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
+    claim_identity(&config)?;
+    let (log_store, state_machine) = store::open(&config.data_dir.join("db"))
+        .with_context(|| format!("cannot open storage in {}", config.data_dir.display()))?;
+    let raft_config = Arc::new(config.raft.to_openraft().context("invalid raft settings")?);
+    let raft = Raft::new(config.id, raft_config, Network, log_store, state_machine.clone())
+        .await
+        .context("cannot start raft")?;
+    let node: NodeRef = Arc::new(Node {
+        id: config.id,
+        addr: config.advertise.clone(),
+        raft: raft.clone(),
+        state_machine,
+    });
+    tracing::info!(id = config.id, addr = %config.advertise, data_dir = %config.data_dir.display(), "node started");
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let sweeper = tokio::spawn(sweep_loop(node.clone(), config.sweep_interval, stop_rx));
+
+    let served = tonic::transport::Server::builder()
+        .add_service(
+            RaftServer::new(RaftService::new(raft.clone()))
+                .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES),
+        )
+        .add_service(HandoffServer::new(HandoffService::new(node.clone())).max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES))
+        .add_service(ClusterServer::new(ClusterService::new(node.clone())))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await;
+
+    let _ = stop_tx.send(true);
+    let _ = sweeper.await;
+    raft.shutdown().await.map_err(|e| anyhow::anyhow!("raft shutdown: {e}"))?;
+    tracing::info!(id = config.id, "node stopped");
+    served.context("grpc server failed")
+}
+
+/// Records the node id in the data dir on first start and refuses to start a data dir that
+/// belongs to another id (which would silently corrupt the cluster's view of its members).
+fn claim_identity(config: &NodeConfig) -> anyhow::Result<()> {
+    let path = config.data_dir.join("node-id");
+    match std::fs::read_to_string(&path) {
+        Ok(existing) => {
+            let existing = existing.trim();
+            anyhow::ensure!(
+                existing == config.id.to_string(),
+                "data dir {} belongs to node {existing}, not node {}",
+                config.data_dir.display(),
+                config.id
+            );
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::write(&path, format!("{}\n", config.id)).with_context(|| format!("cannot write {}", path.display()))
+        }
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+}
+
+/// While this node leads, proposes a sweep whenever an expiry is due (and at least every
+/// [`SESSION_SWEEP_EVERY`]), so expiries are materialised in the log and snapshots.
+async fn sweep_loop(node: NodeRef, every: Duration, mut stop: watch::Receiver<bool>) {
+    let mut last_sweep = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.changed() => return,
+        }
+        let leading = node.raft.metrics().borrow().current_leader == Some(node.id);
+        if !leading {
+            continue;
+        }
+        let due = node.state_machine.read().state.sweep_due(wall_clock_ms());
+        if !due && last_sweep.elapsed() < SESSION_SWEEP_EVERY {
+            continue;
+        }
+        match node.propose(None, Command::Sweep).await {
+            Ok(reply) => tracing::debug!(?reply, "swept"),
+            Err(status) => tracing::debug!(%status, "sweep not applied"),
+        }
+        last_sweep = tokio::time::Instant::now();
+    }
+}

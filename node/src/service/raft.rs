@@ -1,0 +1,51 @@
+//! The server side of the Raft transport.
+
+use baton_rpc::proto::raft::raft_server;
+use baton_rpc::proto::raft::{raft_reply, RaftReply, RaftRequest};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tonic::{Request, Response, Status};
+
+use crate::codec;
+use crate::types::Raft;
+
+/// Hands peer messages to the local Raft instance.
+pub struct RaftService {
+    raft: Raft,
+}
+
+impl RaftService {
+    /// Serves `raft`.
+    pub fn new(raft: Raft) -> Self {
+        Self { raft }
+    }
+}
+
+fn decode<T: DeserializeOwned>(request: Request<RaftRequest>) -> Result<T, Status> {
+    codec::decode(&request.into_inner().body)
+        .map_err(|e| Status::invalid_argument(format!("undecodable raft message: {e}")))
+}
+
+fn reply<T: Serialize, E: Serialize>(result: Result<T, E>) -> Result<Response<RaftReply>, Status> {
+    let encoded = match &result {
+        Ok(value) => codec::encode(value).map(raft_reply::Result::Ok),
+        Err(error) => codec::encode(error).map(raft_reply::Result::Err),
+    }
+    .map_err(|e| Status::internal(format!("cannot encode raft reply: {e}")))?;
+    Ok(Response::new(RaftReply { result: Some(encoded) }))
+}
+
+#[tonic::async_trait]
+impl raft_server::Raft for RaftService {
+    async fn append_entries(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+        reply(self.raft.append_entries(decode(request)?).await)
+    }
+
+    async fn vote(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+        reply(self.raft.vote(decode(request)?).await)
+    }
+
+    async fn install_snapshot(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+        reply(self.raft.install_snapshot(decode(request)?).await)
+    }
+}

@@ -1,0 +1,198 @@
+//! The state machine adapter: runs `baton_statemachine::apply` on committed entries and keeps
+//! the latest snapshot durable in sled.
+//!
+//! The state lives in memory behind a lock that is never held across an `.await`. A snapshot is
+//! the bincode image of [`State`]; building one persists it, and on start-up the store resumes
+//! from it (openraft then re-applies the committed log suffix).
+
+use std::io::Cursor;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use baton_statemachine::{apply, Reply, Response, State};
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{
+    BasicNode, Entry, EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder, SnapshotMeta,
+    StoredMembership,
+};
+
+use super::io_error;
+use crate::codec;
+use crate::types::{LogId, NodeId, StorageError, TypeConfig};
+
+const SNAPSHOT_META: &[u8] = b"meta";
+const SNAPSHOT_DATA: &[u8] = b"data";
+
+/// The applied state and the Raft pointers that describe it.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// The coordination state.
+    pub state: State,
+    /// The last log entry applied to `state`.
+    pub last_applied: Option<LogId>,
+    /// The last membership applied.
+    pub membership: StoredMembership<NodeId, BasicNode>,
+}
+
+/// The state machine store; clones share the same state.
+#[derive(Clone)]
+pub struct StateMachineStore {
+    applied: Arc<RwLock<Applied>>,
+    db: sled::Db,
+    snapshots: sled::Tree,
+}
+
+impl StateMachineStore {
+    pub(super) fn new(db: &sled::Db) -> Result<Self, StorageError> {
+        let snapshots = db
+            .open_tree("snapshot")
+            .map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Read, e))?;
+        let store = Self {
+            applied: Arc::default(),
+            db: db.clone(),
+            snapshots,
+        };
+        if let Some(snapshot) = store.load_snapshot()? {
+            store.restore(&snapshot.meta, snapshot.snapshot.get_ref())?;
+        }
+        Ok(store)
+    }
+
+    /// Read access to the applied state (never hold the guard across an `.await`).
+    pub fn read(&self) -> RwLockReadGuard<'_, Applied> {
+        self.applied.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Applied> {
+        self.applied.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Replaces the in-memory state with a snapshot's.
+    fn restore(&self, meta: &SnapshotMeta<NodeId, BasicNode>, data: &[u8]) -> Result<(), StorageError> {
+        let state: State = codec::decode(data).map_err(|e| {
+            io_error(ErrorSubject::Snapshot(Some(meta.signature())), ErrorVerb::Read, e)
+        })?;
+        let mut applied = self.write();
+        applied.state = state;
+        applied.last_applied = meta.last_log_id;
+        applied.membership = meta.last_membership.clone();
+        Ok(())
+    }
+
+    async fn save_snapshot(&self, meta: &SnapshotMeta<NodeId, BasicNode>, data: &[u8]) -> Result<(), StorageError> {
+        let subject = || ErrorSubject::Snapshot(Some(meta.signature()));
+        let meta_bytes = codec::encode(meta).map_err(|e| io_error(subject(), ErrorVerb::Write, e))?;
+        let mut batch = sled::Batch::default();
+        batch.insert(SNAPSHOT_META, meta_bytes);
+        batch.insert(SNAPSHOT_DATA, data);
+        self.snapshots
+            .apply_batch(batch)
+            .map_err(|e| io_error(subject(), ErrorVerb::Write, e))?;
+        self.db
+            .flush_async()
+            .await
+            .map_err(|e| io_error(subject(), ErrorVerb::Write, e))?;
+        Ok(())
+    }
+
+    fn load_snapshot(&self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        let read = |key| {
+            self.snapshots
+                .get(key)
+                .map_err(|e| io_error(ErrorSubject::Snapshot(None), ErrorVerb::Read, e))
+        };
+        let (Some(meta), Some(data)) = (read(SNAPSHOT_META)?, read(SNAPSHOT_DATA)?) else {
+            return Ok(None);
+        };
+        let meta: SnapshotMeta<NodeId, BasicNode> = codec::decode(&meta)
+            .map_err(|e| io_error(ErrorSubject::Snapshot(None), ErrorVerb::Read, e))?;
+        Ok(Some(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data.to_vec())),
+        }))
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let (data, meta) = {
+            let applied = self.read();
+            let data = codec::encode(&applied.state)
+                .map_err(|e| io_error(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))?;
+            let snapshot_id = match applied.last_applied {
+                Some(id) => format!("{}-{}-{:016x}", id.leader_id.term, id.index, rand::random::<u64>()),
+                None => format!("empty-{:016x}", rand::random::<u64>()),
+            };
+            let meta = SnapshotMeta {
+                last_log_id: applied.last_applied,
+                last_membership: applied.membership.clone(),
+                snapshot_id,
+            };
+            (data, meta)
+        };
+        self.save_snapshot(&meta, &data).await?;
+        tracing::info!(snapshot = %meta.snapshot_id, bytes = data.len(), "built snapshot");
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership<NodeId, BasicNode>), StorageError> {
+        let applied = self.read();
+        Ok((applied.last_applied, applied.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>, StorageError>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        let mut applied = self.write();
+        let mut responses = Vec::new();
+        for entry in entries {
+            applied.last_applied = Some(entry.log_id);
+            let response = match entry.payload {
+                EntryPayload::Normal(envelope) => {
+                    let response = apply(&mut applied.state, &envelope);
+                    tracing::trace!(index = entry.log_id.index, ?response, "applied");
+                    response
+                }
+                EntryPayload::Membership(membership) => {
+                    applied.membership = StoredMembership::new(Some(entry.log_id), membership);
+                    Response::Answer(Ok(Reply::Done))
+                }
+                EntryPayload::Blank => Response::Answer(Ok(Reply::Done)),
+            };
+            responses.push(response);
+        }
+        Ok(responses)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, BasicNode>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let data = snapshot.into_inner();
+        self.restore(meta, &data)?;
+        self.save_snapshot(meta, &data).await?;
+        tracing::info!(snapshot = %meta.snapshot_id, bytes = data.len(), "installed snapshot");
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        self.load_snapshot()
+    }
+}

@@ -1,0 +1,460 @@
+//! The client library: leader discovery, redirects, retries and typed errors.
+//!
+//! A [`Client`] knows a list of endpoints. Writes go to the node it believes is the leader; a
+//! follower answers `NOT_LEADER` with the leader's address and the client follows it. Transport
+//! failures, timeouts and "no leader yet" are retried on other nodes until the call's deadline,
+//! always with the same `(client_id, seq)`, so a write that was applied before its answer got lost
+//! is answered from the store's session table instead of being applied twice.
+
+use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use baton_statemachine::handoff::{Handle, OfferArgs, Receipt, Ticket};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+use crate::convert;
+use crate::error::{detail_of, infra, refusal_of, Error};
+use crate::proto::cluster_client::ClusterClient;
+use crate::proto::handoff_client::HandoffClient;
+use crate::proto::{self, RequestHeader};
+
+/// Timeouts of a [`Client`].
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// How long one call (with all its retries) may take before it fails.
+    pub deadline: Duration,
+    /// How long one attempt against one node may take before the client tries elsewhere.
+    pub attempt_timeout: Duration,
+    /// How long to wait for a TCP connection to a node.
+    pub connect_timeout: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            deadline: Duration::from_secs(15),
+            attempt_timeout: Duration::from_secs(3),
+            connect_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A consistent view of every ticket.
+#[derive(Debug, Clone)]
+pub struct TicketSnapshot {
+    /// Every ticket's current generation, ordered by key.
+    pub tickets: Vec<Ticket>,
+    /// The store's "now" for judging them.
+    pub now_ms: u64,
+    /// The Raft log index the view reflects.
+    pub revision: u64,
+}
+
+/// A connection to a Baton cluster. Cheap to clone; clones share connections and the session.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: ClientConfig,
+    endpoints: Vec<String>,
+    channels: Mutex<HashMap<String, Channel>>,
+    /// The address we believe is the leader's.
+    leader: Mutex<Option<String>>,
+    /// Round-robin cursor over `endpoints` when no leader is known.
+    cursor: AtomicU64,
+    client_id: u64,
+    next_seq: AtomicU64,
+    in_flight: Mutex<BTreeSet<u64>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// How one failed attempt should be handled.
+enum Verdict {
+    /// A final answer: return it.
+    Fail(Error),
+    /// Try again now at this address (the leader's).
+    Redirect(String),
+    /// Try again elsewhere after a pause.
+    Retry(String),
+}
+
+impl Client {
+    /// Connects to a cluster through any of its nodes (`host:port`, optionally with `http://`)
+    /// and locates the leader. Fails with [`Error::Unavailable`] when no node answers before the
+    /// deadline.
+    pub async fn connect<S: AsRef<str>>(endpoints: &[S]) -> Result<Self, Error> {
+        Self::connect_with(endpoints, ClientConfig::default()).await
+    }
+
+    /// [`Client::connect`] with explicit timeouts.
+    pub async fn connect_with<S: AsRef<str>>(endpoints: &[S], config: ClientConfig) -> Result<Self, Error> {
+        let client = Self::new(endpoints, config)?;
+        client.discover_leader().await?;
+        Ok(client)
+    }
+
+    /// A client that has not contacted any node yet (connections open on first use). Useful for
+    /// per-node administration of a cluster that may have no leader.
+    pub fn new<S: AsRef<str>>(endpoints: &[S], config: ClientConfig) -> Result<Self, Error> {
+        let endpoints: Vec<String> = endpoints
+            .iter()
+            .map(|e| normalize(e.as_ref()))
+            .filter(|e| !e.is_empty())
+            .collect();
+        if endpoints.is_empty() {
+            return Err(Error::Config("no endpoints given".into()));
+        }
+        Ok(Client {
+            inner: Arc::new(Inner {
+                config,
+                endpoints,
+                channels: Mutex::default(),
+                leader: Mutex::default(),
+                cursor: AtomicU64::new(0),
+                client_id: rand::random(),
+                next_seq: AtomicU64::new(1),
+                in_flight: Mutex::default(),
+            }),
+        })
+    }
+
+    /// The endpoints this client was given.
+    pub fn endpoints(&self) -> &[String] {
+        &self.inner.endpoints
+    }
+
+    /// This client's session identity.
+    pub fn client_id(&self) -> u64 {
+        self.inner.client_id
+    }
+
+    // ------------------------------------------------------------------ handoff
+
+    /// Offers a ticket; a live ticket with the same key is returned unchanged.
+    pub async fn offer(&self, args: OfferArgs) -> Result<Ticket, Error> {
+        let reply = self
+            .write(|header, channel| {
+                let request = proto::OfferRequest {
+                    header: Some(header),
+                    key: args.key.clone(),
+                    from: args.from.clone(),
+                    to: args.to.clone(),
+                    payload: args.payload.clone(),
+                    reply_to: args.reply_to.clone(),
+                    ttl_ms: args.ttl_ms,
+                };
+                async move { HandoffClient::new(channel).offer(request).await }
+            })
+            .await?;
+        reply
+            .ticket
+            .map(convert::ticket_from_proto)
+            .ok_or_else(|| Error::Protocol("offer answered without a ticket".into()))
+    }
+
+    /// Takes a ticket as its addressee.
+    pub async fn take(&self, key: &str, to: &str) -> Result<Handle, Error> {
+        let reply = self
+            .write(|header, channel| {
+                let request = proto::TakeRequest {
+                    header: Some(header),
+                    key: key.to_string(),
+                    to: to.to_string(),
+                };
+                async move { HandoffClient::new(channel).take(request).await }
+            })
+            .await?;
+        reply
+            .handle
+            .map(convert::handle_from_proto)
+            .ok_or_else(|| Error::Protocol("take answered without a handle".into()))
+    }
+
+    /// Settles a taken ticket with a receipt, presenting the take's token.
+    pub async fn reply(&self, key: &str, token: &str, receipt: &Receipt) -> Result<(), Error> {
+        self.write(|header, channel| {
+            let request = proto::ReplyRequest {
+                header: Some(header),
+                key: key.to_string(),
+                token: token.to_string(),
+                receipt: Some(convert::receipt_to_proto(receipt)),
+            };
+            async move { HandoffClient::new(channel).reply(request).await }
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Withdraws an offered ticket as its source.
+    pub async fn cancel(&self, key: &str, by: &str) -> Result<(), Error> {
+        self.write(|header, channel| {
+            let request = proto::CancelRequest {
+                header: Some(header),
+                key: key.to_string(),
+                by: by.to_string(),
+            };
+            async move { HandoffClient::new(channel).cancel(request).await }
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Linearizable read of every ticket.
+    pub async fn tickets(&self) -> Result<TicketSnapshot, Error> {
+        let reply = self
+            .call(|channel| async move {
+                HandoffClient::new(channel)
+                    .list(proto::ListTicketsRequest {})
+                    .await
+            })
+            .await?;
+        Ok(TicketSnapshot {
+            tickets: reply.tickets.into_iter().map(convert::ticket_from_proto).collect(),
+            now_ms: reply.now_ms,
+            revision: reply.revision,
+        })
+    }
+
+    /// Linearizable read of one ticket (`UnknownKey` when there is none).
+    pub async fn ticket(&self, key: &str) -> Result<Ticket, Error> {
+        let reply = self
+            .call(|channel| {
+                let request = proto::GetTicketRequest { key: key.to_string() };
+                async move { HandoffClient::new(channel).get(request).await }
+            })
+            .await?;
+        reply
+            .ticket
+            .map(convert::ticket_from_proto)
+            .ok_or_else(|| Error::Protocol("get answered without a ticket".into()))
+    }
+
+    // ------------------------------------------------------------------ cluster
+
+    /// One node's own view of itself and the cluster (no retries, no redirects).
+    pub async fn node_info(&self, addr: &str) -> Result<proto::NodeInfoResponse, Error> {
+        let channel = self.channel(&normalize(addr))?;
+        let mut cluster = ClusterClient::new(channel);
+        let attempt = cluster.node_info(proto::NodeInfoRequest {});
+        match tokio::time::timeout(self.inner.config.attempt_timeout, attempt).await {
+            Ok(Ok(reply)) => Ok(reply.into_inner()),
+            Ok(Err(status)) => Err(final_error(&status)),
+            Err(_) => Err(Error::Unavailable {
+                endpoints: vec![addr.to_string()],
+                waited: self.inner.config.attempt_timeout,
+                last: "timed out".into(),
+            }),
+        }
+    }
+
+    /// Asks the node at `addr` to form a new cluster of `members` (`(id, addr)` pairs).
+    pub async fn initialize(&self, addr: &str, members: &[(u64, String)]) -> Result<(), Error> {
+        let channel = self.channel(&normalize(addr))?;
+        let request = proto::InitializeRequest {
+            members: members
+                .iter()
+                .map(|(id, addr)| proto::Member {
+                    id: *id,
+                    addr: addr.clone(),
+                    voter: true,
+                })
+                .collect(),
+        };
+        ClusterClient::new(channel)
+            .initialize(request)
+            .await
+            .map(|_| ())
+            .map_err(|status| final_error(&status))
+    }
+
+    /// Waits until some node names a leader; returns its address.
+    pub async fn discover_leader(&self) -> Result<String, Error> {
+        let reply = self
+            .call(|channel| async move {
+                let info = ClusterClient::new(channel)
+                    .node_info(proto::NodeInfoRequest {})
+                    .await?
+                    .into_inner();
+                if info.leader_addr.is_empty() {
+                    return Err(crate::error::infra_status(
+                        Code::Unavailable,
+                        infra::NO_LEADER,
+                        "no leader elected yet",
+                    ));
+                }
+                Ok(tonic::Response::new(info))
+            })
+            .await?;
+        let leader = normalize(&reply.leader_addr);
+        *lock(&self.inner.leader) = Some(leader.clone());
+        Ok(leader)
+    }
+
+    // ------------------------------------------------------------------ plumbing
+
+    /// Runs a write with a fresh `(client_id, seq)`, retried with the same header.
+    async fn write<T, F, Fut>(&self, attempt: F) -> Result<T, Error>
+    where
+        F: Fn(RequestHeader, Channel) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let seq = self.inner.next_seq.fetch_add(1, Ordering::Relaxed);
+        let acked_below = {
+            let mut in_flight = lock(&self.inner.in_flight);
+            in_flight.insert(seq);
+            *in_flight.first().unwrap_or(&seq)
+        };
+        let header = RequestHeader {
+            client_id: self.inner.client_id,
+            seq,
+            acked_below,
+        };
+        let result = self
+            .call(|channel| attempt(header, channel))
+            .await;
+        lock(&self.inner.in_flight).remove(&seq);
+        result
+    }
+
+    /// Runs one call against the leader, following redirects and retrying infrastructure
+    /// failures until the deadline.
+    async fn call<T, F, Fut>(&self, attempt: F) -> Result<T, Error>
+    where
+        F: Fn(Channel) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let config = &self.inner.config;
+        let started = Instant::now();
+        let mut tried: BTreeSet<String> = BTreeSet::new();
+        let mut pause = Duration::from_millis(20);
+        let mut redirects = 0;
+        loop {
+            let addr = self.target();
+            tried.insert(addr.clone());
+            let last = match self.channel(&addr) {
+                Err(error) => return Err(error),
+                Ok(channel) => match tokio::time::timeout(config.attempt_timeout, attempt(channel)).await {
+                    Ok(Ok(reply)) => return Ok(reply.into_inner()),
+                    Ok(Err(status)) => match classify(&status) {
+                        Verdict::Fail(error) => return Err(error),
+                        Verdict::Redirect(leader) if redirects < 3 && leader != addr => {
+                            redirects += 1;
+                            *lock(&self.inner.leader) = Some(leader);
+                            continue;
+                        }
+                        Verdict::Redirect(leader) => format!("{addr} redirected to {leader}"),
+                        Verdict::Retry(reason) => {
+                            self.forget_leader(&addr);
+                            format!("{addr}: {reason}")
+                        }
+                    },
+                    Err(_) => {
+                        self.forget_leader(&addr);
+                        format!("{addr}: no answer within {:?}", config.attempt_timeout)
+                    }
+                },
+            };
+            redirects = 0;
+            let waited = started.elapsed();
+            if waited + pause >= config.deadline {
+                return Err(Error::Unavailable {
+                    endpoints: tried.into_iter().collect(),
+                    waited,
+                    last,
+                });
+            }
+            tracing::debug!(%last, ?pause, "retrying");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    /// The address to try next: the known leader, else the next endpoint in turn.
+    fn target(&self) -> String {
+        if let Some(leader) = lock(&self.inner.leader).clone() {
+            return leader;
+        }
+        let endpoints = &self.inner.endpoints;
+        let turn = self.inner.cursor.fetch_add(1, Ordering::Relaxed) as usize;
+        endpoints[turn % endpoints.len()].clone()
+    }
+
+    fn forget_leader(&self, addr: &str) {
+        let mut leader = lock(&self.inner.leader);
+        if leader.as_deref() == Some(addr) {
+            *leader = None;
+        }
+    }
+
+    fn channel(&self, addr: &str) -> Result<Channel, Error> {
+        let mut channels = lock(&self.inner.channels);
+        if let Some(channel) = channels.get(addr) {
+            return Ok(channel.clone());
+        }
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| Error::Config(format!("bad endpoint {addr:?}: {e}")))?
+            .connect_timeout(self.inner.config.connect_timeout)
+            .tcp_nodelay(true)
+            .connect_lazy();
+        channels.insert(addr.to_string(), channel.clone());
+        Ok(channel)
+    }
+}
+
+/// `http://host:port/` -> `host:port`.
+fn normalize(endpoint: &str) -> String {
+    let endpoint = endpoint.trim();
+    let endpoint = endpoint
+        .strip_prefix("http://")
+        .or_else(|| endpoint.strip_prefix("https://"))
+        .unwrap_or(endpoint);
+    endpoint.trim_end_matches('/').to_string()
+}
+
+fn classify(status: &Status) -> Verdict {
+    let Some(detail) = detail_of(status) else {
+        // No Baton detail: the node never answered (transport failure, proxy, overload).
+        return Verdict::Retry(format!("{:?}: {}", status.code(), status.message()));
+    };
+    if let Some(refusal) = refusal_of(&detail) {
+        return Verdict::Fail(Error::Refused(refusal));
+    }
+    match detail.code.as_str() {
+        infra::NOT_LEADER if !detail.leader_addr.is_empty() => Verdict::Redirect(normalize(&detail.leader_addr)),
+        infra::NOT_LEADER | infra::NO_LEADER | infra::INTERNAL | infra::NOT_INITIALIZED => {
+            Verdict::Retry(format!("{}: {}", detail.code, status.message()))
+        }
+        infra::SESSION_EXPIRED => Verdict::Fail(Error::OutcomeUnknown(status.message().to_string())),
+        code => Verdict::Fail(Error::Server {
+            code: code.to_string(),
+            message: status.message().to_string(),
+        }),
+    }
+}
+
+/// Maps a status to an error without retrying (for per-node administrative calls).
+fn final_error(status: &Status) -> Error {
+    match classify(status) {
+        Verdict::Fail(error) => error,
+        Verdict::Redirect(_) | Verdict::Retry(_) => match detail_of(status) {
+            Some(detail) => Error::Server {
+                code: detail.code,
+                message: status.message().to_string(),
+            },
+            None => Error::Unavailable {
+                endpoints: vec![],
+                waited: Duration::ZERO,
+                last: format!("{:?}: {}", status.code(), status.message()),
+            },
+        },
+    }
+}

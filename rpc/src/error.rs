@@ -1,0 +1,222 @@
+//! The one place where error codes map to gRPC statuses and back, so server and client agree.
+//!
+//! Every non-OK status Baton sends carries an encoded [`ErrorDetail`] in its details. Contract
+//! refusals ([`Refusal`]) and infrastructure failures use disjoint codes: a client can never
+//! mistake "no leader right now" for "the ticket was taken".
+
+use std::time::Duration;
+
+use baton_statemachine::Refusal;
+use prost::Message;
+use tonic::{Code, Status};
+
+use crate::proto::ErrorDetail;
+
+/// Codes for failures that are not contract answers.
+pub mod infra {
+    /// This node is not the leader; `leader_addr` says where it is, if known.
+    pub const NOT_LEADER: &str = "NOT_LEADER";
+    /// No leader is known right now (election in progress, or no quorum).
+    pub const NO_LEADER: &str = "NO_LEADER";
+    /// The request's seq is older than the store remembers: its outcome is unknown.
+    pub const SESSION_EXPIRED: &str = "SESSION_EXPIRED";
+    /// `cluster init` on a node that already belongs to a cluster.
+    pub const ALREADY_INITIALIZED: &str = "ALREADY_INITIALIZED";
+    /// The node is not part of an initialised cluster yet.
+    pub const NOT_INITIALIZED: &str = "NOT_INITIALIZED";
+    /// The node failed internally (storage, fatal Raft error).
+    pub const INTERNAL: &str = "INTERNAL";
+}
+
+/// Every refusal code the store can send, for decoding.
+const REFUSAL_CODES: &[&str] = &[
+    "INVALID_ARGUMENT",
+    "UNKNOWN_KEY",
+    "TAKEN",
+    "EXPIRED",
+    "NOT_ADDRESSEE",
+    "NOT_SOURCE",
+    "LEASE_LOST",
+    "ALREADY_SETTLED",
+];
+
+/// The gRPC status code a refusal travels with.
+pub fn refusal_grpc_code(refusal: &Refusal) -> Code {
+    match refusal {
+        Refusal::Invalid { .. } => Code::InvalidArgument,
+        Refusal::UnknownKey => Code::NotFound,
+        Refusal::Taken => Code::Aborted,
+        Refusal::Expired
+        | Refusal::NotAddressee
+        | Refusal::NotSource
+        | Refusal::LeaseLost
+        | Refusal::AlreadySettled => Code::FailedPrecondition,
+    }
+}
+
+/// Encodes a contract refusal as a gRPC status.
+pub fn refusal_status(refusal: &Refusal) -> Status {
+    let (field, rule) = match refusal {
+        Refusal::Invalid { field, rule } => (field.clone(), rule.clone()),
+        _ => (String::new(), String::new()),
+    };
+    let detail = ErrorDetail {
+        code: refusal.code().to_string(),
+        field,
+        rule,
+        ..Default::default()
+    };
+    with_detail(refusal_grpc_code(refusal), refusal.to_string(), &detail)
+}
+
+/// Encodes an infrastructure failure as a gRPC status.
+pub fn infra_status(code: Code, baton_code: &str, message: impl Into<String>) -> Status {
+    let detail = ErrorDetail {
+        code: baton_code.to_string(),
+        ..Default::default()
+    };
+    with_detail(code, message.into(), &detail)
+}
+
+/// `NOT_LEADER`, naming the leader when known.
+pub fn not_leader_status(leader: Option<(u64, String)>) -> Status {
+    let (leader_id, leader_addr) = leader.unwrap_or_default();
+    let detail = ErrorDetail {
+        code: infra::NOT_LEADER.to_string(),
+        leader_id,
+        leader_addr: leader_addr.clone(),
+        ..Default::default()
+    };
+    let message = if leader_addr.is_empty() {
+        "this node is not the leader and knows no leader".to_string()
+    } else {
+        format!("this node is not the leader; the leader is node {leader_id} at {leader_addr}")
+    };
+    with_detail(Code::Unavailable, message, &detail)
+}
+
+fn with_detail(code: Code, message: String, detail: &ErrorDetail) -> Status {
+    Status::with_details(code, message, detail.encode_to_vec().into())
+}
+
+/// The [`ErrorDetail`] a Baton status carries, if any.
+pub fn detail_of(status: &Status) -> Option<ErrorDetail> {
+    if status.details().is_empty() {
+        return None;
+    }
+    ErrorDetail::decode(status.details()).ok()
+}
+
+/// The contract refusal a detail encodes, if its code is a refusal code.
+pub fn refusal_of(detail: &ErrorDetail) -> Option<Refusal> {
+    if !REFUSAL_CODES.contains(&detail.code.as_str()) {
+        return None;
+    }
+    Some(match detail.code.as_str() {
+        "INVALID_ARGUMENT" => Refusal::Invalid {
+            field: detail.field.clone(),
+            rule: detail.rule.clone(),
+        },
+        "UNKNOWN_KEY" => Refusal::UnknownKey,
+        "TAKEN" => Refusal::Taken,
+        "EXPIRED" => Refusal::Expired,
+        "NOT_ADDRESSEE" => Refusal::NotAddressee,
+        "NOT_SOURCE" => Refusal::NotSource,
+        "LEASE_LOST" => Refusal::LeaseLost,
+        _ => Refusal::AlreadySettled,
+    })
+}
+
+/// What a client call can fail with.
+///
+/// [`Error::Refused`] is the contract's answer; every other variant is an infrastructure failure
+/// and says nothing about the contract.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// The store refused the command; nothing changed.
+    #[error("refused {code}: {0}", code = .0.code())]
+    Refused(#[from] Refusal),
+    /// No node gave a usable answer before the deadline. For a write, the outcome is unknown.
+    #[error("cluster unavailable after {waited:?} (tried {}): {last}", endpoints.join(", "))]
+    Unavailable {
+        /// Every endpoint tried.
+        endpoints: Vec<String>,
+        /// How long the client kept trying.
+        waited: Duration,
+        /// The last failure seen.
+        last: String,
+    },
+    /// The store no longer remembers this request, so its outcome cannot be told.
+    #[error("outcome unknown: {0}")]
+    OutcomeUnknown(String),
+    /// The server rejected an administrative request or failed; `code` is its stable code.
+    #[error("server error {code}: {message}")]
+    Server {
+        /// The Baton code (e.g. `ALREADY_INITIALIZED`).
+        code: String,
+        /// The server's explanation.
+        message: String,
+    },
+    /// The server answered something this client cannot understand.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// The client was configured wrongly (e.g. no endpoints).
+    #[error("configuration error: {0}")]
+    Config(String),
+}
+
+impl Error {
+    /// The contract refusal, when this is one.
+    pub fn refusal(&self) -> Option<&Refusal> {
+        match self {
+            Error::Refused(refusal) => Some(refusal),
+            _ => None,
+        }
+    }
+
+    /// Whether this is an infrastructure failure rather than a contract answer.
+    pub fn is_infrastructure(&self) -> bool {
+        !matches!(self, Error::Refused(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_refusal_survives_the_wire() {
+        let all = [
+            Refusal::invalid("ttl", "must be > 0"),
+            Refusal::UnknownKey,
+            Refusal::Taken,
+            Refusal::Expired,
+            Refusal::NotAddressee,
+            Refusal::NotSource,
+            Refusal::LeaseLost,
+            Refusal::AlreadySettled,
+        ];
+        for refusal in all {
+            let status = refusal_status(&refusal);
+            let detail = detail_of(&status).expect("a refusal status carries a detail");
+            assert_eq!(refusal_of(&detail), Some(refusal.clone()));
+            assert!(REFUSAL_CODES.contains(&refusal.code()));
+        }
+    }
+
+    #[test]
+    fn infrastructure_codes_never_decode_as_refusals() {
+        for code in [
+            infra::NOT_LEADER,
+            infra::NO_LEADER,
+            infra::SESSION_EXPIRED,
+            infra::INTERNAL,
+            infra::ALREADY_INITIALIZED,
+            infra::NOT_INITIALIZED,
+        ] {
+            let status = infra_status(Code::Unavailable, code, "x");
+            let detail = detail_of(&status).expect("detail");
+            assert_eq!(refusal_of(&detail), None, "{code} must not be a refusal");
+        }
+    }
+}

@@ -1,0 +1,27 @@
+//! Baton's wire protocol and client library.
+//!
+//! - [`proto`]: the generated gRPC messages and services (client API and Raft transport).
+//! - [`convert`]: protobuf <-> state-machine types.
+//! - [`error`]: the one place where codes map to gRPC statuses and back.
+//! - [`Client`]: leader discovery, redirects, retries with the same `(client_id, seq)`, typed errors.
+//! - [`judge`]: the contract's judges driven against a live store.
+#![deny(missing_docs)]
+
+pub mod convert;
+pub mod error;
+pub mod judge;
+mod client;
+
+pub use client::{Client, ClientConfig};
+pub use error::Error;
+
+/// Generated protobuf and gRPC code.
+#[allow(missing_docs, clippy::all)]
+pub mod proto {
+    tonic::include_proto!("baton.v1");
+
+    /// The Raft transport between nodes.
+    pub mod raft {
+        tonic::include_proto!("baton.raft.v1");
+    }
+}

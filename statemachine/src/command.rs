@@ -1,0 +1,89 @@
+//! The log entry's payload: the leader's stamp, the client's identity and the command itself.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Refusal;
+use crate::handoff;
+
+/// What the leader decided, once, before proposing the entry.
+///
+/// Everything nondeterministic an apply needs comes from here, so every replica computes the same
+/// tokens and deadlines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stamp {
+    /// The proposing leader's wall clock, in milliseconds since the Unix epoch. The store clock
+    /// only moves forward: `clock = max(clock, now_ms)`.
+    pub now_ms: u64,
+    /// 128 random bits drawn by the leader; tokens minted by this command derive from them.
+    pub entropy: u128,
+}
+
+impl Stamp {
+    /// The token minted by this command: 128 random bits as 32 lowercase hex characters.
+    pub fn token(&self) -> String {
+        hex::encode(self.entropy.to_be_bytes())
+    }
+}
+
+/// Which client sent the command and which of its requests this is.
+///
+/// Retrying with the same `(client_id, seq)` is always safe: the session table answers a repeat
+/// with the response the first attempt produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Origin {
+    /// A random identity the client library draws once per client instance.
+    pub client_id: u64,
+    /// The client's request number, starting at 1 and never reused by that client.
+    pub seq: u64,
+    /// Every request of this client below this number has been answered and will never be retried,
+    /// so the store may forget their responses.
+    pub acked_below: u64,
+}
+
+/// One entry of the replicated log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// The leader's clock and randomness for this command.
+    pub stamp: Stamp,
+    /// The client request this is, or `None` for commands the leader proposes itself (the sweep).
+    pub origin: Option<Origin>,
+    /// What to do.
+    pub command: Command,
+}
+
+/// Every state change the store knows, grouped by primitive.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// A handoff ticket command.
+    Handoff(handoff::Command),
+    /// Materialise every expiry that is due at the store clock and forget idle client sessions.
+    /// Proposed periodically by the leader so snapshots carry no overdue leftovers.
+    Sweep,
+}
+
+/// A successful command's result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reply {
+    /// The ticket as it stands after the command (offer).
+    Ticket(handoff::Ticket),
+    /// The proof of a successful take.
+    Handle(handoff::Handle),
+    /// The command succeeded and has nothing to return (reply, cancel).
+    Done,
+    /// A sweep ran: how many grants it expired.
+    Swept {
+        /// Tickets moved to `expired`.
+        expired: u64,
+    },
+}
+
+/// What `apply` returns for one envelope.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    /// The contract's answer: a reply, or a refusal that changed nothing.
+    Answer(Result<Reply, Refusal>),
+    /// The request's `seq` is older than what the session table still remembers for its client,
+    /// so the store cannot tell what it answered the first time. The outcome is unknown; this is
+    /// never a contract refusal.
+    SessionExpired,
+}

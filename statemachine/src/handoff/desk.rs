@@ -1,0 +1,211 @@
+//! The desk: every handoff ticket, and what each command does to them.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::types::{Handle, OfferArgs, Receipt, Ticket, TicketState};
+use super::validate;
+use crate::command::Stamp;
+use crate::error::Refusal;
+use crate::time::{deadline_after, is_overdue};
+
+/// A ticket plus what clients never see: the token of its current take.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Record {
+    ticket: Ticket,
+    token: Option<String>,
+}
+
+/// All handoff tickets (current generation per key) and an index of live deadlines.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Desk {
+    records: BTreeMap<String, Record>,
+    /// `(deadline_ms, key)` of every offered or accepted ticket, so a sweep touches only what is due.
+    live_deadlines: BTreeSet<(u64, String)>,
+}
+
+impl Desk {
+    /// Offers a ticket. A live ticket with the same key is returned unchanged (a replay); a
+    /// settled one is replaced by the next generation; an unknown key starts at generation 1.
+    pub fn offer(&mut self, clock_ms: u64, args: OfferArgs) -> Result<Ticket, Refusal> {
+        validate::offer(&args)?;
+        self.expire_if_overdue(&args.key, clock_ms);
+        let previous_generation = match self.records.get(&args.key) {
+            Some(record) if !record.ticket.state.is_terminal() => {
+                return Ok(record.ticket.clone());
+            }
+            Some(record) => record.ticket.generation,
+            None => 0,
+        };
+        let deadline_ms = deadline_after(clock_ms, args.ttl_ms);
+        let ticket = Ticket {
+            key: args.key,
+            from: args.from,
+            to: args.to,
+            payload: args.payload,
+            reply_to: args.reply_to,
+            ttl_ms: args.ttl_ms,
+            generation: previous_generation + 1,
+            deadline_ms,
+            state: TicketState::Offered,
+            holder: None,
+            receipt_at_ms: None,
+            receipt: None,
+        };
+        self.live_deadlines
+            .insert((deadline_ms, ticket.key.clone()));
+        self.records.insert(
+            ticket.key.clone(),
+            Record {
+                ticket: ticket.clone(),
+                token: None,
+            },
+        );
+        Ok(ticket)
+    }
+
+    /// Takes a ticket as its addressee: responsibility moves from `from` to `to` in this one
+    /// step, and the store mints the token that the reply must present.
+    pub fn take(&mut self, stamp: &Stamp, clock_ms: u64, key: &str, to: &str) -> Result<Handle, Refusal> {
+        validate::key(key)?;
+        validate::agent("to", to)?;
+        let record = self.records.get(key).ok_or(Refusal::UnknownKey)?;
+        if record.ticket.to != to {
+            return Err(Refusal::NotAddressee);
+        }
+        self.expire_if_overdue(key, clock_ms);
+        let record = self.record_mut(key)?;
+        match record.ticket.state {
+            TicketState::Offered => {}
+            TicketState::Expired => return Err(Refusal::Expired),
+            TicketState::Accepted => return Err(Refusal::Taken),
+            _ => return Err(Refusal::AlreadySettled),
+        }
+        let token = stamp.token();
+        record.ticket.state = TicketState::Accepted;
+        record.ticket.holder = Some(to.to_string());
+        record.token = Some(token.clone());
+        Ok(Handle {
+            token,
+            fence: record.ticket.generation,
+            until_ms: record.ticket.deadline_ms,
+        })
+    }
+
+    /// Settles a taken ticket with a receipt, accepted only with the take's token and only
+    /// before the deadline (late receipts are refused: fail-closed).
+    pub fn reply(&mut self, clock_ms: u64, key: &str, token: &str, receipt: Receipt) -> Result<(), Refusal> {
+        validate::key(key)?;
+        validate::receipt(&receipt)?;
+        let record = self.records.get(key).ok_or(Refusal::UnknownKey)?;
+        if record.token.as_deref() != Some(token) {
+            return Err(Refusal::LeaseLost);
+        }
+        self.expire_if_overdue(key, clock_ms);
+        let record = self.record_mut(key)?;
+        match record.ticket.state {
+            TicketState::Accepted => {}
+            TicketState::Expired => return Err(Refusal::Expired),
+            _ => return Err(Refusal::AlreadySettled),
+        }
+        let deadline = record.ticket.deadline_ms;
+        record.ticket.state = TicketState::Closed;
+        record.ticket.holder = None;
+        record.ticket.receipt_at_ms = Some(clock_ms);
+        record.ticket.receipt = Some(receipt);
+        self.live_deadlines.remove(&(deadline, key.to_string()));
+        Ok(())
+    }
+
+    /// Withdraws an offered ticket; only its source may, and only before anyone took it.
+    pub fn cancel(&mut self, clock_ms: u64, key: &str, by: &str) -> Result<(), Refusal> {
+        validate::key(key)?;
+        validate::agent("by", by)?;
+        let record = self.records.get(key).ok_or(Refusal::UnknownKey)?;
+        if record.ticket.from != by {
+            return Err(Refusal::NotSource);
+        }
+        self.expire_if_overdue(key, clock_ms);
+        let record = self.record_mut(key)?;
+        match record.ticket.state {
+            TicketState::Offered => {}
+            TicketState::Accepted => return Err(Refusal::Taken),
+            _ => return Err(Refusal::AlreadySettled),
+        }
+        let deadline = record.ticket.deadline_ms;
+        record.ticket.state = TicketState::Withdrawn;
+        self.live_deadlines.remove(&(deadline, key.to_string()));
+        Ok(())
+    }
+
+    /// Expires every live ticket whose deadline has passed at `clock_ms`; returns how many.
+    pub fn sweep(&mut self, clock_ms: u64) -> u64 {
+        let mut expired = 0;
+        while let Some((deadline, key)) = self.live_deadlines.first().cloned() {
+            if !is_overdue(deadline, clock_ms) {
+                break;
+            }
+            self.live_deadlines.pop_first();
+            if let Some(record) = self.records.get_mut(&key) {
+                expire(record);
+                expired += 1;
+            }
+        }
+        expired
+    }
+
+    /// Whether a sweep at `clock_ms` would expire anything.
+    pub fn has_overdue(&self, clock_ms: u64) -> bool {
+        self.live_deadlines
+            .first()
+            .is_some_and(|(deadline, _)| is_overdue(*deadline, clock_ms))
+    }
+
+    /// The current generation of one ticket.
+    pub fn get(&self, key: &str) -> Option<&Ticket> {
+        self.records.get(key).map(|record| &record.ticket)
+    }
+
+    /// Every ticket's current generation, ordered by key.
+    pub fn tickets(&self) -> impl Iterator<Item = &Ticket> {
+        self.records.values().map(|record| &record.ticket)
+    }
+
+    /// Number of tickets (any state).
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Whether the desk holds no ticket.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Number of offered or accepted tickets.
+    pub fn live(&self) -> usize {
+        self.live_deadlines.len()
+    }
+
+    fn record_mut(&mut self, key: &str) -> Result<&mut Record, Refusal> {
+        self.records.get_mut(key).ok_or(Refusal::UnknownKey)
+    }
+
+    /// Lazy expiry: a live ticket judged past its deadline becomes `expired` right here, so the
+    /// refusal the caller gets and the state everyone reads afterwards agree.
+    fn expire_if_overdue(&mut self, key: &str, clock_ms: u64) {
+        let Some(record) = self.records.get_mut(key) else {
+            return;
+        };
+        if record.ticket.state.is_live() && is_overdue(record.ticket.deadline_ms, clock_ms) {
+            self.live_deadlines
+                .remove(&(record.ticket.deadline_ms, key.to_string()));
+            expire(record);
+        }
+    }
+}
+
+fn expire(record: &mut Record) {
+    record.ticket.state = TicketState::Expired;
+    record.ticket.holder = None;
+}
