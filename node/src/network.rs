@@ -2,11 +2,13 @@
 
 use baton_rpc::proto::raft::raft_client::RaftClient;
 use baton_rpc::proto::raft::{raft_reply, RaftRequest};
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
-    VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
 };
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
@@ -52,7 +54,12 @@ type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E
 struct TransportError(String);
 
 impl Peer {
-    async fn send<Req, Resp, E>(&mut self, kind: Kind, request: &Req, option: &RPCOption) -> RpcResult<Resp, E>
+    async fn send<Req, Resp, E>(
+        &mut self,
+        kind: Kind,
+        request: &Req,
+        option: &RPCOption,
+    ) -> RpcResult<Resp, E>
     where
         Req: Serialize,
         Resp: DeserializeOwned,
@@ -125,7 +132,11 @@ impl RaftNetwork<TypeConfig> for Peer {
         self.send(Kind::Snapshot, &rpc, &option).await
     }
 
-    async fn vote(&mut self, rpc: VoteRequest<NodeId>, option: RPCOption) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
         self.send(Kind::Vote, &rpc, &option).await
     }
 }

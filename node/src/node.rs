@@ -32,19 +32,27 @@ impl Node {
     /// Stamps `command`, proposes it, waits for it to be committed and applied, and returns the
     /// state machine's reply — or the refusal / infrastructure failure as a gRPC status.
     pub async fn propose(&self, origin: Option<Origin>, command: Command) -> Result<Reply, Status> {
-        let name = command_name(&command);
+        let name = command.name();
         let envelope = Envelope {
             stamp: stamp::stamp(),
             origin,
             command,
         };
-        let written = self.raft.client_write(envelope).await.map_err(|e| match e {
-            RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => not_leader(forward),
-            RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
-                infra_status(Code::Internal, infra::INTERNAL, e.to_string())
-            }
-            RaftError::Fatal(fatal) => infra_status(Code::Unavailable, infra::INTERNAL, fatal.to_string()),
-        })?;
+        let written = self
+            .raft
+            .client_write(envelope)
+            .await
+            .map_err(|e| match e {
+                RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => {
+                    not_leader(forward)
+                }
+                RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+                    infra_status(Code::Internal, infra::INTERNAL, e.to_string())
+                }
+                RaftError::Fatal(fatal) => {
+                    infra_status(Code::Unavailable, infra::INTERNAL, fatal.to_string())
+                }
+            })?;
         let index = written.log_id.index;
         match written.data {
             Response::Answer(Ok(reply)) => {
@@ -67,11 +75,15 @@ impl Node {
     /// runs `read` on the applied state. The result is linearizable.
     pub async fn read<T>(&self, read: impl FnOnce(&Applied) -> T) -> Result<T, Status> {
         self.raft.ensure_linearizable().await.map_err(|e| match e {
-            RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward)) => not_leader(forward),
+            RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward)) => {
+                not_leader(forward)
+            }
             RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e)) => {
                 infra_status(Code::Unavailable, infra::NO_LEADER, e.to_string())
             }
-            RaftError::Fatal(fatal) => infra_status(Code::Unavailable, infra::INTERNAL, fatal.to_string()),
+            RaftError::Fatal(fatal) => {
+                infra_status(Code::Unavailable, infra::INTERNAL, fatal.to_string())
+            }
         })?;
         let applied = self.state_machine.read();
         Ok(read(&applied))
@@ -92,13 +104,10 @@ impl Node {
 fn not_leader(forward: ForwardToLeader<NodeId, BasicNode>) -> Status {
     match (forward.leader_id, forward.leader_node) {
         (Some(id), Some(node)) => not_leader_status(Some((id, node.addr))),
-        _ => infra_status(Code::Unavailable, infra::NO_LEADER, "no leader is known right now"),
-    }
-}
-
-fn command_name(command: &Command) -> &'static str {
-    match command {
-        Command::Handoff(command) => command.name(),
-        Command::Sweep => "sweep",
+        _ => infra_status(
+            Code::Unavailable,
+            infra::NO_LEADER,
+            "no leader is known right now",
+        ),
     }
 }

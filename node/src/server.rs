@@ -28,7 +28,10 @@ const MAX_CLIENT_MESSAGE_BYTES: usize = 4 << 20;
 const SESSION_SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 /// Runs a node until `shutdown` resolves, then stops serving and shuts Raft down.
-pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+pub async fn run(
+    config: NodeConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
@@ -47,9 +50,15 @@ pub async fn serve(
     let (log_store, state_machine) = store::open(&config.data_dir.join("db"))
         .with_context(|| format!("cannot open storage in {}", config.data_dir.display()))?;
     let raft_config = Arc::new(config.raft.to_openraft().context("invalid raft settings")?);
-    let raft = Raft::new(config.id, raft_config, Network, log_store, state_machine.clone())
-        .await
-        .context("cannot start raft")?;
+    let raft = Raft::new(
+        config.id,
+        raft_config,
+        Network,
+        log_store,
+        state_machine.clone(),
+    )
+    .await
+    .context("cannot start raft")?;
     let node: NodeRef = Arc::new(Node {
         id: config.id,
         addr: config.advertise.clone(),
@@ -67,14 +76,19 @@ pub async fn serve(
                 .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES),
         )
-        .add_service(HandoffServer::new(HandoffService::new(node.clone())).max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES))
+        .add_service(
+            HandoffServer::new(HandoffService::new(node.clone()))
+                .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES),
+        )
         .add_service(ClusterServer::new(ClusterService::new(node.clone())))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await;
 
     let _ = stop_tx.send(true);
     let _ = sweeper.await;
-    raft.shutdown().await.map_err(|e| anyhow::anyhow!("raft shutdown: {e}"))?;
+    raft.shutdown()
+        .await
+        .map_err(|e| anyhow::anyhow!("raft shutdown: {e}"))?;
     tracing::info!(id = config.id, "node stopped");
     served.context("grpc server failed")
 }
@@ -95,7 +109,8 @@ fn claim_identity(config: &NodeConfig) -> anyhow::Result<()> {
             Ok(())
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::write(&path, format!("{}\n", config.id)).with_context(|| format!("cannot write {}", path.display()))
+            std::fs::write(&path, format!("{}\n", config.id))
+                .with_context(|| format!("cannot write {}", path.display()))
         }
         Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
     }

@@ -7,7 +7,9 @@ use openraft::testing::{StoreBuilder, Suite};
 struct SledBuilder;
 
 impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> for SledBuilder {
-    async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachineStore), StorageError> {
+    async fn build(
+        &self,
+    ) -> Result<(tempfile::TempDir, LogStore, StateMachineStore), StorageError> {
         let dir = tempfile::tempdir().expect("a temporary directory for the store");
         let (log, sm) = store::open(dir.path())?;
         Ok((dir, log, sm))

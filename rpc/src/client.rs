@@ -74,7 +74,9 @@ struct Inner {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// How one failed attempt should be handled.
@@ -96,7 +98,10 @@ impl Client {
     }
 
     /// [`Client::connect`] with explicit timeouts.
-    pub async fn connect_with<S: AsRef<str>>(endpoints: &[S], config: ClientConfig) -> Result<Self, Error> {
+    pub async fn connect_with<S: AsRef<str>>(
+        endpoints: &[S],
+        config: ClientConfig,
+    ) -> Result<Self, Error> {
         let client = Self::new(endpoints, config)?;
         client.discover_leader().await?;
         Ok(client)
@@ -218,7 +223,11 @@ impl Client {
             })
             .await?;
         Ok(TicketSnapshot {
-            tickets: reply.tickets.into_iter().map(convert::ticket_from_proto).collect(),
+            tickets: reply
+                .tickets
+                .into_iter()
+                .map(convert::ticket_from_proto)
+                .collect(),
             now_ms: reply.now_ms,
             revision: reply.revision,
         })
@@ -228,7 +237,9 @@ impl Client {
     pub async fn ticket(&self, key: &str) -> Result<Ticket, Error> {
         let reply = self
             .call(|channel| {
-                let request = proto::GetTicketRequest { key: key.to_string() };
+                let request = proto::GetTicketRequest {
+                    key: key.to_string(),
+                };
                 async move { HandoffClient::new(channel).get(request).await }
             })
             .await?;
@@ -318,9 +329,7 @@ impl Client {
             seq,
             acked_below,
         };
-        let result = self
-            .call(|channel| attempt(header, channel))
-            .await;
+        let result = self.call(|channel| attempt(header, channel)).await;
         lock(&self.inner.in_flight).remove(&seq);
         result
     }
@@ -342,26 +351,28 @@ impl Client {
             tried.insert(addr.clone());
             let last = match self.channel(&addr) {
                 Err(error) => return Err(error),
-                Ok(channel) => match tokio::time::timeout(config.attempt_timeout, attempt(channel)).await {
-                    Ok(Ok(reply)) => return Ok(reply.into_inner()),
-                    Ok(Err(status)) => match classify(&status) {
-                        Verdict::Fail(error) => return Err(error),
-                        Verdict::Redirect(leader) if redirects < 3 && leader != addr => {
-                            redirects += 1;
-                            *lock(&self.inner.leader) = Some(leader);
-                            continue;
-                        }
-                        Verdict::Redirect(leader) => format!("{addr} redirected to {leader}"),
-                        Verdict::Retry(reason) => {
+                Ok(channel) => {
+                    match tokio::time::timeout(config.attempt_timeout, attempt(channel)).await {
+                        Ok(Ok(reply)) => return Ok(reply.into_inner()),
+                        Ok(Err(status)) => match classify(&status) {
+                            Verdict::Fail(error) => return Err(error),
+                            Verdict::Redirect(leader) if redirects < 3 && leader != addr => {
+                                redirects += 1;
+                                *lock(&self.inner.leader) = Some(leader);
+                                continue;
+                            }
+                            Verdict::Redirect(leader) => format!("{addr} redirected to {leader}"),
+                            Verdict::Retry(reason) => {
+                                self.forget_leader(&addr);
+                                format!("{addr}: {reason}")
+                            }
+                        },
+                        Err(_) => {
                             self.forget_leader(&addr);
-                            format!("{addr}: {reason}")
+                            format!("{addr}: no answer within {:?}", config.attempt_timeout)
                         }
-                    },
-                    Err(_) => {
-                        self.forget_leader(&addr);
-                        format!("{addr}: no answer within {:?}", config.attempt_timeout)
                     }
-                },
+                }
             };
             redirects = 0;
             let waited = started.elapsed();
@@ -429,11 +440,15 @@ fn classify(status: &Status) -> Verdict {
         return Verdict::Fail(Error::Refused(refusal));
     }
     match detail.code.as_str() {
-        infra::NOT_LEADER if !detail.leader_addr.is_empty() => Verdict::Redirect(normalize(&detail.leader_addr)),
+        infra::NOT_LEADER if !detail.leader_addr.is_empty() => {
+            Verdict::Redirect(normalize(&detail.leader_addr))
+        }
         infra::NOT_LEADER | infra::NO_LEADER | infra::INTERNAL | infra::NOT_INITIALIZED => {
             Verdict::Retry(format!("{}: {}", detail.code, status.message()))
         }
-        infra::SESSION_EXPIRED => Verdict::Fail(Error::OutcomeUnknown(status.message().to_string())),
+        infra::SESSION_EXPIRED => {
+            Verdict::Fail(Error::OutcomeUnknown(status.message().to_string()))
+        }
         code => Verdict::Fail(Error::Server {
             code: code.to_string(),
             message: status.message().to_string(),

@@ -20,8 +20,9 @@ pub fn receipt_to_proto(receipt: &Receipt) -> proto::Receipt {
 /// `INVALID_ARGUMENT` refusal.
 pub fn receipt_from_proto(receipt: Option<proto::Receipt>) -> Result<Receipt, Refusal> {
     let receipt = receipt.ok_or_else(|| Refusal::invalid("receipt", "is required"))?;
-    let status = ReceiptStatus::parse(&receipt.status)
-        .ok_or_else(|| Refusal::invalid("receipt.status", "must be one of done, failed, refused"))?;
+    let status = ReceiptStatus::parse(&receipt.status).ok_or_else(|| {
+        Refusal::invalid("receipt.status", "must be one of done, failed, refused")
+    })?;
     Ok(Receipt {
         status,
         summary: receipt.summary,
@@ -64,7 +65,9 @@ pub fn ticket_from_proto(ticket: proto::Ticket) -> Ticket {
         state: TicketState::parse(&ticket.state),
         holder: ticket.holder,
         receipt_at_ms: ticket.receipt_at_ms,
-        receipt: ticket.receipt.and_then(|r| receipt_from_proto(Some(r)).ok()),
+        receipt: ticket
+            .receipt
+            .and_then(|r| receipt_from_proto(Some(r)).ok()),
     }
 }
 

@@ -28,29 +28,28 @@ pub mod infra {
     pub const INTERNAL: &str = "INTERNAL";
 }
 
-/// Every refusal code the store can send, for decoding.
-const REFUSAL_CODES: &[&str] = &[
-    "INVALID_ARGUMENT",
-    "UNKNOWN_KEY",
-    "TAKEN",
-    "EXPIRED",
-    "NOT_ADDRESSEE",
-    "NOT_SOURCE",
-    "LEASE_LOST",
-    "ALREADY_SETTLED",
-];
-
 /// The gRPC status code a refusal travels with.
 pub fn refusal_grpc_code(refusal: &Refusal) -> Code {
     match refusal {
         Refusal::Invalid { .. } => Code::InvalidArgument,
-        Refusal::UnknownKey => Code::NotFound,
-        Refusal::Taken => Code::Aborted,
+        Refusal::UnknownKey | Refusal::UnknownTask | Refusal::UnknownAction | Refusal::NotFound => {
+            Code::NotFound
+        }
+        Refusal::Taken | Refusal::ReconcileTaken => Code::Aborted,
         Refusal::Expired
         | Refusal::NotAddressee
         | Refusal::NotSource
         | Refusal::LeaseLost
-        | Refusal::AlreadySettled => Code::FailedPrecondition,
+        | Refusal::AlreadySettled
+        | Refusal::AlreadyDone
+        | Refusal::Blocked
+        | Refusal::FenceStale
+        | Refusal::NotHolder
+        | Refusal::ResourceMismatch
+        | Refusal::NotInProgress
+        | Refusal::NotUncertain
+        | Refusal::UnsafeNotRetryable
+        | Refusal::StaleSeq => Code::FailedPrecondition,
     }
 }
 
@@ -109,22 +108,7 @@ pub fn detail_of(status: &Status) -> Option<ErrorDetail> {
 
 /// The contract refusal a detail encodes, if its code is a refusal code.
 pub fn refusal_of(detail: &ErrorDetail) -> Option<Refusal> {
-    if !REFUSAL_CODES.contains(&detail.code.as_str()) {
-        return None;
-    }
-    Some(match detail.code.as_str() {
-        "INVALID_ARGUMENT" => Refusal::Invalid {
-            field: detail.field.clone(),
-            rule: detail.rule.clone(),
-        },
-        "UNKNOWN_KEY" => Refusal::UnknownKey,
-        "TAKEN" => Refusal::Taken,
-        "EXPIRED" => Refusal::Expired,
-        "NOT_ADDRESSEE" => Refusal::NotAddressee,
-        "NOT_SOURCE" => Refusal::NotSource,
-        "LEASE_LOST" => Refusal::LeaseLost,
-        _ => Refusal::AlreadySettled,
-    })
+    Refusal::from_code(&detail.code, &detail.field, &detail.rule)
 }
 
 /// What a client call can fail with.
@@ -186,21 +170,13 @@ mod tests {
 
     #[test]
     fn every_refusal_survives_the_wire() {
-        let all = [
-            Refusal::invalid("ttl", "must be > 0"),
-            Refusal::UnknownKey,
-            Refusal::Taken,
-            Refusal::Expired,
-            Refusal::NotAddressee,
-            Refusal::NotSource,
-            Refusal::LeaseLost,
-            Refusal::AlreadySettled,
-        ];
+        let mut all = vec![Refusal::invalid("ttl", "must be > 0")];
+        all.extend(Refusal::ALL_SIMPLE.iter().cloned());
         for refusal in all {
             let status = refusal_status(&refusal);
+            assert_eq!(status.code(), refusal_grpc_code(&refusal));
             let detail = detail_of(&status).expect("a refusal status carries a detail");
             assert_eq!(refusal_of(&detail), Some(refusal.clone()));
-            assert!(REFUSAL_CODES.contains(&refusal.code()));
         }
     }
 

@@ -54,12 +54,18 @@ impl TakeRace {
 /// Lets every taker in `takers` take `key` at the same moment (a barrier, not a loop) and
 /// tallies the outcome. `limit` bounds the whole judgement so a hung store cannot hang the caller;
 /// takers still running at the limit are reported as infrastructure failures.
-pub async fn concurrent_take(client: &Client, key: &str, takers: &[String], limit: Duration) -> TakeRace {
+pub async fn concurrent_take(
+    client: &Client,
+    key: &str,
+    takers: &[String],
+    limit: Duration,
+) -> TakeRace {
     let barrier = Arc::new(Barrier::new(takers.len()));
     let tasks: Vec<_> = takers
         .iter()
         .map(|to| {
-            let (client, barrier, key, to) = (client.clone(), barrier.clone(), key.to_string(), to.clone());
+            let (client, barrier, key, to) =
+                (client.clone(), barrier.clone(), key.to_string(), to.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
                 client.take(&key, &to).await
@@ -81,7 +87,9 @@ pub async fn concurrent_take(client: &Client, key: &str, takers: &[String], limi
                     Ok(Err(Error::Refused(Refusal::Taken))) => race.losers += 1,
                     Ok(Err(Error::Refused(other))) => race.misses.push(other),
                     Ok(Err(error)) => race.infra_errors.push(error),
-                    Err(join) => race.infra_errors.push(Error::Protocol(format!("taker task failed: {join}"))),
+                    Err(join) => race
+                        .infra_errors
+                        .push(Error::Protocol(format!("taker task failed: {join}"))),
                 }
             }
         }

@@ -7,10 +7,10 @@
 //! - [`judge`]: the contract's judges driven against a live store.
 #![deny(missing_docs)]
 
+mod client;
 pub mod convert;
 pub mod error;
 pub mod judge;
-mod client;
 
 pub use client::{Client, ClientConfig};
 pub use error::Error;

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::Refusal;
-use crate::handoff;
+use crate::{board, checkpoint, effect, handoff, sink};
 
 /// What the leader decided, once, before proposing the entry.
 ///
@@ -16,6 +16,20 @@ pub struct Stamp {
     pub now_ms: u64,
     /// 128 random bits drawn by the leader; tokens minted by this command derive from them.
     pub entropy: u128,
+}
+
+impl Command {
+    /// The command's name, for logs and metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Handoff(command) => command.name(),
+            Command::Board(command) => command.name(),
+            Command::Effect(command) => command.name(),
+            Command::Sink(command) => command.name(),
+            Command::Checkpoint(command) => command.name(),
+            Command::Sweep => "sweep",
+        }
+    }
 }
 
 impl Stamp {
@@ -56,6 +70,14 @@ pub struct Envelope {
 pub enum Command {
     /// A handoff ticket command.
     Handoff(handoff::Command),
+    /// A task-board command.
+    Board(board::Command),
+    /// A side-effect gate command.
+    Effect(effect::Command),
+    /// A fenced-sink write.
+    Sink(sink::Command),
+    /// A checkpoint save.
+    Checkpoint(checkpoint::Command),
     /// Materialise every expiry that is due at the store clock and forget idle client sessions.
     /// Proposed periodically by the leader so snapshots carry no overdue leftovers.
     Sweep,
@@ -64,15 +86,40 @@ pub enum Command {
 /// A successful command's result.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
-    /// The ticket as it stands after the command (offer).
-    Ticket(handoff::Ticket),
+    /// The ticket as it stands after the command (offer). Boxed: tickets are large and most
+    /// replies are not.
+    Ticket(Box<handoff::Ticket>),
     /// The proof of a successful take.
     Handle(handoff::Handle),
-    /// The command succeeded and has nothing to return (reply, cancel).
+    /// The command succeeded and has nothing to return (reply, cancel, release, ...).
     Done,
-    /// A sweep ran: how many grants it expired.
+    /// Tasks seeded.
+    Seeded {
+        /// How many tasks were written.
+        tasks: u64,
+    },
+    /// A task after a claim or renew (the lease carries the token).
+    Task(Box<board::Task>),
+    /// What `acquire` decided.
+    Outcome(Box<effect::Outcome>),
+    /// The result recorded for a completed action (the first completion's).
+    EffectResult(String),
+    /// An extended side-effect lease.
+    EffectLease(Box<effect::EffectLease>),
+    /// A reconcile slot.
+    Reconcile(effect::Reconcile),
+    /// What a resolution left behind.
+    Resolved(effect::Resolved),
+    /// A fenced write was accepted.
+    Written {
+        /// The resource's highest seen fence after the write.
+        seen_fence: u64,
+        /// Accepted writes on the resource so far.
+        writes: u64,
+    },
+    /// A sweep ran: how many expiries it materialised.
     Swept {
-        /// Tickets moved to `expired`.
+        /// Tickets, leases, intents and holds expired.
         expired: u64,
     },
 }

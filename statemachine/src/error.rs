@@ -42,6 +42,45 @@ pub enum Refusal {
     /// The ticket is already closed or withdrawn.
     #[error("the ticket is already settled")]
     AlreadySettled,
+    /// No task with this id was seeded.
+    #[error("no task with this id")]
+    UnknownTask,
+    /// The task is done; it can never be claimed again.
+    #[error("the task is already done")]
+    AlreadyDone,
+    /// A dependency of the task is not done yet.
+    #[error("a dependency of the task is not done")]
+    Blocked,
+    /// No side-effect action with this key has ever been acquired.
+    #[error("no action with this key")]
+    UnknownAction,
+    /// The presented fence is not the latest: a newer holder exists (or existed).
+    #[error("the fence is stale: a newer holder exists")]
+    FenceStale,
+    /// The presented holder is not the one of the key's current attempt.
+    #[error("the caller is not the holder of the current attempt")]
+    NotHolder,
+    /// The lease, the action and the key disagree about the resource.
+    #[error("the lease's resource is not the action's")]
+    ResourceMismatch,
+    /// The key's attempt is not in progress any more (completed, uncertain, abandoned, expired).
+    #[error("the attempt is not in progress")]
+    NotInProgress,
+    /// The key is not uncertain, so there is nothing to reconcile.
+    #[error("the action is not uncertain")]
+    NotUncertain,
+    /// Another reconciler holds this key's reconcile slot.
+    #[error("another reconciler is already at work")]
+    ReconcileTaken,
+    /// An unsafe action's "did not happen" needs an explicit force to become retryable.
+    #[error("an unsafe action is not retryable without an explicit force")]
+    UnsafeNotRetryable,
+    /// The checkpoint's seq is not newer than the stored one.
+    #[error("the checkpoint seq is not newer than the stored one")]
+    StaleSeq,
+    /// Nothing is stored under this name.
+    #[error("nothing stored under this name")]
+    NotFound,
 }
 
 impl Refusal {
@@ -56,7 +95,55 @@ impl Refusal {
             Refusal::NotSource => "NOT_SOURCE",
             Refusal::LeaseLost => "LEASE_LOST",
             Refusal::AlreadySettled => "ALREADY_SETTLED",
+            Refusal::UnknownTask => "UNKNOWN_TASK",
+            Refusal::AlreadyDone => "ALREADY_DONE",
+            Refusal::Blocked => "BLOCKED",
+            Refusal::UnknownAction => "UNKNOWN_ACTION",
+            Refusal::FenceStale => "FENCE_STALE",
+            Refusal::NotHolder => "NOT_HOLDER",
+            Refusal::ResourceMismatch => "RESOURCE_MISMATCH",
+            Refusal::NotInProgress => "NOT_IN_PROGRESS",
+            Refusal::NotUncertain => "NOT_UNCERTAIN",
+            Refusal::ReconcileTaken => "RECONCILE_TAKEN",
+            Refusal::UnsafeNotRetryable => "UNSAFE_NOT_RETRYABLE",
+            Refusal::StaleSeq => "STALE_SEQ",
+            Refusal::NotFound => "NOT_FOUND",
         }
+    }
+
+    /// Every refusal without fields, for exhaustive mapping tables and tests.
+    pub const ALL_SIMPLE: &'static [Refusal] = &[
+        Refusal::UnknownKey,
+        Refusal::Taken,
+        Refusal::Expired,
+        Refusal::NotAddressee,
+        Refusal::NotSource,
+        Refusal::LeaseLost,
+        Refusal::AlreadySettled,
+        Refusal::UnknownTask,
+        Refusal::AlreadyDone,
+        Refusal::Blocked,
+        Refusal::UnknownAction,
+        Refusal::FenceStale,
+        Refusal::NotHolder,
+        Refusal::ResourceMismatch,
+        Refusal::NotInProgress,
+        Refusal::NotUncertain,
+        Refusal::ReconcileTaken,
+        Refusal::UnsafeNotRetryable,
+        Refusal::StaleSeq,
+        Refusal::NotFound,
+    ];
+
+    /// The refusal a wire code names (`field` and `rule` are used for `INVALID_ARGUMENT`).
+    pub fn from_code(code: &str, field: &str, rule: &str) -> Option<Refusal> {
+        if code == "INVALID_ARGUMENT" {
+            return Some(Refusal::invalid(field, rule));
+        }
+        Refusal::ALL_SIMPLE
+            .iter()
+            .find(|refusal| refusal.code() == code)
+            .cloned()
     }
 
     /// Builds an [`Refusal::Invalid`].
@@ -65,5 +152,25 @@ impl Refusal {
             field: field.into(),
             rule: rule.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_unique_and_round_trip() {
+        let mut seen = std::collections::BTreeSet::new();
+        for refusal in Refusal::ALL_SIMPLE {
+            assert!(seen.insert(refusal.code()), "duplicate code {}", refusal.code());
+            assert_eq!(Refusal::from_code(refusal.code(), "", ""), Some(refusal.clone()));
+        }
+        assert!(seen.insert("INVALID_ARGUMENT"));
+        assert_eq!(
+            Refusal::from_code("INVALID_ARGUMENT", "ttl", "must be > 0"),
+            Some(Refusal::invalid("ttl", "must be > 0"))
+        );
+        assert_eq!(Refusal::from_code("NOT_LEADER", "", ""), None);
     }
 }

@@ -10,13 +10,18 @@
 //! This crate does no I/O, reads no clock and draws no randomness; the node crate is its runtime.
 #![deny(missing_docs)]
 
+pub mod board;
+pub mod checkpoint;
 mod command;
+pub mod effect;
 mod error;
 pub mod handoff;
 pub mod limits;
 mod session;
+pub mod sink;
 mod state;
 mod time;
+mod validate;
 
 pub use command::{Command, Envelope, Origin, Reply, Response, Stamp};
 pub use error::Refusal;

@@ -16,3 +16,5 @@ pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
 pub const MAX_TEXT_BYTES: usize = 64 << 10;
 /// Most artifacts one receipt may carry.
 pub const MAX_ARTIFACTS: usize = 256;
+/// Most dependencies one task may declare.
+pub const MAX_DEPENDENCIES: usize = 256;

@@ -23,6 +23,7 @@ pub const MAX_CLIENTS: usize = 200_000;
 
 /// What the table knows about a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(clippy::large_enum_variant)] // a lookup is short-lived and never stored
 pub enum SessionLookup {
     /// Never seen: apply it.
     New,
@@ -66,9 +67,11 @@ impl Sessions {
     /// Remembers the response to a newly applied request.
     pub fn record(&mut self, origin: &Origin, response: Response, clock_ms: u64) {
         let session = self.clients.entry(origin.client_id).or_default();
-        self.by_idle.remove(&(session.last_seen_ms, origin.client_id));
+        self.by_idle
+            .remove(&(session.last_seen_ms, origin.client_id));
         session.last_seen_ms = session.last_seen_ms.max(clock_ms);
-        self.by_idle.insert((session.last_seen_ms, origin.client_id));
+        self.by_idle
+            .insert((session.last_seen_ms, origin.client_id));
 
         if origin.acked_below > session.floor {
             session.floor = origin.acked_below;

@@ -2,10 +2,14 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::board::{self, Board};
+use crate::checkpoint::{self, Checkpoints};
 use crate::command::{Command, Envelope, Reply, Response, Stamp};
+use crate::effect::{self, Gate};
 use crate::error::Refusal;
 use crate::handoff::{self, Desk};
 use crate::session::{SessionLookup, Sessions};
+use crate::sink::{self, Sink};
 
 /// Everything the store knows. Snapshots are this, serialized.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -18,6 +22,14 @@ pub struct State {
     pub sessions: Sessions,
     /// Handoff tickets.
     pub handoff: Desk,
+    /// Task-board tasks.
+    pub board: Board,
+    /// Side-effect gate keys and resources.
+    pub effects: Gate,
+    /// Fenced-sink resources.
+    pub sink: Sink,
+    /// Checkpoints per run.
+    pub checkpoints: Checkpoints,
 }
 
 /// Applies one log entry. Deterministic: the result depends only on `state` and `envelope`.
@@ -33,40 +45,146 @@ pub fn apply(state: &mut State, envelope: &Envelope) -> Response {
         SessionLookup::Forgotten => Response::SessionExpired,
         SessionLookup::New => {
             let response = Response::Answer(execute(state, &envelope.stamp, &envelope.command));
-            state.sessions.record(origin, response.clone(), state.clock_ms);
+            state
+                .sessions
+                .record(origin, response.clone(), state.clock_ms);
             response
         }
     }
 }
 
 fn execute(state: &mut State, stamp: &Stamp, command: &Command) -> Result<Reply, Refusal> {
-    state.clock_ms = state.clock_ms.max(stamp.now_ms);
     let clock = state.clock_ms;
     match command {
-        Command::Handoff(command) => handoff_command(&mut state.handoff, stamp, clock, command.clone()),
+        Command::Handoff(command) => {
+            handoff_command(&mut state.handoff, stamp, clock, command.clone())
+        }
+        Command::Board(command) => board_command(&mut state.board, stamp, clock, command.clone()),
+        Command::Effect(command) => effect_command(&mut state.effects, stamp, clock, command),
+        Command::Sink(sink::Command::Write {
+            resource,
+            fence,
+            value,
+        }) => state
+            .sink
+            .write(resource, *fence, value.clone())
+            .map(|written| Reply::Written {
+                seen_fence: written.seen_fence,
+                writes: written.writes,
+            }),
+        Command::Checkpoint(checkpoint::Command::SaveIfNewer { run, seq, data }) => state
+            .checkpoints
+            .save_if_newer(clock, run, *seq, data.clone())
+            .map(|()| Reply::Done),
         Command::Sweep => {
             state.sessions.expire_idle(clock);
-            Ok(Reply::Swept {
-                expired: state.handoff.sweep(clock),
-            })
+            let expired =
+                state.handoff.sweep(clock) + state.board.sweep(clock) + state.effects.sweep(clock);
+            Ok(Reply::Swept { expired })
         }
     }
 }
 
-fn handoff_command(desk: &mut Desk, stamp: &Stamp, clock: u64, command: handoff::Command) -> Result<Reply, Refusal> {
+fn handoff_command(
+    desk: &mut Desk,
+    stamp: &Stamp,
+    clock: u64,
+    command: handoff::Command,
+) -> Result<Reply, Refusal> {
     match command {
-        handoff::Command::Offer(args) => desk.offer(clock, args).map(Reply::Ticket),
+        handoff::Command::Offer(args) => desk
+            .offer(clock, args)
+            .map(|ticket| Reply::Ticket(Box::new(ticket))),
         handoff::Command::Take { key, to } => desk.take(stamp, clock, &key, &to).map(Reply::Handle),
-        handoff::Command::Reply { key, token, receipt } => {
-            desk.reply(clock, &key, &token, receipt).map(|()| Reply::Done)
-        }
+        handoff::Command::Reply {
+            key,
+            token,
+            receipt,
+        } => desk
+            .reply(clock, &key, &token, receipt)
+            .map(|()| Reply::Done),
         handoff::Command::Cancel { key, by } => desk.cancel(clock, &key, &by).map(|()| Reply::Done),
+    }
+}
+
+fn board_command(
+    board: &mut Board,
+    stamp: &Stamp,
+    clock: u64,
+    command: board::Command,
+) -> Result<Reply, Refusal> {
+    match command {
+        board::Command::Seed(specs) => board.seed(specs).map(|tasks| Reply::Seeded { tasks }),
+        board::Command::Claim { id, agent, ttl_ms } => board
+            .claim(stamp, clock, &id, &agent, ttl_ms)
+            .map(|task| Reply::Task(Box::new(task))),
+        board::Command::Release { id, token } => {
+            board.release(clock, &id, &token).map(|()| Reply::Done)
+        }
+        board::Command::Complete { id, token } => {
+            board.complete(clock, &id, &token).map(|()| Reply::Done)
+        }
+        board::Command::Renew { id, token, ttl_ms } => board
+            .renew(clock, &id, &token, ttl_ms)
+            .map(|task| Reply::Task(Box::new(task))),
+    }
+}
+
+fn effect_command(
+    gate: &mut Gate,
+    stamp: &Stamp,
+    clock: u64,
+    command: &effect::Command,
+) -> Result<Reply, Refusal> {
+    use effect::Command as C;
+    match command {
+        C::Acquire { action, ttl_ms } => gate
+            .acquire(stamp, clock, action, *ttl_ms)
+            .map(|outcome| Reply::Outcome(Box::new(outcome))),
+        C::Complete {
+            action,
+            lease,
+            result,
+        } => gate
+            .complete(clock, action, lease, result.clone())
+            .map(Reply::EffectResult),
+        C::Release { action, lease } => gate.release(clock, action, lease).map(|()| Reply::Done),
+        C::Abandon {
+            action,
+            lease,
+            reason,
+        } => gate
+            .abandon(clock, action, lease, reason)
+            .map(|()| Reply::Done),
+        C::Renew {
+            action,
+            lease,
+            ttl_ms,
+        } => gate
+            .renew(clock, action, lease, *ttl_ms)
+            .map(|lease| Reply::EffectLease(Box::new(lease))),
+        C::MarkUncertain {
+            action,
+            lease,
+            reason,
+        } => gate
+            .mark_uncertain(clock, action, lease, reason)
+            .map(|()| Reply::Done),
+        C::BeginReconcile { action, ttl_ms } => gate
+            .begin_reconcile(stamp, clock, action, *ttl_ms)
+            .map(Reply::Reconcile),
+        C::ResolveUncertain { action, resolution } => gate
+            .resolve_uncertain(clock, action, resolution)
+            .map(Reply::Resolved),
     }
 }
 
 impl State {
     /// Whether a sweep at `now_ms` has anything to do (used by the leader to skip idle sweeps).
     pub fn sweep_due(&self, now_ms: u64) -> bool {
-        self.handoff.has_overdue(now_ms.max(self.clock_ms))
+        let now = now_ms.max(self.clock_ms);
+        self.handoff.has_overdue(now)
+            || self.board.has_overdue(now)
+            || self.effects.has_overdue(now)
     }
 }

@@ -54,7 +54,10 @@ async fn init(endpoints: &[String], config: ClientConfig) -> u8 {
     }
     match client.discover_leader().await {
         Ok(leader) => {
-            let list: Vec<String> = members.iter().map(|(id, addr)| format!("{id}={addr}")).collect();
+            let list: Vec<String> = members
+                .iter()
+                .map(|(id, addr)| format!("{id}={addr}"))
+                .collect();
             println!("initialized cluster {}; leader at {leader}", list.join(","));
             exit::OK
         }
@@ -79,14 +82,23 @@ pub async fn status(endpoints: &[String], config: ClientConfig, as_json: bool) -
         }
     }
     let Some(first) = first else {
-        eprintln!("baton: no node answered (tried {})", client.endpoints().join(", "));
-        return last_error.map(|e| exit::report(&e)).unwrap_or(exit::UNREACHABLE);
+        eprintln!(
+            "baton: no node answered (tried {})",
+            client.endpoints().join(", ")
+        );
+        return last_error
+            .map(|e| exit::report(&e))
+            .unwrap_or(exit::UNREACHABLE);
     };
     // Members come from the membership a node knows; a node not yet in a cluster lists itself.
     let addrs: Vec<(u64, String)> = if first.members.is_empty() {
         vec![(first.id, first.addr.clone())]
     } else {
-        first.members.iter().map(|m| (m.id, m.addr.clone())).collect()
+        first
+            .members
+            .iter()
+            .map(|m| (m.id, m.addr.clone()))
+            .collect()
     };
     let mut rows = Vec::new();
     let mut leader = None;
@@ -117,11 +129,20 @@ pub async fn status(endpoints: &[String], config: ClientConfig, as_json: bool) -
             .collect();
         println!("{}", json!({ "leader": leader, "members": members }));
     } else {
-        println!("{:<4} {:<22} {:<12} {:>6} {:>10} {:>10}", "ID", "ADDR", "ROLE", "TERM", "LAST_LOG", "APPLIED");
+        println!(
+            "{:<4} {:<22} {:<12} {:>6} {:>10} {:>10}",
+            "ID", "ADDR", "ROLE", "TERM", "LAST_LOG", "APPLIED"
+        );
         for (id, addr, role, info) in &rows {
             let (term, last, applied) = info
                 .as_ref()
-                .map(|i| (i.term.to_string(), i.last_log_index.to_string(), i.applied_index.to_string()))
+                .map(|i| {
+                    (
+                        i.term.to_string(),
+                        i.last_log_index.to_string(),
+                        i.applied_index.to_string(),
+                    )
+                })
                 .unwrap_or_else(|| ("-".into(), "-".into(), "-".into()));
             println!("{id:<4} {addr:<22} {role:<12} {term:>6} {last:>10} {applied:>10}");
         }

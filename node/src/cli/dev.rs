@@ -29,14 +29,17 @@ pub async fn run(args: DevArgs) -> u8 {
     let mut endpoints = Vec::new();
     for id in 1..=3u64 {
         let Some(port) = args.base_port.checked_add(id as u16 - 1) else {
-            eprintln!("baton dev: --base-port {} leaves no room for three ports", args.base_port);
+            eprintln!(
+                "baton dev: --base-port {} leaves no room for three ports",
+                args.base_port
+            );
             return exit::USAGE;
         };
         let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         endpoints.push(listen.to_string());
-        let config = args
-            .tuning
-            .node_config(id, listen, None, args.data_dir.join(format!("node-{id}")));
+        let config =
+            args.tuning
+                .node_config(id, listen, None, args.data_dir.join(format!("node-{id}")));
         let mut stop = stop_rx.clone();
         let shutdown = async move {
             let _ = stop.wait_for(|stopped| *stopped).await;
@@ -106,7 +109,10 @@ async fn form_cluster(endpoints: &[String]) -> Result<String, String> {
     client.discover_leader().await.map_err(|e| e.to_string())
 }
 
-async fn wait_for_node(client: &Client, endpoint: &str) -> Result<baton_rpc::proto::NodeInfoResponse, String> {
+async fn wait_for_node(
+    client: &Client,
+    endpoint: &str,
+) -> Result<baton_rpc::proto::NodeInfoResponse, String> {
     let mut last = String::new();
     for _ in 0..100 {
         match client.node_info(endpoint).await {

@@ -105,7 +105,13 @@ impl TuningArgs {
     }
 
     /// A node configuration with these settings.
-    pub fn node_config(&self, id: u64, listen: SocketAddr, advertise: Option<String>, data_dir: PathBuf) -> NodeConfig {
+    pub fn node_config(
+        &self,
+        id: u64,
+        listen: SocketAddr,
+        advertise: Option<String>,
+        data_dir: PathBuf,
+    ) -> NodeConfig {
         NodeConfig {
             id,
             listen,
@@ -136,8 +142,12 @@ pub async fn run(cli: Cli) -> ExitCode {
     let code = match cli.command {
         Command::Dev(args) => dev::run(args).await,
         Command::Node(args) => run_node(args).await,
-        Command::Cluster(command) => cluster::run(command, &cli.endpoints, client_config(cli.timeout)).await,
-        Command::Status { json } => cluster::status(&cli.endpoints, client_config(cli.timeout), json).await,
+        Command::Cluster(command) => {
+            cluster::run(command, &cli.endpoints, client_config(cli.timeout)).await
+        }
+        Command::Status { json } => {
+            cluster::status(&cli.endpoints, client_config(cli.timeout), json).await
+        }
         Command::Ticket(command) => match connect(&cli.endpoints, cli.timeout).await {
             Ok(client) => ticket::run(command, &client).await,
             Err(code) => code,
@@ -164,7 +174,9 @@ async fn connect(endpoints: &[String], deadline: Duration) -> Result<Client, u8>
 }
 
 async fn run_node(args: NodeArgs) -> u8 {
-    let config = args.tuning.node_config(args.id, args.listen, args.advertise, args.data_dir);
+    let config = args
+        .tuning
+        .node_config(args.id, args.listen, args.advertise, args.data_dir);
     match baton_node::server::run(config, shutdown_signal()).await {
         Ok(()) => exit::OK,
         Err(e) => {

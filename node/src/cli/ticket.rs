@@ -175,7 +175,10 @@ pub async fn run(command: TicketCommand, client: &Client) -> u8 {
 }
 
 fn print_table(tickets: &[Ticket]) {
-    println!("{:<24} {:<10} {:>4} {:<16} DEADLINE", "KEY", "STATE", "GEN", "HOLDER");
+    println!(
+        "{:<24} {:<10} {:>4} {:<16} DEADLINE",
+        "KEY", "STATE", "GEN", "HOLDER"
+    );
     for t in tickets {
         println!(
             "{:<24} {:<10} {:>4} {:<16} {}",
@@ -267,7 +270,12 @@ pub async fn check(client: &Client) -> u8 {
         return exit::OK;
     }
     for problem in &problems {
-        println!("{}\t{}\t{}", problem.key, problem.code.as_str(), problem.text);
+        println!(
+            "{}\t{}\t{}",
+            problem.key,
+            problem.code.as_str(),
+            problem.text
+        );
     }
     println!("{} problems", problems.len());
     exit::FAILURE

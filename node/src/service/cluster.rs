@@ -4,7 +4,9 @@ use std::collections::BTreeMap;
 
 use baton_rpc::error::{infra, infra_status, refusal_status};
 use baton_rpc::proto::cluster_server;
-use baton_rpc::proto::{InitializeRequest, InitializeResponse, Member, NodeInfoRequest, NodeInfoResponse};
+use baton_rpc::proto::{
+    InitializeRequest, InitializeResponse, Member, NodeInfoRequest, NodeInfoResponse,
+};
 use baton_statemachine::Refusal;
 use openraft::error::{InitializeError, RaftError};
 use openraft::{BasicNode, ServerState};
@@ -37,7 +39,10 @@ pub fn role_name(state: ServerState) -> &'static str {
 
 #[tonic::async_trait]
 impl cluster_server::Cluster for ClusterService {
-    async fn node_info(&self, _request: Request<NodeInfoRequest>) -> Result<Response<NodeInfoResponse>, Status> {
+    async fn node_info(
+        &self,
+        _request: Request<NodeInfoRequest>,
+    ) -> Result<Response<NodeInfoResponse>, Status> {
         let metrics = self.node.raft.metrics().borrow().clone();
         let membership = metrics.membership_config.membership();
         let members: Vec<Member> = membership
@@ -67,10 +72,16 @@ impl cluster_server::Cluster for ClusterService {
         }))
     }
 
-    async fn initialize(&self, request: Request<InitializeRequest>) -> Result<Response<InitializeResponse>, Status> {
+    async fn initialize(
+        &self,
+        request: Request<InitializeRequest>,
+    ) -> Result<Response<InitializeResponse>, Status> {
         let members = request.into_inner().members;
         if members.is_empty() {
-            return Err(refusal_status(&Refusal::invalid("members", "must not be empty")));
+            return Err(refusal_status(&Refusal::invalid(
+                "members",
+                "must not be empty",
+            )));
         }
         if !members.iter().any(|member| member.id == self.node.id) {
             return Err(refusal_status(&Refusal::invalid(

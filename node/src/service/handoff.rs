@@ -4,8 +4,9 @@ use baton_rpc::convert;
 use baton_rpc::error::refusal_status;
 use baton_rpc::proto::handoff_server;
 use baton_rpc::proto::{
-    CancelRequest, CancelResponse, GetTicketRequest, GetTicketResponse, ListTicketsRequest, ListTicketsResponse,
-    OfferRequest, OfferResponse, ReplyRequest, ReplyResponse, TakeRequest, TakeResponse,
+    CancelRequest, CancelResponse, GetTicketRequest, GetTicketResponse, ListTicketsRequest,
+    ListTicketsResponse, OfferRequest, OfferResponse, ReplyRequest, ReplyResponse, TakeRequest,
+    TakeResponse,
 };
 use baton_statemachine::handoff::{Command, OfferArgs};
 use baton_statemachine::{Command as Cmd, Refusal, Reply};
@@ -34,7 +35,10 @@ fn unexpected(reply: Reply) -> Status {
 #[tonic::async_trait]
 impl handoff_server::Handoff for HandoffService {
     #[tracing::instrument(skip_all, fields(command = "offer"))]
-    async fn offer(&self, request: Request<OfferRequest>) -> Result<Response<OfferResponse>, Status> {
+    async fn offer(
+        &self,
+        request: Request<OfferRequest>,
+    ) -> Result<Response<OfferResponse>, Status> {
         let r = request.into_inner();
         let command = Command::Offer(OfferArgs {
             key: r.key,
@@ -44,7 +48,11 @@ impl handoff_server::Handoff for HandoffService {
             reply_to: r.reply_to,
             ttl_ms: r.ttl_ms,
         });
-        match self.node.propose(Some(origin(r.header)?), Cmd::Handoff(command)).await? {
+        match self
+            .node
+            .propose(Some(origin(r.header)?), Cmd::Handoff(command))
+            .await?
+        {
             Reply::Ticket(ticket) => Ok(Response::new(OfferResponse {
                 ticket: Some(convert::ticket_to_proto(&ticket)),
             })),
@@ -55,8 +63,15 @@ impl handoff_server::Handoff for HandoffService {
     #[tracing::instrument(skip_all, fields(command = "take"))]
     async fn take(&self, request: Request<TakeRequest>) -> Result<Response<TakeResponse>, Status> {
         let r = request.into_inner();
-        let command = Command::Take { key: r.key, to: r.to };
-        match self.node.propose(Some(origin(r.header)?), Cmd::Handoff(command)).await? {
+        let command = Command::Take {
+            key: r.key,
+            to: r.to,
+        };
+        match self
+            .node
+            .propose(Some(origin(r.header)?), Cmd::Handoff(command))
+            .await?
+        {
             Reply::Handle(handle) => Ok(Response::new(TakeResponse {
                 handle: Some(convert::handle_to_proto(&handle)),
             })),
@@ -65,32 +80,54 @@ impl handoff_server::Handoff for HandoffService {
     }
 
     #[tracing::instrument(skip_all, fields(command = "reply"))]
-    async fn reply(&self, request: Request<ReplyRequest>) -> Result<Response<ReplyResponse>, Status> {
+    async fn reply(
+        &self,
+        request: Request<ReplyRequest>,
+    ) -> Result<Response<ReplyResponse>, Status> {
         let r = request.into_inner();
-        let receipt = convert::receipt_from_proto(r.receipt).map_err(|refusal| refusal_status(&refusal))?;
+        let receipt =
+            convert::receipt_from_proto(r.receipt).map_err(|refusal| refusal_status(&refusal))?;
         let command = Command::Reply {
             key: r.key,
             token: r.token,
             receipt,
         };
-        self.node.propose(Some(origin(r.header)?), Cmd::Handoff(command)).await?;
+        self.node
+            .propose(Some(origin(r.header)?), Cmd::Handoff(command))
+            .await?;
         Ok(Response::new(ReplyResponse {}))
     }
 
     #[tracing::instrument(skip_all, fields(command = "cancel"))]
-    async fn cancel(&self, request: Request<CancelRequest>) -> Result<Response<CancelResponse>, Status> {
+    async fn cancel(
+        &self,
+        request: Request<CancelRequest>,
+    ) -> Result<Response<CancelResponse>, Status> {
         let r = request.into_inner();
-        let command = Command::Cancel { key: r.key, by: r.by };
-        self.node.propose(Some(origin(r.header)?), Cmd::Handoff(command)).await?;
+        let command = Command::Cancel {
+            key: r.key,
+            by: r.by,
+        };
+        self.node
+            .propose(Some(origin(r.header)?), Cmd::Handoff(command))
+            .await?;
         Ok(Response::new(CancelResponse {}))
     }
 
     #[tracing::instrument(skip_all, fields(query = "list_tickets"))]
-    async fn list(&self, _request: Request<ListTicketsRequest>) -> Result<Response<ListTicketsResponse>, Status> {
+    async fn list(
+        &self,
+        _request: Request<ListTicketsRequest>,
+    ) -> Result<Response<ListTicketsResponse>, Status> {
         let reply = self
             .node
             .read(|applied| ListTicketsResponse {
-                tickets: applied.state.handoff.tickets().map(convert::ticket_to_proto).collect(),
+                tickets: applied
+                    .state
+                    .handoff
+                    .tickets()
+                    .map(convert::ticket_to_proto)
+                    .collect(),
                 now_ms: applied.state.clock_ms.max(wall_clock_ms()),
                 revision: applied.last_applied.map(|id| id.index).unwrap_or(0),
             })
@@ -99,16 +136,23 @@ impl handoff_server::Handoff for HandoffService {
     }
 
     #[tracing::instrument(skip_all, fields(query = "get_ticket"))]
-    async fn get(&self, request: Request<GetTicketRequest>) -> Result<Response<GetTicketResponse>, Status> {
+    async fn get(
+        &self,
+        request: Request<GetTicketRequest>,
+    ) -> Result<Response<GetTicketResponse>, Status> {
         let key = request.into_inner().key;
         let reply = self
             .node
             .read(|applied| {
-                applied.state.handoff.get(&key).map(|ticket| GetTicketResponse {
-                    ticket: Some(convert::ticket_to_proto(ticket)),
-                    now_ms: applied.state.clock_ms.max(wall_clock_ms()),
-                    revision: applied.last_applied.map(|id| id.index).unwrap_or(0),
-                })
+                applied
+                    .state
+                    .handoff
+                    .get(&key)
+                    .map(|ticket| GetTicketResponse {
+                        ticket: Some(convert::ticket_to_proto(ticket)),
+                        now_ms: applied.state.clock_ms.max(wall_clock_ms()),
+                        revision: applied.last_applied.map(|id| id.index).unwrap_or(0),
+                    })
             })
             .await?;
         reply

@@ -15,9 +15,13 @@ use tonic::Status;
 
 /// The request header as the state machine's origin; a missing header is bad input.
 fn origin(header: Option<RequestHeader>) -> Result<Origin, Status> {
-    let header = header.ok_or_else(|| refusal_status(&Refusal::invalid("header", "is required")))?;
+    let header =
+        header.ok_or_else(|| refusal_status(&Refusal::invalid("header", "is required")))?;
     if header.seq == 0 {
-        return Err(refusal_status(&Refusal::invalid("header.seq", "must be > 0")));
+        return Err(refusal_status(&Refusal::invalid(
+            "header.seq",
+            "must be > 0",
+        )));
     }
     Ok(Origin {
         client_id: header.client_id,

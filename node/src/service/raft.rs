@@ -32,12 +32,17 @@ fn reply<T: Serialize, E: Serialize>(result: Result<T, E>) -> Result<Response<Ra
         Err(error) => codec::encode(error).map(raft_reply::Result::Err),
     }
     .map_err(|e| Status::internal(format!("cannot encode raft reply: {e}")))?;
-    Ok(Response::new(RaftReply { result: Some(encoded) }))
+    Ok(Response::new(RaftReply {
+        result: Some(encoded),
+    }))
 }
 
 #[tonic::async_trait]
 impl raft_server::Raft for RaftService {
-    async fn append_entries(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+    async fn append_entries(
+        &self,
+        request: Request<RaftRequest>,
+    ) -> Result<Response<RaftReply>, Status> {
         reply(self.raft.append_entries(decode(request)?).await)
     }
 
@@ -45,7 +50,10 @@ impl raft_server::Raft for RaftService {
         reply(self.raft.vote(decode(request)?).await)
     }
 
-    async fn install_snapshot(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+    async fn install_snapshot(
+        &self,
+        request: Request<RaftRequest>,
+    ) -> Result<Response<RaftReply>, Status> {
         reply(self.raft.install_snapshot(decode(request)?).await)
     }
 }

@@ -39,7 +39,11 @@ impl LogStore {
         })
     }
 
-    fn read_meta<T: serde::de::DeserializeOwned>(&self, key: &[u8], subject: ErrorSubject<NodeId>) -> Result<Option<T>, StorageError> {
+    fn read_meta<T: serde::de::DeserializeOwned>(
+        &self,
+        key: &[u8],
+        subject: ErrorSubject<NodeId>,
+    ) -> Result<Option<T>, StorageError> {
         let Some(bytes) = self
             .meta
             .get(key)
@@ -52,8 +56,14 @@ impl LogStore {
             .map_err(|e| io_error(subject, ErrorVerb::Read, e))
     }
 
-    async fn write_meta<T: serde::Serialize>(&self, key: &[u8], value: &T, subject: ErrorSubject<NodeId>) -> Result<(), StorageError> {
-        let bytes = codec::encode(value).map_err(|e| io_error(subject.clone(), ErrorVerb::Write, e))?;
+    async fn write_meta<T: serde::Serialize>(
+        &self,
+        key: &[u8],
+        value: &T,
+        subject: ErrorSubject<NodeId>,
+    ) -> Result<(), StorageError> {
+        let bytes =
+            codec::encode(value).map_err(|e| io_error(subject.clone(), ErrorVerb::Write, e))?;
         self.meta
             .insert(key, bytes)
             .map_err(|e| io_error(subject.clone(), ErrorVerb::Write, e))?;
@@ -113,7 +123,10 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry<TypeConfig>>, StorageError> {
-        let range = (encode_bound(range.start_bound()), encode_bound(range.end_bound()));
+        let range = (
+            encode_bound(range.start_bound()),
+            encode_bound(range.end_bound()),
+        );
         self.log
             .range(range)
             .values()
@@ -161,10 +174,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
-        Ok(self.read_meta::<Option<LogId>>(COMMITTED, ErrorSubject::Store)?.flatten())
+        Ok(self
+            .read_meta::<Option<LogId>>(COMMITTED, ErrorSubject::Store)?
+            .flatten())
     }
 
-    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError>
     where
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
@@ -193,7 +212,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         // Record the purge point first: a crash in between leaves extra entries, never a hole.
-        self.write_meta(LAST_PURGED, &log_id, ErrorSubject::Logs).await?;
+        self.write_meta(LAST_PURGED, &log_id, ErrorSubject::Logs)
+            .await?;
         self.remove_range(..=index_key(log_id.index))?;
         Ok(())
     }

@@ -59,17 +59,29 @@ impl StateMachineStore {
 
     /// Read access to the applied state (never hold the guard across an `.await`).
     pub fn read(&self) -> RwLockReadGuard<'_, Applied> {
-        self.applied.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.applied
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn write(&self) -> RwLockWriteGuard<'_, Applied> {
-        self.applied.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.applied
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Replaces the in-memory state with a snapshot's.
-    fn restore(&self, meta: &SnapshotMeta<NodeId, BasicNode>, data: &[u8]) -> Result<(), StorageError> {
+    fn restore(
+        &self,
+        meta: &SnapshotMeta<NodeId, BasicNode>,
+        data: &[u8],
+    ) -> Result<(), StorageError> {
         let state: State = codec::decode(data).map_err(|e| {
-            io_error(ErrorSubject::Snapshot(Some(meta.signature())), ErrorVerb::Read, e)
+            io_error(
+                ErrorSubject::Snapshot(Some(meta.signature())),
+                ErrorVerb::Read,
+                e,
+            )
         })?;
         let mut applied = self.write();
         applied.state = state;
@@ -78,9 +90,14 @@ impl StateMachineStore {
         Ok(())
     }
 
-    async fn save_snapshot(&self, meta: &SnapshotMeta<NodeId, BasicNode>, data: &[u8]) -> Result<(), StorageError> {
+    async fn save_snapshot(
+        &self,
+        meta: &SnapshotMeta<NodeId, BasicNode>,
+        data: &[u8],
+    ) -> Result<(), StorageError> {
         let subject = || ErrorSubject::Snapshot(Some(meta.signature()));
-        let meta_bytes = codec::encode(meta).map_err(|e| io_error(subject(), ErrorVerb::Write, e))?;
+        let meta_bytes =
+            codec::encode(meta).map_err(|e| io_error(subject(), ErrorVerb::Write, e))?;
         let mut batch = sled::Batch::default();
         batch.insert(SNAPSHOT_META, meta_bytes);
         batch.insert(SNAPSHOT_DATA, data);
@@ -119,7 +136,12 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
             let data = codec::encode(&applied.state)
                 .map_err(|e| io_error(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))?;
             let snapshot_id = match applied.last_applied {
-                Some(id) => format!("{}-{}-{:016x}", id.leader_id.term, id.index, rand::random::<u64>()),
+                Some(id) => format!(
+                    "{}-{}-{:016x}",
+                    id.leader_id.term,
+                    id.index,
+                    rand::random::<u64>()
+                ),
                 None => format!("empty-{:016x}", rand::random::<u64>()),
             };
             let meta = SnapshotMeta {
@@ -141,7 +163,9 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
 impl RaftStateMachine<TypeConfig> for StateMachineStore {
     type SnapshotBuilder = Self;
 
-    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership<NodeId, BasicNode>), StorageError> {
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId>, StoredMembership<NodeId, BasicNode>), StorageError> {
         let applied = self.read();
         Ok((applied.last_applied, applied.membership.clone()))
     }

@@ -99,7 +99,11 @@ pub fn check(tickets: &[Ticket], now_ms: u64) -> Vec<Problem> {
     }
     for (key, count) in &seen {
         if *count > 1 {
-            report(key, ProblemCode::DuplicateKey, format!("{count} tickets share this key"));
+            report(
+                key,
+                ProblemCode::DuplicateKey,
+                format!("{count} tickets share this key"),
+            );
         }
     }
 
@@ -109,20 +113,40 @@ pub fn check(tickets: &[Ticket], now_ms: u64) -> Vec<Problem> {
             report(key, ProblemCode::EmptyKey, "ticket has an empty key".into());
         }
         if let TicketState::Unrecognized(name) = &t.state {
-            report(key, ProblemCode::UnknownState, format!("state {name:?} is not in the vocabulary"));
+            report(
+                key,
+                ProblemCode::UnknownState,
+                format!("state {name:?} is not in the vocabulary"),
+            );
         }
         if t.deadline_ms == 0 {
-            report(key, ProblemCode::NoDeadline, "ticket has no deadline".into());
+            report(
+                key,
+                ProblemCode::NoDeadline,
+                "ticket has no deadline".into(),
+            );
         }
         if t.ttl_ms <= 0 {
-            report(key, ProblemCode::TtlNonPositive, format!("ttl {} ms is not positive", t.ttl_ms));
+            report(
+                key,
+                ProblemCode::TtlNonPositive,
+                format!("ttl {} ms is not positive", t.ttl_ms),
+            );
         }
         if t.generation == 0 {
-            report(key, ProblemCode::MissingGeneration, "ticket has no generation".into());
+            report(
+                key,
+                ProblemCode::MissingGeneration,
+                "ticket has no generation".into(),
+            );
         }
         let accepted = t.state == TicketState::Accepted;
         if accepted && t.holder.is_none() {
-            report(key, ProblemCode::HolderMismatch, "accepted ticket has no holder".into());
+            report(
+                key,
+                ProblemCode::HolderMismatch,
+                "accepted ticket has no holder".into(),
+            );
         }
         if !accepted && t.holder.is_some() {
             report(
@@ -133,7 +157,11 @@ pub fn check(tickets: &[Ticket], now_ms: u64) -> Vec<Problem> {
         }
         let closed = t.state == TicketState::Closed;
         if closed && t.receipt_at_ms.is_none() {
-            report(key, ProblemCode::ReceiptWithoutClose, "closed ticket has no receipt time".into());
+            report(
+                key,
+                ProblemCode::ReceiptWithoutClose,
+                "closed ticket has no receipt time".into(),
+            );
         }
         if !closed && t.receipt_at_ms.is_some() {
             report(

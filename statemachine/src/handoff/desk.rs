@@ -67,7 +67,13 @@ impl Desk {
 
     /// Takes a ticket as its addressee: responsibility moves from `from` to `to` in this one
     /// step, and the store mints the token that the reply must present.
-    pub fn take(&mut self, stamp: &Stamp, clock_ms: u64, key: &str, to: &str) -> Result<Handle, Refusal> {
+    pub fn take(
+        &mut self,
+        stamp: &Stamp,
+        clock_ms: u64,
+        key: &str,
+        to: &str,
+    ) -> Result<Handle, Refusal> {
         validate::key(key)?;
         validate::agent("to", to)?;
         let record = self.records.get(key).ok_or(Refusal::UnknownKey)?;
@@ -95,7 +101,13 @@ impl Desk {
 
     /// Settles a taken ticket with a receipt, accepted only with the take's token and only
     /// before the deadline (late receipts are refused: fail-closed).
-    pub fn reply(&mut self, clock_ms: u64, key: &str, token: &str, receipt: Receipt) -> Result<(), Refusal> {
+    pub fn reply(
+        &mut self,
+        clock_ms: u64,
+        key: &str,
+        token: &str,
+        receipt: Receipt,
+    ) -> Result<(), Refusal> {
         validate::key(key)?;
         validate::receipt(&receipt)?;
         let record = self.records.get(key).ok_or(Refusal::UnknownKey)?;

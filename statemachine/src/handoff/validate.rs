@@ -17,7 +17,10 @@ pub(super) fn required(field: &str, value: &str, max: usize) -> Result<(), Refus
 
 fn bounded(field: &str, value: &str, max: usize) -> Result<(), Refusal> {
     if value.len() > max {
-        return Err(Refusal::invalid(field, format!("must be at most {max} bytes")));
+        return Err(Refusal::invalid(
+            field,
+            format!("must be at most {max} bytes"),
+        ));
     }
     Ok(())
 }

@@ -1,0 +1,99 @@
+//! What the stores promise survives a process exit: vote, log entries, and the state machine as
+//! of its latest snapshot (openraft re-applies the committed suffix from the log on start-up).
+#![allow(clippy::unwrap_used)]
+
+use baton_node::store;
+use baton_node::types::TypeConfig;
+use baton_statemachine::handoff::{Command as Handoff, OfferArgs};
+use baton_statemachine::{Command, Envelope, Origin, Stamp};
+use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
+use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, RaftLogReader, RaftSnapshotBuilder, Vote};
+
+fn offer(index: u64, key: &str) -> Entry<TypeConfig> {
+    Entry {
+        log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+        payload: EntryPayload::Normal(Envelope {
+            stamp: Stamp {
+                now_ms: 1_000 + index,
+                entropy: index as u128,
+            },
+            origin: Some(Origin {
+                client_id: 9,
+                seq: index,
+                acked_below: 0,
+            }),
+            command: Command::Handoff(Handoff::Offer(OfferArgs {
+                key: key.into(),
+                from: "a".into(),
+                to: "b".into(),
+                payload: vec![],
+                reply_to: "a".into(),
+                ttl_ms: 60_000,
+            })),
+        }),
+    }
+}
+
+#[tokio::test]
+async fn vote_log_and_snapshot_survive_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let vote = Vote::new_committed(3, 2);
+    let snapshot_state;
+    {
+        let (mut log, mut sm) = store::open(dir.path()).unwrap();
+        log.save_vote(&vote).await.unwrap();
+        let entries: Vec<_> = (1..=5).map(|i| offer(i, &format!("k{i}"))).collect();
+        log.blocking_append(entries.clone()).await.unwrap();
+        sm.apply(entries[..3].to_vec()).await.unwrap();
+        let mut builder = sm.get_snapshot_builder().await;
+        let snapshot = builder.build_snapshot().await.unwrap();
+        assert_eq!(snapshot.meta.last_log_id.map(|id| id.index), Some(3));
+        // Applied after the snapshot: lives only in memory and in the log.
+        sm.apply(entries[3..].to_vec()).await.unwrap();
+        snapshot_state = {
+            let applied = sm.read();
+            assert_eq!(applied.state.handoff.len(), 5);
+            applied.state.handoff.tickets().take(3).cloned().collect::<Vec<_>>()
+        };
+    }
+
+    let (mut log, mut sm) = store::open(dir.path()).unwrap();
+    assert_eq!(log.read_vote().await.unwrap(), Some(vote));
+    let state = log.get_log_state().await.unwrap();
+    assert_eq!(state.last_log_id.map(|id| id.index), Some(5));
+    let entries = log.try_get_log_entries(1..=5).await.unwrap();
+    assert_eq!(entries.len(), 5);
+    assert_eq!(entries[4], offer(5, "k5"));
+
+    let (applied, _) = sm.applied_state().await.unwrap();
+    assert_eq!(applied.map(|id| id.index), Some(3), "resumes from the snapshot");
+    let tickets: Vec<_> = sm.read().state.handoff.tickets().cloned().collect();
+    assert_eq!(tickets, snapshot_state);
+    let current = sm.get_current_snapshot().await.unwrap().unwrap();
+    assert_eq!(current.meta.last_log_id.map(|id| id.index), Some(3));
+}
+
+#[tokio::test]
+async fn purge_and_truncate_leave_no_hole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _sm) = store::open(dir.path()).unwrap();
+    let entries: Vec<_> = (1..=10).map(|i| offer(i, "k")).collect();
+    log.blocking_append(entries).await.unwrap();
+    log.purge(LogId::new(CommittedLeaderId::new(1, 1), 4)).await.unwrap();
+    log.truncate(LogId::new(CommittedLeaderId::new(1, 1), 8)).await.unwrap();
+    drop(log);
+    drop(_sm);
+
+    let (mut log, _sm) = store::open(dir.path()).unwrap();
+    let state = log.get_log_state().await.unwrap();
+    assert_eq!(state.last_purged_log_id.map(|id| id.index), Some(4));
+    assert_eq!(state.last_log_id.map(|id| id.index), Some(7));
+    let indexes: Vec<u64> = log
+        .try_get_log_entries(0..100)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.log_id.index)
+        .collect();
+    assert_eq!(indexes, vec![5, 6, 7]);
+}

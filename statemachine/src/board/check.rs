@@ -1,0 +1,163 @@
+//! The board's snapshot judge: does a list of tasks contradict itself?
+
+use std::collections::BTreeMap;
+
+use super::{Task, TaskState};
+use crate::time::is_overdue;
+
+/// The machine-readable kind of a board problem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum BoardProblemCode {
+    /// A task has an empty id.
+    EmptyId,
+    /// Two tasks share an id.
+    DuplicateId,
+    /// A state outside the vocabulary.
+    UnknownState,
+    /// Claimed without a lease, or a lease on a task that is not claimed.
+    HolderMismatch,
+    /// A lease with fence 0 (fences start at 1).
+    MissingFence,
+    /// A lease whose fence is above the highest fence the task records: fences went backwards.
+    FenceRegression,
+    /// A claimed task whose lease is past its time and was not freed.
+    OverdueLease,
+    /// A task claimed or done while one of its dependencies is not done.
+    DependencyNotDone,
+    /// A dependency that names no task.
+    UnknownDependency,
+}
+
+impl BoardProblemCode {
+    /// The stable code.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            BoardProblemCode::EmptyId => "empty_id",
+            BoardProblemCode::DuplicateId => "duplicate_id",
+            BoardProblemCode::UnknownState => "unknown_state",
+            BoardProblemCode::HolderMismatch => "holder_mismatch",
+            BoardProblemCode::MissingFence => "missing_fence",
+            BoardProblemCode::FenceRegression => "fence_regression",
+            BoardProblemCode::OverdueLease => "overdue_lease",
+            BoardProblemCode::DependencyNotDone => "dependency_not_done",
+            BoardProblemCode::UnknownDependency => "unknown_dependency",
+        }
+    }
+}
+
+/// One violated board invariant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BoardProblem {
+    /// The task concerned.
+    pub id: String,
+    /// What kind of problem.
+    pub code: BoardProblemCode,
+    /// A human explanation.
+    pub text: String,
+}
+
+/// Judges a board snapshot at `now_ms`; problems come sorted by `(id, code)`.
+///
+/// `dependency_not_done` on a done task can follow from the host re-seeding a dependency (the
+/// topology is the host's); the judge reports it so the host sees it.
+pub fn check(tasks: &[Task], now_ms: u64) -> Vec<BoardProblem> {
+    let mut problems = Vec::new();
+    let mut report = |id: &str, code: BoardProblemCode, text: String| {
+        problems.push(BoardProblem {
+            id: id.to_string(),
+            code,
+            text,
+        })
+    };
+    let mut by_id: BTreeMap<&str, Vec<&Task>> = BTreeMap::new();
+    for task in tasks {
+        by_id.entry(task.id.as_str()).or_default().push(task);
+    }
+    for (id, same) in &by_id {
+        if same.len() > 1 {
+            report(
+                id,
+                BoardProblemCode::DuplicateId,
+                format!("{} tasks share this id", same.len()),
+            );
+        }
+    }
+    for task in tasks {
+        let id = task.id.as_str();
+        if id.is_empty() {
+            report(id, BoardProblemCode::EmptyId, "task has an empty id".into());
+        }
+        if let TaskState::Unrecognized(name) = &task.state {
+            report(
+                id,
+                BoardProblemCode::UnknownState,
+                format!("state {name:?} is not in the vocabulary"),
+            );
+        }
+        let claimed = task.state == TaskState::Claimed;
+        match (&task.lease, claimed) {
+            (None, true) => report(
+                id,
+                BoardProblemCode::HolderMismatch,
+                "claimed task has no lease".into(),
+            ),
+            (Some(_), false) => report(
+                id,
+                BoardProblemCode::HolderMismatch,
+                format!("{} task still carries a lease", task.state.as_str()),
+            ),
+            _ => {}
+        }
+        if let Some(lease) = &task.lease {
+            if lease.fence == 0 {
+                report(
+                    id,
+                    BoardProblemCode::MissingFence,
+                    "lease has fence 0".into(),
+                );
+            }
+            if lease.fence > task.max_fence {
+                report(
+                    id,
+                    BoardProblemCode::FenceRegression,
+                    format!(
+                        "lease fence {} is above the highest recorded fence {}",
+                        lease.fence, task.max_fence
+                    ),
+                );
+            }
+            if claimed && is_overdue(lease.until_ms, now_ms) {
+                report(
+                    id,
+                    BoardProblemCode::OverdueLease,
+                    "lease is past its time but the task is still claimed".into(),
+                );
+            }
+        }
+        for dep in &task.deps {
+            match by_id.get(dep.as_str()).and_then(|same| same.first()) {
+                None => report(
+                    id,
+                    BoardProblemCode::UnknownDependency,
+                    format!("dependency {dep:?} names no task"),
+                ),
+                Some(dep_task) => {
+                    let advanced = matches!(task.state, TaskState::Claimed | TaskState::Done);
+                    if advanced && dep_task.state != TaskState::Done {
+                        report(
+                            id,
+                            BoardProblemCode::DependencyNotDone,
+                            format!(
+                                "{} while dependency {dep:?} is {}",
+                                task.state.as_str(),
+                                dep_task.state.as_str()
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+    }
+    problems.sort_by(|a, b| (&a.id, a.code).cmp(&(&b.id, b.code)));
+    problems
+}

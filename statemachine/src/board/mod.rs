@@ -1,0 +1,378 @@
+//! The task board: claims on seeded tasks, with dependencies, store-minted tokens and fences.
+//!
+//! The host seeds the topology (ids and dependencies). A claim is one atomic read-judge-write:
+//! unknown, done, blocked by an unfinished dependency, held by a live lease, or granted with a
+//! fresh random token and `fence = highest fence ever issued for this task + 1`. Release, complete
+//! and renew act only with the current, unexpired token, so a late holder can never touch the
+//! lease of whoever claimed after it. Renewal extends the lease without changing token or fence:
+//! renewal is not a takeover.
+
+mod check;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+pub use check::{check, BoardProblem, BoardProblemCode};
+
+use crate::command::Stamp;
+use crate::error::Refusal;
+use crate::limits::{MAX_AGENT_BYTES, MAX_DEPENDENCIES, MAX_KEY_BYTES};
+use crate::time::{deadline_after, is_overdue};
+use crate::validate;
+
+/// A task's state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TaskState {
+    /// Free to claim (once its dependencies are done).
+    Open,
+    /// Held by a lease.
+    Claimed,
+    /// Completed; terminal.
+    Done,
+    /// A state name outside the vocabulary, for judging snapshots from any store.
+    Unrecognized(String),
+}
+
+impl TaskState {
+    /// The wire name.
+    pub fn as_str(&self) -> &str {
+        match self {
+            TaskState::Open => "open",
+            TaskState::Claimed => "claimed",
+            TaskState::Done => "done",
+            TaskState::Unrecognized(name) => name,
+        }
+    }
+
+    /// Parses a wire name.
+    pub fn parse(name: &str) -> Self {
+        match name {
+            "open" => TaskState::Open,
+            "claimed" => TaskState::Claimed,
+            "done" => TaskState::Done,
+            other => TaskState::Unrecognized(other.to_string()),
+        }
+    }
+}
+
+/// A claim on a task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// Who holds it.
+    pub agent: String,
+    /// The store-minted credential (128 random bits, hex). Empty in listings: only the claimer
+    /// ever sees it.
+    pub token: String,
+    /// Strictly increasing per task across all claims, never reset.
+    pub fence: u64,
+    /// The lease ends at this store time (Unix ms).
+    pub until_ms: u64,
+}
+
+/// A task as the board holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Task {
+    /// The host's id.
+    pub id: String,
+    /// Ids that must be done before this task can be claimed.
+    pub deps: Vec<String>,
+    /// Lifecycle state.
+    pub state: TaskState,
+    /// The current lease while claimed.
+    pub lease: Option<Lease>,
+    /// The highest fence ever issued for this task (0 before the first claim).
+    pub max_fence: u64,
+}
+
+/// A task as the host seeds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskSpec {
+    /// The task's id.
+    pub id: String,
+    /// Its dependencies.
+    pub deps: Vec<String>,
+}
+
+/// A board command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Seed (or re-seed) tasks: same id overwrites the dependencies and clears the lease.
+    Seed(Vec<TaskSpec>),
+    /// Claim a task.
+    Claim {
+        /// Task id.
+        id: String,
+        /// Claiming agent.
+        agent: String,
+        /// Lease length in ms (> 0).
+        ttl_ms: i64,
+    },
+    /// Give a claim back.
+    Release {
+        /// Task id.
+        id: String,
+        /// The claim's token.
+        token: String,
+    },
+    /// Mark the claimed task done.
+    Complete {
+        /// Task id.
+        id: String,
+        /// The claim's token.
+        token: String,
+    },
+    /// Extend a live claim.
+    Renew {
+        /// Task id.
+        id: String,
+        /// The claim's token.
+        token: String,
+        /// New lease length from now, in ms (> 0).
+        ttl_ms: i64,
+    },
+}
+
+impl Command {
+    /// The command's name, for logs and metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Seed(_) => "board.seed",
+            Command::Claim { .. } => "board.claim",
+            Command::Release { .. } => "board.release",
+            Command::Complete { .. } => "board.complete",
+            Command::Renew { .. } => "board.renew",
+        }
+    }
+}
+
+/// Most tasks one seed command may carry.
+pub const MAX_SEED_TASKS: usize = 10_000;
+
+/// Every task, and an index of live lease deadlines for the sweep.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Board {
+    tasks: BTreeMap<String, Task>,
+    lease_deadlines: BTreeSet<(u64, String)>,
+}
+
+impl Board {
+    /// Seeds tasks; returns how many were written.
+    pub fn seed(&mut self, specs: Vec<TaskSpec>) -> Result<u64, Refusal> {
+        if specs.is_empty() {
+            return Err(Refusal::invalid("tasks", "must not be empty"));
+        }
+        if specs.len() > MAX_SEED_TASKS {
+            return Err(Refusal::invalid(
+                "tasks",
+                format!("must hold at most {MAX_SEED_TASKS} tasks"),
+            ));
+        }
+        for spec in &specs {
+            validate::required("task.id", &spec.id, MAX_KEY_BYTES)?;
+            if spec.deps.len() > MAX_DEPENDENCIES {
+                return Err(Refusal::invalid(
+                    "task.deps",
+                    format!("must hold at most {MAX_DEPENDENCIES} ids"),
+                ));
+            }
+            for dep in &spec.deps {
+                validate::required("task.deps", dep, MAX_KEY_BYTES)?;
+                if dep == &spec.id {
+                    return Err(Refusal::invalid(
+                        "task.deps",
+                        "a task cannot depend on itself",
+                    ));
+                }
+            }
+        }
+        let written = specs.len() as u64;
+        for spec in specs {
+            let previous = self.tasks.remove(&spec.id);
+            let max_fence = previous.as_ref().map_or(0, |task| task.max_fence);
+            if let Some(lease) = previous.and_then(|task| task.lease) {
+                self.lease_deadlines
+                    .remove(&(lease.until_ms, spec.id.clone()));
+            }
+            self.tasks.insert(
+                spec.id.clone(),
+                Task {
+                    id: spec.id,
+                    deps: spec.deps,
+                    state: TaskState::Open,
+                    lease: None,
+                    max_fence,
+                },
+            );
+        }
+        Ok(written)
+    }
+
+    /// Claims a task: unknown > done > blocked > taken > granted.
+    pub fn claim(
+        &mut self,
+        stamp: &Stamp,
+        clock_ms: u64,
+        id: &str,
+        agent: &str,
+        ttl_ms: i64,
+    ) -> Result<Task, Refusal> {
+        validate::required("id", id, MAX_KEY_BYTES)?;
+        validate::required("agent", agent, MAX_AGENT_BYTES)?;
+        validate::ttl(ttl_ms)?;
+        self.expire_if_overdue(id, clock_ms);
+        let task = self.tasks.get(id).ok_or(Refusal::UnknownTask)?;
+        match task.state {
+            TaskState::Done => return Err(Refusal::AlreadyDone),
+            TaskState::Claimed => {
+                if self.blocked(task) {
+                    return Err(Refusal::Blocked);
+                }
+                return Err(Refusal::Taken);
+            }
+            _ => {}
+        }
+        if self.blocked(task) {
+            return Err(Refusal::Blocked);
+        }
+        let task = self.tasks.get_mut(id).ok_or(Refusal::UnknownTask)?;
+        let lease = Lease {
+            agent: agent.to_string(),
+            token: stamp.token(),
+            fence: task.max_fence + 1,
+            until_ms: deadline_after(clock_ms, ttl_ms),
+        };
+        task.max_fence = lease.fence;
+        task.state = TaskState::Claimed;
+        self.lease_deadlines
+            .insert((lease.until_ms, id.to_string()));
+        task.lease = Some(lease);
+        Ok(task.clone())
+    }
+
+    /// Gives a live claim back; the task is open again.
+    pub fn release(&mut self, clock_ms: u64, id: &str, token: &str) -> Result<(), Refusal> {
+        let until = self.current_lease(clock_ms, id, token)?.until_ms;
+        self.lease_deadlines.remove(&(until, id.to_string()));
+        if let Some(task) = self.tasks.get_mut(id) {
+            task.state = TaskState::Open;
+            task.lease = None;
+        }
+        Ok(())
+    }
+
+    /// Completes a claimed task with its live claim; the task is done for good.
+    pub fn complete(&mut self, clock_ms: u64, id: &str, token: &str) -> Result<(), Refusal> {
+        let until = self.current_lease(clock_ms, id, token)?.until_ms;
+        self.lease_deadlines.remove(&(until, id.to_string()));
+        if let Some(task) = self.tasks.get_mut(id) {
+            task.state = TaskState::Done;
+            task.lease = None;
+        }
+        Ok(())
+    }
+
+    /// Extends a live claim to `clock + ttl`; token and fence stay the same.
+    pub fn renew(
+        &mut self,
+        clock_ms: u64,
+        id: &str,
+        token: &str,
+        ttl_ms: i64,
+    ) -> Result<Task, Refusal> {
+        validate::ttl(ttl_ms)?;
+        let old_until = self.current_lease(clock_ms, id, token)?.until_ms;
+        let until = deadline_after(clock_ms, ttl_ms);
+        self.lease_deadlines.remove(&(old_until, id.to_string()));
+        self.lease_deadlines.insert((until, id.to_string()));
+        let task = self.tasks.get_mut(id).ok_or(Refusal::UnknownTask)?;
+        if let Some(lease) = task.lease.as_mut() {
+            lease.until_ms = until;
+        }
+        Ok(task.clone())
+    }
+
+    /// Frees every lease whose time is up; returns how many.
+    pub fn sweep(&mut self, clock_ms: u64) -> u64 {
+        let mut expired = 0;
+        while let Some((until, id)) = self.lease_deadlines.first().cloned() {
+            if !is_overdue(until, clock_ms) {
+                break;
+            }
+            self.lease_deadlines.pop_first();
+            if let Some(task) = self.tasks.get_mut(&id) {
+                task.state = TaskState::Open;
+                task.lease = None;
+                expired += 1;
+            }
+        }
+        expired
+    }
+
+    /// Whether some lease is due for the sweep.
+    pub fn has_overdue(&self, clock_ms: u64) -> bool {
+        self.lease_deadlines
+            .first()
+            .is_some_and(|(until, _)| is_overdue(*until, clock_ms))
+    }
+
+    /// One task.
+    pub fn get(&self, id: &str) -> Option<&Task> {
+        self.tasks.get(id)
+    }
+
+    /// Every task, ordered by id.
+    pub fn tasks(&self) -> impl Iterator<Item = &Task> {
+        self.tasks.values()
+    }
+
+    /// Number of tasks.
+    pub fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Whether the board is empty.
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    /// Number of live leases.
+    pub fn leases(&self) -> usize {
+        self.lease_deadlines.len()
+    }
+
+    /// The lease `token` names, if it is the task's current and unexpired one.
+    fn current_lease(&mut self, clock_ms: u64, id: &str, token: &str) -> Result<&Lease, Refusal> {
+        validate::required("id", id, MAX_KEY_BYTES)?;
+        validate::required("token", token, MAX_KEY_BYTES)?;
+        self.expire_if_overdue(id, clock_ms);
+        let task = self.tasks.get(id).ok_or(Refusal::UnknownTask)?;
+        match &task.lease {
+            Some(lease) if lease.token == token => Ok(lease),
+            _ => Err(Refusal::LeaseLost),
+        }
+    }
+
+    fn blocked(&self, task: &Task) -> bool {
+        task.deps.iter().any(|dep| {
+            self.tasks
+                .get(dep)
+                .is_none_or(|dep| dep.state != TaskState::Done)
+        })
+    }
+
+    /// Lazy expiry: a lease judged past its time is dropped right here.
+    fn expire_if_overdue(&mut self, id: &str, clock_ms: u64) {
+        let Some(task) = self.tasks.get_mut(id) else {
+            return;
+        };
+        if let Some(lease) = &task.lease {
+            if is_overdue(lease.until_ms, clock_ms) {
+                self.lease_deadlines
+                    .remove(&(lease.until_ms, id.to_string()));
+                task.lease = None;
+                task.state = TaskState::Open;
+            }
+        }
+    }
+}

@@ -1,0 +1,485 @@
+//! The gate's state and what each command does to it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::types::{
+    Action, ActionView, EffectLease, KeyStatus, Outcome, Reconcile, Resolution, Resolved,
+    RetrySafety,
+};
+use crate::command::Stamp;
+use crate::error::Refusal;
+use crate::limits::{MAX_KEY_BYTES, MAX_TEXT_BYTES};
+use crate::time::{deadline_after, is_overdue};
+use crate::validate;
+
+/// The latest grant on a key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Attempt {
+    fence: u64,
+    holder: String,
+    /// When the execution intent ends (meaningful while the key is in progress).
+    until_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct KeyRecord {
+    resource: String,
+    safety: RetrySafety,
+    status: KeyStatus,
+    attempt: Option<Attempt>,
+    result: Option<String>,
+    reason: String,
+    reconcile: Option<Reconcile>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Hold {
+    key: String,
+    holder: String,
+    until_ms: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct ResourceRecord {
+    /// The highest fence ever issued on this resource; never reset.
+    max_fence: u64,
+    hold: Option<Hold>,
+}
+
+/// Every action key, every resource, and the deadlines the sweep watches.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gate {
+    keys: BTreeMap<String, KeyRecord>,
+    resources: BTreeMap<String, ResourceRecord>,
+    intent_deadlines: BTreeSet<(u64, String)>,
+    hold_deadlines: BTreeSet<(u64, String)>,
+}
+
+fn validate_action(action: &Action) -> Result<(), Refusal> {
+    validate::required("action.key", &action.key, MAX_KEY_BYTES)?;
+    validate::required("action.resource", &action.resource, MAX_KEY_BYTES)
+}
+
+impl Gate {
+    /// Judges an attempt: completed > uncertain > in progress > contended > granted.
+    pub fn acquire(
+        &mut self,
+        stamp: &Stamp,
+        clock_ms: u64,
+        action: &Action,
+        ttl_ms: i64,
+    ) -> Result<Outcome, Refusal> {
+        validate_action(action)?;
+        validate::ttl(ttl_ms)?;
+        self.expire_intent_if_overdue(&action.key, clock_ms);
+        if let Some(record) = self.keys.get(&action.key) {
+            if record.resource != action.resource {
+                return Err(Refusal::ResourceMismatch);
+            }
+            match record.status {
+                KeyStatus::Completed => {
+                    return Ok(Outcome::Completed(
+                        record.result.clone().unwrap_or_default(),
+                    ))
+                }
+                KeyStatus::Uncertain => return Ok(Outcome::Uncertain),
+                KeyStatus::InProgress => return Ok(Outcome::InProgress),
+                KeyStatus::Idle => {}
+            }
+        }
+        self.expire_hold_if_overdue(&action.resource, clock_ms);
+        let resource = self.resources.entry(action.resource.clone()).or_default();
+        if resource.hold.is_some() {
+            return Ok(Outcome::Contended);
+        }
+        let until_ms = deadline_after(clock_ms, ttl_ms);
+        let lease = EffectLease {
+            key: action.key.clone(),
+            resource: action.resource.clone(),
+            fence: resource.max_fence + 1,
+            holder: stamp.token(),
+            until_ms,
+        };
+        resource.max_fence = lease.fence;
+        resource.hold = Some(Hold {
+            key: action.key.clone(),
+            holder: lease.holder.clone(),
+            until_ms,
+        });
+        self.hold_deadlines
+            .insert((until_ms, action.resource.clone()));
+        self.intent_deadlines.insert((until_ms, action.key.clone()));
+        let record = self
+            .keys
+            .entry(action.key.clone())
+            .or_insert_with(|| KeyRecord {
+                resource: action.resource.clone(),
+                safety: action.safety,
+                status: KeyStatus::Idle,
+                attempt: None,
+                result: None,
+                reason: String::new(),
+                reconcile: None,
+            });
+        record.safety = action.safety;
+        record.status = KeyStatus::InProgress;
+        record.reason.clear();
+        record.attempt = Some(Attempt {
+            fence: lease.fence,
+            holder: lease.holder.clone(),
+            until_ms,
+        });
+        Ok(Outcome::Granted(lease))
+    }
+
+    /// Records the result of the holder's attempt; the first completion wins and later ones
+    /// (with valid credentials) get the first result back.
+    pub fn complete(
+        &mut self,
+        clock_ms: u64,
+        action: &Action,
+        lease: &EffectLease,
+        result: String,
+    ) -> Result<String, Refusal> {
+        validate::bounded("result", &result, MAX_TEXT_BYTES)?;
+        self.expire_intent_if_overdue(&action.key, clock_ms);
+        self.three_way_check(action, lease)?;
+        let record = self.record_mut(&action.key)?;
+        if record.status == KeyStatus::Completed {
+            return Ok(record.result.clone().unwrap_or_default());
+        }
+        let intent_until = (record.status == KeyStatus::InProgress)
+            .then(|| record.attempt.as_ref().map(|a| a.until_ms))
+            .flatten();
+        record.status = KeyStatus::Completed;
+        record.result = Some(result.clone());
+        record.reason.clear();
+        record.reconcile = None;
+        if let Some(until) = intent_until {
+            self.intent_deadlines.remove(&(until, action.key.clone()));
+        }
+        Ok(result)
+    }
+
+    /// Frees the resource hold if it is still this attempt's; the intent is not touched, so the
+    /// key cannot be granted again until the attempt is resolved.
+    pub fn release(
+        &mut self,
+        clock_ms: u64,
+        action: &Action,
+        lease: &EffectLease,
+    ) -> Result<(), Refusal> {
+        self.expire_intent_if_overdue(&action.key, clock_ms);
+        self.three_way_check(action, lease)?;
+        self.free_hold_if_ours(lease);
+        Ok(())
+    }
+
+    /// Withdraws the attempt's intent (the key becomes idle) and frees the resource if still ours.
+    pub fn abandon(
+        &mut self,
+        clock_ms: u64,
+        action: &Action,
+        lease: &EffectLease,
+        reason: &str,
+    ) -> Result<(), Refusal> {
+        validate::bounded("reason", reason, MAX_TEXT_BYTES)?;
+        self.expire_intent_if_overdue(&action.key, clock_ms);
+        self.three_way_check(action, lease)?;
+        let until = self.in_progress_intent(&action.key)?;
+        self.intent_deadlines.remove(&(until, action.key.clone()));
+        let record = self.record_mut(&action.key)?;
+        record.status = KeyStatus::Idle;
+        record.attempt = None;
+        record.reason = reason.to_string();
+        self.free_hold_if_ours(lease);
+        Ok(())
+    }
+
+    /// Extends a valid attempt: the intent must still be live and the hold still ours.
+    pub fn renew(
+        &mut self,
+        clock_ms: u64,
+        action: &Action,
+        lease: &EffectLease,
+        ttl_ms: i64,
+    ) -> Result<EffectLease, Refusal> {
+        validate::ttl(ttl_ms)?;
+        self.expire_intent_if_overdue(&action.key, clock_ms);
+        self.expire_hold_if_overdue(&lease.resource, clock_ms);
+        self.three_way_check(action, lease)?;
+        let old_intent = self.in_progress_intent(&action.key)?;
+        let old_hold = match self
+            .resources
+            .get(&lease.resource)
+            .and_then(|r| r.hold.as_ref())
+        {
+            Some(hold) if hold.holder == lease.holder => hold.until_ms,
+            _ => return Err(Refusal::NotHolder),
+        };
+        let until_ms = deadline_after(clock_ms, ttl_ms);
+        self.intent_deadlines
+            .remove(&(old_intent, action.key.clone()));
+        self.intent_deadlines.insert((until_ms, action.key.clone()));
+        self.hold_deadlines
+            .remove(&(old_hold, lease.resource.clone()));
+        self.hold_deadlines
+            .insert((until_ms, lease.resource.clone()));
+        if let Some(attempt) = self.record_mut(&action.key)?.attempt.as_mut() {
+            attempt.until_ms = until_ms;
+        }
+        if let Some(hold) = self
+            .resources
+            .get_mut(&lease.resource)
+            .and_then(|r| r.hold.as_mut())
+        {
+            hold.until_ms = until_ms;
+        }
+        Ok(EffectLease {
+            until_ms,
+            ..lease.clone()
+        })
+    }
+
+    /// Declares the attempt's outcome unknown: the key becomes uncertain and its intent is
+    /// withdrawn, but the resource stays held (the caller releases it explicitly). Nothing
+    /// changes if any check fails, so a failed mark never loses the intent.
+    pub fn mark_uncertain(
+        &mut self,
+        clock_ms: u64,
+        action: &Action,
+        lease: &EffectLease,
+        reason: &str,
+    ) -> Result<(), Refusal> {
+        validate::bounded("reason", reason, MAX_TEXT_BYTES)?;
+        self.expire_intent_if_overdue(&action.key, clock_ms);
+        self.three_way_check(action, lease)?;
+        let record = self.keys.get(&action.key).ok_or(Refusal::UnknownAction)?;
+        if record.status == KeyStatus::Uncertain {
+            return Ok(());
+        }
+        let until = self.in_progress_intent(&action.key)?;
+        self.intent_deadlines.remove(&(until, action.key.clone()));
+        let record = self.record_mut(&action.key)?;
+        record.status = KeyStatus::Uncertain;
+        record.reason = reason.to_string();
+        Ok(())
+    }
+
+    /// Grants the one reconciler slot of an uncertain key; an expired occupancy may be taken over.
+    pub fn begin_reconcile(
+        &mut self,
+        stamp: &Stamp,
+        clock_ms: u64,
+        action: &Action,
+        ttl_ms: i64,
+    ) -> Result<Reconcile, Refusal> {
+        validate_action(action)?;
+        validate::ttl(ttl_ms)?;
+        self.expire_intent_if_overdue(&action.key, clock_ms);
+        let record = self.record_mut(&action.key)?;
+        if record.status != KeyStatus::Uncertain {
+            return Err(Refusal::NotUncertain);
+        }
+        if let Some(current) = &record.reconcile {
+            if !is_overdue(current.until_ms, clock_ms) {
+                return Err(Refusal::ReconcileTaken);
+            }
+        }
+        let reconcile = Reconcile {
+            token: stamp.token(),
+            until_ms: deadline_after(clock_ms, ttl_ms),
+        };
+        record.reconcile = Some(reconcile.clone());
+        Ok(reconcile)
+    }
+
+    /// Resolves an uncertain key from downstream facts (no fence check: the original holder may
+    /// be long dead). The first resolution wins. For an unsafe action, "did not happen" leaves
+    /// the key blocked unless the resolution forces it retryable.
+    pub fn resolve_uncertain(
+        &mut self,
+        clock_ms: u64,
+        action: &Action,
+        resolution: &Resolution,
+    ) -> Result<Resolved, Refusal> {
+        validate_action(action)?;
+        validate::bounded("resolution.result", &resolution.result, MAX_TEXT_BYTES)?;
+        self.expire_intent_if_overdue(&action.key, clock_ms);
+        let record = self.record_mut(&action.key)?;
+        match record.status {
+            KeyStatus::Completed => {
+                return Ok(Resolved::Completed(
+                    record.result.clone().unwrap_or_default(),
+                ))
+            }
+            KeyStatus::Uncertain => {}
+            KeyStatus::Idle | KeyStatus::InProgress => return Err(Refusal::NotUncertain),
+        }
+        if resolution.happened {
+            record.status = KeyStatus::Completed;
+            record.result = Some(resolution.result.clone());
+            record.reconcile = None;
+            return Ok(Resolved::Completed(resolution.result.clone()));
+        }
+        if record.safety == RetrySafety::Unsafe && !resolution.force_retryable {
+            return Err(Refusal::UnsafeNotRetryable);
+        }
+        record.status = KeyStatus::Idle;
+        record.attempt = None;
+        record.reconcile = None;
+        Ok(Resolved::Retryable)
+    }
+
+    /// Materialises every due expiry: intents turn their keys uncertain, holds are freed.
+    /// Returns how many expiries it materialised.
+    pub fn sweep(&mut self, clock_ms: u64) -> u64 {
+        let mut expired = 0;
+        while let Some((until, key)) = self.intent_deadlines.first().cloned() {
+            if !is_overdue(until, clock_ms) {
+                break;
+            }
+            self.intent_deadlines.pop_first();
+            if let Some(record) = self.keys.get_mut(&key) {
+                mark_intent_expired(record);
+                expired += 1;
+            }
+        }
+        while let Some((until, resource)) = self.hold_deadlines.first().cloned() {
+            if !is_overdue(until, clock_ms) {
+                break;
+            }
+            self.hold_deadlines.pop_first();
+            if let Some(record) = self.resources.get_mut(&resource) {
+                record.hold = None;
+                expired += 1;
+            }
+        }
+        expired
+    }
+
+    /// Whether an intent or a hold is due for the sweep.
+    pub fn has_overdue(&self, clock_ms: u64) -> bool {
+        let due = |set: &BTreeSet<(u64, String)>| {
+            set.first()
+                .is_some_and(|(until, _)| is_overdue(*until, clock_ms))
+        };
+        due(&self.intent_deadlines) || due(&self.hold_deadlines)
+    }
+
+    /// How one key stands.
+    pub fn show(&self, key: &str) -> Option<ActionView> {
+        let record = self.keys.get(key)?;
+        let attempt = record.attempt.as_ref();
+        Some(ActionView {
+            key: key.to_string(),
+            resource: record.resource.clone(),
+            safety: record.safety,
+            status: record.status,
+            fence: attempt.map_or(0, |a| a.fence),
+            holder: attempt.map(|a| a.holder.clone()).unwrap_or_default(),
+            intent_until_ms: (record.status == KeyStatus::InProgress)
+                .then(|| attempt.map(|a| a.until_ms))
+                .flatten(),
+            result: record.result.clone(),
+            reason: record.reason.clone(),
+            reconcile_until_ms: record.reconcile.as_ref().map(|r| r.until_ms),
+        })
+    }
+
+    /// The highest fence ever issued on a resource (0 if none).
+    pub fn resource_fence(&self, resource: &str) -> u64 {
+        self.resources.get(resource).map_or(0, |r| r.max_fence)
+    }
+
+    /// Number of live resource holds.
+    pub fn holds(&self) -> usize {
+        self.hold_deadlines.len()
+    }
+
+    /// The three-way check every holder action passes before anything is written.
+    fn three_way_check(&self, action: &Action, lease: &EffectLease) -> Result<(), Refusal> {
+        validate_action(action)?;
+        validate::required("lease.resource", &lease.resource, MAX_KEY_BYTES)?;
+        validate::required("lease.holder", &lease.holder, MAX_KEY_BYTES)?;
+        let record = self.keys.get(&action.key).ok_or(Refusal::UnknownAction)?;
+        let latest = self.resource_fence(&lease.resource);
+        if lease.fence != latest {
+            return Err(Refusal::FenceStale);
+        }
+        match &record.attempt {
+            Some(attempt) if attempt.holder == lease.holder && attempt.fence == lease.fence => {}
+            _ => return Err(Refusal::NotHolder),
+        }
+        if lease.resource != action.resource || record.resource != action.resource {
+            return Err(Refusal::ResourceMismatch);
+        }
+        Ok(())
+    }
+
+    /// The intent deadline of a key whose attempt is in progress.
+    fn in_progress_intent(&self, key: &str) -> Result<u64, Refusal> {
+        let record = self.keys.get(key).ok_or(Refusal::UnknownAction)?;
+        match (&record.status, &record.attempt) {
+            (KeyStatus::InProgress, Some(attempt)) => Ok(attempt.until_ms),
+            _ => Err(Refusal::NotInProgress),
+        }
+    }
+
+    fn record_mut(&mut self, key: &str) -> Result<&mut KeyRecord, Refusal> {
+        validate::required("action.key", key, MAX_KEY_BYTES)?;
+        self.keys.get_mut(key).ok_or(Refusal::UnknownAction)
+    }
+
+    fn free_hold_if_ours(&mut self, lease: &EffectLease) {
+        let Some(resource) = self.resources.get_mut(&lease.resource) else {
+            return;
+        };
+        if let Some(hold) = &resource.hold {
+            if hold.holder == lease.holder {
+                self.hold_deadlines
+                    .remove(&(hold.until_ms, lease.resource.clone()));
+                resource.hold = None;
+            }
+        }
+    }
+
+    fn expire_intent_if_overdue(&mut self, key: &str, clock_ms: u64) {
+        let Some(record) = self.keys.get_mut(key) else {
+            return;
+        };
+        if record.status != KeyStatus::InProgress {
+            return;
+        }
+        if let Some(attempt) = &record.attempt {
+            if is_overdue(attempt.until_ms, clock_ms) {
+                self.intent_deadlines
+                    .remove(&(attempt.until_ms, key.to_string()));
+                mark_intent_expired(record);
+            }
+        }
+    }
+
+    fn expire_hold_if_overdue(&mut self, resource: &str, clock_ms: u64) {
+        let Some(record) = self.resources.get_mut(resource) else {
+            return;
+        };
+        if let Some(hold) = &record.hold {
+            if is_overdue(hold.until_ms, clock_ms) {
+                self.hold_deadlines
+                    .remove(&(hold.until_ms, resource.to_string()));
+                record.hold = None;
+            }
+        }
+    }
+}
+
+/// An intent that ran out unresolved: nobody knows whether the effect happened.
+fn mark_intent_expired(record: &mut KeyRecord) {
+    if record.status == KeyStatus::InProgress {
+        record.status = KeyStatus::Uncertain;
+        record.reason = "execution intent expired unresolved".into();
+    }
+}
