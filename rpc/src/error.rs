@@ -32,10 +32,13 @@ pub mod infra {
 pub fn refusal_grpc_code(refusal: &Refusal) -> Code {
     match refusal {
         Refusal::Invalid { .. } => Code::InvalidArgument,
-        Refusal::UnknownKey | Refusal::UnknownTask | Refusal::UnknownAction | Refusal::NotFound => {
-            Code::NotFound
-        }
-        Refusal::Taken | Refusal::ReconcileTaken => Code::Aborted,
+        Refusal::UnknownKey
+        | Refusal::UnknownTask
+        | Refusal::UnknownAction
+        | Refusal::NotFound
+        | Refusal::UnknownQueue
+        | Refusal::UnknownWorker => Code::NotFound,
+        Refusal::Taken | Refusal::ReconcileTaken | Refusal::IdempotencyConflict => Code::Aborted,
         Refusal::Expired
         | Refusal::NotAddressee
         | Refusal::NotSource
@@ -49,7 +52,10 @@ pub fn refusal_grpc_code(refusal: &Refusal) -> Code {
         | Refusal::NotInProgress
         | Refusal::NotUncertain
         | Refusal::UnsafeNotRetryable
-        | Refusal::StaleSeq => Code::FailedPrecondition,
+        | Refusal::StaleSeq
+        | Refusal::StateConflict
+        | Refusal::AlreadyStarted
+        | Refusal::NotStarted => Code::FailedPrecondition,
     }
 }
 

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::Refusal;
-use crate::{board, checkpoint, effect, handoff, sink};
+use crate::{board, checkpoint, effect, handoff, queue, sink};
 
 /// What the leader decided, once, before proposing the entry.
 ///
@@ -27,6 +27,7 @@ impl Command {
             Command::Effect(command) => command.name(),
             Command::Sink(command) => command.name(),
             Command::Checkpoint(command) => command.name(),
+            Command::Queue(command) => command.name(),
             Command::Sweep => "sweep",
         }
     }
@@ -78,6 +79,8 @@ pub enum Command {
     Sink(sink::Command),
     /// A checkpoint save.
     Checkpoint(checkpoint::Command),
+    /// A task-queue command.
+    Queue(queue::Command),
     /// Materialise every expiry that is due at the store clock and forget idle client sessions.
     /// Proposed periodically by the leader so snapshots carry no overdue leftovers.
     Sweep,
@@ -117,6 +120,16 @@ pub enum Reply {
         /// Accepted writes on the resource so far.
         writes: u64,
     },
+    /// A queue (created or existing).
+    Queue(queue::Queue),
+    /// A registered worker.
+    Worker(queue::Worker),
+    /// A submission's receipt.
+    Submitted(Box<queue::SubmitReceipt>),
+    /// Tasks leased to a worker.
+    Assignments(Vec<queue::Assignment>),
+    /// A queue task after the command.
+    QueueTask(Box<queue::Task>),
     /// A sweep ran: how many expiries it materialised.
     Swept {
         /// Tickets, leases, intents and holds expired.

@@ -81,6 +81,25 @@ pub enum Refusal {
     /// Nothing is stored under this name.
     #[error("nothing stored under this name")]
     NotFound,
+    /// The idempotency key was used before with different content.
+    #[error("the idempotency key was used with different content")]
+    IdempotencyConflict,
+    /// No queue with this name.
+    #[error("no queue with this name")]
+    UnknownQueue,
+    /// No worker registered with this identity.
+    #[error("no worker registered with this identity")]
+    UnknownWorker,
+    /// The request contradicts a fixed property (e.g. a worker's concurrency-key support, or a
+    /// queue's namespace).
+    #[error("the request conflicts with existing state")]
+    StateConflict,
+    /// The task's attempt has started; it can no longer be cancelled.
+    #[error("the task has already started")]
+    AlreadyStarted,
+    /// The attempt has not been started; start it before reporting its result.
+    #[error("the attempt has not been started")]
+    NotStarted,
 }
 
 impl Refusal {
@@ -108,6 +127,12 @@ impl Refusal {
             Refusal::UnsafeNotRetryable => "UNSAFE_NOT_RETRYABLE",
             Refusal::StaleSeq => "STALE_SEQ",
             Refusal::NotFound => "NOT_FOUND",
+            Refusal::IdempotencyConflict => "IDEMPOTENCY_CONFLICT",
+            Refusal::UnknownQueue => "UNKNOWN_QUEUE",
+            Refusal::UnknownWorker => "UNKNOWN_WORKER",
+            Refusal::StateConflict => "STATE_CONFLICT",
+            Refusal::AlreadyStarted => "ALREADY_STARTED",
+            Refusal::NotStarted => "NOT_STARTED",
         }
     }
 
@@ -133,6 +158,12 @@ impl Refusal {
         Refusal::UnsafeNotRetryable,
         Refusal::StaleSeq,
         Refusal::NotFound,
+        Refusal::IdempotencyConflict,
+        Refusal::UnknownQueue,
+        Refusal::UnknownWorker,
+        Refusal::StateConflict,
+        Refusal::AlreadyStarted,
+        Refusal::NotStarted,
     ];
 
     /// The refusal a wire code names (`field` and `rule` are used for `INVALID_ARGUMENT`).
@@ -163,8 +194,15 @@ mod tests {
     fn codes_are_unique_and_round_trip() {
         let mut seen = std::collections::BTreeSet::new();
         for refusal in Refusal::ALL_SIMPLE {
-            assert!(seen.insert(refusal.code()), "duplicate code {}", refusal.code());
-            assert_eq!(Refusal::from_code(refusal.code(), "", ""), Some(refusal.clone()));
+            assert!(
+                seen.insert(refusal.code()),
+                "duplicate code {}",
+                refusal.code()
+            );
+            assert_eq!(
+                Refusal::from_code(refusal.code(), "", ""),
+                Some(refusal.clone())
+            );
         }
         assert!(seen.insert("INVALID_ARGUMENT"));
         assert_eq!(

@@ -17,6 +17,7 @@ pub mod effect;
 mod error;
 pub mod handoff;
 pub mod limits;
+pub mod queue;
 mod session;
 pub mod sink;
 mod state;

@@ -8,6 +8,7 @@ use crate::command::{Command, Envelope, Reply, Response, Stamp};
 use crate::effect::{self, Gate};
 use crate::error::Refusal;
 use crate::handoff::{self, Desk};
+use crate::queue::{self, TaskQueue};
 use crate::session::{SessionLookup, Sessions};
 use crate::sink::{self, Sink};
 
@@ -30,6 +31,8 @@ pub struct State {
     pub sink: Sink,
     /// Checkpoints per run.
     pub checkpoints: Checkpoints,
+    /// The keyed-concurrency task queue.
+    pub queue: TaskQueue,
 }
 
 /// Applies one log entry. Deterministic: the result depends only on `state` and `envelope`.
@@ -76,10 +79,13 @@ fn execute(state: &mut State, stamp: &Stamp, command: &Command) -> Result<Reply,
             .checkpoints
             .save_if_newer(clock, run, *seq, data.clone())
             .map(|()| Reply::Done),
+        Command::Queue(command) => queue_command(&mut state.queue, clock, command.clone()),
         Command::Sweep => {
             state.sessions.expire_idle(clock);
-            let expired =
-                state.handoff.sweep(clock) + state.board.sweep(clock) + state.effects.sweep(clock);
+            let expired = state.handoff.sweep(clock)
+                + state.board.sweep(clock)
+                + state.effects.sweep(clock)
+                + state.queue.sweep(clock);
             Ok(Reply::Swept { expired })
         }
     }
@@ -127,6 +133,63 @@ fn board_command(
         board::Command::Renew { id, token, ttl_ms } => board
             .renew(clock, &id, &token, ttl_ms)
             .map(|task| Reply::Task(Box::new(task))),
+    }
+}
+
+fn queue_command(q: &mut TaskQueue, clock: u64, command: queue::Command) -> Result<Reply, Refusal> {
+    use queue::Command as C;
+    let task = |task: queue::Task| Reply::QueueTask(Box::new(task));
+    match command {
+        C::CreateQueue(spec) => q.create_queue(spec).map(Reply::Queue),
+        C::RegisterWorker(worker) => q.register_worker(worker).map(Reply::Worker),
+        C::Submit(spec) => q.submit(clock, spec).map(|r| Reply::Submitted(Box::new(r))),
+        C::Lease {
+            worker,
+            queues,
+            limit,
+            lease_ttl_ms,
+        } => q
+            .lease(clock, &worker, &queues, limit, lease_ttl_ms)
+            .map(Reply::Assignments),
+        C::Start {
+            task_id,
+            attempt,
+            worker,
+        } => q.start(clock, task_id, attempt, &worker).map(task),
+        C::Renew {
+            task_id,
+            attempt,
+            worker,
+            lease_ttl_ms,
+        } => q
+            .renew(clock, task_id, attempt, &worker, lease_ttl_ms)
+            .map(task),
+        C::Complete {
+            task_id,
+            attempt,
+            worker,
+            result,
+        } => q
+            .complete(clock, task_id, attempt, &worker, result)
+            .map(task),
+        C::Fail {
+            task_id,
+            attempt,
+            worker,
+            error,
+            retryable,
+        } => q
+            .fail(clock, task_id, attempt, &worker, &error, retryable)
+            .map(task),
+        C::ReportUnknown {
+            task_id,
+            attempt,
+            worker,
+            note,
+        } => q
+            .report_unknown(clock, task_id, attempt, &worker, &note)
+            .map(task),
+        C::Cancel { task_id } => q.cancel(clock, task_id).map(task),
     }
 }
 
@@ -186,5 +249,6 @@ impl State {
         self.handoff.has_overdue(now)
             || self.board.has_overdue(now)
             || self.effects.has_overdue(now)
+            || self.queue.has_overdue(now)
     }
 }

@@ -1,0 +1,758 @@
+//! The queue's state and what each command does to it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::key;
+use super::types::{
+    Assignment, Attempt, AttemptOutcome, Queue, SubmitReceipt, Task, TaskSpec, TaskState, Worker,
+};
+use crate::error::Refusal;
+use crate::limits::{MAX_AGENT_BYTES, MAX_KEY_BYTES, MAX_PAYLOAD_BYTES, MAX_TEXT_BYTES};
+use crate::time::{deadline_after, is_overdue};
+use crate::validate;
+
+/// Most attempts a task may allow.
+pub const MAX_ATTEMPTS: u32 = 100;
+/// Most tasks one lease may hand out.
+pub const MAX_LEASE_BATCH: u32 = 1000;
+
+/// The back-off after the `started`-th started attempt failed: 500 ms doubling, capped at 30 s.
+pub fn backoff_ms(started: u32) -> u64 {
+    let doublings = started.saturating_sub(1).min(6);
+    (500u64 << doublings).min(30_000)
+}
+
+/// One permit per `(namespace, concurrency key)`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Permit {
+    /// The highest token ever issued for the key; never reset.
+    highest_token: u64,
+    /// The task whose active attempt holds the permit.
+    holder: Option<u64>,
+}
+
+/// Which tasks a listing wants.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskFilter {
+    /// Only this queue.
+    pub queue: Option<String>,
+    /// Only this state.
+    pub state: Option<TaskState>,
+    /// Only this concurrency key (byte-exact).
+    pub concurrency_key: Option<String>,
+}
+
+/// Queues, workers, tasks, permits and the indexes that keep leasing and sweeping cheap.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskQueue {
+    queues: BTreeMap<String, Queue>,
+    workers: BTreeMap<String, Worker>,
+    tasks: BTreeMap<u64, Task>,
+    next_task_id: u64,
+    /// `(namespace, idempotency key)` -> task id.
+    submissions: BTreeMap<(String, String), u64>,
+    /// Waiting task ids per queue, in submission order.
+    ready: BTreeMap<String, BTreeSet<u64>>,
+    /// `(retry_at, task id)` of tasks in back-off.
+    retries: BTreeSet<(u64, u64)>,
+    /// `(lease_until, task id)` of active attempts.
+    leases: BTreeSet<(u64, u64)>,
+    /// `(total deadline, task id)` of unfinished tasks.
+    deadlines: BTreeSet<(u64, u64)>,
+    /// `(namespace, key)` -> permit.
+    permits: BTreeMap<(String, String), Permit>,
+}
+
+impl TaskQueue {
+    /// Creates a queue; the same name in the same namespace is a no-op, in another namespace a
+    /// `STATE_CONFLICT`.
+    pub fn create_queue(&mut self, queue: Queue) -> Result<Queue, Refusal> {
+        validate::required("queue.name", &queue.name, MAX_KEY_BYTES)?;
+        validate::required("queue.namespace", &queue.namespace, MAX_KEY_BYTES)?;
+        if let Some(existing) = self.queues.get(&queue.name) {
+            if existing.namespace != queue.namespace {
+                return Err(Refusal::StateConflict);
+            }
+            return Ok(existing.clone());
+        }
+        self.queues.insert(queue.name.clone(), queue.clone());
+        Ok(queue)
+    }
+
+    /// Registers a worker identity. Its concurrency-key support is fixed for the identity's life:
+    /// registering it again with a different answer is a `STATE_CONFLICT` (a new process
+    /// version must use a new identity).
+    pub fn register_worker(&mut self, worker: Worker) -> Result<Worker, Refusal> {
+        validate::required("worker", &worker.id, MAX_AGENT_BYTES)?;
+        if let Some(existing) = self.workers.get(&worker.id) {
+            if existing.concurrency_keys != worker.concurrency_keys {
+                return Err(Refusal::StateConflict);
+            }
+            return Ok(existing.clone());
+        }
+        self.workers.insert(worker.id.clone(), worker.clone());
+        Ok(worker)
+    }
+
+    /// Submits a task. The same idempotency key (per namespace) with the same content returns the
+    /// original receipt marked as a replay; with any other content it is refused.
+    pub fn submit(&mut self, clock_ms: u64, spec: TaskSpec) -> Result<SubmitReceipt, Refusal> {
+        validate_spec(&spec)?;
+        let queue = self.queues.get(&spec.queue).ok_or(Refusal::UnknownQueue)?;
+        let namespace = queue.namespace.clone();
+        let submission = (namespace.clone(), spec.idempotency_key.clone());
+        if let Some(id) = self.submissions.get(&submission) {
+            let task = self.tasks.get(id).ok_or(Refusal::UnknownTask)?;
+            if task.spec != spec {
+                return Err(Refusal::IdempotencyConflict);
+            }
+            return Ok(SubmitReceipt {
+                task: task.clone(),
+                replayed: true,
+            });
+        }
+        self.next_task_id += 1;
+        let id = self.next_task_id;
+        let deadline_ms = deadline_after(clock_ms, spec.ttl_ms);
+        let task = Task {
+            id,
+            namespace,
+            state: TaskState::Waiting,
+            attempts: Vec::new(),
+            submitted_at_ms: clock_ms,
+            deadline_ms,
+            retry_at_ms: None,
+            result: Vec::new(),
+            last_error: String::new(),
+            spec,
+        };
+        self.ready
+            .entry(task.spec.queue.clone())
+            .or_default()
+            .insert(id);
+        self.deadlines.insert((deadline_ms, id));
+        self.submissions.insert(submission, id);
+        self.tasks.insert(id, task.clone());
+        Ok(SubmitReceipt {
+            task,
+            replayed: false,
+        })
+    }
+
+    /// Leases up to `limit` waiting tasks from `queues` (all queues when empty), oldest first,
+    /// skipping keyed tasks the worker cannot take and tasks whose key is busy before the limit
+    /// applies.
+    pub fn lease(
+        &mut self,
+        clock_ms: u64,
+        worker: &str,
+        queues: &[String],
+        limit: u32,
+        lease_ttl_ms: i64,
+    ) -> Result<Vec<Assignment>, Refusal> {
+        validate::required("worker", worker, MAX_AGENT_BYTES)?;
+        validate::ttl(lease_ttl_ms)?;
+        if limit == 0 || limit > MAX_LEASE_BATCH {
+            return Err(Refusal::invalid(
+                "limit",
+                format!("must be 1-{MAX_LEASE_BATCH}"),
+            ));
+        }
+        let capable = self
+            .workers
+            .get(worker)
+            .ok_or(Refusal::UnknownWorker)?
+            .concurrency_keys;
+        let queues = self.resolve_queues(queues)?;
+        self.sweep(clock_ms);
+
+        let mut chosen = Vec::new();
+        let mut exhausted = Vec::new();
+        let mut keys_taken: BTreeSet<(String, String)> = BTreeSet::new();
+        for id in self.waiting_in(&queues) {
+            if chosen.len() as u32 >= limit {
+                break;
+            }
+            let Some(task) = self.tasks.get(&id) else {
+                continue;
+            };
+            if task.spec.concurrency_key.is_empty() {
+                chosen.push(id);
+                continue;
+            }
+            if !capable {
+                continue;
+            }
+            let permit_key = (task.namespace.clone(), task.spec.concurrency_key.clone());
+            let permit = self.permits.get(&permit_key);
+            if permit.is_some_and(|p| p.holder.is_some()) || keys_taken.contains(&permit_key) {
+                continue;
+            }
+            if permit.is_some_and(|p| p.highest_token == u64::MAX) {
+                exhausted.push(id);
+                continue;
+            }
+            keys_taken.insert(permit_key);
+            chosen.push(id);
+        }
+        for id in exhausted {
+            if let Some(task) = self.tasks.get_mut(&id) {
+                task.last_error = "the concurrency key's permit tokens are exhausted".into();
+            }
+        }
+        let until = deadline_after(clock_ms, lease_ttl_ms);
+        Ok(chosen
+            .into_iter()
+            .filter_map(|id| self.grant(clock_ms, id, worker, until))
+            .collect())
+    }
+
+    /// Confirms the start of a leased attempt (idempotent for a resume of the same attempt).
+    pub fn start(
+        &mut self,
+        clock_ms: u64,
+        id: u64,
+        attempt: u32,
+        worker: &str,
+    ) -> Result<Task, Refusal> {
+        self.expire_lease_if_overdue(clock_ms, id);
+        let task = self.active(id, attempt, worker)?;
+        if task.state == TaskState::Leased {
+            task.state = TaskState::Running;
+            if let Some(current) = task.attempts.last_mut() {
+                current.started_at_ms = Some(clock_ms);
+            }
+        }
+        Ok(task.clone())
+    }
+
+    /// Extends an active attempt's lease; the permit is held for exactly as long.
+    pub fn renew(
+        &mut self,
+        clock_ms: u64,
+        id: u64,
+        attempt: u32,
+        worker: &str,
+        lease_ttl_ms: i64,
+    ) -> Result<Task, Refusal> {
+        validate::ttl(lease_ttl_ms)?;
+        self.expire_lease_if_overdue(clock_ms, id);
+        let until = deadline_after(clock_ms, lease_ttl_ms);
+        let task = self.active(id, attempt, worker)?;
+        let current = task.attempts.last_mut().ok_or(Refusal::LeaseLost)?;
+        let old = current.lease_until_ms;
+        current.lease_until_ms = until;
+        let task = task.clone();
+        self.leases.remove(&(old, id));
+        self.leases.insert((until, id));
+        Ok(task)
+    }
+
+    /// Finishes a running attempt successfully. Repeating the same completion returns the task
+    /// and changes nothing.
+    pub fn complete(
+        &mut self,
+        clock_ms: u64,
+        id: u64,
+        attempt: u32,
+        worker: &str,
+        result: Vec<u8>,
+    ) -> Result<Task, Refusal> {
+        validate::bounded_bytes("result", &result, MAX_PAYLOAD_BYTES)?;
+        if let Some(task) = self.already_ended(id, attempt, worker, AttemptOutcome::Succeeded) {
+            return Ok(task);
+        }
+        self.expire_lease_if_overdue(clock_ms, id);
+        let task = self.active(id, attempt, worker)?;
+        if task.state != TaskState::Running {
+            return Err(Refusal::NotStarted);
+        }
+        task.result = result;
+        self.end_attempt(
+            clock_ms,
+            id,
+            AttemptOutcome::Succeeded,
+            String::new(),
+            TaskState::Succeeded,
+        )
+    }
+
+    /// Fails an active attempt. A retryable failure with attempts and time left backs off
+    /// (releasing the permit meanwhile); anything else fails the task for good.
+    pub fn fail(
+        &mut self,
+        clock_ms: u64,
+        id: u64,
+        attempt: u32,
+        worker: &str,
+        error: &str,
+        retryable: bool,
+    ) -> Result<Task, Refusal> {
+        validate::bounded("error", error, MAX_TEXT_BYTES)?;
+        if let Some(task) = self.already_ended(id, attempt, worker, AttemptOutcome::Failed) {
+            return Ok(task);
+        }
+        self.expire_lease_if_overdue(clock_ms, id);
+        let task = self.active(id, attempt, worker)?;
+        let retry = retryable
+            && task.started_attempts() < task.spec.max_attempts
+            && !is_overdue(task.deadline_ms, clock_ms);
+        let next = if retry {
+            TaskState::RetryWait
+        } else {
+            TaskState::Failed
+        };
+        self.end_attempt(
+            clock_ms,
+            id,
+            AttemptOutcome::Failed,
+            error.to_string(),
+            next,
+        )
+    }
+
+    /// Reports that a running attempt's effect is unknown: the task needs review, the permit is
+    /// released and the history kept.
+    pub fn report_unknown(
+        &mut self,
+        clock_ms: u64,
+        id: u64,
+        attempt: u32,
+        worker: &str,
+        note: &str,
+    ) -> Result<Task, Refusal> {
+        validate::bounded("note", note, MAX_TEXT_BYTES)?;
+        if let Some(task) = self.already_ended(id, attempt, worker, AttemptOutcome::Unknown) {
+            return Ok(task);
+        }
+        self.expire_lease_if_overdue(clock_ms, id);
+        let task = self.active(id, attempt, worker)?;
+        if task.state != TaskState::Running {
+            return Err(Refusal::NotStarted);
+        }
+        self.end_attempt(
+            clock_ms,
+            id,
+            AttemptOutcome::Unknown,
+            note.to_string(),
+            TaskState::NeedsReview,
+        )
+    }
+
+    /// Cancels a task that has not started; a leased attempt is cancelled and its permit freed.
+    pub fn cancel(&mut self, clock_ms: u64, id: u64) -> Result<Task, Refusal> {
+        self.expire_lease_if_overdue(clock_ms, id);
+        let task = self.tasks.get_mut(&id).ok_or(Refusal::UnknownTask)?;
+        match task.state {
+            TaskState::Waiting => {
+                let queue = task.spec.queue.clone();
+                if let Some(ready) = self.ready.get_mut(&queue) {
+                    ready.remove(&id);
+                }
+                self.finish(id, TaskState::Cancelled, "cancelled".into())
+            }
+            TaskState::RetryWait => {
+                if let Some(at) = task.retry_at_ms.take() {
+                    self.retries.remove(&(at, id));
+                }
+                self.finish(id, TaskState::Cancelled, "cancelled".into())
+            }
+            TaskState::Leased => self.end_attempt(
+                clock_ms,
+                id,
+                AttemptOutcome::Cancelled,
+                "cancelled".into(),
+                TaskState::Cancelled,
+            ),
+            TaskState::Running => Err(Refusal::AlreadyStarted),
+            _ => Err(Refusal::AlreadySettled),
+        }
+    }
+
+    /// Materialises everything due at `clock_ms`: expired leases (their permits are freed),
+    /// back-offs that ended, and total deadlines of tasks not running. Returns how many.
+    pub fn sweep(&mut self, clock_ms: u64) -> u64 {
+        let mut changed = 0;
+        while let Some(&(until, id)) = self.leases.first() {
+            if !is_overdue(until, clock_ms) {
+                break;
+            }
+            self.expire_lease(clock_ms, id);
+            changed += 1;
+        }
+        while let Some(&(at, id)) = self.retries.first() {
+            if at > clock_ms {
+                break;
+            }
+            self.retries.pop_first();
+            if let Some(task) = self.tasks.get_mut(&id) {
+                task.state = TaskState::Waiting;
+                task.retry_at_ms = None;
+                self.ready
+                    .entry(task.spec.queue.clone())
+                    .or_default()
+                    .insert(id);
+                changed += 1;
+            }
+        }
+        let overdue: Vec<u64> = self
+            .deadlines
+            .iter()
+            .take_while(|(deadline, _)| is_overdue(*deadline, clock_ms))
+            .map(|&(_, id)| id)
+            .filter(|id| self.tasks.get(id).is_some_and(|t| !t.state.is_active()))
+            .collect();
+        for id in overdue {
+            if let Some(task) = self.tasks.get_mut(&id) {
+                match task.state {
+                    TaskState::Waiting => {
+                        if let Some(ready) = self.ready.get_mut(&task.spec.queue) {
+                            ready.remove(&id);
+                        }
+                    }
+                    TaskState::RetryWait => {
+                        if let Some(at) = task.retry_at_ms.take() {
+                            self.retries.remove(&(at, id));
+                        }
+                    }
+                    _ => continue,
+                }
+            }
+            let _ = self.finish(
+                id,
+                TaskState::Failed,
+                "the task's total deadline passed".into(),
+            );
+            changed += 1;
+        }
+        changed
+    }
+
+    /// Whether a sweep at `clock_ms` has something to do.
+    pub fn has_overdue(&self, clock_ms: u64) -> bool {
+        let lease_due = self
+            .leases
+            .first()
+            .is_some_and(|(u, _)| is_overdue(*u, clock_ms));
+        let retry_due = self.retries.first().is_some_and(|(at, _)| *at <= clock_ms);
+        let deadline_due = self
+            .deadlines
+            .iter()
+            .take_while(|(d, _)| is_overdue(*d, clock_ms))
+            .any(|(_, id)| self.tasks.get(id).is_some_and(|t| !t.state.is_active()));
+        lease_due || retry_due || deadline_due
+    }
+
+    /// Whether a lease by `worker` on `queues` at `clock_ms` could hand out something (read-only,
+    /// so an idle worker costs no log entry). Errs on the side of "yes" when expiries are due.
+    pub fn has_leasable(&self, clock_ms: u64, worker: &str, queues: &[String]) -> bool {
+        let Some(capable) = self.workers.get(worker).map(|w| w.concurrency_keys) else {
+            return false;
+        };
+        let Ok(queues) = self.resolve_queues(queues) else {
+            return false;
+        };
+        if self.has_overdue(clock_ms) {
+            return true;
+        }
+        self.waiting_in(&queues).any(|id| {
+            self.tasks.get(&id).is_some_and(|task| {
+                let key = &task.spec.concurrency_key;
+                key.is_empty()
+                    || (capable
+                        && self
+                            .permits
+                            .get(&(task.namespace.clone(), key.clone()))
+                            .is_none_or(|p| p.holder.is_none() && p.highest_token < u64::MAX))
+            })
+        })
+    }
+
+    /// One task.
+    pub fn get(&self, id: u64) -> Option<&Task> {
+        self.tasks.get(&id)
+    }
+
+    /// Tasks matching `filter`, by id.
+    pub fn list<'a>(&'a self, filter: &'a TaskFilter) -> impl Iterator<Item = &'a Task> + 'a {
+        self.tasks.values().filter(move |task| {
+            filter.queue.as_ref().is_none_or(|q| &task.spec.queue == q)
+                && filter.state.is_none_or(|s| task.state == s)
+                && filter
+                    .concurrency_key
+                    .as_ref()
+                    .is_none_or(|k| &task.spec.concurrency_key == k)
+        })
+    }
+
+    /// Every queue, by name.
+    pub fn queues(&self) -> impl Iterator<Item = &Queue> {
+        self.queues.values()
+    }
+
+    /// A registered worker.
+    pub fn worker(&self, id: &str) -> Option<&Worker> {
+        self.workers.get(id)
+    }
+
+    /// The highest permit token ever issued for a key (0 if none).
+    pub fn highest_token(&self, namespace: &str, key: &str) -> u64 {
+        self.permits
+            .get(&(namespace.to_string(), key.to_string()))
+            .map_or(0, |p| p.highest_token)
+    }
+
+    /// The task holding a key's permit, if any.
+    pub fn permit_holder(&self, namespace: &str, key: &str) -> Option<u64> {
+        self.permits
+            .get(&(namespace.to_string(), key.to_string()))
+            .and_then(|p| p.holder)
+    }
+
+    /// Number of active attempts (live leases).
+    pub fn active_leases(&self) -> usize {
+        self.leases.len()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn set_highest_token(&mut self, namespace: &str, key: &str, token: u64) {
+        self.permits
+            .entry((namespace.to_string(), key.to_string()))
+            .or_default()
+            .highest_token = token;
+    }
+
+    fn resolve_queues(&self, queues: &[String]) -> Result<Vec<String>, Refusal> {
+        if queues.is_empty() {
+            return Ok(self.queues.keys().cloned().collect());
+        }
+        let mut resolved = Vec::new();
+        for name in queues {
+            if !self.queues.contains_key(name) {
+                return Err(Refusal::UnknownQueue);
+            }
+            resolved.push(name.clone());
+        }
+        resolved.sort();
+        resolved.dedup();
+        Ok(resolved)
+    }
+
+    /// Waiting task ids in `queues`, oldest first across all of them.
+    fn waiting_in<'a>(&'a self, queues: &[String]) -> impl Iterator<Item = u64> + 'a {
+        let mut heads: Vec<_> = queues
+            .iter()
+            .filter_map(|q| self.ready.get(q))
+            .map(|set| set.iter().copied().peekable())
+            .collect();
+        std::iter::from_fn(move || {
+            let (index, _) = heads
+                .iter_mut()
+                .enumerate()
+                .filter_map(|(i, it)| it.peek().map(|id| (i, *id)))
+                .min_by_key(|(_, id)| *id)?;
+            heads[index].next()
+        })
+    }
+
+    fn grant(&mut self, clock_ms: u64, id: u64, worker: &str, until: u64) -> Option<Assignment> {
+        let task = self.tasks.get_mut(&id)?;
+        let token = if task.spec.concurrency_key.is_empty() {
+            None
+        } else {
+            let permit = self
+                .permits
+                .entry((task.namespace.clone(), task.spec.concurrency_key.clone()))
+                .or_default();
+            permit.highest_token += 1;
+            permit.holder = Some(id);
+            Some(permit.highest_token)
+        };
+        if let Some(ready) = self.ready.get_mut(&task.spec.queue) {
+            ready.remove(&id);
+        }
+        let number = task.attempts.len() as u32 + 1;
+        task.attempts.push(Attempt {
+            number,
+            worker: worker.to_string(),
+            token,
+            leased_at_ms: clock_ms,
+            lease_until_ms: until,
+            started_at_ms: None,
+            ended_at_ms: None,
+            outcome: AttemptOutcome::Active,
+            note: String::new(),
+        });
+        task.state = TaskState::Leased;
+        self.leases.insert((until, id));
+        Some(Assignment {
+            task_id: id,
+            attempt: number,
+            queue: task.spec.queue.clone(),
+            namespace: task.namespace.clone(),
+            handler: task.spec.handler.clone(),
+            handler_version: task.spec.handler_version.clone(),
+            payload_version: task.spec.payload_version.clone(),
+            payload: task.spec.payload.clone(),
+            concurrency_key: task.spec.concurrency_key.clone(),
+            token,
+            lease_until_ms: until,
+        })
+    }
+
+    /// The task whose active attempt is `attempt`, held by `worker`; anything else is a lost lease.
+    fn active(&mut self, id: u64, attempt: u32, worker: &str) -> Result<&mut Task, Refusal> {
+        let task = self.tasks.get_mut(&id).ok_or(Refusal::UnknownTask)?;
+        match task.attempts.last() {
+            Some(a)
+                if a.number == attempt
+                    && a.worker == worker
+                    && a.outcome == AttemptOutcome::Active =>
+            {
+                Ok(task)
+            }
+            _ => Err(Refusal::LeaseLost),
+        }
+    }
+
+    /// A repeat of a result already recorded for this attempt: answered, never applied twice.
+    fn already_ended(
+        &self,
+        id: u64,
+        attempt: u32,
+        worker: &str,
+        outcome: AttemptOutcome,
+    ) -> Option<Task> {
+        let task = self.tasks.get(&id)?;
+        let last = task.attempts.last()?;
+        (last.number == attempt && last.worker == worker && last.outcome == outcome)
+            .then(|| task.clone())
+    }
+
+    /// Ends the active attempt with `outcome`, frees its permit and lease, and moves the task to
+    /// `next` (back-off is scheduled for `RetryWait`, waiting again for `Waiting`).
+    fn end_attempt(
+        &mut self,
+        clock_ms: u64,
+        id: u64,
+        outcome: AttemptOutcome,
+        note: String,
+        next: TaskState,
+    ) -> Result<Task, Refusal> {
+        let task = self.tasks.get_mut(&id).ok_or(Refusal::UnknownTask)?;
+        let current = task.attempts.last_mut().ok_or(Refusal::LeaseLost)?;
+        let until = current.lease_until_ms;
+        current.outcome = outcome;
+        current.ended_at_ms = Some(clock_ms);
+        current.note = note.clone();
+        self.leases.remove(&(until, id));
+        self.release_permit(id);
+        match next {
+            TaskState::RetryWait => {
+                let task = self.tasks.get_mut(&id).ok_or(Refusal::UnknownTask)?;
+                let at = clock_ms.saturating_add(backoff_ms(task.started_attempts().max(1)));
+                task.state = TaskState::RetryWait;
+                task.retry_at_ms = Some(at);
+                task.last_error = note;
+                self.retries.insert((at, id));
+                Ok(task.clone())
+            }
+            TaskState::Waiting => {
+                let task = self.tasks.get_mut(&id).ok_or(Refusal::UnknownTask)?;
+                task.state = TaskState::Waiting;
+                task.last_error = note;
+                self.ready
+                    .entry(task.spec.queue.clone())
+                    .or_default()
+                    .insert(id);
+                Ok(task.clone())
+            }
+            terminal => self.finish(id, terminal, note),
+        }
+    }
+
+    /// Moves a task with no active attempt to a terminal state.
+    fn finish(&mut self, id: u64, state: TaskState, note: String) -> Result<Task, Refusal> {
+        let task = self.tasks.get_mut(&id).ok_or(Refusal::UnknownTask)?;
+        task.state = state;
+        if state != TaskState::Succeeded {
+            task.last_error = note;
+        }
+        self.deadlines.remove(&(task.deadline_ms, id));
+        Ok(task.clone())
+    }
+
+    fn release_permit(&mut self, id: u64) {
+        let Some(task) = self.tasks.get(&id) else {
+            return;
+        };
+        if task.spec.concurrency_key.is_empty() {
+            return;
+        }
+        let key = (task.namespace.clone(), task.spec.concurrency_key.clone());
+        if let Some(permit) = self.permits.get_mut(&key) {
+            if permit.holder == Some(id) {
+                permit.holder = None;
+            }
+        }
+    }
+
+    fn expire_lease_if_overdue(&mut self, clock_ms: u64, id: u64) {
+        let due = self
+            .tasks
+            .get(&id)
+            .and_then(|t| t.active_attempt())
+            .is_some_and(|a| is_overdue(a.lease_until_ms, clock_ms));
+        if due {
+            self.expire_lease(clock_ms, id);
+        }
+    }
+
+    /// Lease expiry recovery: the permit is freed; a never-started attempt goes back to waiting,
+    /// a started one retries while attempts and time remain and otherwise needs review (its
+    /// effect is unknown).
+    fn expire_lease(&mut self, clock_ms: u64, id: u64) {
+        let Some(task) = self.tasks.get(&id) else {
+            return;
+        };
+        let Some(current) = task.active_attempt() else {
+            return;
+        };
+        let started = current.started_at_ms.is_some();
+        let out_of_time = is_overdue(task.deadline_ms, clock_ms);
+        let next = match (started, out_of_time) {
+            (false, false) => TaskState::Waiting,
+            (false, true) => TaskState::Failed,
+            (true, _) if !out_of_time && task.started_attempts() < task.spec.max_attempts => {
+                TaskState::RetryWait
+            }
+            (true, _) => TaskState::NeedsReview,
+        };
+        let note = if started {
+            "the lease expired while the attempt was running".to_string()
+        } else {
+            "the lease expired before the attempt started".to_string()
+        };
+        let _ = self.end_attempt(clock_ms, id, AttemptOutcome::Expired, note, next);
+    }
+}
+
+fn validate_spec(spec: &TaskSpec) -> Result<(), Refusal> {
+    validate::required("queue", &spec.queue, MAX_KEY_BYTES)?;
+    validate::required("idempotency_key", &spec.idempotency_key, MAX_KEY_BYTES)?;
+    validate::required("handler", &spec.handler, MAX_KEY_BYTES)?;
+    validate::bounded("handler_version", &spec.handler_version, MAX_KEY_BYTES)?;
+    validate::bounded("payload_version", &spec.payload_version, MAX_KEY_BYTES)?;
+    validate::bounded_bytes("payload", &spec.payload, MAX_PAYLOAD_BYTES)?;
+    key::validate(&spec.concurrency_key)?;
+    validate::bounded("business_key", &spec.business_key, MAX_KEY_BYTES)?;
+    if spec.max_attempts == 0 || spec.max_attempts > MAX_ATTEMPTS {
+        return Err(Refusal::invalid(
+            "max_attempts",
+            format!("must be 1-{MAX_ATTEMPTS}"),
+        ));
+    }
+    validate::ttl(spec.ttl_ms)
+}
