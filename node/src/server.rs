@@ -5,9 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use baton_rpc::proto::board_server::BoardServer;
+use baton_rpc::proto::checkpoint_server::CheckpointServer;
 use baton_rpc::proto::cluster_server::ClusterServer;
+use baton_rpc::proto::effect_server::EffectServer;
 use baton_rpc::proto::handoff_server::HandoffServer;
 use baton_rpc::proto::raft::raft_server::RaftServer;
+use baton_rpc::proto::sink_server::SinkServer;
 use baton_statemachine::Command;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -16,7 +20,10 @@ use tokio_stream::wrappers::TcpListenerStream;
 use crate::config::NodeConfig;
 use crate::network::{Network, MAX_RAFT_MESSAGE_BYTES};
 use crate::node::{Node, NodeRef};
-use crate::service::{ClusterService, HandoffService, RaftService};
+use crate::service::{
+    BoardService, CheckpointService, ClusterService, EffectService, HandoffService, RaftService,
+    SinkService,
+};
 use crate::stamp::wall_clock_ms;
 use crate::store;
 use crate::types::Raft;
@@ -78,6 +85,22 @@ pub async fn serve(
         )
         .add_service(
             HandoffServer::new(HandoffService::new(node.clone()))
+                .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES),
+        )
+        .add_service(
+            BoardServer::new(BoardService::new(node.clone()))
+                .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES),
+        )
+        .add_service(
+            EffectServer::new(EffectService::new(node.clone()))
+                .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES),
+        )
+        .add_service(
+            SinkServer::new(SinkService::new(node.clone()))
+                .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES),
+        )
+        .add_service(
+            CheckpointServer::new(CheckpointService::new(node.clone()))
                 .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES),
         )
         .add_service(ClusterServer::new(ClusterService::new(node.clone())))

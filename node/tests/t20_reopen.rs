@@ -7,7 +7,9 @@ use baton_node::types::TypeConfig;
 use baton_statemachine::handoff::{Command as Handoff, OfferArgs};
 use baton_statemachine::{Command, Envelope, Origin, Stamp};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
-use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, RaftLogReader, RaftSnapshotBuilder, Vote};
+use openraft::{
+    CommittedLeaderId, Entry, EntryPayload, LogId, RaftLogReader, RaftSnapshotBuilder, Vote,
+};
 
 fn offer(index: u64, key: &str) -> Entry<TypeConfig> {
     Entry {
@@ -53,7 +55,13 @@ async fn vote_log_and_snapshot_survive_reopen() {
         snapshot_state = {
             let applied = sm.read();
             assert_eq!(applied.state.handoff.len(), 5);
-            applied.state.handoff.tickets().take(3).cloned().collect::<Vec<_>>()
+            applied
+                .state
+                .handoff
+                .tickets()
+                .take(3)
+                .cloned()
+                .collect::<Vec<_>>()
         };
     }
 
@@ -66,7 +74,11 @@ async fn vote_log_and_snapshot_survive_reopen() {
     assert_eq!(entries[4], offer(5, "k5"));
 
     let (applied, _) = sm.applied_state().await.unwrap();
-    assert_eq!(applied.map(|id| id.index), Some(3), "resumes from the snapshot");
+    assert_eq!(
+        applied.map(|id| id.index),
+        Some(3),
+        "resumes from the snapshot"
+    );
     let tickets: Vec<_> = sm.read().state.handoff.tickets().cloned().collect();
     assert_eq!(tickets, snapshot_state);
     let current = sm.get_current_snapshot().await.unwrap().unwrap();
@@ -79,8 +91,12 @@ async fn purge_and_truncate_leave_no_hole() {
     let (mut log, _sm) = store::open(dir.path()).unwrap();
     let entries: Vec<_> = (1..=10).map(|i| offer(i, "k")).collect();
     log.blocking_append(entries).await.unwrap();
-    log.purge(LogId::new(CommittedLeaderId::new(1, 1), 4)).await.unwrap();
-    log.truncate(LogId::new(CommittedLeaderId::new(1, 1), 8)).await.unwrap();
+    log.purge(LogId::new(CommittedLeaderId::new(1, 1), 4))
+        .await
+        .unwrap();
+    log.truncate(LogId::new(CommittedLeaderId::new(1, 1), 8))
+        .await
+        .unwrap();
     drop(log);
     drop(_sm);
 

@@ -1,34 +1,56 @@
 //! The contract's judges, driven against a live store.
 //!
 //! A judge checks a result, not a process: `concurrent_take` lets N takers race for one ticket
-//! and requires exactly one winner, with every loser refused `TAKEN`. A loser refused for another
-//! reason never reached the race, and an infrastructure failure is reported as such and never
-//! counted as a loss, so a dead store cannot pass by having "nobody win".
+//! (and `concurrent_claim` N agents for one task) and requires exactly one winner, with every
+//! loser refused `TAKEN`. A loser refused for another reason never reached the race, and an
+//! infrastructure failure is reported as such and never counted as a loss, so a dead store cannot
+//! pass by having "nobody win".
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use baton_statemachine::board::{self, BoardProblem, Task};
 use baton_statemachine::handoff::{self, Handle, Problem};
 use baton_statemachine::Refusal;
 use tokio::sync::Barrier;
 
 use crate::{Client, Error};
 
-/// The outcome of one race.
-#[derive(Debug, Default)]
-pub struct TakeRace {
-    /// The handles of the takers that won (exactly one when the store is correct).
-    pub winners: Vec<Handle>,
-    /// Takers refused `TAKEN`.
+/// The outcome of one race; `W` is what a winner gets.
+#[derive(Debug)]
+pub struct Race<W> {
+    /// What the contenders that won got (exactly one when the store is correct).
+    pub winners: Vec<W>,
+    /// Contenders refused `TAKEN`.
     pub losers: usize,
-    /// Takers refused for another contract reason: they never reached the race.
+    /// Contenders refused for another contract reason: they never reached the race.
     pub misses: Vec<Refusal>,
-    /// Takers that failed for infrastructure reasons (including the judgement's own time limit).
+    /// Contenders that failed for infrastructure reasons (including the judgement's own time
+    /// limit).
     pub infra_errors: Vec<Error>,
 }
 
-impl TakeRace {
-    /// `Ok` when exactly one taker won and every other one lost with `TAKEN`.
+impl<W> Default for Race<W> {
+    fn default() -> Self {
+        Self {
+            winners: Vec::new(),
+            losers: 0,
+            misses: Vec::new(),
+            infra_errors: Vec::new(),
+        }
+    }
+}
+
+/// The outcome of a [`concurrent_take`]: winners hold a take's handle.
+pub type TakeRace = Race<Handle>;
+
+/// The outcome of a [`concurrent_claim`]: winners hold the claimed task (its lease carries the
+/// token and fence).
+pub type ClaimRace = Race<Task>;
+
+impl<W> Race<W> {
+    /// `Ok` when exactly one contender won and every other one lost with `TAKEN`.
     pub fn verdict(&self) -> Result<(), String> {
         if !self.infra_errors.is_empty() {
             return Err(format!(
@@ -39,7 +61,7 @@ impl TakeRace {
         }
         if !self.misses.is_empty() {
             return Err(format!(
-                "{} takers never reached the race (first refusal: {})",
+                "{} contenders never reached the race (first refusal: {})",
                 self.misses.len(),
                 self.misses[0].code()
             ));
@@ -51,28 +73,27 @@ impl TakeRace {
     }
 }
 
-/// Lets every taker in `takers` take `key` at the same moment (a barrier, not a loop) and
-/// tallies the outcome. `limit` bounds the whole judgement so a hung store cannot hang the caller;
-/// takers still running at the limit are reported as infrastructure failures.
-pub async fn concurrent_take(
-    client: &Client,
-    key: &str,
-    takers: &[String],
-    limit: Duration,
-) -> TakeRace {
-    let barrier = Arc::new(Barrier::new(takers.len()));
-    let tasks: Vec<_> = takers
+/// Starts one contender per item of `contenders` at the same moment (a barrier, not a loop) and
+/// tallies the outcome within `limit`.
+async fn race<W, F, Fut>(client: &Client, contenders: &[String], limit: Duration, run: F) -> Race<W>
+where
+    W: Send + 'static,
+    F: Fn(Client, String) -> Fut,
+    Fut: Future<Output = Result<W, Error>> + Send + 'static,
+{
+    let barrier = Arc::new(Barrier::new(contenders.len()));
+    let tasks: Vec<_> = contenders
         .iter()
-        .map(|to| {
-            let (client, barrier, key, to) =
-                (client.clone(), barrier.clone(), key.to_string(), to.clone());
+        .map(|name| {
+            let barrier = barrier.clone();
+            let attempt = run(client.clone(), name.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                client.take(&key, &to).await
+                attempt.await
             })
         })
         .collect();
-    let mut race = TakeRace::default();
+    let mut race = Race::default();
     let all = futures::future::join_all(tasks);
     match tokio::time::timeout(limit, all).await {
         Err(_) => race.infra_errors.push(Error::Unavailable {
@@ -83,13 +104,13 @@ pub async fn concurrent_take(
         Ok(results) => {
             for result in results {
                 match result {
-                    Ok(Ok(handle)) => race.winners.push(handle),
+                    Ok(Ok(won)) => race.winners.push(won),
                     Ok(Err(Error::Refused(Refusal::Taken))) => race.losers += 1,
                     Ok(Err(Error::Refused(other))) => race.misses.push(other),
                     Ok(Err(error)) => race.infra_errors.push(error),
                     Err(join) => race
                         .infra_errors
-                        .push(Error::Protocol(format!("taker task failed: {join}"))),
+                        .push(Error::Protocol(format!("contender task failed: {join}"))),
                 }
             }
         }
@@ -97,8 +118,52 @@ pub async fn concurrent_take(
     race
 }
 
-/// Reads a consistent snapshot and judges its invariants at the store's "now".
+/// Lets every taker in `takers` take `key` at the same moment (a barrier, not a loop) and
+/// tallies the outcome. `limit` bounds the whole judgement so a hung store cannot hang the caller;
+/// takers still running at the limit are reported as infrastructure failures.
+pub async fn concurrent_take(
+    client: &Client,
+    key: &str,
+    takers: &[String],
+    limit: Duration,
+) -> TakeRace {
+    let key = key.to_string();
+    race(client, takers, limit, |client, to| {
+        let key = key.clone();
+        async move { client.take(&key, &to).await }
+    })
+    .await
+}
+
+/// Lets every agent in `agents` claim task `id` at the same moment (a barrier, not a loop) and
+/// tallies the outcome: exactly one must win and every other one must be refused `TAKEN`.
+///
+/// `limit` bounds the whole judgement (agents still running at the limit are reported as
+/// infrastructure failures) and is also the lease's TTL, so the winner's lease outlives the race
+/// and no loser can slip in after it expires.
+pub async fn concurrent_claim(
+    client: &Client,
+    id: &str,
+    agents: &[String],
+    limit: Duration,
+) -> ClaimRace {
+    let id = id.to_string();
+    let ttl_ms = i64::try_from(limit.as_millis()).unwrap_or(i64::MAX).max(1);
+    race(client, agents, limit, |client, agent| {
+        let id = id.clone();
+        async move { client.claim(&id, &agent, ttl_ms).await }
+    })
+    .await
+}
+
+/// Reads a consistent ticket snapshot and judges its invariants at the store's "now".
 pub async fn check(client: &Client) -> Result<Vec<Problem>, Error> {
     let snapshot = client.tickets().await?;
     Ok(handoff::check(&snapshot.tickets, snapshot.now_ms))
+}
+
+/// Reads a consistent board snapshot and judges its invariants at the store's "now".
+pub async fn check_board(client: &Client) -> Result<Vec<BoardProblem>, Error> {
+    let snapshot = client.tasks().await?;
+    Ok(board::check(&snapshot.tasks, snapshot.now_ms))
 }

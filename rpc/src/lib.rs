@@ -12,7 +12,7 @@ pub mod convert;
 pub mod error;
 pub mod judge;
 
-pub use client::{Client, ClientConfig};
+pub use client::{Client, ClientConfig, TaskSnapshot, TicketSnapshot};
 pub use error::Error;
 
 /// Generated protobuf and gRPC code.

@@ -24,8 +24,8 @@ pub enum Refusal {
     /// No ticket with this key exists.
     #[error("no ticket with this key")]
     UnknownKey,
-    /// The ticket has already been taken (a concurrent taker won, or cancel came too late).
-    #[error("the ticket has already been taken")]
+    /// Someone else holds it: a concurrent taker or claimer won (or a cancel came too late).
+    #[error("already taken by another holder")]
     Taken,
     /// The ticket's deadline has passed; late takes and replies are refused (fail-closed).
     #[error("the ticket's deadline has passed")]
@@ -37,7 +37,7 @@ pub enum Refusal {
     #[error("the canceller is not the ticket's source")]
     NotSource,
     /// The presented token is not the current one: the caller no longer holds the ticket.
-    #[error("the token does not match the current holder's")]
+    #[error("the token is not the current holder's (or the lease has ended)")]
     LeaseLost,
     /// The ticket is already closed or withdrawn.
     #[error("the ticket is already settled")]

@@ -57,6 +57,7 @@ pub fn apply(state: &mut State, envelope: &Envelope) -> Response {
 }
 
 fn execute(state: &mut State, stamp: &Stamp, command: &Command) -> Result<Reply, Refusal> {
+    state.clock_ms = state.clock_ms.max(stamp.now_ms);
     let clock = state.clock_ms;
     match command {
         Command::Handoff(command) => {

@@ -1,8 +1,12 @@
 //! The command line: argument types and dispatch.
 
+mod board;
+mod checkpoint;
 mod cluster;
 mod dev;
+mod effect;
 pub mod exit;
+mod sink;
 mod ticket;
 
 use std::net::SocketAddr;
@@ -53,6 +57,18 @@ enum Command {
     Ticket(ticket::TicketCommand),
     /// Judge the current ticket snapshot; exits 1 and lists the problems when there are any.
     Check,
+    /// Task board: seeded tasks, claims with tokens and fences.
+    #[command(subcommand)]
+    Board(board::BoardCommand),
+    /// Side-effect gate: at most once for actions that touch the outside world.
+    #[command(subcommand)]
+    Effect(effect::EffectCommand),
+    /// Fenced sink: writes that a stale fence can never overwrite.
+    #[command(subcommand)]
+    Sink(sink::SinkCommand),
+    /// Checkpoint compare-and-set: a run's progress only moves forward.
+    #[command(subcommand)]
+    Checkpoint(checkpoint::CheckpointCommand),
 }
 
 /// Arguments of `baton node`.
@@ -156,6 +172,22 @@ pub async fn run(cli: Cli) -> ExitCode {
             Ok(client) => ticket::check(&client).await,
             Err(code) => code,
         },
+        Command::Board(command) => match connect(&cli.endpoints, cli.timeout).await {
+            Ok(client) => board::run(command, &client).await,
+            Err(code) => code,
+        },
+        Command::Effect(command) => match connect(&cli.endpoints, cli.timeout).await {
+            Ok(client) => effect::run(command, &client).await,
+            Err(code) => code,
+        },
+        Command::Sink(command) => match connect(&cli.endpoints, cli.timeout).await {
+            Ok(client) => sink::run(command, &client).await,
+            Err(code) => code,
+        },
+        Command::Checkpoint(command) => match connect(&cli.endpoints, cli.timeout).await {
+            Ok(client) => checkpoint::run(command, &client).await,
+            Err(code) => code,
+        },
     };
     ExitCode::from(code)
 }
@@ -206,6 +238,11 @@ pub async fn shutdown_signal() {
         _ = ctrl_c => {}
         _ = term => {}
     }
+}
+
+/// A duration from the command line as the milliseconds a TTL travels in.
+pub fn ttl_ms(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Formats Unix milliseconds as RFC 3339 UTC.

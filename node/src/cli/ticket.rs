@@ -8,7 +8,7 @@ use baton_statemachine::handoff::{OfferArgs, Receipt, ReceiptStatus, Ticket};
 use clap::{Subcommand, ValueEnum};
 use serde_json::json;
 
-use super::{exit, rfc3339};
+use super::{exit, rfc3339, ttl_ms};
 
 /// `baton ticket ...`
 #[derive(Subcommand, Debug)]
@@ -94,10 +94,6 @@ impl From<StatusArg> for ReceiptStatus {
             StatusArg::Refused => ReceiptStatus::Refused,
         }
     }
-}
-
-fn ttl_ms(ttl: Duration) -> i64 {
-    i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
 }
 
 pub async fn run(command: TicketCommand, client: &Client) -> u8 {

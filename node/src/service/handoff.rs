@@ -12,7 +12,7 @@ use baton_statemachine::handoff::{Command, OfferArgs};
 use baton_statemachine::{Command as Cmd, Refusal, Reply};
 use tonic::{Request, Response, Status};
 
-use super::origin;
+use super::{origin, unexpected};
 use crate::node::NodeRef;
 use crate::stamp::wall_clock_ms;
 
@@ -26,10 +26,6 @@ impl HandoffService {
     pub fn new(node: NodeRef) -> Self {
         Self { node }
     }
-}
-
-fn unexpected(reply: Reply) -> Status {
-    Status::internal(format!("unexpected reply {reply:?}"))
 }
 
 #[tonic::async_trait]

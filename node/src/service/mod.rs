@@ -1,17 +1,48 @@
 //! The gRPC services a node serves. Handlers are thin: decode, propose or read, encode.
 
+mod board;
+mod checkpoint;
 mod cluster;
+mod effect;
 mod handoff;
 mod raft;
+mod sink;
 
+pub use board::BoardService;
+pub use checkpoint::CheckpointService;
 pub use cluster::ClusterService;
+pub use effect::EffectService;
 pub use handoff::HandoffService;
 pub use raft::RaftService;
+pub use sink::SinkService;
 
 use baton_rpc::error::refusal_status;
 use baton_rpc::proto::RequestHeader;
-use baton_statemachine::{Origin, Refusal};
+use baton_statemachine::{Origin, Refusal, Reply};
 use tonic::Status;
+
+use crate::stamp::wall_clock_ms;
+use crate::store::Applied;
+
+/// A reply of the wrong kind for the command: a bug, never a contract answer.
+fn unexpected(reply: Reply) -> Status {
+    Status::internal(format!("unexpected reply {reply:?}"))
+}
+
+/// Bad input found while decoding, as the refusal status the state machine would have sent.
+fn refused(refusal: Refusal) -> Status {
+    refusal_status(&refusal)
+}
+
+/// The store's "now" for judging a read: the store clock, or this node's clock if it is ahead.
+fn now_ms(applied: &Applied) -> u64 {
+    applied.state.clock_ms.max(wall_clock_ms())
+}
+
+/// The Raft log index a read reflects.
+fn revision(applied: &Applied) -> u64 {
+    applied.last_applied.map(|id| id.index).unwrap_or(0)
+}
 
 /// The request header as the state machine's origin; a missing header is bad input.
 fn origin(header: Option<RequestHeader>) -> Result<Origin, Status> {

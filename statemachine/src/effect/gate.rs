@@ -1,4 +1,8 @@
 //! The gate's state and what each command does to it.
+//!
+//! Holder actions pass the three-way check in this order: the lease's resource must be the
+//! action's (`RESOURCE_MISMATCH`), its fence the resource's latest (`FENCE_STALE`), its holder the
+//! key's current attempt's (`NOT_HOLDER`). Nothing is written when any of them fails.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -144,12 +148,17 @@ impl Gate {
         result: String,
     ) -> Result<String, Refusal> {
         validate::bounded("result", &result, MAX_TEXT_BYTES)?;
+        validate_action(action)?;
+        if let Some(record) = self.keys.get(&action.key) {
+            if record.status == KeyStatus::Completed {
+                // First completion wins: a repeat (even after the resource moved on) is answered
+                // with the recorded result and never overwrites it.
+                return Ok(record.result.clone().unwrap_or_default());
+            }
+        }
         self.expire_intent_if_overdue(&action.key, clock_ms);
         self.three_way_check(action, lease)?;
         let record = self.record_mut(&action.key)?;
-        if record.status == KeyStatus::Completed {
-            return Ok(record.result.clone().unwrap_or_default());
-        }
         let intent_until = (record.status == KeyStatus::InProgress)
             .then(|| record.attempt.as_ref().map(|a| a.until_ms))
             .flatten();
@@ -405,16 +414,16 @@ impl Gate {
         validate::required("lease.resource", &lease.resource, MAX_KEY_BYTES)?;
         validate::required("lease.holder", &lease.holder, MAX_KEY_BYTES)?;
         let record = self.keys.get(&action.key).ok_or(Refusal::UnknownAction)?;
-        let latest = self.resource_fence(&lease.resource);
-        if lease.fence != latest {
+        // The resource comes first: a fence is only comparable on the resource it was issued on.
+        if lease.resource != action.resource || record.resource != action.resource {
+            return Err(Refusal::ResourceMismatch);
+        }
+        if lease.fence != self.resource_fence(&lease.resource) {
             return Err(Refusal::FenceStale);
         }
         match &record.attempt {
             Some(attempt) if attempt.holder == lease.holder && attempt.fence == lease.fence => {}
             _ => return Err(Refusal::NotHolder),
-        }
-        if lease.resource != action.resource || record.resource != action.resource {
-            return Err(Refusal::ResourceMismatch);
         }
         Ok(())
     }

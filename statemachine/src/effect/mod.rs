@@ -5,8 +5,8 @@
 //! "busy, retry later", retry, and repeat a side effect that may already have happened. A grant
 //! mints, in one step, the resource's next fence, a holder identity, the key's execution intent and
 //! the resource hold. An intent that expires unresolved turns the key uncertain, never into a fresh
-//! grant. Every holder action passes the three-way check (fence is the resource's latest, holder
-//! matches the key's attempt, lease resource is the action's) before anything is written.
+//! grant. Every holder action passes the three-way check (lease resource is the action's, fence is the
+//! resource's latest, holder matches the key's attempt) before anything is written.
 
 mod gate;
 mod types;

@@ -756,3 +756,101 @@ fn validate_spec(spec: &TaskSpec) -> Result<(), Refusal> {
     }
     validate::ttl(spec.ttl_ms)
 }
+
+#[cfg(test)]
+mod tests {
+    //! Token exhaustion needs a permit near `u64::MAX`, which only this test hook can reach.
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    const T0: u64 = 1_000_000;
+
+    fn spec(idempotency_key: &str, concurrency_key: &str) -> TaskSpec {
+        TaskSpec {
+            queue: "q".into(),
+            idempotency_key: idempotency_key.into(),
+            handler: "h".into(),
+            handler_version: "v1".into(),
+            payload_version: "v1".into(),
+            payload: Vec::new(),
+            concurrency_key: concurrency_key.into(),
+            business_key: String::new(),
+            max_attempts: 3,
+            ttl_ms: 600_000,
+        }
+    }
+
+    fn queue() -> TaskQueue {
+        let mut q = TaskQueue::default();
+        q.create_queue(Queue {
+            name: "q".into(),
+            namespace: "ns".into(),
+        })
+        .unwrap();
+        q.register_worker(Worker {
+            id: "w".into(),
+            concurrency_keys: true,
+        })
+        .unwrap();
+        q
+    }
+
+    fn submit(q: &mut TaskQueue, idempotency_key: &str, concurrency_key: &str) -> u64 {
+        q.submit(T0, spec(idempotency_key, concurrency_key))
+            .unwrap()
+            .task
+            .id
+    }
+
+    #[test]
+    fn the_last_token_is_u64_max_and_then_leasing_the_key_is_refused_without_wrapping() {
+        let mut q = queue();
+        q.set_highest_token("ns", "k", u64::MAX - 1);
+        let a = submit(&mut q, "a", "k");
+        let got = q.lease(T0, "w", &[], 10, 10_000).unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].token, Some(u64::MAX), "the last token is still handed out");
+        q.start(T0, a, 1, "w").unwrap();
+        q.complete(T0, a, 1, "w", Vec::new()).unwrap();
+
+        let b = submit(&mut q, "b", "k");
+        let c = submit(&mut q, "c", "");
+        let d = submit(&mut q, "d", "other");
+        let got = q.lease(T0, "w", &[], 1, 10_000).unwrap();
+        let ids: Vec<u64> = got.iter().map(|a| a.task_id).collect();
+        assert_eq!(ids, vec![c], "the exhausted key does not use up the limit");
+        let got = q.lease(T0, "w", &[], 10, 10_000).unwrap();
+        assert_eq!(got.iter().map(|a| a.task_id).collect::<Vec<_>>(), vec![d]);
+        assert_eq!(got[0].token, Some(1));
+
+        // Nothing else is leasable: the exhausted key is refused, never wrapped to 0 or 1.
+        assert!(!q.has_leasable(T0, "w", &[]));
+        assert!(q.lease(T0, "w", &[], 10, 10_000).unwrap().is_empty());
+        let task = q.get(b).unwrap();
+        assert_eq!(task.state, TaskState::Waiting);
+        assert!(task.attempts.is_empty(), "no attempt was created");
+        assert!(task.last_error.contains("exhausted"), "{}", task.last_error);
+        assert_eq!(q.highest_token("ns", "k"), u64::MAX);
+        assert_eq!(q.permit_holder("ns", "k"), None);
+    }
+
+    #[test]
+    fn once_the_last_token_is_released_the_key_is_never_leased_again() {
+        let mut q = queue();
+        q.set_highest_token("ns", "k", u64::MAX - 1);
+        let a = submit(&mut q, "a", "k");
+        let b = submit(&mut q, "b", "k");
+        let got = q.lease(T0, "w", &[], 10, 10_000).unwrap();
+        assert_eq!(got.iter().map(|a| a.task_id).collect::<Vec<_>>(), vec![a]);
+        // The lease runs out: the permit is released, the next lease is refused.
+        let later = T0 + 10_000;
+        assert!(q.lease(later, "w", &[], 10, 10_000).unwrap().is_empty());
+        for id in [a, b] {
+            assert_eq!(q.get(id).unwrap().state, TaskState::Waiting);
+        }
+        assert_eq!(q.get(a).unwrap().attempts.len(), 1);
+        assert!(q.get(b).unwrap().attempts.is_empty());
+        assert_eq!(q.highest_token("ns", "k"), u64::MAX);
+    }
+}

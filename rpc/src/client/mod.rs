@@ -5,6 +5,18 @@
 //! failures, timeouts and "no leader yet" are retried on other nodes until the call's deadline,
 //! always with the same `(client_id, seq)`, so a write that was applied before its answer got lost
 //! is answered from the store's session table instead of being applied twice.
+//!
+//! This module holds the plumbing and the cluster calls; each primitive's typed calls live in
+//! their own file.
+
+mod board;
+mod checkpoint;
+mod effect;
+mod handoff;
+mod sink;
+
+pub use board::TaskSnapshot;
+pub use handoff::TicketSnapshot;
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
@@ -12,14 +24,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use baton_statemachine::handoff::{Handle, OfferArgs, Receipt, Ticket};
+use baton_statemachine::Refusal;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
-use crate::convert;
 use crate::error::{detail_of, infra, refusal_of, Error};
 use crate::proto::cluster_client::ClusterClient;
-use crate::proto::handoff_client::HandoffClient;
 use crate::proto::{self, RequestHeader};
 
 /// Timeouts of a [`Client`].
@@ -41,17 +51,6 @@ impl Default for ClientConfig {
             connect_timeout: Duration::from_secs(1),
         }
     }
-}
-
-/// A consistent view of every ticket.
-#[derive(Debug, Clone)]
-pub struct TicketSnapshot {
-    /// Every ticket's current generation, ordered by key.
-    pub tickets: Vec<Ticket>,
-    /// The store's "now" for judging them.
-    pub now_ms: u64,
-    /// The Raft log index the view reflects.
-    pub revision: u64,
 }
 
 /// A connection to a Baton cluster. Cheap to clone; clones share connections and the session.
@@ -140,113 +139,6 @@ impl Client {
     /// This client's session identity.
     pub fn client_id(&self) -> u64 {
         self.inner.client_id
-    }
-
-    // ------------------------------------------------------------------ handoff
-
-    /// Offers a ticket; a live ticket with the same key is returned unchanged.
-    pub async fn offer(&self, args: OfferArgs) -> Result<Ticket, Error> {
-        let reply = self
-            .write(|header, channel| {
-                let request = proto::OfferRequest {
-                    header: Some(header),
-                    key: args.key.clone(),
-                    from: args.from.clone(),
-                    to: args.to.clone(),
-                    payload: args.payload.clone(),
-                    reply_to: args.reply_to.clone(),
-                    ttl_ms: args.ttl_ms,
-                };
-                async move { HandoffClient::new(channel).offer(request).await }
-            })
-            .await?;
-        reply
-            .ticket
-            .map(convert::ticket_from_proto)
-            .ok_or_else(|| Error::Protocol("offer answered without a ticket".into()))
-    }
-
-    /// Takes a ticket as its addressee.
-    pub async fn take(&self, key: &str, to: &str) -> Result<Handle, Error> {
-        let reply = self
-            .write(|header, channel| {
-                let request = proto::TakeRequest {
-                    header: Some(header),
-                    key: key.to_string(),
-                    to: to.to_string(),
-                };
-                async move { HandoffClient::new(channel).take(request).await }
-            })
-            .await?;
-        reply
-            .handle
-            .map(convert::handle_from_proto)
-            .ok_or_else(|| Error::Protocol("take answered without a handle".into()))
-    }
-
-    /// Settles a taken ticket with a receipt, presenting the take's token.
-    pub async fn reply(&self, key: &str, token: &str, receipt: &Receipt) -> Result<(), Error> {
-        self.write(|header, channel| {
-            let request = proto::ReplyRequest {
-                header: Some(header),
-                key: key.to_string(),
-                token: token.to_string(),
-                receipt: Some(convert::receipt_to_proto(receipt)),
-            };
-            async move { HandoffClient::new(channel).reply(request).await }
-        })
-        .await
-        .map(|_| ())
-    }
-
-    /// Withdraws an offered ticket as its source.
-    pub async fn cancel(&self, key: &str, by: &str) -> Result<(), Error> {
-        self.write(|header, channel| {
-            let request = proto::CancelRequest {
-                header: Some(header),
-                key: key.to_string(),
-                by: by.to_string(),
-            };
-            async move { HandoffClient::new(channel).cancel(request).await }
-        })
-        .await
-        .map(|_| ())
-    }
-
-    /// Linearizable read of every ticket.
-    pub async fn tickets(&self) -> Result<TicketSnapshot, Error> {
-        let reply = self
-            .call(|channel| async move {
-                HandoffClient::new(channel)
-                    .list(proto::ListTicketsRequest {})
-                    .await
-            })
-            .await?;
-        Ok(TicketSnapshot {
-            tickets: reply
-                .tickets
-                .into_iter()
-                .map(convert::ticket_from_proto)
-                .collect(),
-            now_ms: reply.now_ms,
-            revision: reply.revision,
-        })
-    }
-
-    /// Linearizable read of one ticket (`UnknownKey` when there is none).
-    pub async fn ticket(&self, key: &str) -> Result<Ticket, Error> {
-        let reply = self
-            .call(|channel| {
-                let request = proto::GetTicketRequest {
-                    key: key.to_string(),
-                };
-                async move { HandoffClient::new(channel).get(request).await }
-            })
-            .await?;
-        reply
-            .ticket
-            .map(convert::ticket_from_proto)
-            .ok_or_else(|| Error::Protocol("get answered without a ticket".into()))
     }
 
     // ------------------------------------------------------------------ cluster
@@ -419,6 +311,17 @@ impl Client {
         channels.insert(addr.to_string(), channel.clone());
         Ok(channel)
     }
+}
+
+/// A required message of an answer, or a protocol error naming the call.
+fn answered<T>(message: Option<T>, call: &str, what: &str) -> Result<T, Error> {
+    message.ok_or_else(|| Error::Protocol(format!("{call} answered without {what}")))
+}
+
+/// A decoded answer. A value the client cannot decode is the server's fault, reported as a
+/// protocol error and never as a contract refusal.
+fn decoded<T>(result: Result<T, Refusal>, call: &str) -> Result<T, Error> {
+    result.map_err(|refusal| Error::Protocol(format!("{call} answered badly: {refusal}")))
 }
 
 /// `http://host:port/` -> `host:port`.

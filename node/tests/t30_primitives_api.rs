@@ -1,0 +1,517 @@
+//! Every board, side-effect, sink and checkpoint call through gRPC against an in-process
+//! single-node cluster: typed results and typed refusals, end to end.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use baton_node::config::{NodeConfig, RaftTuning};
+use baton_node::stamp::wall_clock_ms;
+use baton_rpc::judge;
+use baton_rpc::proto::effect_client::EffectClient;
+use baton_rpc::{proto, Client, ClientConfig, Error};
+use baton_statemachine::board::{TaskSpec, TaskState};
+use baton_statemachine::effect::{
+    Action, EffectLease, KeyStatus, Outcome, Resolution, Resolved, RetrySafety,
+};
+use baton_statemachine::Refusal;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// One running node; dropping the tempdir after `stop` removes its data.
+struct Cluster {
+    client: Client,
+    addr: String,
+    stop: Option<oneshot::Sender<()>>,
+    server: Option<JoinHandle<anyhow::Result<()>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    async fn start() -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listen = listener.local_addr().unwrap();
+        let addr = listen.to_string();
+        let config = NodeConfig {
+            id: 1,
+            listen,
+            advertise: addr.clone(),
+            data_dir: dir.path().join("node-1"),
+            raft: RaftTuning {
+                heartbeat: Duration::from_millis(50),
+                election_timeout: (Duration::from_millis(150), Duration::from_millis(300)),
+                ..RaftTuning::default()
+            },
+            sweep_interval: Duration::from_millis(200),
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let server = tokio::spawn(baton_node::server::serve(config, listener, async move {
+            let _ = stopped.await;
+        }));
+        let config = ClientConfig {
+            deadline: Duration::from_secs(10),
+            ..ClientConfig::default()
+        };
+        Client::new(&[addr.as_str()], config.clone())
+            .unwrap()
+            .initialize(&addr, &[(1, addr.clone())])
+            .await
+            .unwrap();
+        let client = Client::connect_with(&[addr.as_str()], config)
+            .await
+            .unwrap();
+        Cluster {
+            client,
+            addr,
+            stop: Some(stop),
+            server: Some(server),
+            _dir: dir,
+        }
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.server.take().unwrap().await.unwrap().unwrap();
+    }
+}
+
+/// The contract refusal a call ended with (panics on success or on an infrastructure failure).
+fn refusal<T: std::fmt::Debug>(result: Result<T, Error>) -> Refusal {
+    match result {
+        Err(Error::Refused(refusal)) => refusal,
+        other => panic!("want a refusal, got {other:?}"),
+    }
+}
+
+fn invalid_field<T: std::fmt::Debug>(result: Result<T, Error>) -> String {
+    match refusal(result) {
+        Refusal::Invalid { field, .. } => field,
+        other => panic!("want Invalid, got {other:?}"),
+    }
+}
+
+fn spec(id: &str, deps: &[&str]) -> TaskSpec {
+    TaskSpec {
+        id: id.into(),
+        deps: deps.iter().map(|d| d.to_string()).collect(),
+    }
+}
+
+fn action(key: &str, resource: &str, safety: RetrySafety) -> Action {
+    Action {
+        key: key.into(),
+        resource: resource.into(),
+        safety,
+    }
+}
+
+fn granted(outcome: Outcome) -> EffectLease {
+    match outcome {
+        Outcome::Granted(lease) => lease,
+        other => panic!("want granted, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_primitive_call_answers_typed_results_and_refusals() {
+    let cluster = Cluster::start().await;
+    let c = &cluster.client;
+
+    // ------------------------------------------------------------ board
+    assert_eq!(
+        c.seed(&[spec("a", &[]), spec("b", &["a"])]).await.unwrap(),
+        2
+    );
+    assert_eq!(
+        refusal(c.claim("b", "agent-1", 30_000).await),
+        Refusal::Blocked
+    );
+    assert_eq!(
+        refusal(c.claim("zz", "agent-1", 30_000).await),
+        Refusal::UnknownTask
+    );
+    assert_eq!(invalid_field(c.claim("a", "agent-1", 0).await), "ttl");
+    assert_eq!(invalid_field(c.seed(&[]).await), "tasks");
+
+    let claimed = c.claim("a", "agent-1", 30_000).await.unwrap();
+    assert_eq!(claimed.state, TaskState::Claimed);
+    let lease = claimed.lease.clone().unwrap();
+    assert_eq!((lease.agent.as_str(), lease.fence), ("agent-1", 1));
+    assert_eq!(lease.token.len(), 32, "128-bit hex token");
+    assert_eq!(
+        refusal(c.claim("a", "agent-2", 30_000).await),
+        Refusal::Taken
+    );
+
+    let listed = c.tasks().await.unwrap();
+    assert!(listed.revision > 0);
+    assert_eq!(listed.tasks.len(), 2);
+    let a = &listed.tasks[0];
+    let listed_lease = a.lease.as_ref().unwrap();
+    assert_eq!(listed_lease.token, "", "a listing never shows the token");
+    assert_eq!(
+        (listed_lease.agent.as_str(), listed_lease.fence),
+        ("agent-1", 1)
+    );
+    assert_eq!(a.max_fence, 1);
+
+    let renewed = c.renew_task("a", &lease.token, 60_000).await.unwrap();
+    let renewed_lease = renewed.lease.unwrap();
+    assert_eq!(
+        renewed_lease.token, lease.token,
+        "renewal is not a takeover"
+    );
+    assert_eq!(renewed_lease.fence, lease.fence);
+    assert!(renewed_lease.until_ms > lease.until_ms);
+    assert_eq!(
+        refusal(c.renew_task("a", "nope", 1_000).await),
+        Refusal::LeaseLost
+    );
+    assert_eq!(
+        refusal(c.release_task("a", "nope").await),
+        Refusal::LeaseLost
+    );
+
+    c.release_task("a", &lease.token).await.unwrap();
+    let second = c
+        .claim("a", "agent-2", 30_000)
+        .await
+        .unwrap()
+        .lease
+        .unwrap();
+    assert_eq!(second.fence, 2, "fences never go back");
+    assert_eq!(
+        refusal(c.complete_task("a", &lease.token).await),
+        Refusal::LeaseLost
+    );
+    c.complete_task("a", &second.token).await.unwrap();
+    assert_eq!(
+        refusal(c.claim("a", "agent-3", 30_000).await),
+        Refusal::AlreadyDone
+    );
+    let b = c.claim("b", "agent-3", 30_000).await.unwrap();
+    assert_eq!(b.lease.unwrap().fence, 1, "dependency done: b is claimable");
+
+    c.seed(&[spec("race", &[])]).await.unwrap();
+    let agents: Vec<String> = (1..=4).map(|i| format!("racer-{i}")).collect();
+    let race = judge::concurrent_claim(c, "race", &agents, Duration::from_secs(10)).await;
+    race.verdict().unwrap();
+    assert_eq!((race.winners.len(), race.losers), (1, 3));
+    assert_eq!(judge::check_board(c).await.unwrap(), vec![]);
+
+    // ------------------------------------------------------------ side-effect gate
+    let email = action("email-1", "smtp", RetrySafety::Safe);
+    assert_eq!(
+        refusal(c.show_action("email-1").await),
+        Refusal::UnknownAction
+    );
+    let first = granted(c.acquire(&email, 30_000).await.unwrap());
+    assert_eq!(
+        (first.fence, first.key.as_str(), first.resource.as_str()),
+        (1, "email-1", "smtp")
+    );
+    assert_eq!(
+        c.acquire(&email, 30_000).await.unwrap(),
+        Outcome::InProgress
+    );
+    let other = action("email-2", "smtp", RetrySafety::Safe);
+    assert_eq!(c.acquire(&other, 30_000).await.unwrap(), Outcome::Contended);
+    assert_eq!(
+        refusal(
+            c.acquire(&action("email-1", "fax", RetrySafety::Safe), 30_000)
+                .await
+        ),
+        Refusal::ResourceMismatch
+    );
+    assert_eq!(invalid_field(c.acquire(&other, -5).await), "ttl");
+
+    let first = c.renew_effect(&email, &first, 60_000).await.unwrap();
+    assert_eq!(first.fence, 1, "renewal keeps the fence");
+    assert_eq!(
+        invalid_field(c.renew_effect(&email, &first, 0).await),
+        "ttl"
+    );
+    let stale = EffectLease {
+        fence: 0,
+        ..first.clone()
+    };
+    assert_eq!(
+        refusal(c.complete_effect(&email, &stale, "x").await),
+        Refusal::FenceStale
+    );
+    let impostor = EffectLease {
+        holder: "impostor".into(),
+        ..first.clone()
+    };
+    assert_eq!(
+        refusal(c.complete_effect(&email, &impostor, "x").await),
+        Refusal::NotHolder
+    );
+    // A lease on another resource (one whose latest fence happens to match) is a mismatch.
+    let fax = granted(
+        c.acquire(&action("fax-1", "fax", RetrySafety::Safe), 30_000)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(fax.fence, first.fence);
+    let elsewhere = EffectLease {
+        resource: "fax".into(),
+        ..first.clone()
+    };
+    assert_eq!(
+        refusal(c.complete_effect(&email, &elsewhere, "x").await),
+        Refusal::ResourceMismatch
+    );
+    assert_eq!(
+        c.complete_effect(&email, &first, "sent").await.unwrap(),
+        "sent"
+    );
+    assert_eq!(
+        c.complete_effect(&email, &first, "again").await.unwrap(),
+        "sent",
+        "first completion wins"
+    );
+    assert_eq!(
+        c.acquire(&email, 30_000).await.unwrap(),
+        Outcome::Completed("sent".into())
+    );
+    let view = c.show_action("email-1").await.unwrap();
+    assert_eq!(view.status, KeyStatus::Completed);
+    assert_eq!(view.result.as_deref(), Some("sent"));
+    assert_eq!(view.safety, RetrySafety::Safe);
+    c.release_effect(&email, &first).await.unwrap();
+
+    // An attempt whose outcome is unknown: uncertain, then reconciled.
+    let second = granted(c.acquire(&other, 30_000).await.unwrap());
+    assert_eq!(second.fence, 2, "the resource's next fence");
+    c.mark_uncertain(&other, &second, "smtp timed out")
+        .await
+        .unwrap();
+    assert_eq!(c.acquire(&other, 30_000).await.unwrap(), Outcome::Uncertain);
+    let view = c.show_action("email-2").await.unwrap();
+    assert_eq!(
+        (view.status, view.reason.as_str()),
+        (KeyStatus::Uncertain, "smtp timed out")
+    );
+    let slot = c.begin_reconcile(&other, 30_000).await.unwrap();
+    assert_eq!(slot.token.len(), 32);
+    assert_eq!(
+        refusal(c.begin_reconcile(&other, 30_000).await),
+        Refusal::ReconcileTaken
+    );
+    assert_eq!(
+        refusal(c.begin_reconcile(&email, 30_000).await),
+        Refusal::NotUncertain
+    );
+    let happened = Resolution {
+        happened: true,
+        result: "delivered".into(),
+        force_retryable: false,
+    };
+    assert_eq!(
+        c.resolve_uncertain(&other, &happened).await.unwrap(),
+        Resolved::Completed("delivered".into())
+    );
+    let later = Resolution {
+        result: "other".into(),
+        ..happened.clone()
+    };
+    assert_eq!(
+        c.resolve_uncertain(&other, &later).await.unwrap(),
+        Resolved::Completed("delivered".into()),
+        "first resolution wins"
+    );
+    c.release_effect(&other, &second).await.unwrap();
+
+    // An unsafe action: "did not happen" needs an explicit force.
+    let pay = action("pay-1", "bank", RetrySafety::Unsafe);
+    let attempt = granted(c.acquire(&pay, 30_000).await.unwrap());
+    c.mark_uncertain(&pay, &attempt, "no answer").await.unwrap();
+    c.release_effect(&pay, &attempt).await.unwrap();
+    let not_happened = Resolution {
+        happened: false,
+        result: String::new(),
+        force_retryable: false,
+    };
+    assert_eq!(
+        refusal(c.resolve_uncertain(&pay, &not_happened).await),
+        Refusal::UnsafeNotRetryable
+    );
+    let forced = Resolution {
+        force_retryable: true,
+        ..not_happened
+    };
+    assert_eq!(
+        c.resolve_uncertain(&pay, &forced).await.unwrap(),
+        Resolved::Retryable
+    );
+    let retry = granted(c.acquire(&pay, 30_000).await.unwrap());
+    assert_eq!(retry.fence, attempt.fence + 1);
+    assert_eq!(
+        refusal(c.abandon(&pay, &attempt, "old").await),
+        Refusal::FenceStale
+    );
+    c.abandon(&pay, &retry, "changed my mind").await.unwrap();
+    let view = c.show_action("pay-1").await.unwrap();
+    assert_eq!(
+        (view.status, view.safety),
+        (KeyStatus::Idle, RetrySafety::Unsafe)
+    );
+    assert_eq!(
+        refusal(c.mark_uncertain(&pay, &retry, "x").await),
+        Refusal::NotHolder
+    );
+
+    // ------------------------------------------------------------ fenced sink
+    assert_eq!(refusal(c.read_sink("db").await), Refusal::NotFound);
+    assert_eq!(c.seen_fence("db").await.unwrap(), 0);
+    let written = c.write_fenced("db", 2, b"v2").await.unwrap();
+    assert_eq!((written.seen_fence, written.writes), (2, 1));
+    assert_eq!(
+        refusal(c.write_fenced("db", 1, b"v1").await),
+        Refusal::FenceStale
+    );
+    c.write_fenced("db", 2, b"v2b").await.unwrap();
+    assert_eq!(invalid_field(c.write_fenced("db", 0, b"v0").await), "fence");
+    let read = c.read_sink("db").await.unwrap();
+    assert_eq!(
+        (read.seen_fence, read.value.as_slice(), read.writes),
+        (2, &b"v2b"[..], 2)
+    );
+    assert_eq!(c.seen_fence("db").await.unwrap(), 2);
+
+    // ------------------------------------------------------------ checkpoint
+    assert_eq!(refusal(c.load("run-1").await), Refusal::NotFound);
+    assert_eq!(
+        invalid_field(c.save_if_newer("run-1", 0, b"zero").await),
+        "seq"
+    );
+    c.save_if_newer("run-1", 2, b"two").await.unwrap();
+    assert_eq!(
+        refusal(c.save_if_newer("run-1", 1, b"one").await),
+        Refusal::StaleSeq
+    );
+    assert_eq!(
+        refusal(c.save_if_newer("run-1", 2, b"again").await),
+        Refusal::StaleSeq
+    );
+    let saved = c.load("run-1").await.unwrap();
+    assert_eq!((saved.seq, saved.data.as_slice()), (2, &b"two"[..]));
+
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_wire_input_is_refused_with_the_field_it_broke() {
+    let cluster = Cluster::start().await;
+    let mut effect = EffectClient::connect(format!("http://{}", cluster.addr))
+        .await
+        .unwrap();
+    let header = |seq| proto::RequestHeader {
+        client_id: 77,
+        seq,
+        acked_below: 0,
+    };
+    let field_of = |status: tonic::Status| {
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        let detail = baton_rpc::error::detail_of(&status).unwrap();
+        assert_eq!(detail.code, "INVALID_ARGUMENT");
+        detail.field
+    };
+    let bad_safety = proto::AcquireRequest {
+        header: Some(header(1)),
+        action: Some(proto::Action {
+            key: "k".into(),
+            resource: "r".into(),
+            safety: "sometimes".into(),
+        }),
+        ttl_ms: 1_000,
+    };
+    let status = effect.acquire(bad_safety).await.unwrap_err();
+    assert_eq!(field_of(status), "action.safety");
+    let no_action = proto::AcquireRequest {
+        header: Some(header(2)),
+        action: None,
+        ttl_ms: 1_000,
+    };
+    assert_eq!(
+        field_of(effect.acquire(no_action).await.unwrap_err()),
+        "action"
+    );
+    let no_header = proto::AcquireRequest {
+        header: None,
+        action: Some(proto::Action {
+            key: "k".into(),
+            resource: "r".into(),
+            safety: "safe".into(),
+        }),
+        ttl_ms: 1_000,
+    };
+    assert_eq!(
+        field_of(effect.acquire(no_header).await.unwrap_err()),
+        "header"
+    );
+    let no_lease = proto::CompleteEffectRequest {
+        header: Some(header(3)),
+        action: Some(proto::Action {
+            key: "k".into(),
+            resource: "r".into(),
+            safety: "safe".into(),
+        }),
+        lease: None,
+        result: String::new(),
+    };
+    assert_eq!(
+        field_of(effect.complete(no_lease).await.unwrap_err()),
+        "lease"
+    );
+    let no_resolution = proto::ResolveUncertainRequest {
+        header: Some(header(4)),
+        action: Some(proto::Action {
+            key: "k".into(),
+            resource: "r".into(),
+            safety: "unsafe".into(),
+        }),
+        resolution: None,
+    };
+    assert_eq!(
+        field_of(effect.resolve_uncertain(no_resolution).await.unwrap_err()),
+        "resolution"
+    );
+    cluster.stop().await;
+}
+
+/// Deadlines are `store clock + ttl`, and the store clock follows the leader's wall clock
+/// (contract §0 "Store clock").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadlines_and_save_times_follow_the_store_clock() {
+    let cluster = Cluster::start().await;
+    let c = &cluster.client;
+    let before = wall_clock_ms();
+    c.seed(&[spec("t", &[])]).await.unwrap();
+    let lease = c.claim("t", "agent", 30_000).await.unwrap().lease.unwrap();
+    assert!(
+        lease.until_ms >= before + 30_000,
+        "claim deadline {} is not store clock + ttl (wall clock was {before})",
+        lease.until_ms
+    );
+    let effect = granted(
+        c.acquire(&action("k", "r", RetrySafety::Safe), 5_000)
+            .await
+            .unwrap(),
+    );
+    assert!(
+        effect.until_ms >= before + 5_000,
+        "intent until {}",
+        effect.until_ms
+    );
+    c.save_if_newer("run", 1, b"x").await.unwrap();
+    let saved = c.load("run").await.unwrap();
+    assert!(
+        saved.saved_at_ms >= before,
+        "saved_at {}",
+        saved.saved_at_ms
+    );
+    cluster.stop().await;
+}
