@@ -1,1 +1,37 @@
+//! Multi-process cluster tests for Baton: a harness that runs real `baton node` processes on
+//! 127.0.0.1 and the pieces the tests in `tests/` share.
+//!
+//! - [`binary`]: finds (and if needed builds) the `baton` binary.
+//! - [`cluster`]: starts, kills (SIGKILL), restarts and inspects the nodes of one cluster.
+//! - [`history`]: records acknowledged operations and checks that none was lost.
+//! - [`workload`]: client tasks that produce such a history.
+//! - [`cli`]: runs the `baton` command line with a time limit.
+//! - [`wait`]: bounded polling.
+#![deny(missing_docs)]
 
+pub mod binary;
+pub mod cli;
+pub mod cluster;
+pub mod history;
+pub mod wait;
+pub mod workload;
+
+pub use cluster::{client_config, Cluster, Options};
+
+/// At most `n` items of a list for an assertion message, with the total count.
+pub fn first<T: std::fmt::Debug>(items: &[T], n: usize) -> String {
+    let shown: Vec<String> = items
+        .iter()
+        .take(n)
+        .map(|item| format!("{item:?}"))
+        .collect();
+    if items.len() > n {
+        format!(
+            "{} in total, first {n}: [{}]",
+            items.len(),
+            shown.join(", ")
+        )
+    } else {
+        format!("[{}]", shown.join(", "))
+    }
+}

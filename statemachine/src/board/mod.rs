@@ -97,7 +97,8 @@ pub struct TaskSpec {
 /// A board command.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
-    /// Seed (or re-seed) tasks: same id overwrites the dependencies and clears the lease.
+    /// Seed (or re-seed) tasks: same id overwrites the dependencies and clears the lease; a done
+    /// task stays done.
     Seed(Vec<TaskSpec>),
     /// Claim a task.
     Claim {
@@ -190,6 +191,11 @@ impl Board {
         for spec in specs {
             let previous = self.tasks.remove(&spec.id);
             let max_fence = previous.as_ref().map_or(0, |task| task.max_fence);
+            // A done task stays done: hosts commonly re-seed their whole topology at start-up,
+            // and that must never make finished work claimable (and so executable) again.
+            let done = previous
+                .as_ref()
+                .is_some_and(|task| task.state == TaskState::Done);
             if let Some(lease) = previous.and_then(|task| task.lease) {
                 self.lease_deadlines
                     .remove(&(lease.until_ms, spec.id.clone()));
@@ -199,7 +205,11 @@ impl Board {
                 Task {
                     id: spec.id,
                     deps: spec.deps,
-                    state: TaskState::Open,
+                    state: if done {
+                        TaskState::Done
+                    } else {
+                        TaskState::Open
+                    },
                     lease: None,
                     max_fence,
                 },

@@ -1,0 +1,457 @@
+//! A cluster of real `baton node` processes on 127.0.0.1, each with its own data dir in one
+//! temporary directory, and the operations fault-injection tests need: kill (SIGKILL), restart
+//! from the same data dir and port, find the leader, wait for a node to catch up.
+//!
+//! Every wait is bounded by [`Options::timeout`]. Dropping the cluster kills every node; when
+//! the drop happens during a panic (a failing test), the tail of every node's log is printed and
+//! the temporary directory is kept for inspection.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use baton_rpc::proto::NodeInfoResponse;
+use baton_rpc::{Client, ClientConfig};
+use rand::Rng;
+use tempfile::TempDir;
+
+use crate::binary::baton_bin;
+use crate::wait;
+
+/// Written to a node's log before each start.
+const START_MARKER: &str = "=== cluster-test: starting node";
+
+/// How the nodes are tuned and how long the harness waits for them.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// `--heartbeat`.
+    pub heartbeat: Duration,
+    /// `--election-timeout` (the minimum; the node uses twice this as the maximum).
+    pub election_timeout: Duration,
+    /// `--snapshot-every`.
+    pub snapshot_every: u64,
+    /// `--keep-logs`.
+    pub keep_logs: u64,
+    /// `--sweep-interval`.
+    pub sweep_interval: Duration,
+    /// Bound on each wait: a node answering, a leader being elected, a node catching up.
+    pub timeout: Duration,
+}
+
+impl Default for Options {
+    /// Fast timings that still hold on a loaded 2-core machine.
+    fn default() -> Self {
+        Self {
+            heartbeat: Duration::from_millis(50),
+            election_timeout: Duration::from_millis(300),
+            snapshot_every: 10_000,
+            keep_logs: 1_000,
+            sweep_interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+/// Client timeouts for tests: short enough that a dead node is abandoned quickly, long enough
+/// for a debug build on a busy machine.
+pub fn client_config() -> ClientConfig {
+    ClientConfig {
+        deadline: Duration::from_secs(10),
+        attempt_timeout: Duration::from_secs(1),
+        connect_timeout: Duration::from_millis(500),
+    }
+}
+
+/// Timeouts for per-node introspection (no retries: a dead node must answer "no" fast).
+fn admin_config() -> ClientConfig {
+    ClientConfig {
+        deadline: Duration::from_secs(2),
+        attempt_timeout: Duration::from_millis(700),
+        connect_timeout: Duration::from_millis(300),
+    }
+}
+
+/// One node process and everything needed to restart it.
+struct NodeProcess {
+    id: u64,
+    addr: String,
+    data_dir: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+/// A running cluster. Node ids are `1..=n`.
+pub struct Cluster {
+    dir: TempDir,
+    bin: PathBuf,
+    options: Options,
+    nodes: BTreeMap<u64, NodeProcess>,
+    admin: Client,
+}
+
+impl Cluster {
+    /// Starts `n` nodes, forms a cluster of them through node 1 and waits for a leader.
+    pub async fn start(n: u64, options: Options) -> anyhow::Result<Cluster> {
+        let cluster = Self::start_uninitialized(n, options).await?;
+        let members: Vec<(u64, String)> = cluster
+            .nodes
+            .values()
+            .map(|node| (node.id, node.addr.clone()))
+            .collect();
+        cluster
+            .admin
+            .initialize(cluster.addr(1), &members)
+            .await
+            .context("cluster initialisation failed")?;
+        cluster.leader().await?;
+        Ok(cluster)
+    }
+
+    /// Starts `n` nodes that answer but belong to no cluster yet (for testing initialisation).
+    pub async fn start_uninitialized(n: u64, options: Options) -> anyhow::Result<Cluster> {
+        let bin = baton_bin()?;
+        let dir = tempfile::Builder::new()
+            .prefix("baton-cluster-")
+            .tempdir()
+            .context("cannot create a temporary directory")?;
+        let mut taken = BTreeSet::new();
+        let mut nodes = BTreeMap::new();
+        for id in 1..=n {
+            let port = free_port(&taken)?;
+            taken.insert(port);
+            nodes.insert(
+                id,
+                NodeProcess {
+                    id,
+                    addr: format!("127.0.0.1:{port}"),
+                    log: dir.path().join(format!("node-{id}.log")),
+                    data_dir: dir.path().join(format!("node-{id}")),
+                    child: None,
+                },
+            );
+        }
+        let endpoints: Vec<String> = nodes.values().map(|node| node.addr.clone()).collect();
+        let admin = Client::new(&endpoints, admin_config())?;
+        let mut cluster = Cluster {
+            dir,
+            bin,
+            options,
+            nodes,
+            admin,
+        };
+        for id in 1..=n {
+            cluster.start_fresh(id, &mut taken).await?;
+        }
+        Ok(cluster)
+    }
+
+    /// Starts a node for the first time; if it dies before answering (its port may have been
+    /// grabbed between choosing and binding it), tries again on another port.
+    async fn start_fresh(&mut self, id: u64, taken: &mut BTreeSet<u16>) -> anyhow::Result<()> {
+        let mut last = None;
+        for _ in 0..3 {
+            match self.launch(id).await {
+                Ok(()) => return Ok(()),
+                Err(error) => last = Some(error),
+            }
+            let port = free_port(taken)?;
+            taken.insert(port);
+            let node = self.node_mut(id)?;
+            node.addr = format!("127.0.0.1:{port}");
+            let _ = std::fs::remove_dir_all(&node.data_dir);
+        }
+        Err(last.unwrap_or_else(|| anyhow::anyhow!("node {id} did not start")))
+    }
+
+    /// Every node's address, in id order (killed ones included).
+    pub fn endpoints(&self) -> Vec<String> {
+        self.nodes.values().map(|node| node.addr.clone()).collect()
+    }
+
+    /// The address of node `id`.
+    ///
+    /// # Panics
+    /// When there is no such node (a bug in the test).
+    pub fn addr(&self, id: u64) -> &str {
+        self.nodes
+            .get(&id)
+            .map(|n| n.addr.as_str())
+            .unwrap_or_else(|| panic!("no node {id}"))
+    }
+
+    /// The id of the node at `addr`, if any.
+    pub fn id_of(&self, addr: &str) -> Option<u64> {
+        let addr = addr.trim_start_matches("http://");
+        self.nodes
+            .values()
+            .find(|node| node.addr == addr)
+            .map(|node| node.id)
+    }
+
+    /// Ids of the nodes whose process is running.
+    pub fn live_ids(&self) -> Vec<u64> {
+        self.nodes
+            .values()
+            .filter(|node| node.child.is_some())
+            .map(|node| node.id)
+            .collect()
+    }
+
+    /// The path of the `baton` binary the nodes run (for CLI tests).
+    pub fn bin(&self) -> &Path {
+        &self.bin
+    }
+
+    /// The options the cluster was started with.
+    pub fn options(&self) -> &Options {
+        &self.options
+    }
+
+    /// A client library connection to the whole cluster (leader located).
+    pub async fn client(&self) -> anyhow::Result<Client> {
+        Ok(Client::connect_with(&self.endpoints(), client_config()).await?)
+    }
+
+    /// Node `id`'s own view of itself (one attempt, no retries).
+    pub async fn node_info(&self, id: u64) -> Result<NodeInfoResponse, baton_rpc::Error> {
+        self.admin.node_info(self.addr(id)).await
+    }
+
+    /// Waits until the running nodes agree on one leader: it says it leads, and every other
+    /// running node names it at the same term. Returns its id.
+    pub async fn leader(&self) -> anyhow::Result<u64> {
+        let live = self.live_ids();
+        wait::until(
+            "a leader every running node agrees on",
+            self.options.timeout,
+            || {
+                let live = live.clone();
+                async move {
+                    let mut infos = Vec::new();
+                    for id in live {
+                        match self.node_info(id).await {
+                            Ok(info) => infos.push(info),
+                            Err(error) => return Err(format!("node {id}: {error}")),
+                        }
+                    }
+                    let leader = infos
+                        .iter()
+                        .find(|info| info.role == "leader")
+                        .ok_or_else(|| format!("no node leads yet: {}", describe(&infos)))?;
+                    let agreed = infos
+                        .iter()
+                        .all(|info| info.leader_id == Some(leader.id) && info.term == leader.term);
+                    if agreed {
+                        Ok(leader.id)
+                    } else {
+                        Err(format!("no agreement yet: {}", describe(&infos)))
+                    }
+                }
+            },
+        )
+        .await
+    }
+
+    /// Kills node `id` with SIGKILL (no graceful shutdown) and reaps it.
+    pub fn kill(&mut self, id: u64) -> anyhow::Result<()> {
+        let node = self.node_mut(id)?;
+        let mut child = node
+            .child
+            .take()
+            .with_context(|| format!("node {id} is not running"))?;
+        // `Child::kill` sends SIGKILL on Unix.
+        child
+            .kill()
+            .with_context(|| format!("cannot kill node {id}"))?;
+        child
+            .wait()
+            .with_context(|| format!("cannot reap node {id}"))?;
+        Ok(())
+    }
+
+    /// Restarts a killed node with the same id, data dir and port, and waits until it answers.
+    pub async fn restart(&mut self, id: u64) -> anyhow::Result<()> {
+        if self.node_mut(id)?.child.is_some() {
+            bail!("node {id} is still running");
+        }
+        self.launch(id).await
+    }
+
+    /// Waits until node `id` has applied at least `index`; returns its view at that moment.
+    pub async fn wait_caught_up(&self, id: u64, index: u64) -> anyhow::Result<NodeInfoResponse> {
+        let what = format!("node {id} to apply index {index}");
+        wait::until(&what, self.options.timeout, || async move {
+            match self.node_info(id).await {
+                Ok(info) if info.applied_index >= index => Ok(info),
+                Ok(info) => Err(format!(
+                    "applied {} (last log {})",
+                    info.applied_index, info.last_log_index
+                )),
+                Err(error) => Err(error.to_string()),
+            }
+        })
+        .await
+    }
+
+    /// Waits until every running node has applied what the leader has applied right now.
+    pub async fn wait_all_caught_up(&self) -> anyhow::Result<u64> {
+        let leader = self.leader().await?;
+        let index = self.node_info(leader).await?.applied_index;
+        for id in self.live_ids() {
+            self.wait_caught_up(id, index).await?;
+        }
+        Ok(index)
+    }
+
+    /// The last `lines` lines of node `id`'s log (stdout and stderr of every run).
+    pub fn log_tail(&self, id: u64, lines: usize) -> String {
+        let Some(node) = self.nodes.get(&id) else {
+            return String::new();
+        };
+        let text = std::fs::read_to_string(&node.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// What node `id` logged since it was last (re)started.
+    pub fn log_of_last_run(&self, id: u64) -> String {
+        let text = self
+            .nodes
+            .get(&id)
+            .and_then(|node| std::fs::read_to_string(&node.log).ok())
+            .unwrap_or_default();
+        match text.rfind(START_MARKER) {
+            Some(at) => text[at..].to_string(),
+            None => text,
+        }
+    }
+
+    fn node_mut(&mut self, id: u64) -> anyhow::Result<&mut NodeProcess> {
+        self.nodes
+            .get_mut(&id)
+            .with_context(|| format!("no node {id}"))
+    }
+
+    /// Spawns node `id`'s process and waits until it answers `NodeInfo`; a node that exits or
+    /// stays silent is reported with the tail of its log.
+    async fn launch(&mut self, id: u64) -> anyhow::Result<()> {
+        let child = self.spawn(id)?;
+        self.node_mut(id)?.child = Some(child);
+        let started = Instant::now();
+        loop {
+            let exited = match self.node_mut(id)?.child.as_mut() {
+                Some(child) => child.try_wait().ok().flatten(),
+                None => None,
+            };
+            if let Some(status) = exited {
+                self.node_mut(id)?.child = None;
+                bail!(
+                    "node {id} exited ({status}) before answering\n--- node {id} log ---\n{}",
+                    self.log_tail(id, 30)
+                );
+            }
+            let last = match self.node_info(id).await {
+                Ok(info) if info.id == id => return Ok(()),
+                Ok(info) => format!("a node with id {} answered at its address", info.id),
+                Err(error) => error.to_string(),
+            };
+            if started.elapsed() >= self.options.timeout {
+                if let Some(mut child) = self.node_mut(id)?.child.take() {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+                bail!(
+                    "node {id} did not answer within {:?}: {last}\n--- node {id} log ---\n{}",
+                    self.options.timeout,
+                    self.log_tail(id, 30)
+                );
+            }
+            tokio::time::sleep(wait::POLL).await;
+        }
+    }
+
+    fn spawn(&self, id: u64) -> anyhow::Result<Child> {
+        let node = self
+            .nodes
+            .get(&id)
+            .with_context(|| format!("no node {id}"))?;
+        let mut log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&node.log)
+            .with_context(|| format!("cannot open {}", node.log.display()))?;
+        writeln!(log, "{START_MARKER} {id} at {} ===", node.addr)?;
+        let o = &self.options;
+        let child = Command::new(&self.bin)
+            .arg("node")
+            .args(["--id", &id.to_string()])
+            .args(["--listen", &node.addr])
+            .arg("--data-dir")
+            .arg(&node.data_dir)
+            .args(["--heartbeat", &ms(o.heartbeat)])
+            .args(["--election-timeout", &ms(o.election_timeout)])
+            .args(["--snapshot-every", &o.snapshot_every.to_string()])
+            .args(["--keep-logs", &o.keep_logs.to_string()])
+            .args(["--sweep-interval", &ms(o.sweep_interval)])
+            // Plain text logs: they are read by people and grepped by tests.
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("cannot run {}", self.bin.display()))?;
+        Ok(child)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for node in self.nodes.values_mut() {
+            if let Some(mut child) = node.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        if std::thread::panicking() {
+            for id in self.nodes.keys() {
+                eprintln!("--- node {id} log (tail) ---\n{}", self.log_tail(*id, 40));
+            }
+            self.dir.disable_cleanup(true);
+            eprintln!("cluster data kept in {}", self.dir.path().display());
+        }
+    }
+}
+
+/// `250ms`.
+fn ms(duration: Duration) -> String {
+    format!("{}ms", duration.as_millis())
+}
+
+/// A port below the kernel's ephemeral range (so an outgoing connection cannot be holding it
+/// when a killed node comes back), free right now, and not already chosen.
+fn free_port(taken: &BTreeSet<u16>) -> anyhow::Result<u16> {
+    let mut rng = rand::rng();
+    for _ in 0..200 {
+        let port = rng.random_range(20_000..32_000u16);
+        if taken.contains(&port) {
+            continue;
+        }
+        if TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port))).is_ok() {
+            return Ok(port);
+        }
+    }
+    bail!("no free port found in 20000..32000")
+}
+
+fn describe(infos: &[NodeInfoResponse]) -> String {
+    infos
+        .iter()
+        .map(|i| format!("{}:{}@t{}(leader {:?})", i.id, i.role, i.term, i.leader_id))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
