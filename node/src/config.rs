@@ -1,5 +1,6 @@
 //! A node's configuration: one typed struct with documented defaults.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -19,6 +20,8 @@ pub struct NodeConfig {
     pub raft: RaftTuning,
     /// How often the leader checks for due expiries to sweep (default 1 s).
     pub sweep_interval: Duration,
+    /// Peers to reach at another address than the one in the membership (default: none).
+    pub peer_addrs: BTreeMap<u64, String>,
 }
 
 /// Raft timings and snapshot policy.

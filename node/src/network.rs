@@ -1,5 +1,8 @@
 //! The Raft transport: openraft messages carried as codec bytes inside gRPC calls.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
 use baton_rpc::proto::raft::raft_client::RaftClient;
 use baton_rpc::proto::raft::{raft_reply, RaftRequest};
 use openraft::error::{
@@ -23,13 +26,27 @@ pub const MAX_RAFT_MESSAGE_BYTES: usize = 256 << 20;
 
 /// Creates one [`Peer`] per replication target.
 #[derive(Clone, Default)]
-pub struct Network;
+pub struct Network {
+    /// Peers reached at another address than the membership's (NAT, proxies, fault injection).
+    peer_addrs: Arc<BTreeMap<NodeId, String>>,
+}
+
+impl Network {
+    /// A network that reaches the peers in `peer_addrs` at those addresses and every other
+    /// peer at its address in the membership.
+    pub fn new(peer_addrs: BTreeMap<NodeId, String>) -> Self {
+        Self {
+            peer_addrs: Arc::new(peer_addrs),
+        }
+    }
+}
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
-        let channel = Endpoint::from_shared(format!("http://{}", node.addr))
+        let addr = self.peer_addrs.get(&target).unwrap_or(&node.addr);
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
             .map(|endpoint| {
                 endpoint
                     .tcp_nodelay(true)

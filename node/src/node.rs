@@ -42,17 +42,7 @@ impl Node {
             .raft
             .client_write(envelope)
             .await
-            .map_err(|e| match e {
-                RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => {
-                    not_leader(forward)
-                }
-                RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
-                    infra_status(Code::Internal, infra::INTERNAL, e.to_string())
-                }
-                RaftError::Fatal(fatal) => {
-                    infra_status(Code::Unavailable, infra::INTERNAL, fatal.to_string())
-                }
-            })?;
+            .map_err(write_error)?;
         let index = written.log_id.index;
         match written.data {
             Response::Answer(Ok(reply)) => {
@@ -109,5 +99,18 @@ fn not_leader(forward: ForwardToLeader<NodeId, BasicNode>) -> Status {
             infra::NO_LEADER,
             "no leader is known right now",
         ),
+    }
+}
+
+/// A failed Raft write (a client command or a membership change) as a gRPC status.
+pub(crate) fn write_error(error: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> Status {
+    match error {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => not_leader(forward),
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+            infra_status(Code::FailedPrecondition, infra::MEMBERSHIP, e.to_string())
+        }
+        RaftError::Fatal(fatal) => {
+            infra_status(Code::Unavailable, infra::INTERNAL, fatal.to_string())
+        }
     }
 }

@@ -10,6 +10,7 @@ use baton_rpc::proto::checkpoint_server::CheckpointServer;
 use baton_rpc::proto::cluster_server::ClusterServer;
 use baton_rpc::proto::effect_server::EffectServer;
 use baton_rpc::proto::handoff_server::HandoffServer;
+use baton_rpc::proto::queue_server::QueueServer;
 use baton_rpc::proto::raft::raft_server::RaftServer;
 use baton_rpc::proto::sink_server::SinkServer;
 use baton_statemachine::Command;
@@ -21,8 +22,8 @@ use crate::config::NodeConfig;
 use crate::network::{Network, MAX_RAFT_MESSAGE_BYTES};
 use crate::node::{Node, NodeRef};
 use crate::service::{
-    BoardService, CheckpointService, ClusterService, EffectService, HandoffService, RaftService,
-    SinkService,
+    BoardService, CheckpointService, ClusterService, EffectService, HandoffService, QueueService,
+    RaftService, SinkService,
 };
 use crate::stamp::wall_clock_ms;
 use crate::store;
@@ -60,7 +61,7 @@ pub async fn serve(
     let raft = Raft::new(
         config.id,
         raft_config,
-        Network,
+        Network::new(config.peer_addrs.clone()),
         log_store,
         state_machine.clone(),
     )
@@ -101,6 +102,10 @@ pub async fn serve(
         )
         .add_service(
             CheckpointServer::new(CheckpointService::new(node.clone()))
+                .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES),
+        )
+        .add_service(
+            QueueServer::new(QueueService::new(node.clone()))
                 .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES),
         )
         .add_service(ClusterServer::new(ClusterService::new(node.clone())))

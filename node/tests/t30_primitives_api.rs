@@ -4,77 +4,18 @@
 
 use std::time::Duration;
 
-use baton_node::config::{NodeConfig, RaftTuning};
 use baton_node::stamp::wall_clock_ms;
 use baton_rpc::judge;
 use baton_rpc::proto::effect_client::EffectClient;
-use baton_rpc::{proto, Client, ClientConfig, Error};
+use baton_rpc::{proto, Error};
 use baton_statemachine::board::{TaskSpec, TaskState};
 use baton_statemachine::effect::{
     Action, EffectLease, KeyStatus, Outcome, Resolution, Resolved, RetrySafety,
 };
 use baton_statemachine::Refusal;
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
-/// One running node; dropping the tempdir after `stop` removes its data.
-struct Cluster {
-    client: Client,
-    addr: String,
-    stop: Option<oneshot::Sender<()>>,
-    server: Option<JoinHandle<anyhow::Result<()>>>,
-    _dir: tempfile::TempDir,
-}
-
-impl Cluster {
-    async fn start() -> Cluster {
-        let dir = tempfile::tempdir().unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let listen = listener.local_addr().unwrap();
-        let addr = listen.to_string();
-        let config = NodeConfig {
-            id: 1,
-            listen,
-            advertise: addr.clone(),
-            data_dir: dir.path().join("node-1"),
-            raft: RaftTuning {
-                heartbeat: Duration::from_millis(50),
-                election_timeout: (Duration::from_millis(150), Duration::from_millis(300)),
-                ..RaftTuning::default()
-            },
-            sweep_interval: Duration::from_millis(200),
-        };
-        let (stop, stopped) = oneshot::channel::<()>();
-        let server = tokio::spawn(baton_node::server::serve(config, listener, async move {
-            let _ = stopped.await;
-        }));
-        let config = ClientConfig {
-            deadline: Duration::from_secs(10),
-            ..ClientConfig::default()
-        };
-        Client::new(&[addr.as_str()], config.clone())
-            .unwrap()
-            .initialize(&addr, &[(1, addr.clone())])
-            .await
-            .unwrap();
-        let client = Client::connect_with(&[addr.as_str()], config)
-            .await
-            .unwrap();
-        Cluster {
-            client,
-            addr,
-            stop: Some(stop),
-            server: Some(server),
-            _dir: dir,
-        }
-    }
-
-    async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        self.server.take().unwrap().await.unwrap().unwrap();
-    }
-}
+mod support;
+use support::Cluster;
 
 /// The contract refusal a call ended with (panics on success or on an infrastructure failure).
 fn refusal<T: std::fmt::Debug>(result: Result<T, Error>) -> Refusal {

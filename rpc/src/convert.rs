@@ -7,6 +7,10 @@ use baton_statemachine::effect::{
     RetrySafety,
 };
 use baton_statemachine::handoff::{Handle, Receipt, ReceiptStatus, Ticket, TicketState};
+use baton_statemachine::queue::{
+    validate_concurrency_key_bytes, Assignment, Attempt, AttemptOutcome, Queue, Task as QueueTask,
+    TaskSpec as QueueTaskSpec, TaskState as QueueTaskState, Worker,
+};
 use baton_statemachine::Refusal;
 
 use crate::proto;
@@ -369,6 +373,238 @@ pub fn action_view_from_proto(view: proto::ActionView) -> Result<ActionView, Ref
     })
 }
 
+// ---------------------------------------------------------------- task queue
+
+/// A queue as protobuf.
+pub fn queue_to_proto(queue: &Queue) -> proto::QueueInfo {
+    proto::QueueInfo {
+        name: queue.name.clone(),
+        namespace: queue.namespace.clone(),
+    }
+}
+
+/// A protobuf queue as the state-machine value.
+pub fn queue_from_proto(queue: proto::QueueInfo) -> Queue {
+    Queue {
+        name: queue.name,
+        namespace: queue.namespace,
+    }
+}
+
+/// A registered worker as protobuf.
+pub fn worker_to_proto(worker: &Worker) -> proto::QueueWorker {
+    proto::QueueWorker {
+        id: worker.id.clone(),
+        concurrency_keys: worker.concurrency_keys,
+    }
+}
+
+/// A protobuf worker as the state-machine value.
+pub fn worker_from_proto(worker: proto::QueueWorker) -> Worker {
+    Worker {
+        id: worker.id,
+        concurrency_keys: worker.concurrency_keys,
+    }
+}
+
+/// An attempt outcome's wire name as the state-machine value.
+pub fn attempt_outcome_from_str(field: &str, outcome: &str) -> Result<AttemptOutcome, Refusal> {
+    Ok(match outcome {
+        "ACTIVE" => AttemptOutcome::Active,
+        "SUCCEEDED" => AttemptOutcome::Succeeded,
+        "FAILED" => AttemptOutcome::Failed,
+        "EXPIRED" => AttemptOutcome::Expired,
+        "CANCELLED" => AttemptOutcome::Cancelled,
+        "UNKNOWN" => AttemptOutcome::Unknown,
+        _ => {
+            return Err(Refusal::invalid(
+                field,
+                "must be one of ACTIVE, SUCCEEDED, FAILED, EXPIRED, CANCELLED, UNKNOWN",
+            ))
+        }
+    })
+}
+
+/// A task state's wire name as the state-machine value (case-insensitive).
+pub fn queue_task_state_from_str(field: &str, state: &str) -> Result<QueueTaskState, Refusal> {
+    QueueTaskState::parse(state).ok_or_else(|| {
+        Refusal::invalid(
+            field,
+            "must be one of WAITING, LEASED, RUNNING, RETRY_WAIT, SUCCEEDED, FAILED, CANCELLED, \
+             NEEDS_REVIEW",
+        )
+    })
+}
+
+/// An attempt as protobuf (its permit token included: it is history, not a credential).
+pub fn attempt_to_proto(attempt: &Attempt) -> proto::Attempt {
+    proto::Attempt {
+        number: attempt.number,
+        worker: attempt.worker.clone(),
+        concurrency_token: attempt.token,
+        leased_at_ms: attempt.leased_at_ms,
+        lease_until_ms: attempt.lease_until_ms,
+        started_at_ms: attempt.started_at_ms,
+        ended_at_ms: attempt.ended_at_ms,
+        outcome: attempt.outcome.as_str().to_string(),
+        note: attempt.note.clone(),
+    }
+}
+
+/// A protobuf attempt as the state-machine value; an unknown outcome is an `INVALID_ARGUMENT`
+/// refusal.
+pub fn attempt_from_proto(attempt: proto::Attempt) -> Result<Attempt, Refusal> {
+    Ok(Attempt {
+        outcome: attempt_outcome_from_str("attempt.outcome", &attempt.outcome)?,
+        number: attempt.number,
+        worker: attempt.worker,
+        token: attempt.concurrency_token,
+        leased_at_ms: attempt.leased_at_ms,
+        lease_until_ms: attempt.lease_until_ms,
+        started_at_ms: attempt.started_at_ms,
+        ended_at_ms: attempt.ended_at_ms,
+        note: attempt.note,
+    })
+}
+
+/// A queue task as protobuf.
+pub fn queue_task_to_proto(task: &QueueTask) -> proto::QueueTask {
+    let spec = &task.spec;
+    proto::QueueTask {
+        id: task.id,
+        namespace: task.namespace.clone(),
+        queue: spec.queue.clone(),
+        idempotency_key: spec.idempotency_key.clone(),
+        handler: spec.handler.clone(),
+        handler_version: spec.handler_version.clone(),
+        payload_version: spec.payload_version.clone(),
+        payload: spec.payload.clone(),
+        concurrency_key: spec.concurrency_key.clone(),
+        business_key: spec.business_key.clone(),
+        max_attempts: spec.max_attempts,
+        ttl_ms: spec.ttl_ms,
+        state: task.state.as_str().to_string(),
+        attempts: task.attempts.iter().map(attempt_to_proto).collect(),
+        submitted_at_ms: task.submitted_at_ms,
+        deadline_ms: task.deadline_ms,
+        retry_at_ms: task.retry_at_ms,
+        result: task.result.clone(),
+        last_error: task.last_error.clone(),
+    }
+}
+
+/// A queue task as a listing shows it: everything but the payload and the result, which only
+/// the task's own read ([`queue_task_to_proto`]) carries, so listings stay small.
+pub fn queue_task_summary_to_proto(task: &QueueTask) -> proto::QueueTask {
+    let mut summary = queue_task_to_proto(task);
+    summary.payload = Vec::new();
+    summary.result = Vec::new();
+    summary
+}
+
+/// A protobuf queue task as the state-machine value; an unknown state or attempt outcome is an
+/// `INVALID_ARGUMENT` refusal.
+pub fn queue_task_from_proto(task: proto::QueueTask) -> Result<QueueTask, Refusal> {
+    Ok(QueueTask {
+        state: queue_task_state_from_str("task.state", &task.state)?,
+        attempts: task
+            .attempts
+            .into_iter()
+            .map(attempt_from_proto)
+            .collect::<Result<_, _>>()?,
+        id: task.id,
+        namespace: task.namespace,
+        spec: QueueTaskSpec {
+            queue: task.queue,
+            idempotency_key: task.idempotency_key,
+            handler: task.handler,
+            handler_version: task.handler_version,
+            payload_version: task.payload_version,
+            payload: task.payload,
+            concurrency_key: task.concurrency_key,
+            business_key: task.business_key,
+            max_attempts: task.max_attempts,
+            ttl_ms: task.ttl_ms,
+        },
+        submitted_at_ms: task.submitted_at_ms,
+        deadline_ms: task.deadline_ms,
+        retry_at_ms: task.retry_at_ms,
+        result: task.result,
+        last_error: task.last_error,
+    })
+}
+
+/// A submission as its protobuf request (the key travels as raw bytes).
+pub fn submit_to_proto(header: proto::RequestHeader, spec: &QueueTaskSpec) -> proto::SubmitRequest {
+    proto::SubmitRequest {
+        header: Some(header),
+        queue: spec.queue.clone(),
+        idempotency_key: spec.idempotency_key.clone(),
+        handler: spec.handler.clone(),
+        handler_version: spec.handler_version.clone(),
+        payload_version: spec.payload_version.clone(),
+        payload: spec.payload.clone(),
+        concurrency_key: spec.concurrency_key.as_bytes().to_vec(),
+        business_key: spec.business_key.clone(),
+        max_attempts: spec.max_attempts,
+        ttl_ms: spec.ttl_ms,
+    }
+}
+
+/// A protobuf submission as the state-machine spec. The concurrency key's bytes must be a valid
+/// key (valid UTF-8 first), else an `INVALID_ARGUMENT` refusal naming `concurrency_key`; the
+/// state machine validates everything else.
+pub fn submit_from_proto(request: proto::SubmitRequest) -> Result<QueueTaskSpec, Refusal> {
+    let concurrency_key = validate_concurrency_key_bytes(&request.concurrency_key)?;
+    Ok(QueueTaskSpec {
+        queue: request.queue,
+        idempotency_key: request.idempotency_key,
+        handler: request.handler,
+        handler_version: request.handler_version,
+        payload_version: request.payload_version,
+        payload: request.payload,
+        concurrency_key,
+        business_key: request.business_key,
+        max_attempts: request.max_attempts,
+        ttl_ms: request.ttl_ms,
+    })
+}
+
+/// An assignment as protobuf.
+pub fn assignment_to_proto(assignment: &Assignment) -> proto::Assignment {
+    proto::Assignment {
+        task_id: assignment.task_id,
+        attempt: assignment.attempt,
+        queue: assignment.queue.clone(),
+        namespace: assignment.namespace.clone(),
+        handler: assignment.handler.clone(),
+        handler_version: assignment.handler_version.clone(),
+        payload_version: assignment.payload_version.clone(),
+        payload: assignment.payload.clone(),
+        concurrency_key: assignment.concurrency_key.clone(),
+        concurrency_token: assignment.token,
+        lease_until_ms: assignment.lease_until_ms,
+    }
+}
+
+/// A protobuf assignment as the state-machine value. Nothing is rejected here: whether key and
+/// token are consistent is the worker's protocol check to make (see [`crate::worker`]).
+pub fn assignment_from_proto(assignment: proto::Assignment) -> Assignment {
+    Assignment {
+        task_id: assignment.task_id,
+        attempt: assignment.attempt,
+        queue: assignment.queue,
+        namespace: assignment.namespace,
+        handler: assignment.handler,
+        handler_version: assignment.handler_version,
+        payload_version: assignment.payload_version,
+        payload: assignment.payload,
+        concurrency_key: assignment.concurrency_key,
+        token: assignment.concurrency_token,
+        lease_until_ms: assignment.lease_until_ms,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -555,6 +791,107 @@ mod tests {
         assert_eq!(
             task_from_proto(odd).state,
             TaskState::Unrecognized("stolen".into())
+        );
+    }
+
+    fn queue_task() -> QueueTask {
+        QueueTask {
+            id: 9,
+            namespace: "ns".into(),
+            spec: QueueTaskSpec {
+                queue: "q".into(),
+                idempotency_key: "op-1".into(),
+                handler: "object.update".into(),
+                handler_version: "v1".into(),
+                payload_version: "v1".into(),
+                payload: b"{}".to_vec(),
+                concurrency_key: "object/42".into(),
+                business_key: "b".into(),
+                max_attempts: 3,
+                ttl_ms: 60_000,
+            },
+            state: QueueTaskState::RetryWait,
+            attempts: vec![Attempt {
+                number: 1,
+                worker: "w".into(),
+                token: Some(u64::MAX),
+                leased_at_ms: 1,
+                lease_until_ms: 2,
+                started_at_ms: Some(1),
+                ended_at_ms: Some(2),
+                outcome: AttemptOutcome::Failed,
+                note: "boom".into(),
+            }],
+            submitted_at_ms: 1,
+            deadline_ms: 60_001,
+            retry_at_ms: Some(500),
+            result: Vec::new(),
+            last_error: "boom".into(),
+        }
+    }
+
+    #[test]
+    fn queue_tasks_survive_the_wire_with_u64_tokens_intact() {
+        let task = queue_task();
+        let wire = queue_task_to_proto(&task);
+        assert_eq!(wire.attempts[0].concurrency_token, Some(u64::MAX));
+        assert_eq!(queue_task_from_proto(wire).unwrap(), task);
+        let summary = queue_task_summary_to_proto(&task);
+        assert!(summary.payload.is_empty() && summary.result.is_empty());
+        assert_eq!(summary.concurrency_key, "object/42");
+
+        let mut odd = queue_task_to_proto(&task);
+        odd.state = "SLEEPING".into();
+        assert_eq!(invalid_field(queue_task_from_proto(odd)), "task.state");
+        let mut odd = queue_task_to_proto(&task);
+        odd.attempts[0].outcome = "MAYBE".into();
+        assert_eq!(invalid_field(queue_task_from_proto(odd)), "attempt.outcome");
+    }
+
+    #[test]
+    fn submissions_validate_the_key_bytes_and_keep_everything_else() {
+        let spec = queue_task().spec;
+        let header = proto::RequestHeader {
+            client_id: 1,
+            seq: 1,
+            acked_below: 0,
+        };
+        let wire = submit_to_proto(header, &spec);
+        assert_eq!(wire.concurrency_key, b"object/42");
+        assert_eq!(submit_from_proto(wire.clone()).unwrap(), spec);
+        for bad in [&[0x6f, 0xff][..], b" lead", b"a\x00b"] {
+            let mut request = wire.clone();
+            request.concurrency_key = bad.to_vec();
+            assert_eq!(
+                invalid_field(submit_from_proto(request)),
+                "concurrency_key",
+                "{bad:?}"
+            );
+        }
+        let mut none = wire;
+        none.concurrency_key = Vec::new();
+        assert_eq!(submit_from_proto(none).unwrap().concurrency_key, "");
+    }
+
+    #[test]
+    fn assignments_keep_their_key_and_token_as_sent() {
+        let assignment = Assignment {
+            task_id: 1,
+            attempt: 2,
+            queue: "q".into(),
+            namespace: "ns".into(),
+            handler: "h".into(),
+            handler_version: "v1".into(),
+            payload_version: "v1".into(),
+            payload: b"p".to_vec(),
+            concurrency_key: String::new(),
+            // Inconsistent on purpose: judging it is the worker's protocol check, not decoding's.
+            token: Some(7),
+            lease_until_ms: 3,
+        };
+        assert_eq!(
+            assignment_from_proto(assignment_to_proto(&assignment)),
+            assignment
         );
     }
 }

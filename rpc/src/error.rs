@@ -26,6 +26,8 @@ pub mod infra {
     pub const NOT_INITIALIZED: &str = "NOT_INITIALIZED";
     /// The node failed internally (storage, fatal Raft error).
     pub const INTERNAL: &str = "INTERNAL";
+    /// A membership change was refused (another change in progress, an unknown learner, ...).
+    pub const MEMBERSHIP: &str = "MEMBERSHIP";
 }
 
 /// The gRPC status code a refusal travels with.
@@ -195,6 +197,7 @@ mod tests {
             infra::INTERNAL,
             infra::ALREADY_INITIALIZED,
             infra::NOT_INITIALIZED,
+            infra::MEMBERSHIP,
         ] {
             let status = infra_status(Code::Unavailable, code, "x");
             let detail = detail_of(&status).expect("detail");

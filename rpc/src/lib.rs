@@ -5,14 +5,19 @@
 //! - [`error`]: the one place where codes map to gRPC statuses and back.
 //! - [`Client`]: leader discovery, redirects, retries with the same `(client_id, seq)`, typed errors.
 //! - [`judge`]: the contract's judges driven against a live store.
+//! - [`worker`]: the task-queue worker runtime (long-poll leasing, start-before-run, renewals,
+//!   protocol checks, graceful draining).
 #![deny(missing_docs)]
 
 mod client;
 pub mod convert;
 pub mod error;
 pub mod judge;
+pub mod worker;
 
-pub use client::{Client, ClientConfig, TaskSnapshot, TicketSnapshot};
+pub use client::{
+    AttemptHistory, Client, ClientConfig, TaskSnapshot, TicketSnapshot, MAX_LEASE_WAIT,
+};
 pub use error::Error;
 
 /// Generated protobuf and gRPC code.

@@ -39,8 +39,8 @@ pub enum Refusal {
     /// The presented token is not the current one: the caller no longer holds the ticket.
     #[error("the token is not the current holder's (or the lease has ended)")]
     LeaseLost,
-    /// The ticket is already closed or withdrawn.
-    #[error("the ticket is already settled")]
+    /// Already in a terminal state (a closed or withdrawn ticket, a finished queue task).
+    #[error("already settled: closed, withdrawn or finished")]
     AlreadySettled,
     /// No task with this id was seeded.
     #[error("no task with this id")]

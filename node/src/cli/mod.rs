@@ -6,6 +6,8 @@ mod cluster;
 mod dev;
 mod effect;
 pub mod exit;
+mod members;
+mod queue;
 mod sink;
 mod ticket;
 
@@ -43,9 +45,12 @@ enum Command {
     Dev(dev::DevArgs),
     /// Run one node.
     Node(NodeArgs),
-    /// Cluster administration.
+    /// Cluster formation.
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
+    /// Membership: list, add a learner, promote it, remove a member.
+    #[command(subcommand)]
+    Members(members::MembersCommand),
     /// Show every member: id, address, role, term, last log index, applied index.
     Status {
         /// Print one JSON object instead of a table.
@@ -69,6 +74,15 @@ enum Command {
     /// Checkpoint compare-and-set: a run's progress only moves forward.
     #[command(subcommand)]
     Checkpoint(checkpoint::CheckpointCommand),
+    /// Task queues: create and list them (queues in a namespace share concurrency keys).
+    #[command(subcommand)]
+    Queue(queue::QueueCommand),
+    /// Queue tasks: submit with an optional concurrency key, inspect, cancel, attempt history.
+    #[command(subcommand)]
+    Task(queue::TaskCommand),
+    /// Queue workers: run a demo worker that executes a command per task.
+    #[command(subcommand)]
+    Worker(queue::WorkerCommand),
 }
 
 /// Arguments of `baton node`.
@@ -86,8 +100,27 @@ pub struct NodeArgs {
     /// Directory for this node's data; restarting with the same directory resumes the node.
     #[arg(long)]
     data_dir: PathBuf,
+    /// Reach peer ID at ADDR instead of the address in the membership (repeatable), e.g. when
+    /// peers sit behind NAT or a proxy: `--peer-addr 2=10.0.0.7:7001`.
+    #[arg(long = "peer-addr", value_name = "ID=ADDR", value_parser = parse_peer_addr)]
+    peer_addrs: Vec<(u64, String)>,
     #[command(flatten)]
     tuning: TuningArgs,
+}
+
+fn parse_peer_addr(value: &str) -> Result<(u64, String), String> {
+    let (id, addr) = value
+        .split_once('=')
+        .ok_or_else(|| format!("expected ID=ADDR, got {value:?}"))?;
+    let id = id
+        .trim()
+        .parse()
+        .map_err(|_| format!("bad node id {id:?}"))?;
+    let addr = addr.trim();
+    if addr.is_empty() {
+        return Err("the address is empty".into());
+    }
+    Ok((id, addr.to_string()))
 }
 
 /// Raft tuning flags shared by `baton node` and `baton dev`.
@@ -135,6 +168,7 @@ impl TuningArgs {
             data_dir,
             raft: self.raft(),
             sweep_interval: self.sweep_interval,
+            peer_addrs: Default::default(),
         }
     }
 }
@@ -155,39 +189,37 @@ pub fn init_logging(cli: &Cli) {
 
 /// Runs the parsed command and returns the process exit code.
 pub async fn run(cli: Cli) -> ExitCode {
-    let code = match cli.command {
-        Command::Dev(args) => dev::run(args).await,
-        Command::Node(args) => run_node(args).await,
+    let config = client_config(cli.timeout);
+    // Commands that run servers or talk to nodes one by one need no leader.
+    let command = match cli.command {
+        Command::Dev(args) => return ExitCode::from(dev::run(args).await),
+        Command::Node(args) => return ExitCode::from(run_node(args).await),
         Command::Cluster(command) => {
-            cluster::run(command, &cli.endpoints, client_config(cli.timeout)).await
+            return ExitCode::from(cluster::run(command, &cli.endpoints, config).await)
         }
         Command::Status { json } => {
-            cluster::status(&cli.endpoints, client_config(cli.timeout), json).await
+            return ExitCode::from(cluster::status(&cli.endpoints, config, json).await)
         }
-        Command::Ticket(command) => match connect(&cli.endpoints, cli.timeout).await {
-            Ok(client) => ticket::run(command, &client).await,
-            Err(code) => code,
-        },
-        Command::Check => match connect(&cli.endpoints, cli.timeout).await {
-            Ok(client) => ticket::check(&client).await,
-            Err(code) => code,
-        },
-        Command::Board(command) => match connect(&cli.endpoints, cli.timeout).await {
-            Ok(client) => board::run(command, &client).await,
-            Err(code) => code,
-        },
-        Command::Effect(command) => match connect(&cli.endpoints, cli.timeout).await {
-            Ok(client) => effect::run(command, &client).await,
-            Err(code) => code,
-        },
-        Command::Sink(command) => match connect(&cli.endpoints, cli.timeout).await {
-            Ok(client) => sink::run(command, &client).await,
-            Err(code) => code,
-        },
-        Command::Checkpoint(command) => match connect(&cli.endpoints, cli.timeout).await {
-            Ok(client) => checkpoint::run(command, &client).await,
-            Err(code) => code,
-        },
+        other => other,
+    };
+    let client = match Client::connect_with(&cli.endpoints, config).await {
+        Ok(client) => client,
+        Err(error) => return ExitCode::from(exit::report(&error)),
+    };
+    let code = match command {
+        Command::Members(command) => members::run(command, &client).await,
+        Command::Ticket(command) => ticket::run(command, &client).await,
+        Command::Check => ticket::check(&client).await,
+        Command::Board(command) => board::run(command, &client).await,
+        Command::Effect(command) => effect::run(command, &client).await,
+        Command::Sink(command) => sink::run(command, &client).await,
+        Command::Checkpoint(command) => checkpoint::run(command, &client).await,
+        Command::Queue(command) => queue::run_queue(command, &client).await,
+        Command::Task(command) => queue::run_task(command, &client).await,
+        Command::Worker(command) => queue::run_worker(command, &client).await,
+        Command::Dev(_) | Command::Node(_) | Command::Cluster(_) | Command::Status { .. } => {
+            unreachable!("handled above")
+        }
     };
     ExitCode::from(code)
 }
@@ -199,16 +231,11 @@ fn client_config(deadline: Duration) -> ClientConfig {
     }
 }
 
-async fn connect(endpoints: &[String], deadline: Duration) -> Result<Client, u8> {
-    Client::connect_with(endpoints, client_config(deadline))
-        .await
-        .map_err(|error| exit::report(&error))
-}
-
 async fn run_node(args: NodeArgs) -> u8 {
-    let config = args
+    let mut config = args
         .tuning
         .node_config(args.id, args.listen, args.advertise, args.data_dir);
+    config.peer_addrs = args.peer_addrs.into_iter().collect();
     match baton_node::server::run(config, shutdown_signal()).await {
         Ok(()) => exit::OK,
         Err(e) => {

@@ -1,18 +1,20 @@
-//! Cluster introspection and initialisation.
+//! Cluster introspection, initialisation and membership changes.
 
 use std::collections::BTreeMap;
 
 use baton_rpc::error::{infra, infra_status, refusal_status};
 use baton_rpc::proto::cluster_server;
 use baton_rpc::proto::{
-    InitializeRequest, InitializeResponse, Member, NodeInfoRequest, NodeInfoResponse,
+    AddLearnerRequest, ChangeMembershipRequest, InitializeRequest, InitializeResponse, Member,
+    MembershipResponse, NodeInfoRequest, NodeInfoResponse,
 };
 use baton_statemachine::Refusal;
 use openraft::error::{InitializeError, RaftError};
 use openraft::{BasicNode, ServerState};
 use tonic::{Code, Request, Response, Status};
 
-use crate::node::NodeRef;
+use crate::node::{write_error, NodeRef};
+use crate::types::TypeConfig;
 
 /// Serves node information and cluster initialisation.
 pub struct ClusterService {
@@ -102,5 +104,71 @@ impl cluster_server::Cluster for ClusterService {
             )),
             Err(e) => Err(infra_status(Code::Internal, infra::INTERNAL, e.to_string())),
         }
+    }
+
+    async fn add_learner(
+        &self,
+        request: Request<AddLearnerRequest>,
+    ) -> Result<Response<MembershipResponse>, Status> {
+        let AddLearnerRequest { id, addr } = request.into_inner();
+        if addr.is_empty() {
+            return Err(refusal_status(&Refusal::invalid(
+                "addr",
+                "must not be empty",
+            )));
+        }
+        tracing::info!(id, %addr, "adding learner");
+        let written = self
+            .node
+            .raft
+            .add_learner(id, BasicNode { addr }, true)
+            .await
+            .map_err(write_error)?;
+        Ok(Response::new(membership_response(&written)))
+    }
+
+    async fn change_membership(
+        &self,
+        request: Request<ChangeMembershipRequest>,
+    ) -> Result<Response<MembershipResponse>, Status> {
+        let voters: std::collections::BTreeSet<u64> =
+            request.into_inner().voters.into_iter().collect();
+        if voters.is_empty() {
+            return Err(refusal_status(&Refusal::invalid(
+                "voters",
+                "must not be empty",
+            )));
+        }
+        tracing::info!(?voters, "changing voters");
+        let written = self
+            .node
+            .raft
+            .change_membership(voters, false)
+            .await
+            .map_err(write_error)?;
+        Ok(Response::new(membership_response(&written)))
+    }
+}
+
+fn membership_response(
+    written: &openraft::raft::ClientWriteResponse<TypeConfig>,
+) -> MembershipResponse {
+    let members = written
+        .membership
+        .as_ref()
+        .map(|membership| {
+            membership
+                .nodes()
+                .map(|(id, node)| Member {
+                    id: *id,
+                    addr: node.addr.clone(),
+                    voter: membership.voter_ids().any(|voter| voter == *id),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    MembershipResponse {
+        members,
+        log_index: written.log_id.index,
     }
 }

@@ -5,6 +5,7 @@ mod checkpoint;
 mod cluster;
 mod effect;
 mod handoff;
+mod queue;
 mod raft;
 mod sink;
 
@@ -13,6 +14,7 @@ pub use checkpoint::CheckpointService;
 pub use cluster::ClusterService;
 pub use effect::EffectService;
 pub use handoff::HandoffService;
+pub use queue::QueueService;
 pub use raft::RaftService;
 pub use sink::SinkService;
 

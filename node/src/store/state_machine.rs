@@ -4,6 +4,10 @@
 //! The state lives in memory behind a lock that is never held across an `.await`. A snapshot is
 //! the bincode image of [`State`]; building one persists it, and on start-up the store resumes
 //! from it (openraft then re-applies the committed log suffix).
+//!
+//! Every apply batch and every installed snapshot bumps a [`watch`] of the applied log index, so
+//! a handler that waits for the state to change (the queue's long-poll lease) sleeps until it
+//! does instead of polling.
 
 use std::io::Cursor;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -14,6 +18,8 @@ use openraft::{
     BasicNode, Entry, EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder, SnapshotMeta,
     StoredMembership,
 };
+
+use tokio::sync::watch;
 
 use super::io_error;
 use crate::codec;
@@ -37,6 +43,9 @@ pub struct Applied {
 #[derive(Clone)]
 pub struct StateMachineStore {
     applied: Arc<RwLock<Applied>>,
+    /// The last applied log index (0 before anything), bumped after every apply batch and every
+    /// snapshot install.
+    applied_index: Arc<watch::Sender<u64>>,
     db: sled::Db,
     snapshots: sled::Tree,
 }
@@ -48,6 +57,7 @@ impl StateMachineStore {
             .map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Read, e))?;
         let store = Self {
             applied: Arc::default(),
+            applied_index: Arc::new(watch::Sender::new(0)),
             db: db.clone(),
             snapshots,
         };
@@ -62,6 +72,19 @@ impl StateMachineStore {
         self.applied
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Watches the applied log index: the receiver sees a change after every apply batch and
+    /// every snapshot install, i.e. whenever the state may have changed.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.applied_index.subscribe()
+    }
+
+    /// Tells the watchers that the state changed (call with no lock held).
+    fn bump(&self, last_applied: Option<LogId>) {
+        let index = last_applied.map_or(0, |id| id.index);
+        // `send_replace` also stores the value when nobody watches right now.
+        self.applied_index.send_replace(index);
     }
 
     fn write(&self) -> RwLockWriteGuard<'_, Applied> {
@@ -83,10 +106,13 @@ impl StateMachineStore {
                 e,
             )
         })?;
-        let mut applied = self.write();
-        applied.state = state;
-        applied.last_applied = meta.last_log_id;
-        applied.membership = meta.last_membership.clone();
+        {
+            let mut applied = self.write();
+            applied.state = state;
+            applied.last_applied = meta.last_log_id;
+            applied.membership = meta.last_membership.clone();
+        }
+        self.bump(meta.last_log_id);
         Ok(())
     }
 
@@ -177,6 +203,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     {
         let mut applied = self.write();
         let mut responses = Vec::new();
+        let before = applied.last_applied;
         for entry in entries {
             applied.last_applied = Some(entry.log_id);
             let response = match entry.payload {
@@ -192,6 +219,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 EntryPayload::Blank => Response::Answer(Ok(Reply::Done)),
             };
             responses.push(response);
+        }
+        let after = applied.last_applied;
+        drop(applied);
+        if after != before {
+            self.bump(after);
         }
         Ok(responses)
     }

@@ -11,12 +11,15 @@
 
 mod board;
 mod checkpoint;
+mod cluster;
 mod effect;
 mod handoff;
+mod queue;
 mod sink;
 
 pub use board::TaskSnapshot;
 pub use handoff::TicketSnapshot;
+pub use queue::{AttemptHistory, MAX_LEASE_WAIT};
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
@@ -210,6 +213,16 @@ impl Client {
         F: Fn(RequestHeader, Channel) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
+        self.write_waiting(Duration::ZERO, attempt).await
+    }
+
+    /// [`Client::write`] for a call the server may hold for up to `wait` before answering (a long
+    /// poll): each attempt and the whole call get `wait` on top of their usual limits.
+    async fn write_waiting<T, F, Fut>(&self, wait: Duration, attempt: F) -> Result<T, Error>
+    where
+        F: Fn(RequestHeader, Channel) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
         let seq = self.inner.next_seq.fetch_add(1, Ordering::Relaxed);
         let acked_below = {
             let mut in_flight = lock(&self.inner.in_flight);
@@ -221,7 +234,9 @@ impl Client {
             seq,
             acked_below,
         };
-        let result = self.call(|channel| attempt(header, channel)).await;
+        let result = self
+            .call_waiting(wait, |channel| attempt(header, channel))
+            .await;
         lock(&self.inner.in_flight).remove(&seq);
         result
     }
@@ -233,7 +248,21 @@ impl Client {
         F: Fn(Channel) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
-        let config = &self.inner.config;
+        self.call_waiting(Duration::ZERO, attempt).await
+    }
+
+    /// [`Client::call`] where the server may hold each attempt for up to `wait`.
+    async fn call_waiting<T, F, Fut>(&self, wait: Duration, attempt: F) -> Result<T, Error>
+    where
+        F: Fn(Channel) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let base = &self.inner.config;
+        let config = &ClientConfig {
+            deadline: base.deadline + wait,
+            attempt_timeout: base.attempt_timeout + wait,
+            connect_timeout: base.connect_timeout,
+        };
         let started = Instant::now();
         let mut tried: BTreeSet<String> = BTreeSet::new();
         let mut pause = Duration::from_millis(20);

@@ -810,7 +810,11 @@ mod tests {
         let a = submit(&mut q, "a", "k");
         let got = q.lease(T0, "w", &[], 10, 10_000).unwrap();
         assert_eq!(got.len(), 1);
-        assert_eq!(got[0].token, Some(u64::MAX), "the last token is still handed out");
+        assert_eq!(
+            got[0].token,
+            Some(u64::MAX),
+            "the last token is still handed out"
+        );
         q.start(T0, a, 1, "w").unwrap();
         q.complete(T0, a, 1, "w", Vec::new()).unwrap();
 

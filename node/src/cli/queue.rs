@@ -1,0 +1,510 @@
+//! `baton queue ...`, `baton task ...` and `baton worker run`: the keyed-concurrency task queue.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use baton_rpc::worker::{Finished, TaskContext, TaskError, Worker, WorkerSummary};
+use baton_rpc::Client;
+use baton_statemachine::limits::MAX_PAYLOAD_BYTES;
+use baton_statemachine::queue::{Attempt, Task, TaskFilter, TaskSpec, TaskState};
+use clap::Subcommand;
+use serde_json::{json, Value};
+
+use super::{exit, rfc3339, shutdown_signal, ttl_ms};
+
+/// `baton queue ...`
+#[derive(Subcommand, Debug)]
+pub enum QueueCommand {
+    /// Create a queue (the same name and namespace again is a no-op).
+    Create {
+        #[arg(long)]
+        name: String,
+        /// Queues in one namespace share concurrency keys.
+        #[arg(long, default_value = "default")]
+        namespace: String,
+    },
+    /// List every queue (linearizable).
+    List {
+        /// Print a JSON array instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `baton task ...`
+#[derive(Subcommand, Debug)]
+pub enum TaskCommand {
+    /// Submit a task; prints its id, state and whether this was a replay.
+    Submit {
+        #[arg(long)]
+        queue: String,
+        /// The submission's identity: the same key and content again returns the original task.
+        #[arg(long)]
+        idempotency_key: String,
+        #[arg(long)]
+        handler: String,
+        /// The payload, a JSON document.
+        #[arg(long)]
+        payload: String,
+        /// The resource key: one active attempt per (namespace, key) across all queues.
+        #[arg(long, default_value = "")]
+        concurrency_key: String,
+        /// Business correlation (no effect on concurrency or deduplication).
+        #[arg(long, default_value = "")]
+        business_key: String,
+        #[arg(long, default_value_t = 3)]
+        max_attempts: u32,
+        /// Total time the task may take from submission.
+        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+        ttl: Duration,
+        #[arg(long, default_value = "v1")]
+        handler_version: String,
+        #[arg(long, default_value = "v1")]
+        payload_version: String,
+    },
+    /// Show one task (linearizable).
+    Get {
+        #[arg(long)]
+        id: u64,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List tasks (linearizable), optionally filtered.
+    List {
+        #[arg(long)]
+        queue: Option<String>,
+        /// WAITING, LEASED, RUNNING, RETRY_WAIT, SUCCEEDED, FAILED, CANCELLED or NEEDS_REVIEW.
+        #[arg(long, value_parser = parse_state)]
+        state: Option<TaskState>,
+        /// Matched byte-exactly.
+        #[arg(long)]
+        concurrency_key: Option<String>,
+        /// Print a JSON array instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cancel a task that has not started.
+    Cancel {
+        #[arg(long)]
+        id: u64,
+    },
+    /// Show a task's attempts: number, worker, permit token, outcome.
+    Attempts {
+        #[arg(long)]
+        id: u64,
+        /// Print a JSON array instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `baton worker ...`
+#[derive(Subcommand, Debug)]
+pub enum WorkerCommand {
+    /// Run a demo worker: CMD runs once per task with BATON_TASK_ID, BATON_ATTEMPT,
+    /// BATON_QUEUE, BATON_HANDLER, BATON_PAYLOAD, BATON_CONCURRENCY_KEY and BATON_TOKEN set;
+    /// exit 0 completes the task with stdout as its result, any other exit fails it retryably
+    /// with the tail of stderr. Runs until Ctrl-C / SIGTERM, then drains.
+    Run {
+        /// The worker identity (its concurrency-key support is fixed for the identity's life).
+        #[arg(long)]
+        id: String,
+        /// A queue to lease from (repeatable; none = every queue).
+        #[arg(long = "queue")]
+        queues: Vec<String>,
+        /// Accept keyed tasks (CMD must fence its writes with BATON_TOKEN).
+        #[arg(long)]
+        concurrency_keys: bool,
+        /// How many tasks may run at once.
+        #[arg(long, default_value_t = 4)]
+        slots: usize,
+        /// Lease length of each attempt (renewed about every third of it).
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        lease_ttl: Duration,
+        /// How long shutdown waits for running tasks.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        drain_timeout: Duration,
+        /// The command to run per task, after `--`.
+        #[arg(last = true, required = true, value_name = "CMD")]
+        command: Vec<String>,
+    },
+}
+
+fn parse_state(name: &str) -> Result<TaskState, String> {
+    TaskState::parse(name).ok_or_else(|| {
+        "must be one of WAITING, LEASED, RUNNING, RETRY_WAIT, SUCCEEDED, FAILED, CANCELLED, \
+         NEEDS_REVIEW"
+            .to_string()
+    })
+}
+
+pub async fn run_queue(command: QueueCommand, client: &Client) -> u8 {
+    let result = match command {
+        QueueCommand::Create { name, namespace } => client
+            .create_queue(&name, &namespace)
+            .await
+            .map(|q| println!("queue={} namespace={}", q.name, q.namespace)),
+        QueueCommand::List { json } => client.queues().await.map(|queues| {
+            if json {
+                let list: Vec<_> = queues
+                    .iter()
+                    .map(|q| json!({"name": q.name, "namespace": q.namespace}))
+                    .collect();
+                println!("{}", Value::Array(list));
+            } else {
+                println!("{:<32} NAMESPACE", "NAME");
+                for q in &queues {
+                    println!("{:<32} {}", q.name, q.namespace);
+                }
+            }
+        }),
+    };
+    match result {
+        Ok(()) => exit::OK,
+        Err(error) => exit::report(&error),
+    }
+}
+
+pub async fn run_task(command: TaskCommand, client: &Client) -> u8 {
+    let result = match command {
+        TaskCommand::Submit {
+            queue,
+            idempotency_key,
+            handler,
+            payload,
+            concurrency_key,
+            business_key,
+            max_attempts,
+            ttl,
+            handler_version,
+            payload_version,
+        } => {
+            if let Err(error) = serde_json::from_str::<Value>(&payload) {
+                eprintln!("baton: --payload must be a JSON document: {error}");
+                return exit::USAGE;
+            }
+            let spec = TaskSpec {
+                queue,
+                idempotency_key,
+                handler,
+                handler_version,
+                payload_version,
+                payload: payload.into_bytes(),
+                concurrency_key,
+                business_key,
+                max_attempts,
+                ttl_ms: ttl_ms(ttl),
+            };
+            client.submit(&spec).await.map(|receipt| {
+                println!(
+                    "task={} state={} replayed={}",
+                    receipt.task.id,
+                    receipt.task.state.as_str(),
+                    receipt.replayed
+                )
+            })
+        }
+        TaskCommand::Get { id, json } => client.queue_task(id).await.map(|task| {
+            if json {
+                println!("{}", task_json(&task, true));
+            } else {
+                print_task(&task);
+            }
+        }),
+        TaskCommand::List {
+            queue,
+            state,
+            concurrency_key,
+            json,
+        } => {
+            let filter = TaskFilter {
+                queue,
+                state,
+                concurrency_key,
+            };
+            client.queue_tasks(&filter).await.map(|tasks| {
+                if json {
+                    let list = tasks.iter().map(|t| task_json(t, false)).collect();
+                    println!("{}", Value::Array(list));
+                } else {
+                    print_tasks(&tasks);
+                }
+            })
+        }
+        TaskCommand::Cancel { id } => client
+            .cancel_task(id)
+            .await
+            .map(|task| println!("task={} state={}", task.id, task.state.as_str())),
+        TaskCommand::Attempts { id, json } => client.attempts(id).await.map(|history| {
+            if json {
+                let list = history.attempts.iter().map(attempt_json).collect();
+                println!("{}", Value::Array(list));
+            } else {
+                print_attempts(&history.attempts);
+            }
+        }),
+    };
+    match result {
+        Ok(()) => exit::OK,
+        Err(error) => exit::report(&error),
+    }
+}
+
+/// Bytes shown as JSON when they are JSON, else as (lossy) text.
+fn bytes_json(bytes: &[u8]) -> Value {
+    serde_json::from_slice(bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into_owned()))
+}
+
+fn attempt_json(a: &Attempt) -> Value {
+    json!({
+        "number": a.number,
+        "worker": a.worker,
+        "token": a.token,
+        "outcome": a.outcome.as_str(),
+        "leased_at_ms": a.leased_at_ms,
+        "lease_until_ms": a.lease_until_ms,
+        "started_at_ms": a.started_at_ms,
+        "ended_at_ms": a.ended_at_ms,
+        "note": a.note,
+    })
+}
+
+fn task_json(t: &Task, full: bool) -> Value {
+    let mut value = json!({
+        "id": t.id,
+        "queue": t.spec.queue,
+        "namespace": t.namespace,
+        "state": t.state.as_str(),
+        "idempotency_key": t.spec.idempotency_key,
+        "handler": t.spec.handler,
+        "handler_version": t.spec.handler_version,
+        "payload_version": t.spec.payload_version,
+        "concurrency_key": (!t.spec.concurrency_key.is_empty()).then_some(&t.spec.concurrency_key),
+        "business_key": (!t.spec.business_key.is_empty()).then_some(&t.spec.business_key),
+        "max_attempts": t.spec.max_attempts,
+        "attempts": t.attempts.len(),
+        "started_attempts": t.started_attempts(),
+        "submitted_at_ms": t.submitted_at_ms,
+        "deadline_ms": t.deadline_ms,
+        "retry_at_ms": t.retry_at_ms,
+        "last_error": t.last_error,
+    });
+    if full {
+        value["payload"] = bytes_json(&t.spec.payload);
+        value["result"] = if t.state == TaskState::Succeeded {
+            bytes_json(&t.result)
+        } else {
+            Value::Null
+        };
+        value["attempts"] = Value::Array(t.attempts.iter().map(attempt_json).collect());
+    }
+    value
+}
+
+fn or_dash(text: &str) -> &str {
+    if text.is_empty() {
+        "-"
+    } else {
+        text
+    }
+}
+
+fn print_task(t: &Task) {
+    println!("task={}", t.id);
+    println!("state={}", t.state.as_str());
+    println!("queue={} namespace={}", t.spec.queue, t.namespace);
+    println!(
+        "handler={} handler_version={} payload_version={}",
+        t.spec.handler,
+        or_dash(&t.spec.handler_version),
+        or_dash(&t.spec.payload_version)
+    );
+    println!("idempotency_key={}", t.spec.idempotency_key);
+    println!("concurrency_key={}", or_dash(&t.spec.concurrency_key));
+    println!("business_key={}", or_dash(&t.spec.business_key));
+    println!(
+        "attempts={} started={} max_attempts={}",
+        t.attempts.len(),
+        t.started_attempts(),
+        t.spec.max_attempts
+    );
+    println!(
+        "submitted={} deadline={}",
+        rfc3339(t.submitted_at_ms),
+        rfc3339(t.deadline_ms)
+    );
+    if let Some(at) = t.retry_at_ms {
+        println!("retry_at={}", rfc3339(at));
+    }
+    println!("payload={}", String::from_utf8_lossy(&t.spec.payload));
+    if t.state == TaskState::Succeeded {
+        println!("result={}", String::from_utf8_lossy(&t.result));
+    }
+    if !t.last_error.is_empty() {
+        println!("last_error={}", t.last_error);
+    }
+}
+
+fn print_tasks(tasks: &[Task]) {
+    println!(
+        "{:>6} {:<12} {:<20} {:<24} {:>8} HANDLER",
+        "ID", "STATE", "QUEUE", "CONCURRENCY_KEY", "ATTEMPTS"
+    );
+    for t in tasks {
+        println!(
+            "{:>6} {:<12} {:<20} {:<24} {:>8} {}",
+            t.id,
+            t.state.as_str(),
+            t.spec.queue,
+            or_dash(&t.spec.concurrency_key),
+            format!("{}/{}", t.started_attempts(), t.spec.max_attempts),
+            t.spec.handler
+        );
+    }
+}
+
+fn print_attempts(attempts: &[Attempt]) {
+    println!(
+        "{:>3} {:<24} {:>20} {:<10} {:<26} NOTE",
+        "#", "WORKER", "TOKEN", "OUTCOME", "LEASED"
+    );
+    for a in attempts {
+        println!(
+            "{:>3} {:<24} {:>20} {:<10} {:<26} {}",
+            a.number,
+            a.worker,
+            a.token.map_or_else(|| "-".to_string(), |t| t.to_string()),
+            a.outcome.as_str(),
+            rfc3339(a.leased_at_ms),
+            or_dash(&a.note)
+        );
+    }
+}
+
+// ---------------------------------------------------------------- worker run
+
+/// The most of stderr a failure carries.
+const STDERR_TAIL_BYTES: usize = 2_000;
+
+pub async fn run_worker(command: WorkerCommand, client: &Client) -> u8 {
+    let WorkerCommand::Run {
+        id,
+        queues,
+        concurrency_keys,
+        slots,
+        lease_ttl,
+        drain_timeout,
+        command,
+    } = command;
+    let built = Worker::builder(client.clone(), id.clone())
+        .queues(queues.clone())
+        .concurrency_keys(concurrency_keys)
+        .slots(slots)
+        .lease_ttl(lease_ttl)
+        .drain_timeout(drain_timeout)
+        .on_finish(print_finished)
+        .build();
+    let worker = match built {
+        Ok(worker) => worker,
+        Err(error) => return exit::report(&error),
+    };
+    eprintln!(
+        "baton worker: {id} on {} (concurrency keys {}, {slots} slots); Ctrl-C to stop",
+        if queues.is_empty() {
+            "every queue".to_string()
+        } else {
+            queues.join(",")
+        },
+        if concurrency_keys { "on" } else { "off" },
+    );
+    let program = std::sync::Arc::new(command);
+    let handler = move |ctx: TaskContext| {
+        let program = program.clone();
+        async move { run_command(&program, ctx).await }
+    };
+    match worker.run(handler, shutdown_signal()).await {
+        Ok(summary) => {
+            print_summary(&summary);
+            if summary.drained {
+                exit::OK
+            } else {
+                exit::FAILURE
+            }
+        }
+        Err(error) => exit::report(&error),
+    }
+}
+
+fn print_finished(f: &Finished) {
+    let mut line = format!(
+        "task={} attempt={} queue={} outcome={}",
+        f.task_id,
+        f.attempt,
+        f.queue,
+        f.end.as_str()
+    );
+    if let Some(key) = &f.concurrency_key {
+        line.push_str(&format!(" concurrency_key={key}"));
+    }
+    if let Some(token) = f.token {
+        line.push_str(&format!(" token={token}"));
+    }
+    if !f.detail.is_empty() {
+        line.push_str(&format!(" detail={:?}", f.detail));
+    }
+    println!("{line}");
+}
+
+fn print_summary(s: &WorkerSummary) {
+    println!(
+        "completed={} failed={} unknown={} lost={} protocol_errors={} drained={}",
+        s.completed, s.failed, s.unknown, s.lost, s.protocol_errors, s.drained
+    );
+}
+
+/// Runs the worker's command for one task.
+async fn run_command(program: &[String], ctx: TaskContext) -> Result<Vec<u8>, TaskError> {
+    let Some((cmd, args)) = program.split_first() else {
+        return Err(TaskError::non_retryable("no command to run"));
+    };
+    let output = tokio::process::Command::new(cmd)
+        .args(args)
+        .env("BATON_TASK_ID", ctx.task_id.to_string())
+        .env("BATON_ATTEMPT", ctx.attempt.to_string())
+        .env("BATON_QUEUE", &ctx.queue)
+        .env("BATON_HANDLER", &ctx.handler)
+        .env(
+            "BATON_PAYLOAD",
+            String::from_utf8_lossy(&ctx.payload).as_ref(),
+        )
+        .env(
+            "BATON_CONCURRENCY_KEY",
+            ctx.concurrency_key.as_deref().unwrap_or(""),
+        )
+        .env(
+            "BATON_TOKEN",
+            ctx.token.map_or_else(String::new, |t| t.to_string()),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // A lost lease drops this future: the command must not outlive it.
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| TaskError::non_retryable(format!("cannot run {cmd:?}: {e}")))?;
+    if output.status.success() {
+        let mut stdout = output.stdout;
+        stdout.truncate(MAX_PAYLOAD_BYTES);
+        return Ok(stdout);
+    }
+    let stderr = &output.stderr[output.stderr.len().saturating_sub(STDERR_TAIL_BYTES)..];
+    let tail = String::from_utf8_lossy(stderr).trim().to_string();
+    Err(TaskError::retryable(if tail.is_empty() {
+        format!("{cmd} exited with {}", output.status)
+    } else {
+        format!("{cmd} exited with {}: {tail}", output.status)
+    }))
+}

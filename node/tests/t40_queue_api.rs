@@ -1,0 +1,812 @@
+//! The keyed-concurrency task queue through gRPC against an in-process single-node cluster: every
+//! client call with typed results and refusals, the long-poll lease, and the worker runtime end
+//! to end.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use baton_rpc::proto::queue_client::QueueClient;
+use baton_rpc::worker::{TaskContext, TaskError, Worker, WorkerSummary};
+use baton_rpc::{proto, Client, Error};
+use baton_statemachine::queue::{AttemptOutcome, Task, TaskFilter, TaskSpec, TaskState};
+use baton_statemachine::Refusal;
+use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
+
+mod support;
+use support::Cluster;
+
+/// The contract refusal a call ended with (panics on success or on an infrastructure failure).
+fn refusal<T: std::fmt::Debug>(result: Result<T, Error>) -> Refusal {
+    match result {
+        Err(Error::Refused(refusal)) => refusal,
+        other => panic!("want a refusal, got {other:?}"),
+    }
+}
+
+fn invalid_field<T: std::fmt::Debug>(result: Result<T, Error>) -> String {
+    match refusal(result) {
+        Refusal::Invalid { field, .. } => field,
+        other => panic!("want Invalid, got {other:?}"),
+    }
+}
+
+fn spec(queue: &str, idempotency_key: &str, handler: &str, concurrency_key: &str) -> TaskSpec {
+    TaskSpec {
+        queue: queue.into(),
+        idempotency_key: idempotency_key.into(),
+        handler: handler.into(),
+        handler_version: "v1".into(),
+        payload_version: "v1".into(),
+        payload: format!(r#"{{"op":"{idempotency_key}"}}"#).into_bytes(),
+        concurrency_key: concurrency_key.into(),
+        business_key: String::new(),
+        max_attempts: 3,
+        ttl_ms: 600_000,
+    }
+}
+
+fn ids(tasks: &[Task]) -> Vec<u64> {
+    tasks.iter().map(|t| t.id).collect()
+}
+
+/// The Raft log index the store has applied (via a linearizable board read).
+async fn revision(client: &Client) -> u64 {
+    client.tasks().await.unwrap().revision
+}
+
+/// Waits until the task reaches `state` (panics after `limit`).
+async fn wait_for_state(client: &Client, id: u64, state: TaskState, limit: Duration) -> Task {
+    let until = Instant::now() + limit;
+    loop {
+        let task = client.queue_task(id).await.unwrap();
+        if task.state == state {
+            return task;
+        }
+        assert!(
+            Instant::now() < until,
+            "task {id} is {} ({:?}), want {} within {limit:?}",
+            task.state.as_str(),
+            task.last_error,
+            state.as_str()
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_queue_call_answers_typed_results_and_refusals() {
+    let cluster = Cluster::start().await;
+    let c = &cluster.client;
+
+    // ------------------------------------------------------------ queues and workers
+    let q1 = c.create_queue("q1", "ns").await.unwrap();
+    assert_eq!((q1.name.as_str(), q1.namespace.as_str()), ("q1", "ns"));
+    assert_eq!(c.create_queue("q1", "ns").await.unwrap(), q1, "idempotent");
+    assert_eq!(
+        refusal(c.create_queue("q1", "elsewhere").await),
+        Refusal::StateConflict
+    );
+    assert_eq!(invalid_field(c.create_queue("", "ns").await), "queue.name");
+    c.create_queue("q2", "ns").await.unwrap();
+    let names: Vec<String> = c
+        .queues()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|q| q.name)
+        .collect();
+    assert_eq!(names, vec!["q1", "q2"]);
+
+    let keyed = c.register_worker("w-keys", true).await.unwrap();
+    assert!(keyed.concurrency_keys);
+    assert!(
+        !c.register_worker("w-plain", false)
+            .await
+            .unwrap()
+            .concurrency_keys
+    );
+    assert_eq!(
+        refusal(c.register_worker("w-keys", false).await),
+        Refusal::StateConflict,
+        "the capability is fixed for the identity's life"
+    );
+    assert_eq!(invalid_field(c.register_worker("", true).await), "worker");
+
+    // ------------------------------------------------------------ submit
+    let a_spec = spec("q1", "op-a", "object.update", "object/1");
+    let a = c.submit(&a_spec).await.unwrap();
+    assert!(!a.replayed);
+    assert_eq!(a.task.state, TaskState::Waiting);
+    assert_eq!(a.task.namespace, "ns");
+    assert_eq!(a.task.spec, a_spec);
+    let again = c.submit(&a_spec).await.unwrap();
+    assert!(again.replayed);
+    assert_eq!(again.task.id, a.task.id, "the original receipt");
+    let mut other_key = a_spec.clone();
+    other_key.concurrency_key = "object/2".into();
+    assert_eq!(
+        refusal(c.submit(&other_key).await),
+        Refusal::IdempotencyConflict
+    );
+    assert_eq!(
+        refusal(c.submit(&spec("nope", "op-x", "h", "")).await),
+        Refusal::UnknownQueue
+    );
+    assert_eq!(
+        invalid_field(c.submit(&spec("q1", "op-ws", "h", " object/1")).await),
+        "concurrency_key"
+    );
+    let mut zero_attempts = spec("q1", "op-z", "h", "");
+    zero_attempts.max_attempts = 0;
+    assert_eq!(
+        invalid_field(c.submit(&zero_attempts).await),
+        "max_attempts"
+    );
+
+    let b = c
+        .submit(&spec("q2", "op-b", "object.update", "object/1"))
+        .await
+        .unwrap()
+        .task;
+    let u = c
+        .submit(&spec("q1", "op-u", "plain", ""))
+        .await
+        .unwrap()
+        .task;
+    let a = a.task;
+
+    // ------------------------------------------------------------ reads
+    let got = c.queue_task(a.id).await.unwrap();
+    assert_eq!(
+        got.spec.payload, a_spec.payload,
+        "the task read carries the payload"
+    );
+    assert_eq!(refusal(c.queue_task(9_999).await), Refusal::UnknownTask);
+    let by_key = TaskFilter {
+        concurrency_key: Some("object/1".into()),
+        ..TaskFilter::default()
+    };
+    assert_eq!(
+        ids(&c.queue_tasks(&by_key).await.unwrap()),
+        vec![a.id, b.id]
+    );
+    let by_queue = TaskFilter {
+        queue: Some("q1".into()),
+        ..TaskFilter::default()
+    };
+    let listed = c.queue_tasks(&by_queue).await.unwrap();
+    assert_eq!(ids(&listed), vec![a.id, u.id]);
+    assert!(
+        listed.iter().all(|t| t.spec.payload.is_empty()),
+        "listings are summaries"
+    );
+    let waiting = TaskFilter {
+        state: Some(TaskState::Waiting),
+        ..TaskFilter::default()
+    };
+    assert_eq!(
+        ids(&c.queue_tasks(&waiting).await.unwrap()),
+        vec![a.id, b.id, u.id]
+    );
+    assert_eq!(
+        c.attempts(a.id).await.unwrap().attempts,
+        vec![],
+        "no attempt yet"
+    );
+    assert_eq!(refusal(c.attempts(9_999).await), Refusal::UnknownTask);
+
+    // ------------------------------------------------------------ lease
+    let queues = vec!["q1".to_string(), "q2".to_string()];
+    let plain = c
+        .lease("w-plain", &queues, 10, 30_000, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(
+        plain.len(),
+        1,
+        "a worker without keys never gets keyed tasks"
+    );
+    assert_eq!((plain[0].task_id, plain[0].token), (u.id, None));
+    assert_eq!(
+        refusal(
+            c.lease("w-ghost", &queues, 10, 30_000, Duration::ZERO)
+                .await
+        ),
+        Refusal::UnknownWorker
+    );
+    assert_eq!(
+        refusal(
+            c.lease(
+                "w-keys",
+                &["nope".to_string()],
+                10,
+                30_000,
+                Duration::from_secs(5)
+            )
+            .await
+        ),
+        Refusal::UnknownQueue,
+        "refused at once, not after the wait"
+    );
+    assert_eq!(
+        invalid_field(c.lease("w-keys", &queues, 0, 30_000, Duration::ZERO).await),
+        "limit"
+    );
+    assert_eq!(
+        invalid_field(c.lease("w-keys", &queues, 10, 0, Duration::ZERO).await),
+        "ttl"
+    );
+    let first = c
+        .lease("w-keys", &queues, 10, 30_000, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 1, "one active attempt per key across queues");
+    assert_eq!(first[0].task_id, a.id);
+    assert_eq!(first[0].concurrency_key, "object/1");
+    let t1 = first[0].token.unwrap();
+    assert!(t1 > 0);
+
+    // ------------------------------------------------------------ attempt lifecycle
+    assert_eq!(
+        refusal(c.complete_attempt(a.id, 1, "w-keys", b"r").await),
+        Refusal::NotStarted
+    );
+    assert_eq!(
+        refusal(c.report_unknown(a.id, 1, "w-keys", "?").await),
+        Refusal::NotStarted
+    );
+    assert_eq!(
+        refusal(c.start_attempt(a.id, 1, "w-plain").await),
+        Refusal::LeaseLost
+    );
+    assert_eq!(
+        refusal(c.start_attempt(9_999, 1, "w-keys").await),
+        Refusal::UnknownTask
+    );
+    let running = c.start_attempt(a.id, 1, "w-keys").await.unwrap();
+    assert_eq!(running.state, TaskState::Running);
+    assert_eq!(
+        c.start_attempt(a.id, 1, "w-keys").await.unwrap().state,
+        TaskState::Running,
+        "a resume of the same attempt"
+    );
+    assert_eq!(refusal(c.cancel_task(a.id).await), Refusal::AlreadyStarted);
+    let renewed = c.renew_attempt(a.id, 1, "w-keys", 60_000).await.unwrap();
+    let attempt = renewed.attempts.last().unwrap();
+    assert_eq!(attempt.token, Some(t1), "renewal keeps the token");
+    assert!(attempt.lease_until_ms > first[0].lease_until_ms);
+    assert_eq!(
+        refusal(c.renew_attempt(a.id, 2, "w-keys", 60_000).await),
+        Refusal::LeaseLost
+    );
+    assert_eq!(
+        invalid_field(c.renew_attempt(a.id, 1, "w-keys", 0).await),
+        "ttl"
+    );
+    assert!(
+        c.lease("w-keys", &queues, 10, 30_000, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_empty(),
+        "the key stays busy while its attempt runs"
+    );
+    let done = c.complete_attempt(a.id, 1, "w-keys", b"ok").await.unwrap();
+    assert_eq!(done.state, TaskState::Succeeded);
+    assert_eq!(done.result, b"ok");
+    assert_eq!(
+        c.complete_attempt(a.id, 1, "w-keys", b"ok")
+            .await
+            .unwrap()
+            .state,
+        TaskState::Succeeded,
+        "a repeated completion answers the task unchanged"
+    );
+
+    // The key's permit is free again: B (the other queue) gets a larger token.
+    let second = c
+        .lease("w-keys", &queues, 10, 30_000, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(second.len(), 1);
+    assert_eq!(second[0].task_id, b.id);
+    let t2 = second[0].token.unwrap();
+    assert!(t2 > t1, "tokens strictly increase: {t1} then {t2}");
+    c.start_attempt(b.id, 1, "w-keys").await.unwrap();
+    let retry = c
+        .fail_attempt(b.id, 1, "w-keys", "try again", true)
+        .await
+        .unwrap();
+    assert_eq!(retry.state, TaskState::RetryWait);
+    assert_eq!(retry.last_error, "try again");
+
+    // U: unknown effect -> needs review.
+    c.start_attempt(u.id, 1, "w-plain").await.unwrap();
+    let review = c
+        .report_unknown(u.id, 1, "w-plain", "the call timed out")
+        .await
+        .unwrap();
+    assert_eq!(review.state, TaskState::NeedsReview);
+
+    // B retries after its back-off (the permit was released meanwhile), with a larger token;
+    // a non-retryable failure ends it.
+    let retried = c
+        .lease("w-keys", &queues, 10, 30_000, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(retried.len(), 1);
+    assert_eq!((retried[0].task_id, retried[0].attempt), (b.id, 2));
+    let t3 = retried[0].token.unwrap();
+    assert!(t3 > t2);
+    c.start_attempt(b.id, 2, "w-keys").await.unwrap();
+    let failed = c
+        .fail_attempt(b.id, 2, "w-keys", "bad payload", false)
+        .await
+        .unwrap();
+    assert_eq!(failed.state, TaskState::Failed);
+    assert_eq!(
+        refusal(c.fail_attempt(b.id, 1, "w-keys", "late", true).await),
+        Refusal::LeaseLost,
+        "an old attempt's late report"
+    );
+
+    // Attempt history with tokens.
+    let history = c.attempts(b.id).await.unwrap();
+    assert_eq!(history.concurrency_key, "object/1");
+    let summary: Vec<_> = history
+        .attempts
+        .iter()
+        .map(|a| (a.number, a.worker.as_str(), a.token, a.outcome))
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            (1, "w-keys", Some(t2), AttemptOutcome::Failed),
+            (2, "w-keys", Some(t3), AttemptOutcome::Failed),
+        ]
+    );
+    let unkeyed = c.attempts(u.id).await.unwrap();
+    assert_eq!(unkeyed.attempts[0].token, None);
+    assert_eq!(unkeyed.attempts[0].outcome, AttemptOutcome::Unknown);
+
+    // ------------------------------------------------------------ cancel
+    let d = c
+        .submit(&spec("q2", "op-d", "h", "object/9"))
+        .await
+        .unwrap()
+        .task;
+    let cancelled = c.cancel_task(d.id).await.unwrap();
+    assert_eq!(cancelled.state, TaskState::Cancelled);
+    assert_eq!(refusal(c.cancel_task(d.id).await), Refusal::AlreadySettled);
+    assert_eq!(refusal(c.cancel_task(9_999).await), Refusal::UnknownTask);
+    // Cancelling a leased (not started) attempt frees its permit.
+    let e = c
+        .submit(&spec("q2", "op-e", "h", "object/9"))
+        .await
+        .unwrap()
+        .task;
+    let leased = c
+        .lease("w-keys", &queues, 10, 30_000, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(leased[0].task_id, e.id);
+    assert_eq!(
+        c.cancel_task(e.id).await.unwrap().state,
+        TaskState::Cancelled
+    );
+    assert_eq!(
+        refusal(c.start_attempt(e.id, 1, "w-keys").await),
+        Refusal::LeaseLost
+    );
+
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_wire_input_is_refused_with_the_field_it_broke() {
+    let cluster = Cluster::start().await;
+    cluster.client.create_queue("q", "ns").await.unwrap();
+    let mut queue = QueueClient::connect(format!("http://{}", cluster.addr))
+        .await
+        .unwrap();
+    let header = |seq| proto::RequestHeader {
+        client_id: 78,
+        seq,
+        acked_below: 0,
+    };
+    let field_of = |status: tonic::Status| {
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        let detail = baton_rpc::error::detail_of(&status).unwrap();
+        assert_eq!(detail.code, "INVALID_ARGUMENT");
+        detail.field
+    };
+    let submit = |seq, key: &[u8]| proto::SubmitRequest {
+        header: Some(header(seq)),
+        queue: "q".into(),
+        idempotency_key: format!("op-{seq}"),
+        handler: "h".into(),
+        handler_version: "v1".into(),
+        payload_version: "v1".into(),
+        payload: b"{}".to_vec(),
+        concurrency_key: key.to_vec(),
+        business_key: String::new(),
+        max_attempts: 3,
+        ttl_ms: 60_000,
+    };
+    // Invalid UTF-8 in the key is a typed INVALID_ARGUMENT, not a decoding failure.
+    let status = queue
+        .submit(submit(1, &[b'o', 0xff, b'k']))
+        .await
+        .unwrap_err();
+    assert_eq!(field_of(status), "concurrency_key");
+    let status = queue.submit(submit(2, b"a\nb")).await.unwrap_err();
+    assert_eq!(field_of(status), "concurrency_key");
+    let ok = queue
+        .submit(submit(3, "caf\u{e9}".as_bytes()))
+        .await
+        .unwrap();
+    assert_eq!(ok.into_inner().task.unwrap().concurrency_key, "caf\u{e9}");
+
+    let bad_state = proto::ListQueueTasksRequest {
+        state: Some("SLEEPING".into()),
+        ..Default::default()
+    };
+    assert_eq!(
+        field_of(queue.list_tasks(bad_state).await.unwrap_err()),
+        "state"
+    );
+    let status = queue
+        .get_task(proto::GetQueueTaskRequest { id: 42 })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::NotFound);
+    assert_eq!(
+        baton_rpc::error::detail_of(&status).unwrap().code,
+        "UNKNOWN_TASK"
+    );
+    let no_header = proto::LeaseRequest {
+        header: None,
+        worker_id: "w".into(),
+        queues: vec![],
+        limit: 1,
+        lease_ttl_ms: 1_000,
+        wait_ms: 0,
+    };
+    assert_eq!(
+        field_of(queue.lease(no_header).await.unwrap_err()),
+        "header"
+    );
+
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_long_poll_lease_waits_without_writing_and_wakes_on_a_submission() {
+    let cluster = Cluster::start().await;
+    let c = cluster.client.clone();
+    c.create_queue("lp", "ns").await.unwrap();
+    c.register_worker("poller", true).await.unwrap();
+    let queues = vec!["lp".to_string()];
+
+    // Nothing to lease: the call waits out wait_ms and answers empty, having written only the
+    // one lease at the end (no busy polling through the log).
+    let before = revision(&c).await;
+    let started = Instant::now();
+    let empty = c
+        .lease("poller", &queues, 4, 30_000, Duration::from_millis(800))
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    assert!(empty.is_empty());
+    assert!(
+        waited >= Duration::from_millis(750),
+        "answered after {waited:?}"
+    );
+    assert!(waited < Duration::from_secs(3), "answered after {waited:?}");
+    let written = revision(&c).await - before;
+    assert!(
+        (1..=2).contains(&written),
+        "{written} log entries for one idle long poll (the lease, maybe a sweep)"
+    );
+
+    // A submission while the lease waits wakes it well before wait_ms.
+    let poll = {
+        let c = c.clone();
+        let queues = queues.clone();
+        tokio::spawn(async move {
+            let leased = c
+                .lease("poller", &queues, 4, 30_000, Duration::from_secs(20))
+                .await;
+            (leased, Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !poll.is_finished(),
+        "the poll waits while nothing is leasable"
+    );
+    let submitted_at = Instant::now();
+    let task = c
+        .submit(&spec("lp", "wake-up", "h", "object/lp"))
+        .await
+        .unwrap()
+        .task;
+    let (leased, answered_at) = poll.await.unwrap();
+    let leased = leased.unwrap();
+    assert_eq!(leased.len(), 1);
+    assert_eq!(leased[0].task_id, task.id);
+    let latency = answered_at - submitted_at;
+    assert!(
+        latency < Duration::from_secs(2),
+        "the waiting lease answered {latency:?} after the submission"
+    );
+
+    // A retried header gets the first answer from the session table, at once, even with a long
+    // wait and nothing left to lease.
+    let mut raw = QueueClient::connect(format!("http://{}", cluster.addr))
+        .await
+        .unwrap();
+    let second = c
+        .submit(&spec("lp", "retried", "h", ""))
+        .await
+        .unwrap()
+        .task;
+    let request = || proto::LeaseRequest {
+        header: Some(proto::RequestHeader {
+            client_id: 4242,
+            seq: 1,
+            acked_below: 0,
+        }),
+        worker_id: "poller".into(),
+        queues: queues.clone(),
+        limit: 4,
+        lease_ttl_ms: 30_000,
+        wait_ms: 20_000,
+    };
+    let first = raw.lease(request()).await.unwrap().into_inner().assignments;
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].task_id, second.id);
+    let started = Instant::now();
+    let repeat = raw.lease(request()).await.unwrap().into_inner().assignments;
+    assert_eq!(repeat, first, "the same assignments, not a second lease");
+    assert!(started.elapsed() < Duration::from_secs(2));
+
+    cluster.stop().await;
+}
+
+/// What the test handler saw, per concurrency key: (token, start, end) of each execution.
+type Executions = Arc<Mutex<BTreeMap<String, Vec<(u64, Instant, Instant)>>>>;
+
+/// The test handler: keyed tasks write the fenced sink with their token. Handler names steer the
+/// outcome: `slow` runs past the lease TTL (renewals must keep it alive), `flaky` fails its
+/// first attempt retryably, `broken` fails for good, `murky` reports an unknown effect.
+async fn handle(client: Client, seen: Executions, ctx: TaskContext) -> Result<Vec<u8>, TaskError> {
+    let began = Instant::now();
+    let pause = match ctx.handler.as_str() {
+        "slow" => Duration::from_millis(1_500),
+        _ => Duration::from_millis(100),
+    };
+    tokio::time::sleep(pause).await;
+    match (ctx.handler.as_str(), ctx.attempt) {
+        ("flaky", 1) => return Err(TaskError::retryable("first try fails")),
+        ("broken", _) => return Err(TaskError::non_retryable("cannot ever work")),
+        ("murky", _) => return Err(TaskError::unknown_effect("the call timed out")),
+        _ => {}
+    }
+    if let (Some(key), Some(token)) = (&ctx.concurrency_key, ctx.token) {
+        client
+            .write_fenced(key, token, format!("task {}", ctx.task_id).as_bytes())
+            .await
+            .map_err(TaskError::unknown_effect)?;
+        seen.lock()
+            .unwrap()
+            .entry(key.clone())
+            .or_default()
+            .push((token, began, Instant::now()));
+    }
+    Ok(format!("done {}", ctx.task_id).into_bytes())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn workers_run_keyed_and_unkeyed_tasks_with_increasing_tokens_and_drain() {
+    let cluster = Cluster::start().await;
+    let c = cluster.client.clone();
+    for q in ["wa", "wb"] {
+        c.create_queue(q, "ns").await.unwrap();
+    }
+    // Keyed tasks spread over both queues, unkeyed ones, and the error paths.
+    let mut plan = Vec::new();
+    for i in 0..3 {
+        let queue = if i % 2 == 0 { "wa" } else { "wb" };
+        plan.push(spec(queue, &format!("k1-{i}"), "ok", "object/k1"));
+    }
+    plan.push(spec("wb", "k2-0", "slow", "object/k2"));
+    plan.push(spec("wa", "k2-1", "ok", "object/k2"));
+    for i in 0..3 {
+        plan.push(spec("wa", &format!("plain-{i}"), "ok", ""));
+    }
+    plan.push(spec("wb", "flaky", "flaky", "object/k1"));
+    let mut succeed = Vec::new();
+    for s in &plan {
+        succeed.push(c.submit(s).await.unwrap().task.id);
+    }
+    let broken = c
+        .submit(&spec("wa", "broken", "broken", ""))
+        .await
+        .unwrap()
+        .task
+        .id;
+    let murky = c
+        .submit(&spec("wb", "murky", "murky", "object/k3"))
+        .await
+        .unwrap()
+        .task
+        .id;
+
+    let seen: Executions = Arc::default();
+    let (stop, stopped) = watch::channel(false);
+    let mut workers = Vec::new();
+    for i in 1..=2 {
+        let worker = Worker::builder(c.clone(), format!("worker-{i}"))
+            .queues(["wa", "wb"])
+            .concurrency_keys(true)
+            .slots(3)
+            .lease_ttl(Duration::from_millis(900))
+            .poll_wait(Duration::from_secs(2))
+            .drain_timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let handler = {
+            let c = c.clone();
+            let seen = seen.clone();
+            move |ctx| handle(c.clone(), seen.clone(), ctx)
+        };
+        let mut stopped = stopped.clone();
+        workers.push(tokio::spawn(worker.run(handler, async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        })));
+    }
+
+    for &id in &succeed {
+        let task = wait_for_state(&c, id, TaskState::Succeeded, Duration::from_secs(20)).await;
+        assert_eq!(task.result, format!("done {id}").into_bytes());
+    }
+    let flaky = c.attempts(*succeed.last().unwrap()).await.unwrap();
+    assert_eq!(
+        flaky.attempts.len(),
+        2,
+        "the flaky task succeeded on its retry"
+    );
+    assert_eq!(flaky.attempts[0].outcome, AttemptOutcome::Failed);
+    assert!(flaky.attempts[0].token < flaky.attempts[1].token);
+    wait_for_state(&c, broken, TaskState::Failed, Duration::from_secs(5)).await;
+    wait_for_state(&c, murky, TaskState::NeedsReview, Duration::from_secs(5)).await;
+
+    // Per key: tokens strictly increase in lease order, attempts never overlap, and the fenced
+    // sink saw every write.
+    let mut by_key: BTreeMap<String, Vec<_>> = BTreeMap::new();
+    for id in succeed.iter().chain([&broken, &murky]) {
+        let history = c.attempts(*id).await.unwrap();
+        if history.concurrency_key.is_empty() {
+            assert!(history.attempts.iter().all(|a| a.token.is_none()));
+            continue;
+        }
+        by_key
+            .entry(history.concurrency_key.clone())
+            .or_default()
+            .extend(history.attempts);
+    }
+    for (key, attempts) in &mut by_key {
+        attempts.sort_by_key(|a| (a.leased_at_ms, a.token));
+        for pair in attempts.windows(2) {
+            assert!(
+                pair[0].token < pair[1].token,
+                "{key}: tokens {:?} then {:?}",
+                pair[0].token,
+                pair[1].token
+            );
+            assert!(
+                pair[0].ended_at_ms.unwrap() <= pair[1].leased_at_ms,
+                "{key}: an attempt was leased before the previous one ended"
+            );
+        }
+    }
+    let seen_now = seen.lock().unwrap().clone();
+    for (key, runs) in &seen_now {
+        let mut runs = runs.clone();
+        runs.sort_by_key(|r| r.1);
+        for pair in runs.windows(2) {
+            assert!(pair[0].2 <= pair[1].1, "{key}: two handlers ran at once");
+            assert!(pair[0].0 < pair[1].0, "{key}: tokens out of order");
+        }
+        let sink = c.read_sink(key).await.unwrap();
+        assert_eq!(sink.writes, runs.len() as u64, "{key}");
+        assert_eq!(sink.seen_fence, runs.last().unwrap().0);
+    }
+    assert_eq!(seen_now["object/k1"].len(), 4);
+    assert_eq!(seen_now["object/k2"].len(), 2);
+
+    // Drain: a task in flight when shutdown starts still finishes, then both workers return.
+    let last = c
+        .submit(&spec("wa", "in-flight", "slow", "object/k2"))
+        .await
+        .unwrap()
+        .task
+        .id;
+    wait_for_state(&c, last, TaskState::Running, Duration::from_secs(5)).await;
+    let _ = stop.send(true);
+    let mut total = WorkerSummary::default();
+    for worker in workers {
+        let summary = worker.await.unwrap().unwrap();
+        assert!(summary.drained, "{summary:?}");
+        total.completed += summary.completed;
+        total.failed += summary.failed;
+        total.unknown += summary.unknown;
+        total.lost += summary.lost;
+        total.protocol_errors += summary.protocol_errors;
+    }
+    assert_eq!(
+        c.queue_task(last).await.unwrap().state,
+        TaskState::Succeeded,
+        "the in-flight task finished during the drain"
+    );
+    assert_eq!(total.completed, succeed.len() as u64 + 1);
+    assert_eq!(total.failed, 2, "flaky's first attempt and broken");
+    assert_eq!(total.unknown, 1);
+    assert_eq!(total.lost, 0, "renewals kept the slow attempts alive");
+    assert_eq!(total.protocol_errors, 0);
+
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_that_times_out_says_so_and_a_conflicting_registration_fails_the_run() {
+    let cluster = Cluster::start().await;
+    let c = cluster.client.clone();
+    c.create_queue("dq", "ns").await.unwrap();
+    let id = c
+        .submit(&spec("dq", "stuck", "h", ""))
+        .await
+        .unwrap()
+        .task
+        .id;
+    let worker = Worker::builder(c.clone(), "stubborn")
+        .queue("dq")
+        .lease_ttl(Duration::from_secs(10))
+        .drain_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let run = tokio::spawn(worker.run(
+        |_ctx| async {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            Ok(Vec::new())
+        },
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    wait_for_state(&c, id, TaskState::Running, Duration::from_secs(5)).await;
+    let _ = stop.send(());
+    let started = Instant::now();
+    let summary = run.await.unwrap().unwrap();
+    assert!(!summary.drained);
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert_eq!(summary.completed, 0);
+
+    // The same identity with another capability is refused at registration.
+    let conflicting = Worker::builder(c.clone(), "stubborn")
+        .queue("dq")
+        .concurrency_keys(true)
+        .build()
+        .unwrap();
+    let result = conflicting
+        .run(|_ctx| async { Ok(Vec::new()) }, async {})
+        .await;
+    assert_eq!(refusal(result), Refusal::StateConflict);
+    assert!(Worker::builder(c.clone(), "w").slots(0).build().is_err());
+
+    cluster.stop().await;
+}

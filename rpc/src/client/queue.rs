@@ -1,0 +1,340 @@
+//! The keyed-concurrency task queue (seed 004): queues, workers, submissions, long-poll leases
+//! and the attempt lifecycle (start, renew, complete, fail, report unknown).
+//!
+//! Most programs do not drive the attempt calls by hand: [`crate::worker::Worker`] does it for
+//! them, with the protocol checks, renewals and graceful draining the seed asks for.
+
+use std::time::Duration;
+
+use baton_statemachine::queue::{
+    Assignment, Attempt, Queue, SubmitReceipt, Task, TaskFilter, TaskSpec, Worker,
+};
+
+use super::{answered, decoded, Client};
+use crate::convert;
+use crate::error::Error;
+use crate::proto;
+use crate::proto::queue_client::QueueClient;
+
+/// The longest a lease long-poll waits on the server; longer waits are capped to it.
+pub const MAX_LEASE_WAIT: Duration = Duration::from_secs(30);
+
+/// The largest task listing this client accepts (summaries carry no payloads, but a listing of
+/// many tasks with their attempts can pass gRPC's default 4 MiB).
+const MAX_LISTING_BYTES: usize = 64 << 20;
+
+/// A task's attempt history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptHistory {
+    /// The task.
+    pub task_id: u64,
+    /// Its concurrency key (empty = none).
+    pub concurrency_key: String,
+    /// Every attempt, oldest first, with its permit token (keyed tasks only).
+    pub attempts: Vec<Attempt>,
+    /// The Raft log index the view reflects.
+    pub revision: u64,
+}
+
+fn task_of(task: Option<proto::QueueTask>, call: &str) -> Result<Task, Error> {
+    let task = answered(task, call, "a task")?;
+    decoded(convert::queue_task_from_proto(task), call)
+}
+
+impl Client {
+    /// Creates a queue in `namespace` (the same name and namespace again returns it unchanged;
+    /// the same name in another namespace is refused `StateConflict`).
+    pub async fn create_queue(&self, name: &str, namespace: &str) -> Result<Queue, Error> {
+        let reply = self
+            .write(|header, channel| {
+                let request = proto::CreateQueueRequest {
+                    header: Some(header),
+                    name: name.to_string(),
+                    namespace: namespace.to_string(),
+                };
+                async move { QueueClient::new(channel).create_queue(request).await }
+            })
+            .await?;
+        answered(reply.queue, "create_queue", "a queue").map(convert::queue_from_proto)
+    }
+
+    /// Linearizable list of every queue, by name.
+    pub async fn queues(&self) -> Result<Vec<Queue>, Error> {
+        let reply = self
+            .call(|channel| async move {
+                QueueClient::new(channel)
+                    .list_queues(proto::ListQueuesRequest {})
+                    .await
+            })
+            .await?;
+        Ok(reply
+            .queues
+            .into_iter()
+            .map(convert::queue_from_proto)
+            .collect())
+    }
+
+    /// Registers a worker identity with its concurrency-key support. The support is fixed for the
+    /// identity's life: registering it again with another answer is refused `StateConflict`.
+    pub async fn register_worker(&self, id: &str, concurrency_keys: bool) -> Result<Worker, Error> {
+        let reply = self
+            .write(|header, channel| {
+                let request = proto::RegisterWorkerRequest {
+                    header: Some(header),
+                    worker_id: id.to_string(),
+                    concurrency_keys,
+                };
+                async move { QueueClient::new(channel).register_worker(request).await }
+            })
+            .await?;
+        answered(reply.worker, "register_worker", "a worker").map(convert::worker_from_proto)
+    }
+
+    /// Submits a task. The same idempotency key with the same content answers the original
+    /// receipt (`replayed`); with other content (including another concurrency key) it is refused
+    /// `IdempotencyConflict`. `UnknownQueue` for a queue that does not exist.
+    pub async fn submit(&self, spec: &TaskSpec) -> Result<SubmitReceipt, Error> {
+        let reply = self
+            .write(|header, channel| {
+                let request = convert::submit_to_proto(header, spec);
+                async move { QueueClient::new(channel).submit(request).await }
+            })
+            .await?;
+        Ok(SubmitReceipt {
+            task: task_of(reply.task, "submit")?,
+            replayed: reply.replayed,
+        })
+    }
+
+    /// Linearizable read of one queue task with its attempts (`UnknownTask` when there is none).
+    pub async fn queue_task(&self, id: u64) -> Result<Task, Error> {
+        let reply = self
+            .call(|channel| async move {
+                QueueClient::new(channel)
+                    .get_task(proto::GetQueueTaskRequest { id })
+                    .await
+            })
+            .await?;
+        task_of(reply.task, "get_task")
+    }
+
+    /// Linearizable list of the queue tasks matching `filter`, by id. These are summaries: each
+    /// task's payload and result are empty ([`Client::queue_task`] has them).
+    pub async fn queue_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>, Error> {
+        let reply = self
+            .call(|channel| {
+                let request = proto::ListQueueTasksRequest {
+                    queue: filter.queue.clone(),
+                    state: filter.state.map(|s| s.as_str().to_string()),
+                    concurrency_key: filter.concurrency_key.clone(),
+                };
+                async move {
+                    QueueClient::new(channel)
+                        .max_decoding_message_size(MAX_LISTING_BYTES)
+                        .list_tasks(request)
+                        .await
+                }
+            })
+            .await?;
+        reply
+            .tasks
+            .into_iter()
+            .map(|task| decoded(convert::queue_task_from_proto(task), "list_tasks"))
+            .collect()
+    }
+
+    /// A task's attempt history with permit tokens (`UnknownTask` when there is none). The
+    /// tokens are for checking; they grant nothing.
+    pub async fn attempts(&self, task_id: u64) -> Result<AttemptHistory, Error> {
+        let reply = self
+            .call(|channel| async move {
+                QueueClient::new(channel)
+                    .attempts(proto::AttemptsRequest { task_id })
+                    .await
+            })
+            .await?;
+        let attempts = reply
+            .attempts
+            .into_iter()
+            .map(|a| decoded(convert::attempt_from_proto(a), "attempts"))
+            .collect::<Result<_, _>>()?;
+        Ok(AttemptHistory {
+            task_id: reply.task_id,
+            concurrency_key: reply.concurrency_key,
+            attempts,
+            revision: reply.revision,
+        })
+    }
+
+    /// Cancels a task that has not started (a leased attempt is cancelled and its permit freed):
+    /// `AlreadyStarted` once it runs, `AlreadySettled` when it is finished.
+    pub async fn cancel_task(&self, id: u64) -> Result<Task, Error> {
+        let reply = self
+            .write(|header, channel| {
+                let request = proto::CancelQueueTaskRequest {
+                    header: Some(header),
+                    id,
+                };
+                async move { QueueClient::new(channel).cancel_task(request).await }
+            })
+            .await?;
+        task_of(reply.task, "cancel_task")
+    }
+
+    /// Leases up to `limit` tasks from `queues` (every queue when empty) for `lease_ttl_ms`.
+    ///
+    /// When nothing is leasable the leader holds the call for up to `wait` (capped at
+    /// [`MAX_LEASE_WAIT`]) without writing anything, and leases as soon as something becomes
+    /// leasable; the answer may still be empty (the wait ran out, or another worker won). A
+    /// retry after a lost answer carries the same request header, so it gets the same
+    /// assignments.
+    pub async fn lease(
+        &self,
+        worker: &str,
+        queues: &[String],
+        limit: u32,
+        lease_ttl_ms: i64,
+        wait: Duration,
+    ) -> Result<Vec<Assignment>, Error> {
+        let wait = wait.min(MAX_LEASE_WAIT);
+        let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        let reply = self
+            .write_waiting(wait, |header, channel| {
+                let request = proto::LeaseRequest {
+                    header: Some(header),
+                    worker_id: worker.to_string(),
+                    queues: queues.to_vec(),
+                    limit,
+                    lease_ttl_ms,
+                    wait_ms,
+                };
+                async move { QueueClient::new(channel).lease(request).await }
+            })
+            .await?;
+        Ok(reply
+            .assignments
+            .into_iter()
+            .map(convert::assignment_from_proto)
+            .collect())
+    }
+
+    /// Confirms the start of a leased attempt; business code may run only after this succeeds.
+    /// `LeaseLost` when the attempt is no longer this worker's.
+    pub async fn start_attempt(
+        &self,
+        task_id: u64,
+        attempt: u32,
+        worker: &str,
+    ) -> Result<Task, Error> {
+        let reply = self
+            .write(|header, channel| {
+                let request = proto::StartAttemptRequest {
+                    header: Some(header),
+                    task_id,
+                    attempt,
+                    worker_id: worker.to_string(),
+                };
+                async move { QueueClient::new(channel).start(request).await }
+            })
+            .await?;
+        task_of(reply.task, "start")
+    }
+
+    /// Extends an active attempt's lease (and its permit) to now + `lease_ttl_ms`; the token
+    /// stays the same. `LeaseLost` when the attempt is no longer this worker's.
+    pub async fn renew_attempt(
+        &self,
+        task_id: u64,
+        attempt: u32,
+        worker: &str,
+        lease_ttl_ms: i64,
+    ) -> Result<Task, Error> {
+        let reply = self
+            .write(|header, channel| {
+                let request = proto::RenewAttemptRequest {
+                    header: Some(header),
+                    task_id,
+                    attempt,
+                    worker_id: worker.to_string(),
+                    lease_ttl_ms,
+                };
+                async move { QueueClient::new(channel).renew(request).await }
+            })
+            .await?;
+        task_of(reply.task, "renew")
+    }
+
+    /// Finishes a running attempt successfully with `result` (`NotStarted` before its start,
+    /// `LeaseLost` when it is no longer this worker's; a repeat answers the task unchanged).
+    pub async fn complete_attempt(
+        &self,
+        task_id: u64,
+        attempt: u32,
+        worker: &str,
+        result: &[u8],
+    ) -> Result<Task, Error> {
+        let reply = self
+            .write(|header, channel| {
+                let request = proto::CompleteAttemptRequest {
+                    header: Some(header),
+                    task_id,
+                    attempt,
+                    worker_id: worker.to_string(),
+                    result: result.to_vec(),
+                };
+                async move { QueueClient::new(channel).complete(request).await }
+            })
+            .await?;
+        task_of(reply.task, "complete")
+    }
+
+    /// Fails an active attempt. A `retryable` failure with attempts and time left backs off and
+    /// retries (the permit is released meanwhile); anything else fails the task for good.
+    pub async fn fail_attempt(
+        &self,
+        task_id: u64,
+        attempt: u32,
+        worker: &str,
+        error: &str,
+        retryable: bool,
+    ) -> Result<Task, Error> {
+        let reply = self
+            .write(|header, channel| {
+                let request = proto::FailAttemptRequest {
+                    header: Some(header),
+                    task_id,
+                    attempt,
+                    worker_id: worker.to_string(),
+                    error: error.to_string(),
+                    retryable,
+                };
+                async move { QueueClient::new(channel).fail(request).await }
+            })
+            .await?;
+        task_of(reply.task, "fail")
+    }
+
+    /// Reports that a running attempt's effect is unknown: the task needs review, its permit is
+    /// released and its history kept (`NotStarted` before its start).
+    pub async fn report_unknown(
+        &self,
+        task_id: u64,
+        attempt: u32,
+        worker: &str,
+        note: &str,
+    ) -> Result<Task, Error> {
+        let reply = self
+            .write(|header, channel| {
+                let request = proto::ReportUnknownRequest {
+                    header: Some(header),
+                    task_id,
+                    attempt,
+                    worker_id: worker.to_string(),
+                    note: note.to_string(),
+                };
+                async move { QueueClient::new(channel).report_unknown(request).await }
+            })
+            .await?;
+        task_of(reply.task, "report_unknown")
+    }
+}

@@ -1,0 +1,1158 @@
+//! The task-queue worker runtime (seed 004 §4).
+//!
+//! A [`Worker`] turns a handler — an async function from a [`TaskContext`] to a result — into a
+//! well-behaved queue consumer:
+//!
+//! - it registers its identity with its fixed capability (`concurrency_keys`);
+//! - it leases with the server's long poll, for at most its free slots, so an idle worker sends
+//!   one request per poll window and writes nothing to the log while it waits;
+//! - it confirms every attempt with `Start` **before** the handler runs, so business code never
+//!   runs on an attempt the store has not confirmed;
+//! - it renews each attempt's lease in the background about every third of the lease TTL; a
+//!   renewal refused (`LEASE_LOST`, ...) or a lease that runs out locally stops that handler's
+//!   work (its future is dropped, and [`TaskContext::lease_lost`] turns true);
+//! - it reports the handler's answer: `Ok(result)` completes the attempt, a [`TaskError`] says
+//!   whether to fail it retryably, fail it for good, or report its effect unknown;
+//! - it refuses protocol errors itself and never hands them to the handler (see
+//!   [`check_assignment`]): a keyed assignment without a token, an unkeyed one with a token, a
+//!   keyed one to a worker registered without concurrency keys, or one that changes the key or
+//!   token of an attempt already running. Such an attempt is failed non-retryably with a
+//!   `protocol error: ...` message and logged;
+//! - on shutdown it drains: it stops leasing, lets in-flight handlers finish (bounded by the
+//!   drain timeout) and returns a [`WorkerSummary`].
+//!
+//! ```no_run
+//! # async fn demo(client: baton_rpc::Client) -> Result<(), baton_rpc::Error> {
+//! use baton_rpc::worker::{TaskError, Worker};
+//!
+//! let worker = Worker::builder(client.clone(), "worker-1")
+//!     .queue("images")
+//!     .concurrency_keys(true)
+//!     .slots(4)
+//!     .build()?;
+//! let summary = worker
+//!     .run(
+//!         move |ctx| {
+//!             let client = client.clone();
+//!             async move {
+//!                 // Keyed tasks carry a permit token: the resource side fences with it.
+//!                 let (Some(key), Some(token)) = (ctx.concurrency_key.clone(), ctx.token) else {
+//!                     return Err(TaskError::non_retryable("expected a keyed task"));
+//!                 };
+//!                 client
+//!                     .write_fenced(&key, token, &ctx.payload)
+//!                     .await
+//!                     .map_err(TaskError::retryable)?;
+//!                 Ok(b"written".to_vec())
+//!             }
+//!         },
+//!         async { let _ = tokio::signal::ctrl_c().await; },
+//!     )
+//!     .await?;
+//! println!("completed={} drained={}", summary.completed, summary.drained);
+//! # Ok(()) }
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use baton_statemachine::limits::MAX_TEXT_BYTES;
+use baton_statemachine::queue::{Assignment, Task as QueueTask};
+use baton_statemachine::Refusal;
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
+
+use crate::{Client, Error};
+
+/// What a handler returns when the attempt did not succeed. The variant decides what the worker
+/// reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TaskError {
+    /// Nothing happened that a retry could duplicate: fail the attempt retryably (the task backs
+    /// off and retries while attempts and time remain; the permit is released meanwhile).
+    Retryable(String),
+    /// Retrying cannot help: fail the task for good.
+    NonRetryable(String),
+    /// The effect may or may not have happened: report it unknown (the task needs review).
+    UnknownEffect(String),
+}
+
+impl TaskError {
+    /// A [`TaskError::Retryable`].
+    pub fn retryable(message: impl fmt::Display) -> Self {
+        TaskError::Retryable(message.to_string())
+    }
+
+    /// A [`TaskError::NonRetryable`].
+    pub fn non_retryable(message: impl fmt::Display) -> Self {
+        TaskError::NonRetryable(message.to_string())
+    }
+
+    /// A [`TaskError::UnknownEffect`].
+    pub fn unknown_effect(message: impl fmt::Display) -> Self {
+        TaskError::UnknownEffect(message.to_string())
+    }
+}
+
+impl fmt::Display for TaskError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TaskError::Retryable(m) => write!(f, "retryable: {m}"),
+            TaskError::NonRetryable(m) => write!(f, "non-retryable: {m}"),
+            TaskError::UnknownEffect(m) => write!(f, "unknown effect: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for TaskError {}
+
+/// What a handler gets for one confirmed (started) attempt.
+#[derive(Debug, Clone)]
+pub struct TaskContext {
+    /// The task id.
+    pub task_id: u64,
+    /// The attempt number (1-based).
+    pub attempt: u32,
+    /// The queue it came from.
+    pub queue: String,
+    /// The queue's namespace.
+    pub namespace: String,
+    /// Which handler should run it.
+    pub handler: String,
+    /// The handler version it was submitted for.
+    pub handler_version: String,
+    /// The payload's schema version.
+    pub payload_version: String,
+    /// The payload, as submitted.
+    pub payload: Vec<u8>,
+    /// The concurrency key (resource key), when the task has one.
+    pub concurrency_key: Option<String>,
+    /// The permit token: present exactly when the key is. Present it to the resource side, which
+    /// must refuse `token < highest seen` atomically (Baton's fenced sink does).
+    pub token: Option<u64>,
+    /// This worker's identity.
+    pub worker: String,
+    lost: watch::Receiver<bool>,
+}
+
+impl TaskContext {
+    /// Whether this attempt's lease was lost (a renewal was refused or the lease ran out). The
+    /// runtime also drops the handler's future when that happens; a handler that hands work to
+    /// other threads should check this before any external write.
+    pub fn lease_lost(&self) -> bool {
+        *self.lost.borrow()
+    }
+
+    /// Resolves when this attempt's lease is lost (never, if it is not).
+    pub async fn wait_lease_lost(&self) {
+        let mut lost = self.lost.clone();
+        if lost.wait_for(|lost| *lost).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// A protocol error in an assignment: the runtime refuses it instead of running the handler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProtocolError {
+    /// A keyed task arrived without a permit token.
+    MissingToken {
+        /// The task's concurrency key.
+        key: String,
+    },
+    /// A keyed task arrived with the token 0 (tokens are non-zero).
+    ZeroToken {
+        /// The task's concurrency key.
+        key: String,
+    },
+    /// An unkeyed task arrived with a permit token.
+    UnexpectedToken {
+        /// The token it carried.
+        token: u64,
+    },
+    /// A keyed task arrived at a worker registered without concurrency keys.
+    NotCapable {
+        /// The task's concurrency key.
+        key: String,
+    },
+    /// The assignment repeats an attempt already running here with another key or token.
+    ChangedAttempt {
+        /// The running attempt's key (empty = none).
+        running_key: String,
+        /// The running attempt's token.
+        running_token: Option<u64>,
+        /// The new assignment's key (empty = none).
+        key: String,
+        /// The new assignment's token.
+        token: Option<u64>,
+    },
+}
+
+impl fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let show = |t: &Option<u64>| t.map_or_else(|| "none".to_string(), |t| t.to_string());
+        match self {
+            ProtocolError::MissingToken { key } => {
+                write!(f, "keyed assignment (concurrency key {key:?}) without a permit token")
+            }
+            ProtocolError::ZeroToken { key } => write!(
+                f,
+                "keyed assignment (concurrency key {key:?}) with permit token 0 (tokens are non-zero)"
+            ),
+            ProtocolError::UnexpectedToken { token } => {
+                write!(f, "unkeyed assignment with a permit token ({token})")
+            }
+            ProtocolError::NotCapable { key } => write!(
+                f,
+                "keyed assignment (concurrency key {key:?}) to a worker registered without \
+                 concurrency keys"
+            ),
+            ProtocolError::ChangedAttempt {
+                running_key,
+                running_token,
+                key,
+                token,
+            } => write!(
+                f,
+                "assignment changes a running attempt's concurrency key {running_key:?} / token {} \
+                 to {key:?} / {}",
+                show(running_token),
+                show(token)
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ProtocolError {}
+
+/// The key and token of an attempt already running on this worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunningAttempt<'a> {
+    /// Its concurrency key (empty = none).
+    pub concurrency_key: &'a str,
+    /// Its permit token.
+    pub token: Option<u64>,
+}
+
+/// The protocol checks of seed 004 §4, as a pure function: whether a worker registered with
+/// `concurrency_keys` may run `assignment`, given the attempt with the same task id and attempt
+/// number already running here (if any). A repeat of a running attempt with the same key and
+/// token passes (the caller ignores it as a duplicate); anything that would silently replace the
+/// key or token does not.
+pub fn check_assignment(
+    assignment: &Assignment,
+    concurrency_keys: bool,
+    running: Option<RunningAttempt<'_>>,
+) -> Result<(), ProtocolError> {
+    let key = &assignment.concurrency_key;
+    if key.is_empty() {
+        if let Some(token) = assignment.token {
+            return Err(ProtocolError::UnexpectedToken { token });
+        }
+    } else {
+        if !concurrency_keys {
+            return Err(ProtocolError::NotCapable { key: key.clone() });
+        }
+        match assignment.token {
+            None => return Err(ProtocolError::MissingToken { key: key.clone() }),
+            Some(0) => return Err(ProtocolError::ZeroToken { key: key.clone() }),
+            Some(_) => {}
+        }
+    }
+    if let Some(running) = running {
+        if running.concurrency_key != key || running.token != assignment.token {
+            return Err(ProtocolError::ChangedAttempt {
+                running_key: running.concurrency_key.to_string(),
+                running_token: running.token,
+                key: key.clone(),
+                token: assignment.token,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// How one attempt ended, as far as this worker knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptEnd {
+    /// The handler succeeded and the completion was recorded.
+    Completed,
+    /// The handler failed and the failure was recorded.
+    Failed {
+        /// Whether it was reported retryable.
+        retryable: bool,
+    },
+    /// The handler reported an unknown effect (or panicked) and that was recorded.
+    Unknown,
+    /// The attempt was no longer this worker's: its start, a renewal or its report was refused,
+    /// or its lease ran out. The handler did not run, was stopped, or its answer was not
+    /// recorded.
+    LeaseLost,
+    /// The handler finished but the cluster could not be reached to record its answer; the
+    /// lease will expire and the store recovers the attempt.
+    Unreported,
+    /// The assignment broke the protocol; the handler never ran and the attempt was failed for
+    /// good.
+    ProtocolError,
+}
+
+impl AttemptEnd {
+    /// A short name for logs: `completed`, `failed`, `retry`, `unknown`, `lease_lost`,
+    /// `unreported`, `protocol_error`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            AttemptEnd::Completed => "completed",
+            AttemptEnd::Failed { retryable: true } => "retry",
+            AttemptEnd::Failed { retryable: false } => "failed",
+            AttemptEnd::Unknown => "unknown",
+            AttemptEnd::LeaseLost => "lease_lost",
+            AttemptEnd::Unreported => "unreported",
+            AttemptEnd::ProtocolError => "protocol_error",
+        }
+    }
+}
+
+/// One finished attempt, as the `on_finish` hook sees it.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    /// The task id.
+    pub task_id: u64,
+    /// The attempt number.
+    pub attempt: u32,
+    /// The queue.
+    pub queue: String,
+    /// The handler name.
+    pub handler: String,
+    /// The concurrency key, if any.
+    pub concurrency_key: Option<String>,
+    /// The permit token, if any.
+    pub token: Option<u64>,
+    /// How it ended.
+    pub end: AttemptEnd,
+    /// The handler's error text, the refusal, or the protocol error.
+    pub detail: String,
+}
+
+/// What a worker did, returned by [`Worker::run`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerSummary {
+    /// Attempts completed.
+    pub completed: u64,
+    /// Attempts failed (retryable or not) by their handler.
+    pub failed: u64,
+    /// Attempts reported with an unknown effect.
+    pub unknown: u64,
+    /// Attempts lost (lease lost, or the answer could not be recorded).
+    pub lost: u64,
+    /// Assignments refused as protocol errors.
+    pub protocol_errors: u64,
+    /// Whether every in-flight handler finished within the drain timeout.
+    pub drained: bool,
+}
+
+impl WorkerSummary {
+    fn count(&mut self, end: AttemptEnd) {
+        match end {
+            AttemptEnd::Completed => self.completed += 1,
+            AttemptEnd::Failed { .. } => self.failed += 1,
+            AttemptEnd::Unknown => self.unknown += 1,
+            AttemptEnd::LeaseLost | AttemptEnd::Unreported => self.lost += 1,
+            AttemptEnd::ProtocolError => self.protocol_errors += 1,
+        }
+    }
+}
+
+type FinishHook = Arc<dyn Fn(&Finished) + Send + Sync>;
+
+/// Builds a [`Worker`].
+pub struct WorkerBuilder {
+    client: Client,
+    id: String,
+    queues: Vec<String>,
+    concurrency_keys: bool,
+    slots: usize,
+    lease_ttl: Duration,
+    poll_wait: Duration,
+    drain_timeout: Duration,
+    on_finish: Option<FinishHook>,
+}
+
+impl WorkerBuilder {
+    /// Adds a queue to lease from (none = every queue).
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queues.push(queue.into());
+        self
+    }
+
+    /// Adds queues to lease from.
+    pub fn queues<I, S>(mut self, queues: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.queues.extend(queues.into_iter().map(Into::into));
+        self
+    }
+
+    /// Whether this worker supports concurrency keys (default false): only then is it handed
+    /// keyed tasks. Enable it only when the handlers present the permit token to a resource side
+    /// that checks it. It is a fixed property of the worker identity: registering the same id
+    /// with another answer is refused `STATE_CONFLICT` (use a new id for a new process version).
+    pub fn concurrency_keys(mut self, enabled: bool) -> Self {
+        self.concurrency_keys = enabled;
+        self
+    }
+
+    /// How many handlers may run at once (default 1).
+    pub fn slots(mut self, slots: usize) -> Self {
+        self.slots = slots;
+        self
+    }
+
+    /// The lease length of each attempt (default 30 s); it is renewed about every third of it.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
+    }
+
+    /// How long one lease long-poll waits on the server when nothing is leasable (default 10 s,
+    /// at most [`crate::MAX_LEASE_WAIT`]).
+    pub fn poll_wait(mut self, wait: Duration) -> Self {
+        self.poll_wait = wait;
+        self
+    }
+
+    /// How long shutdown waits for in-flight handlers (default 30 s). Handlers still running
+    /// then are stopped; their leases run out and the store recovers their attempts.
+    pub fn drain_timeout(mut self, timeout: Duration) -> Self {
+        self.drain_timeout = timeout;
+        self
+    }
+
+    /// Called (on the worker's own task) once for every finished attempt.
+    pub fn on_finish(mut self, hook: impl Fn(&Finished) + Send + Sync + 'static) -> Self {
+        self.on_finish = Some(Arc::new(hook));
+        self
+    }
+
+    /// The worker; [`Error::Config`] for an empty id, zero slots or a lease TTL below 30 ms.
+    pub fn build(self) -> Result<Worker, Error> {
+        if self.id.trim().is_empty() {
+            return Err(Error::Config("the worker id must not be empty".into()));
+        }
+        if self.slots == 0 || self.slots > baton_statemachine::queue::MAX_LEASE_BATCH as usize {
+            return Err(Error::Config(format!(
+                "slots must be 1-{}",
+                baton_statemachine::queue::MAX_LEASE_BATCH
+            )));
+        }
+        if self.lease_ttl < Duration::from_millis(30) {
+            return Err(Error::Config("the lease TTL must be at least 30ms".into()));
+        }
+        Ok(Worker {
+            settings: Arc::new(Settings {
+                client: self.client,
+                id: self.id,
+                queues: self.queues,
+                concurrency_keys: self.concurrency_keys,
+                slots: self.slots,
+                lease_ttl: self.lease_ttl,
+                poll_wait: self.poll_wait.min(crate::MAX_LEASE_WAIT),
+                drain_timeout: self.drain_timeout,
+            }),
+            on_finish: self.on_finish,
+        })
+    }
+}
+
+struct Settings {
+    client: Client,
+    id: String,
+    queues: Vec<String>,
+    concurrency_keys: bool,
+    slots: usize,
+    lease_ttl: Duration,
+    poll_wait: Duration,
+    drain_timeout: Duration,
+}
+
+impl Settings {
+    fn lease_ttl_ms(&self) -> i64 {
+        i64::try_from(self.lease_ttl.as_millis()).unwrap_or(i64::MAX)
+    }
+}
+
+/// A queue worker: see the [module documentation](self).
+pub struct Worker {
+    settings: Arc<Settings>,
+    on_finish: Option<FinishHook>,
+}
+
+/// An attempt running on this worker.
+struct Running {
+    attempt: u32,
+    concurrency_key: String,
+    token: Option<u64>,
+    lost: Arc<watch::Sender<bool>>,
+}
+
+type RunningMap = Arc<Mutex<HashMap<u64, Running>>>;
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Aborts the task when dropped, so stopping an attempt also stops its handler and renewals.
+struct AbortOnDrop<T>(JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Worker {
+    /// Starts building a worker with identity `id` that talks through `client`.
+    pub fn builder(client: Client, id: impl Into<String>) -> WorkerBuilder {
+        WorkerBuilder {
+            client,
+            id: id.into(),
+            queues: Vec::new(),
+            concurrency_keys: false,
+            slots: 1,
+            lease_ttl: Duration::from_secs(30),
+            poll_wait: Duration::from_secs(10),
+            drain_timeout: Duration::from_secs(30),
+            on_finish: None,
+        }
+    }
+
+    /// This worker's identity.
+    pub fn id(&self) -> &str {
+        &self.settings.id
+    }
+
+    /// Registers the worker, then leases and runs tasks with `handler` until `shutdown`
+    /// resolves; then drains and returns what it did.
+    ///
+    /// Fails when the registration is refused (e.g. `STATE_CONFLICT`: this id was registered
+    /// with another capability) or the cluster cannot be reached for it, and when a lease is
+    /// refused (e.g. `UNKNOWN_QUEUE`) — after draining what is in flight. Infrastructure
+    /// failures while leasing are retried with back-off.
+    pub async fn run<H, Fut, S>(self, handler: H, shutdown: S) -> Result<WorkerSummary, Error>
+    where
+        H: Fn(TaskContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Vec<u8>, TaskError>> + Send + 'static,
+        S: Future<Output = ()>,
+    {
+        let settings = self.settings.clone();
+        settings
+            .client
+            .register_worker(&settings.id, settings.concurrency_keys)
+            .await?;
+        let handler = Arc::new(handler);
+        let running: RunningMap = Arc::default();
+        let mut in_flight: JoinSet<Finished> = JoinSet::new();
+        let mut summary = WorkerSummary::default();
+        let mut fatal = None;
+        let mut pause = Duration::from_millis(100);
+        tokio::pin!(shutdown);
+
+        loop {
+            while let Some(joined) = in_flight.try_join_next() {
+                self.tally(&mut summary, joined);
+            }
+            let free = settings.slots.saturating_sub(in_flight.len());
+            if free == 0 {
+                tokio::select! {
+                    biased;
+                    _ = &mut shutdown => break,
+                    Some(joined) = in_flight.join_next() => self.tally(&mut summary, joined),
+                }
+                continue;
+            }
+            let polled_at = Instant::now();
+            let polled = tokio::select! {
+                biased;
+                _ = &mut shutdown => break,
+                polled = settings.client.lease(
+                    &settings.id,
+                    &settings.queues,
+                    free as u32,
+                    settings.lease_ttl_ms(),
+                    settings.poll_wait,
+                ) => polled,
+            };
+            match polled {
+                Ok(assignments) => {
+                    pause = Duration::from_millis(100);
+                    // A long poll answers empty only after its wait (or when another worker won
+                    // the race); guard against a server that answers at once anyway.
+                    if assignments.is_empty() && polled_at.elapsed() < Duration::from_millis(50) {
+                        tokio::select! {
+                            biased;
+                            _ = &mut shutdown => break,
+                            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                        }
+                    }
+                    // The lease was granted at the end of the long poll, not at its start: the
+                    // local estimate of its end counts from the answer's arrival.
+                    let leased_at = Instant::now();
+                    for assignment in assignments {
+                        self.dispatch(assignment, leased_at, &handler, &running, &mut in_flight);
+                    }
+                }
+                Err(error @ Error::Refused(_)) => {
+                    tracing::error!(worker = %settings.id, %error, "lease refused; stopping");
+                    fatal = Some(error);
+                    break;
+                }
+                Err(error) => {
+                    tracing::warn!(worker = %settings.id, %error, ?pause, "lease failed; retrying");
+                    tokio::select! {
+                        biased;
+                        _ = &mut shutdown => break,
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                    pause = (pause * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+
+        // Drain: no more leases; in-flight handlers finish within the drain timeout.
+        tracing::info!(worker = %settings.id, in_flight = in_flight.len(), "draining");
+        let drain_until = Instant::now() + settings.drain_timeout;
+        let mut drained = true;
+        while !in_flight.is_empty() {
+            match tokio::time::timeout_at(drain_until, in_flight.join_next()).await {
+                Ok(Some(joined)) => self.tally(&mut summary, joined),
+                Ok(None) => break,
+                Err(_) => {
+                    drained = false;
+                    break;
+                }
+            }
+        }
+        if !drained {
+            tracing::warn!(
+                worker = %settings.id,
+                stopped = in_flight.len(),
+                "drain timed out; stopping the remaining handlers (their leases will run out)"
+            );
+            for entry in lock(&running).values() {
+                entry.lost.send_replace(true);
+            }
+            in_flight.abort_all();
+            while let Some(joined) = in_flight.join_next().await {
+                if !matches!(&joined, Err(e) if e.is_cancelled()) {
+                    self.tally(&mut summary, joined);
+                }
+            }
+        }
+        summary.drained = drained;
+        match fatal {
+            Some(error) => Err(error),
+            None => Ok(summary),
+        }
+    }
+
+    fn tally(&self, summary: &mut WorkerSummary, joined: Result<Finished, tokio::task::JoinError>) {
+        match joined {
+            Ok(finished) => {
+                summary.count(finished.end);
+                tracing::debug!(
+                    task = finished.task_id,
+                    attempt = finished.attempt,
+                    end = finished.end.as_str(),
+                    detail = %finished.detail,
+                    "attempt finished"
+                );
+                if let Some(hook) = &self.on_finish {
+                    hook(&finished);
+                }
+            }
+            // The attempt's own task never panics (the handler runs in a task of its own); a
+            // cancellation only happens when draining gives up.
+            Err(error) => tracing::error!(%error, "attempt task failed"),
+        }
+    }
+
+    /// Checks an assignment and starts its attempt (or refuses it).
+    fn dispatch<H, Fut>(
+        &self,
+        assignment: Assignment,
+        leased_at: Instant,
+        handler: &Arc<H>,
+        running: &RunningMap,
+        in_flight: &mut JoinSet<Finished>,
+    ) where
+        H: Fn(TaskContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Vec<u8>, TaskError>> + Send + 'static,
+    {
+        let settings = self.settings.clone();
+        let mut map = lock(running);
+        let same = map
+            .get(&assignment.task_id)
+            .filter(|r| r.attempt == assignment.attempt);
+        let checked = check_assignment(
+            &assignment,
+            settings.concurrency_keys,
+            same.map(|r| RunningAttempt {
+                concurrency_key: &r.concurrency_key,
+                token: r.token,
+            }),
+        );
+        match checked {
+            Ok(()) if same.is_some() => {
+                tracing::debug!(
+                    task = assignment.task_id,
+                    attempt = assignment.attempt,
+                    "duplicate assignment of a running attempt ignored"
+                );
+            }
+            Ok(()) => {
+                let lost = Arc::new(watch::Sender::new(false));
+                let entry = Running {
+                    attempt: assignment.attempt,
+                    concurrency_key: assignment.concurrency_key.clone(),
+                    token: assignment.token,
+                    lost: lost.clone(),
+                };
+                // A newer attempt of a task still running here means the old one lost its lease.
+                if let Some(old) = map.insert(assignment.task_id, entry) {
+                    old.lost.send_replace(true);
+                }
+                drop(map);
+                let running = running.clone();
+                let handler = handler.clone();
+                in_flight.spawn(async move {
+                    let task_id = assignment.task_id;
+                    let attempt = assignment.attempt;
+                    let finished =
+                        run_attempt(&settings, assignment, leased_at, handler, lost).await;
+                    let mut map = lock(&running);
+                    if map.get(&task_id).is_some_and(|r| r.attempt == attempt) {
+                        map.remove(&task_id);
+                    }
+                    finished
+                });
+            }
+            Err(protocol) => {
+                // The attempt being failed may be the one running here: stop its handler too.
+                if let Some(same) = same {
+                    same.lost.send_replace(true);
+                }
+                drop(map);
+                let detail = format!("protocol error: {protocol}");
+                tracing::error!(
+                    worker = %settings.id,
+                    task = assignment.task_id,
+                    attempt = assignment.attempt,
+                    "{detail}; failing the attempt without running the handler"
+                );
+                in_flight.spawn(async move {
+                    let reported = settings
+                        .client
+                        .fail_attempt(
+                            assignment.task_id,
+                            assignment.attempt,
+                            &settings.id,
+                            &detail,
+                            false,
+                        )
+                        .await;
+                    if let Err(error) = reported {
+                        tracing::warn!(task = assignment.task_id, %error, "could not fail the attempt");
+                    }
+                    finished(&assignment, AttemptEnd::ProtocolError, detail)
+                });
+            }
+        }
+    }
+}
+
+fn finished(assignment: &Assignment, end: AttemptEnd, detail: String) -> Finished {
+    Finished {
+        task_id: assignment.task_id,
+        attempt: assignment.attempt,
+        queue: assignment.queue.clone(),
+        handler: assignment.handler.clone(),
+        concurrency_key: (!assignment.concurrency_key.is_empty())
+            .then(|| assignment.concurrency_key.clone()),
+        token: assignment.token,
+        end,
+        detail,
+    }
+}
+
+/// Start, run with renewals, report.
+async fn run_attempt<H, Fut>(
+    settings: &Arc<Settings>,
+    assignment: Assignment,
+    leased_at: Instant,
+    handler: Arc<H>,
+    lost: Arc<watch::Sender<bool>>,
+) -> Finished
+where
+    H: Fn(TaskContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Vec<u8>, TaskError>> + Send + 'static,
+{
+    let client = &settings.client;
+    let (task_id, attempt, worker) = (assignment.task_id, assignment.attempt, &settings.id);
+
+    // Business code runs only once the store confirmed this attempt.
+    if let Err(error) = client.start_attempt(task_id, attempt, worker).await {
+        let end = if error.is_infrastructure() {
+            AttemptEnd::Unreported
+        } else {
+            AttemptEnd::LeaseLost
+        };
+        tracing::warn!(task = task_id, attempt, %error, "start not confirmed; handler not run");
+        return finished(&assignment, end, format!("start not confirmed: {error}"));
+    }
+
+    let _renewer = AbortOnDrop(tokio::spawn(renew_loop(
+        settings.clone(),
+        task_id,
+        attempt,
+        leased_at,
+        lost.clone(),
+    )));
+    let context = TaskContext {
+        task_id,
+        attempt,
+        queue: assignment.queue.clone(),
+        namespace: assignment.namespace.clone(),
+        handler: assignment.handler.clone(),
+        handler_version: assignment.handler_version.clone(),
+        payload_version: assignment.payload_version.clone(),
+        payload: assignment.payload.clone(),
+        concurrency_key: (!assignment.concurrency_key.is_empty())
+            .then(|| assignment.concurrency_key.clone()),
+        token: assignment.token,
+        worker: worker.clone(),
+        lost: lost.subscribe(),
+    };
+    let mut work = AbortOnDrop(tokio::spawn(handler(context)));
+    let mut lost_rx = lost.subscribe();
+    let outcome = tokio::select! {
+        joined = &mut work.0 => joined,
+        _ = async {
+            if lost_rx.wait_for(|lost| *lost).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        } => {
+            drop(work);
+            tracing::warn!(task = task_id, attempt, "lease lost; handler stopped");
+            return finished(&assignment, AttemptEnd::LeaseLost, "the lease was lost while the handler ran".into());
+        }
+    };
+    drop(_renewer);
+
+    let (reported, end, detail) = match outcome {
+        Ok(Ok(result)) => match client
+            .complete_attempt(task_id, attempt, worker, &result)
+            .await
+        {
+            // The store refused the result itself (e.g. too large): retrying cannot help.
+            Err(Error::Refused(refusal @ Refusal::Invalid { .. })) => {
+                let message = bounded(format!("the result was refused: {refusal}"));
+                (
+                    client
+                        .fail_attempt(task_id, attempt, worker, &message, false)
+                        .await,
+                    AttemptEnd::Failed { retryable: false },
+                    message,
+                )
+            }
+            completed => (completed, AttemptEnd::Completed, String::new()),
+        },
+        Ok(Err(error)) => report_error(client, task_id, attempt, worker, error).await,
+        Err(join_error) => {
+            // A panic part-way through: what the handler did is unknown.
+            let message = bounded(format!("the handler panicked: {join_error}"));
+            (
+                client
+                    .report_unknown(task_id, attempt, worker, &message)
+                    .await,
+                AttemptEnd::Unknown,
+                message,
+            )
+        }
+    };
+    match reported {
+        Ok(_) => finished(&assignment, end, detail),
+        Err(error) => {
+            tracing::warn!(task = task_id, attempt, %error, outcome = end.as_str(), "answer not recorded");
+            let end = if error.is_infrastructure() {
+                AttemptEnd::Unreported
+            } else {
+                AttemptEnd::LeaseLost
+            };
+            finished(
+                &assignment,
+                end,
+                format!("{} not recorded: {error}", end_name(detail)),
+            )
+        }
+    }
+}
+
+/// Reports a handler's error as the variant says.
+async fn report_error(
+    client: &Client,
+    task_id: u64,
+    attempt: u32,
+    worker: &str,
+    error: TaskError,
+) -> (Result<QueueTask, Error>, AttemptEnd, String) {
+    match error {
+        TaskError::Retryable(message) => {
+            let message = bounded(message);
+            (
+                client
+                    .fail_attempt(task_id, attempt, worker, &message, true)
+                    .await,
+                AttemptEnd::Failed { retryable: true },
+                message,
+            )
+        }
+        TaskError::NonRetryable(message) => {
+            let message = bounded(message);
+            (
+                client
+                    .fail_attempt(task_id, attempt, worker, &message, false)
+                    .await,
+                AttemptEnd::Failed { retryable: false },
+                message,
+            )
+        }
+        TaskError::UnknownEffect(message) => {
+            let message = bounded(message);
+            (
+                client
+                    .report_unknown(task_id, attempt, worker, &message)
+                    .await,
+                AttemptEnd::Unknown,
+                message,
+            )
+        }
+    }
+}
+
+/// `text` cut (at a character boundary) to what the store accepts as an error or note.
+fn bounded(mut text: String) -> String {
+    if text.len() > MAX_TEXT_BYTES {
+        let mut cut = MAX_TEXT_BYTES;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+    }
+    text
+}
+
+fn end_name(detail: String) -> String {
+    if detail.is_empty() {
+        "the result was".into()
+    } else {
+        format!("the answer ({detail}) was")
+    }
+}
+
+/// Renews the attempt about every third of the lease TTL until dropped. A refused renewal, or a
+/// lease that (by this worker's clock, counted from the arrival of the lease answer and from the
+/// sending of each successful renewal) has run out, marks the attempt lost.
+async fn renew_loop(
+    settings: Arc<Settings>,
+    task_id: u64,
+    attempt: u32,
+    leased_at: Instant,
+    lost: Arc<watch::Sender<bool>>,
+) {
+    let ttl = settings.lease_ttl;
+    let every = ttl / 3;
+    let mut valid_until = leased_at + ttl;
+    let mut next = Instant::now() + every;
+    loop {
+        tokio::time::sleep_until(next).await;
+        let sent = Instant::now();
+        next = sent + every;
+        let renewal =
+            settings
+                .client
+                .renew_attempt(task_id, attempt, &settings.id, settings.lease_ttl_ms());
+        match tokio::time::timeout_at(valid_until, renewal).await {
+            Ok(Ok(_)) => valid_until = sent + ttl,
+            Ok(Err(error @ Error::Refused(_))) => {
+                tracing::warn!(task = task_id, attempt, %error, "renewal refused; stopping the handler");
+                lost.send_replace(true);
+                return;
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(task = task_id, attempt, %error, "renewal failed; will retry");
+                if Instant::now() >= valid_until {
+                    lost.send_replace(true);
+                    return;
+                }
+                next = next.min(valid_until);
+            }
+            Err(_) => {
+                tracing::warn!(
+                    task = task_id,
+                    attempt,
+                    "the lease ran out before a renewal got through; stopping the handler"
+                );
+                lost.send_replace(true);
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn assignment(key: &str, token: Option<u64>) -> Assignment {
+        Assignment {
+            task_id: 7,
+            attempt: 1,
+            queue: "q".into(),
+            namespace: "ns".into(),
+            handler: "h".into(),
+            handler_version: "v1".into(),
+            payload_version: "v1".into(),
+            payload: Vec::new(),
+            concurrency_key: key.into(),
+            token,
+            lease_until_ms: 0,
+        }
+    }
+
+    #[test]
+    fn well_formed_assignments_pass() {
+        assert_eq!(check_assignment(&assignment("", None), false, None), Ok(()));
+        assert_eq!(check_assignment(&assignment("", None), true, None), Ok(()));
+        assert_eq!(
+            check_assignment(&assignment("object/42", Some(3)), true, None),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn a_keyed_assignment_without_a_token_is_refused() {
+        let error = check_assignment(&assignment("object/42", None), true, None).unwrap_err();
+        assert_eq!(
+            error,
+            ProtocolError::MissingToken {
+                key: "object/42".into()
+            }
+        );
+        assert!(
+            error.to_string().contains("without a permit token"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_zero_token_is_refused() {
+        assert_eq!(
+            check_assignment(&assignment("k", Some(0)), true, None),
+            Err(ProtocolError::ZeroToken { key: "k".into() })
+        );
+    }
+
+    #[test]
+    fn an_unkeyed_assignment_with_a_token_is_refused() {
+        for capable in [false, true] {
+            assert_eq!(
+                check_assignment(&assignment("", Some(5)), capable, None),
+                Err(ProtocolError::UnexpectedToken { token: 5 })
+            );
+        }
+    }
+
+    #[test]
+    fn a_keyed_assignment_to_an_incapable_worker_is_refused_even_with_a_token() {
+        for token in [None, Some(1)] {
+            let error = check_assignment(&assignment("k", token), false, None).unwrap_err();
+            assert_eq!(error, ProtocolError::NotCapable { key: "k".into() });
+            assert!(
+                error.to_string().contains("without concurrency keys"),
+                "{error}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_repeat_of_a_running_attempt_must_not_change_its_key_or_token() {
+        let running = |key: &'static str, token| {
+            Some(RunningAttempt {
+                concurrency_key: key,
+                token,
+            })
+        };
+        // The same key and token: a harmless duplicate.
+        assert_eq!(
+            check_assignment(&assignment("k", Some(4)), true, running("k", Some(4))),
+            Ok(())
+        );
+        assert_eq!(
+            check_assignment(&assignment("", None), true, running("", None)),
+            Ok(())
+        );
+        // Another token, another key, a key added or removed: refused.
+        for (key, token, was_key, was_token) in [
+            ("k", Some(5), "k", Some(4)),
+            ("other", Some(4), "k", Some(4)),
+            ("k", Some(4), "", None),
+            ("", None, "k", Some(4)),
+        ] {
+            let error =
+                check_assignment(&assignment(key, token), true, running(was_key, was_token))
+                    .unwrap_err();
+            assert!(
+                matches!(error, ProtocolError::ChangedAttempt { .. }),
+                "{key:?}/{token:?} over {was_key:?}/{was_token:?}: {error:?}"
+            );
+            assert!(error.to_string().contains("changes a running attempt"));
+        }
+    }
+
+    #[test]
+    fn the_summary_counts_each_end_once() {
+        let mut summary = WorkerSummary::default();
+        for end in [
+            AttemptEnd::Completed,
+            AttemptEnd::Completed,
+            AttemptEnd::Failed { retryable: true },
+            AttemptEnd::Failed { retryable: false },
+            AttemptEnd::Unknown,
+            AttemptEnd::LeaseLost,
+            AttemptEnd::Unreported,
+            AttemptEnd::ProtocolError,
+        ] {
+            summary.count(end);
+        }
+        assert_eq!(
+            summary,
+            WorkerSummary {
+                completed: 2,
+                failed: 2,
+                unknown: 1,
+                lost: 2,
+                protocol_errors: 1,
+                drained: false,
+            }
+        );
+    }
+}
