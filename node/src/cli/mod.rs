@@ -1,5 +1,6 @@
 //! The command line: argument types and dispatch.
 
+mod bench;
 mod board;
 mod checkpoint;
 mod cluster;
@@ -27,9 +28,10 @@ const DEV_ENDPOINTS: &str = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003";
 #[derive(Parser, Debug)]
 #[command(name = "baton", version, about, long_about = None)]
 pub struct Cli {
-    /// Cluster endpoints (host:port, comma-separated) for client commands.
-    #[arg(long, global = true, env = "BATON_ENDPOINTS", value_delimiter = ',', default_value = DEV_ENDPOINTS)]
-    endpoints: Vec<String>,
+    /// Cluster endpoints (host:port, comma-separated) for client commands [default: the
+    /// `baton dev` cluster, 127.0.0.1:7001-7003; `baton bench` starts its own cluster instead].
+    #[arg(long, global = true, env = "BATON_ENDPOINTS", value_delimiter = ',')]
+    endpoints: Option<Vec<String>>,
 
     /// How long a client command keeps retrying before it gives up.
     #[arg(long, global = true, default_value = "15s", value_parser = humantime::parse_duration)]
@@ -48,6 +50,8 @@ enum Command {
     /// Cluster formation.
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
+    /// Measure a coordination workload (starts its own local cluster without --endpoints).
+    Bench(bench::BenchArgs),
     /// Membership: list, add a learner, promote it, remove a member.
     #[command(subcommand)]
     Members(members::MembersCommand),
@@ -190,19 +194,25 @@ pub fn init_logging(cli: &Cli) {
 /// Runs the parsed command and returns the process exit code.
 pub async fn run(cli: Cli) -> ExitCode {
     let config = client_config(cli.timeout);
+    if let Command::Bench(args) = cli.command {
+        return ExitCode::from(bench::run(args, cli.endpoints).await);
+    }
+    let endpoints = cli
+        .endpoints
+        .unwrap_or_else(|| DEV_ENDPOINTS.split(',').map(str::to_string).collect());
     // Commands that run servers or talk to nodes one by one need no leader.
     let command = match cli.command {
         Command::Dev(args) => return ExitCode::from(dev::run(args).await),
         Command::Node(args) => return ExitCode::from(run_node(args).await),
         Command::Cluster(command) => {
-            return ExitCode::from(cluster::run(command, &cli.endpoints, config).await)
+            return ExitCode::from(cluster::run(command, &endpoints, config).await)
         }
         Command::Status { json } => {
-            return ExitCode::from(cluster::status(&cli.endpoints, config, json).await)
+            return ExitCode::from(cluster::status(&endpoints, config, json).await)
         }
         other => other,
     };
-    let client = match Client::connect_with(&cli.endpoints, config).await {
+    let client = match Client::connect_with(&endpoints, config).await {
         Ok(client) => client,
         Err(error) => return ExitCode::from(exit::report(&error)),
     };
@@ -217,7 +227,11 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Queue(command) => queue::run_queue(command, &client).await,
         Command::Task(command) => queue::run_task(command, &client).await,
         Command::Worker(command) => queue::run_worker(command, &client).await,
-        Command::Dev(_) | Command::Node(_) | Command::Cluster(_) | Command::Status { .. } => {
+        Command::Dev(_)
+        | Command::Node(_)
+        | Command::Cluster(_)
+        | Command::Status { .. }
+        | Command::Bench(_) => {
             unreachable!("handled above")
         }
     };

@@ -1,0 +1,570 @@
+//! `baton bench`: closed-loop coordination workloads against a cluster, with the figures that
+//! matter (ops/s, requests/s, contended/s, latency percentiles, the nodes' peak RSS).
+//!
+//! Without `--endpoints` it starts its own three-node cluster (three `baton node` processes in a
+//! temporary directory, every write fsynced on a quorum), so a newcomer gets a figure with one
+//! command. Every run is bounded by `--warmup + --duration` plus set-up.
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use baton_rpc::{Client, ClientConfig, Error};
+use baton_statemachine::board::TaskSpec as BoardTask;
+use baton_statemachine::handoff::{OfferArgs, Receipt, ReceiptStatus};
+use baton_statemachine::queue::TaskSpec as QueueTask;
+use baton_statemachine::Refusal;
+use clap::{Args, ValueEnum};
+use hdrhistogram::Histogram;
+use rand::Rng;
+use serde_json::json;
+
+use super::exit;
+
+/// Arguments of `baton bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// What to run.
+    #[arg(long, value_enum)]
+    workload: Workload,
+    /// Concurrent closed-loop clients.
+    #[arg(long, default_value_t = 16)]
+    clients: usize,
+    /// Measured time.
+    #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Unmeasured time first.
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    warmup: Duration,
+    /// Tasks submitted up front for `queue-claim`.
+    #[arg(long, default_value_t = 100_000)]
+    queue_tasks: usize,
+    /// Print one JSON object instead of a line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The coordination workloads (each op atomic and durable).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    /// Board claim + release on a random task out of 10,000 (a held task counts as contended).
+    PermitUniform,
+    /// The same over 8 tasks: mostly contended.
+    PermitHot,
+    /// Offer a fresh ticket, take it, reply done (three commands per op).
+    Handoff,
+    /// Lease the next task of one queue, start it, complete it (three commands per op).
+    QueueClaim,
+    /// 90% linearizable reads of one ticket, 10% permit-uniform pairs.
+    MixedRead,
+}
+
+impl Workload {
+    fn name(self) -> &'static str {
+        match self {
+            Workload::PermitUniform => "permit-uniform",
+            Workload::PermitHot => "permit-hot",
+            Workload::Handoff => "handoff",
+            Workload::QueueClaim => "queue-claim",
+            Workload::MixedRead => "mixed-read",
+        }
+    }
+
+    fn tasks(self) -> usize {
+        match self {
+            Workload::PermitHot => 8,
+            _ => 10_000,
+        }
+    }
+}
+
+/// What one client counted.
+struct Tally {
+    ops: u64,
+    contended: u64,
+    requests: u64,
+    errors: u64,
+    latency_us: Histogram<u64>,
+}
+
+impl Tally {
+    fn new() -> Self {
+        Self {
+            ops: 0,
+            contended: 0,
+            requests: 0,
+            errors: 0,
+            latency_us: Histogram::new_with_bounds(1, 60_000_000, 3)
+                .expect("valid histogram bounds"),
+        }
+    }
+
+    fn merge(&mut self, other: &Tally) {
+        self.ops += other.ops;
+        self.contended += other.contended;
+        self.requests += other.requests;
+        self.errors += other.errors;
+        let _ = self.latency_us.add(&other.latency_us);
+    }
+}
+
+/// Runs the benchmark and prints its figures.
+pub async fn run(args: BenchArgs, endpoints: Option<Vec<String>>) -> u8 {
+    if args.clients == 0 {
+        eprintln!("baton bench: --clients must be at least 1");
+        return exit::USAGE;
+    }
+    let own = match endpoints {
+        Some(_) => None,
+        None => match OwnCluster::start().await {
+            Ok(cluster) => Some(cluster),
+            Err(why) => {
+                eprintln!("baton bench: cannot start a local cluster: {why}");
+                return exit::FAILURE;
+            }
+        },
+    };
+    let endpoints = endpoints.unwrap_or_else(|| {
+        own.as_ref()
+            .map(|c| c.endpoints.clone())
+            .unwrap_or_default()
+    });
+    let config = ClientConfig {
+        deadline: Duration::from_secs(30),
+        ..ClientConfig::default()
+    };
+    let client = match Client::connect_with(&endpoints, config).await {
+        Ok(client) => client,
+        Err(error) => return exit::report(&error),
+    };
+    let run_id: u32 = rand::random();
+    if let Err(error) = setup(&client, &args, run_id).await {
+        eprintln!("baton bench: set-up failed");
+        return exit::report(&error);
+    }
+
+    let measuring = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for index in 0..args.clients {
+        let (client, measuring, stop) = (client.clone(), measuring.clone(), stop.clone());
+        let workload = args.workload;
+        tasks.push(tokio::spawn(async move {
+            client_loop(client, workload, run_id, index, measuring, stop).await
+        }));
+    }
+    tokio::time::sleep(args.warmup).await;
+    measuring.store(true, Ordering::Relaxed);
+    let started = Instant::now();
+    tokio::time::sleep(args.duration).await;
+    stop.store(true, Ordering::Relaxed);
+    let elapsed = started.elapsed().as_secs_f64();
+    let mut total = Tally::new();
+    for task in tasks {
+        if let Ok(tally) = task.await {
+            total.merge(&tally);
+        }
+    }
+    let rss = own
+        .as_ref()
+        .map(OwnCluster::peak_rss_kib)
+        .unwrap_or_default();
+    report(&args, &total, elapsed, &rss);
+    exit::OK
+}
+
+fn report(args: &BenchArgs, total: &Tally, elapsed: f64, rss_kib: &[u64]) {
+    let per_s = |n: u64| n as f64 / elapsed;
+    let ms = |q: f64| total.latency_us.value_at_quantile(q) as f64 / 1000.0;
+    let rss_mib: Vec<f64> = rss_kib.iter().map(|k| *k as f64 / 1024.0).collect();
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "workload": args.workload.name(),
+                "clients": args.clients,
+                "duration_s": elapsed,
+                "ops": total.ops,
+                "ops_per_s": per_s(total.ops),
+                "contended_per_s": per_s(total.contended),
+                "requests_per_s": per_s(total.requests),
+                "errors": total.errors,
+                "p50_ms": ms(0.50),
+                "p99_ms": ms(0.99),
+                "p999_ms": ms(0.999),
+                "node_peak_rss_mib": rss_mib,
+            })
+        );
+        return;
+    }
+    let rss = if rss_mib.is_empty() {
+        "n/a (external cluster)".to_string()
+    } else {
+        rss_mib
+            .iter()
+            .map(|m| format!("{m:.0}"))
+            .collect::<Vec<_>>()
+            .join("/")
+            + " MiB"
+    };
+    println!(
+        "workload={} clients={} ops/s={:.0} contended/s={:.0} requests/s={:.0} p50={:.2}ms p99={:.2}ms p999={:.2}ms errors={} node_peak_rss={rss}",
+        args.workload.name(),
+        args.clients,
+        per_s(total.ops),
+        per_s(total.contended),
+        per_s(total.requests),
+        ms(0.50),
+        ms(0.99),
+        ms(0.999),
+        total.errors,
+    );
+}
+
+fn task_id(run_id: u32, n: usize) -> String {
+    format!("bench-{run_id:08x}-{n}")
+}
+
+fn queue_name(run_id: u32) -> String {
+    format!("bench-{run_id:08x}")
+}
+
+async fn setup(client: &Client, args: &BenchArgs, run_id: u32) -> Result<(), Error> {
+    match args.workload {
+        Workload::PermitUniform | Workload::PermitHot | Workload::MixedRead => {
+            let ids: Vec<usize> = (0..args.workload.tasks()).collect();
+            for chunk in ids.chunks(1_000) {
+                let specs: Vec<BoardTask> = chunk
+                    .iter()
+                    .map(|n| BoardTask {
+                        id: task_id(run_id, *n),
+                        deps: vec![],
+                    })
+                    .collect();
+                client.seed(&specs).await?;
+            }
+            if args.workload == Workload::MixedRead {
+                for n in 0..1_000 {
+                    client.offer(offer(run_id, n)).await?;
+                }
+            }
+            Ok(())
+        }
+        Workload::Handoff => Ok(()),
+        Workload::QueueClaim => {
+            let queue = queue_name(run_id);
+            client.create_queue(&queue, "bench").await?;
+            client.register_worker(&queue, false).await?;
+            let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let mut submitters = Vec::new();
+            for _ in 0..32 {
+                let (client, next, queue, total) = (
+                    client.clone(),
+                    next.clone(),
+                    queue.clone(),
+                    args.queue_tasks,
+                );
+                submitters.push(tokio::spawn(async move {
+                    loop {
+                        let n = next.fetch_add(1, Ordering::Relaxed);
+                        if n >= total {
+                            return Ok::<(), Error>(());
+                        }
+                        client.submit(&queue_task(&queue, n)).await?;
+                    }
+                }));
+            }
+            for submitter in submitters {
+                submitter
+                    .await
+                    .map_err(|e| Error::Protocol(format!("submitter failed: {e}")))??;
+            }
+            Ok(())
+        }
+    }
+}
+
+fn offer(run_id: u32, n: usize) -> OfferArgs {
+    OfferArgs {
+        key: format!("bench-{run_id:08x}-ticket-{n}"),
+        from: "bench".into(),
+        to: "bench-taker".into(),
+        payload: vec![],
+        reply_to: "bench".into(),
+        ttl_ms: 600_000,
+    }
+}
+
+fn queue_task(queue: &str, n: usize) -> QueueTask {
+    QueueTask {
+        queue: queue.to_string(),
+        idempotency_key: format!("{queue}-{n}"),
+        handler: "bench".into(),
+        handler_version: "v1".into(),
+        payload_version: "v1".into(),
+        payload: vec![],
+        concurrency_key: String::new(),
+        business_key: String::new(),
+        max_attempts: 3,
+        ttl_ms: 3_600_000,
+    }
+}
+
+/// Runs one request and records its latency while measuring.
+async fn timed<T>(
+    tally: &mut Tally,
+    measuring: bool,
+    request: impl std::future::Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    let started = Instant::now();
+    let result = request.await;
+    if measuring {
+        tally.requests += 1;
+        let _ = tally
+            .latency_us
+            .record(started.elapsed().as_micros().max(1) as u64);
+        if matches!(&result, Err(e) if e.is_infrastructure()) {
+            tally.errors += 1;
+        }
+    }
+    result
+}
+
+async fn client_loop(
+    client: Client,
+    workload: Workload,
+    run_id: u32,
+    index: usize,
+    measuring: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+) -> Tally {
+    let mut tally = Tally::new();
+    let agent = format!("bench-client-{index}");
+    let mut sequence = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        let measure = measuring.load(Ordering::Relaxed);
+        let done = match workload {
+            Workload::PermitUniform | Workload::PermitHot => {
+                permit_pair(&client, &mut tally, measure, run_id, workload, &agent).await
+            }
+            Workload::MixedRead => {
+                if rand::rng().random_range(0..10) == 0 {
+                    permit_pair(&client, &mut tally, measure, run_id, workload, &agent).await
+                } else {
+                    let key = offer(run_id, rand::rng().random_range(0..1_000)).key;
+                    timed(&mut tally, measure, client.ticket(&key))
+                        .await
+                        .is_ok()
+                }
+            }
+            Workload::Handoff => {
+                sequence += 1;
+                let mut args = offer(run_id, 0);
+                args.key = format!("bench-{run_id:08x}-c{index}-{sequence}");
+                handoff(&client, &mut tally, measure, args).await
+            }
+            Workload::QueueClaim => queue_claim(&client, &mut tally, measure, run_id).await,
+        };
+        if done && measure {
+            tally.ops += 1;
+        }
+    }
+    tally
+}
+
+async fn permit_pair(
+    client: &Client,
+    tally: &mut Tally,
+    measure: bool,
+    run_id: u32,
+    workload: Workload,
+    agent: &str,
+) -> bool {
+    let id = task_id(run_id, rand::rng().random_range(0..workload.tasks()));
+    match timed(tally, measure, client.claim(&id, agent, 30_000)).await {
+        Ok(task) => {
+            let token = task.lease.map(|lease| lease.token).unwrap_or_default();
+            timed(tally, measure, client.release_task(&id, &token))
+                .await
+                .is_ok()
+        }
+        Err(Error::Refused(Refusal::Taken)) => {
+            if measure {
+                tally.contended += 1;
+            }
+            false
+        }
+        Err(_) => false,
+    }
+}
+
+async fn handoff(client: &Client, tally: &mut Tally, measure: bool, args: OfferArgs) -> bool {
+    let key = args.key.clone();
+    let to = args.to.clone();
+    if timed(tally, measure, client.offer(args)).await.is_err() {
+        return false;
+    }
+    let Ok(handle) = timed(tally, measure, client.take(&key, &to)).await else {
+        return false;
+    };
+    let receipt = Receipt {
+        status: ReceiptStatus::Done,
+        summary: "ok".into(),
+        failure: String::new(),
+        artifacts: vec![],
+    };
+    timed(tally, measure, client.reply(&key, &handle.token, &receipt))
+        .await
+        .is_ok()
+}
+
+async fn queue_claim(client: &Client, tally: &mut Tally, measure: bool, run_id: u32) -> bool {
+    let queue = queue_name(run_id);
+    let leased = timed(
+        tally,
+        measure,
+        client.lease(
+            &queue,
+            std::slice::from_ref(&queue),
+            1,
+            30_000,
+            Duration::ZERO,
+        ),
+    )
+    .await;
+    let Some(assignment) = leased.ok().and_then(|mut list| list.pop()) else {
+        return false;
+    };
+    let (task, attempt) = (assignment.task_id, assignment.attempt);
+    if timed(tally, measure, client.start_attempt(task, attempt, &queue))
+        .await
+        .is_err()
+    {
+        return false;
+    }
+    timed(
+        tally,
+        measure,
+        client.complete_attempt(task, attempt, &queue, b"ok"),
+    )
+    .await
+    .is_ok()
+}
+
+/// Three `baton node` processes of this very binary in a temporary directory.
+struct OwnCluster {
+    endpoints: Vec<String>,
+    children: Vec<Child>,
+    _dir: tempfile::TempDir,
+}
+
+impl OwnCluster {
+    async fn start() -> Result<Self, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let bin = std::env::current_exe().map_err(|e| e.to_string())?;
+        let mut endpoints = Vec::new();
+        let mut children = Vec::new();
+        for id in 1..=3u64 {
+            let port = free_port().map_err(|e| e.to_string())?;
+            let addr = format!("127.0.0.1:{port}");
+            let data = dir.path().join(format!("node-{id}"));
+            let log = std::fs::File::create(dir.path().join(format!("node-{id}.log")))
+                .map_err(|e| e.to_string())?;
+            let child = spawn_node(&bin, id, &addr, &data, log).map_err(|e| e.to_string())?;
+            children.push(child);
+            endpoints.push(addr);
+        }
+        let mut cluster = OwnCluster {
+            endpoints,
+            children,
+            _dir: dir,
+        };
+        cluster.initialize().await?;
+        Ok(cluster)
+    }
+
+    async fn initialize(&mut self) -> Result<(), String> {
+        let client =
+            Client::new(&self.endpoints, ClientConfig::default()).map_err(|e| e.to_string())?;
+        let mut members = Vec::new();
+        for endpoint in &self.endpoints {
+            let mut answered = None;
+            for _ in 0..100 {
+                if let Ok(info) = client.node_info(endpoint).await {
+                    answered = Some(info);
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let info = answered.ok_or_else(|| format!("node at {endpoint} did not start"))?;
+            members.push((info.id, info.addr));
+        }
+        client
+            .initialize(&self.endpoints[0], &members)
+            .await
+            .map_err(|e| e.to_string())?;
+        client.discover_leader().await.map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    /// Each node's peak resident set (VmHWM) in KiB, read from /proc.
+    fn peak_rss_kib(&self) -> Vec<u64> {
+        self.children
+            .iter()
+            .map(|child| {
+                std::fs::read_to_string(format!("/proc/{}/status", child.id()))
+                    .ok()
+                    .and_then(|status| {
+                        status
+                            .lines()
+                            .find(|line| line.starts_with("VmHWM:"))
+                            .and_then(|line| line.split_whitespace().nth(1))
+                            .and_then(|kib| kib.parse().ok())
+                    })
+                    .unwrap_or(0)
+            })
+            .collect()
+    }
+}
+
+impl Drop for OwnCluster {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn spawn_node(
+    bin: &Path,
+    id: u64,
+    addr: &str,
+    data: &Path,
+    log: std::fs::File,
+) -> std::io::Result<Child> {
+    let err = log.try_clone()?;
+    Command::new(bin)
+        .args([
+            "node",
+            "--id",
+            &id.to_string(),
+            "--listen",
+            addr,
+            "--data-dir",
+        ])
+        .arg(data)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(err)
+        .spawn()
+}
+
+fn free_port() -> std::io::Result<u16> {
+    let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?;
+    Ok(listener.local_addr()?.port())
+}
