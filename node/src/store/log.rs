@@ -1,14 +1,17 @@
 //! The Raft log and vote on sled.
 //!
 //! Durability rule: openraft is told that a vote or an entry is stored only after sled has
-//! flushed it (fsync). Each append is one sled batch followed by one flush, so one fsync commits
-//! every client command in the batch (group commit).
+//! flushed it (fsync). An append writes its entries as one sled batch and returns; its callback
+//! is queued to the flusher task, which fsyncs once for every callback waiting and then completes
+//! them in order. So the Raft core never waits for the disk, and one fsync commits every client
+//! command that arrived meanwhile (group commit). Votes, truncations and purges flush inline.
 
 use std::fmt::Debug;
 use std::ops::RangeBounds;
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{Entry, ErrorSubject, ErrorVerb, LogState, RaftLogReader, Vote};
+use tokio::sync::mpsc;
 
 use super::io_error;
 use crate::codec;
@@ -24,6 +27,32 @@ pub struct LogStore {
     db: sled::Db,
     log: sled::Tree,
     meta: sled::Tree,
+    flusher: mpsc::UnboundedSender<PendingFlush>,
+}
+
+/// An append waiting to be reported durable, with the database to flush for it.
+type PendingFlush = (sled::Db, LogFlushed<TypeConfig>);
+
+/// Completes append callbacks in order, each after an fsync that began after its entries were
+/// written. It holds the database only while a flush is pending, so closing the store releases
+/// sled's lock as soon as the last append is reported; it exits when the last [`LogStore`] clone
+/// is dropped.
+async fn flush_loop(mut queue: mpsc::UnboundedReceiver<PendingFlush>) {
+    while let Some((db, first)) = queue.recv().await {
+        let mut waiting = vec![first];
+        while let Ok((_, next)) = queue.try_recv() {
+            waiting.push(next);
+        }
+        let flushed = db
+            .flush_async()
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        drop(db);
+        for callback in waiting {
+            callback.log_io_completed(flushed.clone().map_err(std::io::Error::other));
+        }
+    }
 }
 
 impl LogStore {
@@ -32,10 +61,13 @@ impl LogStore {
             db.open_tree(name)
                 .map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Read, e))
         };
+        let (flusher, queue) = mpsc::unbounded_channel();
+        tokio::spawn(flush_loop(queue));
         Ok(Self {
             db: db.clone(),
             log: open("log")?,
             meta: open("meta")?,
+            flusher,
         })
     }
 
@@ -197,11 +229,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.log
             .apply_batch(batch)
             .map_err(|e| io_error(ErrorSubject::Logs, ErrorVerb::Write, e))?;
-        // Flushed before returning, so log IO stays strictly ordered (a later truncate or vote
-        // can never overtake this append). Entries that arrive while the disk works queue up in
-        // the Raft core and land in the next batch: one fsync per batch, not per command.
-        self.flush(ErrorSubject::Logs).await?;
-        callback.log_io_completed(Ok(()));
+        // The entries are readable now; they are reported durable once the flusher has fsynced
+        // after this write. A later vote or truncation flushes inline, which covers these too.
+        self.flusher
+            .send((self.db.clone(), callback))
+            .map_err(|_| {
+                io_error(
+                    ErrorSubject::Logs,
+                    ErrorVerb::Write,
+                    std::io::Error::other("the log flusher has stopped"),
+                )
+            })?;
         Ok(())
     }
 
