@@ -71,8 +71,46 @@ struct Inner {
     /// Round-robin cursor over `endpoints` when no leader is known.
     cursor: AtomicU64,
     client_id: u64,
-    next_seq: AtomicU64,
-    in_flight: Mutex<BTreeSet<u64>>,
+    session: Mutex<Session>,
+}
+
+/// The client's side of its session with the store.
+struct Session {
+    /// The next request number to hand out.
+    next_seq: u64,
+    /// Requests sent and not yet answered (or abandoned).
+    in_flight: BTreeSet<u64>,
+}
+
+/// One write's place in the session: its seq, and every seq below `acked_below` is finished.
+/// Numbering and registering happen under one lock, so a concurrent write can never announce a
+/// lower, not-yet-sent seq as acknowledged; the seq leaves `in_flight` when the write ends,
+/// including when its future is dropped.
+struct InFlight<'a> {
+    session: &'a Mutex<Session>,
+    seq: u64,
+    acked_below: u64,
+}
+
+impl<'a> InFlight<'a> {
+    fn begin(session: &'a Mutex<Session>) -> Self {
+        let mut guard = lock(session);
+        let seq = guard.next_seq;
+        guard.next_seq += 1;
+        guard.in_flight.insert(seq);
+        let acked_below = guard.in_flight.first().copied().unwrap_or(seq);
+        Self {
+            session,
+            seq,
+            acked_below,
+        }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        lock(self.session).in_flight.remove(&self.seq);
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -128,8 +166,10 @@ impl Client {
                 leader: Mutex::default(),
                 cursor: AtomicU64::new(0),
                 client_id: rand::random(),
-                next_seq: AtomicU64::new(1),
-                in_flight: Mutex::default(),
+                session: Mutex::new(Session {
+                    next_seq: 1,
+                    in_flight: BTreeSet::new(),
+                }),
             }),
         })
     }
@@ -223,22 +263,14 @@ impl Client {
         F: Fn(RequestHeader, Channel) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
-        let seq = self.inner.next_seq.fetch_add(1, Ordering::Relaxed);
-        let acked_below = {
-            let mut in_flight = lock(&self.inner.in_flight);
-            in_flight.insert(seq);
-            *in_flight.first().unwrap_or(&seq)
-        };
+        let request = InFlight::begin(&self.inner.session);
         let header = RequestHeader {
             client_id: self.inner.client_id,
-            seq,
-            acked_below,
+            seq: request.seq,
+            acked_below: request.acked_below,
         };
-        let result = self
-            .call_waiting(wait, |channel| attempt(header, channel))
-            .await;
-        lock(&self.inner.in_flight).remove(&seq);
-        result
+        self.call_waiting(wait, |channel| attempt(header, channel))
+            .await
     }
 
     /// Runs one call against the leader, following redirects and retrying infrastructure
@@ -403,5 +435,67 @@ fn final_error(status: &Status) -> Error {
                 last: format!("{:?}: {}", status.code(), status.message()),
             },
         },
+    }
+}
+
+#[cfg(test)]
+mod session_tests {
+    use super::*;
+
+    fn session() -> Mutex<Session> {
+        Mutex::new(Session {
+            next_seq: 1,
+            in_flight: BTreeSet::new(),
+        })
+    }
+
+    #[test]
+    fn acked_below_never_passes_a_request_still_in_flight() {
+        let s = session();
+        let a = InFlight::begin(&s);
+        let b = InFlight::begin(&s);
+        assert_eq!((a.seq, a.acked_below), (1, 1));
+        assert_eq!(
+            (b.seq, b.acked_below),
+            (2, 1),
+            "1 is still waiting for its answer"
+        );
+        drop(a);
+        let c = InFlight::begin(&s);
+        assert_eq!((c.seq, c.acked_below), (3, 2));
+        drop(b);
+        drop(c);
+        let d = InFlight::begin(&s);
+        assert_eq!((d.seq, d.acked_below), (4, 4));
+    }
+
+    #[test]
+    fn concurrent_writers_never_acknowledge_an_unsent_seq() {
+        let s = std::sync::Arc::new(session());
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..2_000 {
+                        let request = InFlight::begin(&s);
+                        // Every seq below acked_below was handed out and is finished.
+                        assert!(request.acked_below <= request.seq);
+                        let guard = lock(&s);
+                        assert!(guard
+                            .in_flight
+                            .range(..request.acked_below)
+                            .next()
+                            .is_none());
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().expect("writer thread");
+        }
+        assert!(
+            lock(&s).in_flight.is_empty(),
+            "every finished request left the set"
+        );
     }
 }
