@@ -6,6 +6,7 @@
 //! - [`history`]: records acknowledged operations and checks that none was lost.
 //! - [`workload`]: client tasks that produce such a history.
 //! - [`cli`]: runs the `baton` command line with a time limit.
+//! - [`holder`]: drives the `holder` binary, a side-effect holder in its own process.
 //! - [`wait`]: bounded polling.
 #![deny(missing_docs)]
 
@@ -13,6 +14,7 @@ pub mod binary;
 pub mod cli;
 pub mod cluster;
 pub mod history;
+pub mod holder;
 pub mod wait;
 pub mod workload;
 
