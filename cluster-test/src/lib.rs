@@ -7,6 +7,7 @@
 //! - [`workload`]: client tasks that produce such a history.
 //! - [`cli`]: runs the `baton` command line with a time limit.
 //! - [`holder`]: drives the `holder` binary, a side-effect holder in its own process.
+//! - [`queue_worker`]: runs `baton worker run` as its own process and reads what it reports.
 //! - [`wait`]: bounded polling.
 #![deny(missing_docs)]
 
@@ -15,6 +16,7 @@ pub mod cli;
 pub mod cluster;
 pub mod history;
 pub mod holder;
+pub mod queue_worker;
 pub mod wait;
 pub mod workload;
 
