@@ -5,6 +5,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::history::HistoryLimits;
+
 /// Everything one node needs to run.
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
@@ -22,6 +24,49 @@ pub struct NodeConfig {
     pub sweep_interval: Duration,
     /// Peers to reach at another address than the one in the membership (default: none).
     pub peer_addrs: BTreeMap<u64, String>,
+    /// Watch history and stream limits.
+    pub watch: WatchTuning,
+}
+
+/// How much change history a node keeps for watches, and how its streams behave.
+#[derive(Debug, Clone)]
+pub struct WatchTuning {
+    /// The history's bounds (default 100,000 changes, 64 MiB): a watch may start at any revision
+    /// the history still holds, an older one is refused `COMPACTED`.
+    pub history: HistoryLimits,
+    /// A stream whose consumer leaves this many changes unread behind it is ended with
+    /// `SLOW_CONSUMER` (default 50,000, half the history, so that it can resume where it was cut).
+    pub max_backlog: usize,
+    /// Changes buffered per stream between the history and the connection (default 256).
+    pub stream_buffer: usize,
+    /// How often an idle stream sends its progress, which is also its keep-alive (default 1 s).
+    pub progress_every: Duration,
+    /// A node that knows no leader for this long ends its streams with `NO_LEADER`, so clients
+    /// move to a node that is current (default 3 s).
+    pub leaderless_cutoff: Duration,
+}
+
+impl Default for WatchTuning {
+    fn default() -> Self {
+        let history = HistoryLimits::default();
+        Self {
+            history,
+            max_backlog: history.events / 2,
+            stream_buffer: 256,
+            progress_every: Duration::from_secs(1),
+            leaderless_cutoff: Duration::from_secs(3),
+        }
+    }
+}
+
+impl WatchTuning {
+    /// The defaults with a history of `events` changes and a backlog limit of half of it.
+    pub fn with_history(events: usize) -> Self {
+        let mut tuning = Self::default();
+        tuning.history.events = events;
+        tuning.max_backlog = (events / 2).max(1);
+        tuning
+    }
 }
 
 /// Raft timings and snapshot policy.

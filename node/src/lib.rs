@@ -3,6 +3,7 @@
 
 pub mod codec;
 pub mod config;
+pub mod history;
 pub mod network;
 pub mod node;
 pub mod server;

@@ -13,6 +13,7 @@ use baton_rpc::proto::handoff_server::HandoffServer;
 use baton_rpc::proto::queue_server::QueueServer;
 use baton_rpc::proto::raft::raft_server::RaftServer;
 use baton_rpc::proto::sink_server::SinkServer;
+use baton_rpc::proto::watch_server::WatchServer;
 use baton_statemachine::Command;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -23,7 +24,7 @@ use crate::network::{Network, MAX_RAFT_MESSAGE_BYTES};
 use crate::node::{Node, NodeRef};
 use crate::service::{
     BoardService, CheckpointService, ClusterService, EffectService, HandoffService, QueueService,
-    RaftService, SinkService,
+    RaftService, SinkService, WatchService,
 };
 use crate::stamp::wall_clock_ms;
 use crate::store;
@@ -55,8 +56,9 @@ pub async fn serve(
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
     claim_identity(&config)?;
-    let (log_store, state_machine) = store::open(&config.data_dir.join("db"))
-        .with_context(|| format!("cannot open storage in {}", config.data_dir.display()))?;
+    let (log_store, state_machine) =
+        store::open_with(&config.data_dir.join("db"), config.watch.history)
+            .with_context(|| format!("cannot open storage in {}", config.data_dir.display()))?;
     let raft_config = Arc::new(config.raft.to_openraft().context("invalid raft settings")?);
     let raft = Raft::new(
         config.id,
@@ -77,6 +79,13 @@ pub async fn serve(
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let sweeper = tokio::spawn(sweep_loop(node.clone(), config.sweep_interval, stop_rx));
+    // Watch streams never end on their own, so they are told when shutdown begins; otherwise the
+    // graceful shutdown would wait for them forever.
+    let (closing_tx, closing) = watch::channel(false);
+    let shutdown = async move {
+        shutdown.await;
+        let _ = closing_tx.send(true);
+    };
 
     let served = tonic::transport::Server::builder()
         .add_service(
@@ -109,6 +118,11 @@ pub async fn serve(
                 .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES),
         )
         .add_service(ClusterServer::new(ClusterService::new(node.clone())))
+        .add_service(WatchServer::new(WatchService::new(
+            node.clone(),
+            config.watch.clone(),
+            closing,
+        )))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await;
 

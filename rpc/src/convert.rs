@@ -2,6 +2,7 @@
 //! and required messages, returning the same typed refusal the state machine would.
 
 use baton_statemachine::board::{Lease as TaskLease, Task, TaskSpec, TaskState};
+use baton_statemachine::checkpoint::Checkpoint;
 use baton_statemachine::effect::{
     Action, ActionView, EffectLease, KeyStatus, Outcome, Reconcile, Resolution, Resolved,
     RetrySafety,
@@ -11,9 +12,13 @@ use baton_statemachine::queue::{
     validate_concurrency_key_bytes, Assignment, Attempt, AttemptOutcome, Queue, Task as QueueTask,
     TaskSpec as QueueTaskSpec, TaskState as QueueTaskState, Worker,
 };
-use baton_statemachine::Refusal;
+use baton_statemachine::sink::SinkValue;
+use baton_statemachine::{
+    Change, ChangeFilter, ChangeKind, ChangeValue, Permit, Primitive, Refusal,
+};
 
 use crate::proto;
+use crate::proto::watch_event::Value as EventValue;
 
 /// A state-machine receipt as protobuf.
 pub fn receipt_to_proto(receipt: &Receipt) -> proto::Receipt {
@@ -605,6 +610,147 @@ pub fn assignment_from_proto(assignment: proto::Assignment) -> Assignment {
     }
 }
 
+// ---------------------------------------------------------------- watch
+
+/// The change at `(revision, index)` as a watch event.
+pub fn change_to_proto(revision: u64, index: u32, change: &Change) -> proto::WatchEvent {
+    let value = match &change.value {
+        ChangeValue::Ticket(ticket) => EventValue::Ticket(ticket_to_proto(ticket)),
+        ChangeValue::Task(task) => EventValue::Task(task_listing_to_proto(task)),
+        ChangeValue::Action(view) => EventValue::Action(action_view_to_proto(view)),
+        ChangeValue::Sink(sink) => EventValue::Sink(proto::SinkValue {
+            seen_fence: sink.seen_fence,
+            value: sink.value.clone(),
+            writes: sink.writes,
+        }),
+        ChangeValue::Checkpoint(saved) => EventValue::Checkpoint(proto::CheckpointValue {
+            seq: saved.seq,
+            data: saved.data.clone(),
+            saved_at_ms: saved.saved_at_ms,
+        }),
+        ChangeValue::QueueTask(task) => EventValue::QueueTask(queue_task_summary_to_proto(task)),
+        ChangeValue::Queue(queue) => EventValue::Queue(queue_to_proto(queue)),
+        ChangeValue::Worker(worker) => EventValue::Worker(worker_to_proto(worker)),
+        ChangeValue::Permit(permit) => EventValue::Permit(proto::PermitValue {
+            namespace: permit.namespace.clone(),
+            key: permit.key.clone(),
+            highest_token: permit.highest_token,
+            queues: permit.queues.clone(),
+        }),
+    };
+    proto::WatchEvent {
+        revision,
+        index,
+        primitive: change.primitive.as_str().to_string(),
+        kind: change.kind.as_str().to_string(),
+        key: change.key.clone(),
+        holder: change.holder.clone(),
+        fence: change.fence,
+        value: Some(value),
+    }
+}
+
+/// A watch event as `(revision, index, change)`; an unknown primitive or kind, or a missing
+/// value, is an `INVALID_ARGUMENT` refusal (the client reports it as a protocol error).
+pub fn change_from_proto(event: proto::WatchEvent) -> Result<(u64, u32, Change), Refusal> {
+    let primitive = Primitive::parse(&event.primitive)
+        .ok_or_else(|| Refusal::invalid("event.primitive", "is not a known primitive"))?;
+    let kind = ChangeKind::parse(&event.kind)
+        .ok_or_else(|| Refusal::invalid("event.kind", "is not a known kind"))?;
+    let value = match event
+        .value
+        .ok_or_else(|| Refusal::invalid("event.value", "is required"))?
+    {
+        EventValue::Ticket(ticket) => ChangeValue::Ticket(Box::new(ticket_from_proto(ticket))),
+        EventValue::Task(task) => ChangeValue::Task(Box::new(task_from_proto(task))),
+        EventValue::Action(view) => ChangeValue::Action(Box::new(action_view_from_proto(view)?)),
+        EventValue::Sink(sink) => ChangeValue::Sink(SinkValue {
+            seen_fence: sink.seen_fence,
+            value: sink.value,
+            writes: sink.writes,
+        }),
+        EventValue::Checkpoint(saved) => ChangeValue::Checkpoint(Checkpoint {
+            seq: saved.seq,
+            data: saved.data,
+            saved_at_ms: saved.saved_at_ms,
+        }),
+        EventValue::QueueTask(task) => {
+            ChangeValue::QueueTask(Box::new(queue_task_from_proto(task)?))
+        }
+        EventValue::Queue(queue) => ChangeValue::Queue(queue_from_proto(queue)),
+        EventValue::Worker(worker) => ChangeValue::Worker(worker_from_proto(worker)),
+        EventValue::Permit(permit) => ChangeValue::Permit(Permit {
+            namespace: permit.namespace,
+            key: permit.key,
+            highest_token: permit.highest_token,
+            queues: permit.queues,
+        }),
+    };
+    let change = Change {
+        primitive,
+        key: event.key,
+        kind,
+        holder: event.holder,
+        fence: event.fence,
+        value,
+    };
+    Ok((event.revision, event.index, change))
+}
+
+/// A watch filter as protobuf.
+pub fn filter_to_proto(filter: &ChangeFilter) -> proto::WatchFilter {
+    proto::WatchFilter {
+        primitive: filter
+            .primitive
+            .map(|p| p.as_str().to_string())
+            .unwrap_or_default(),
+        key: filter.key.clone(),
+        key_prefix: filter.key_prefix.clone(),
+        ticket_to: filter.ticket_to.clone(),
+        leasable_in: filter.leasable_in.clone(),
+        holder: filter.holder.clone(),
+        kinds: filter
+            .kinds
+            .iter()
+            .map(|k| k.as_str().to_string())
+            .collect(),
+    }
+}
+
+/// A protobuf watch filter as a validated filter (a missing filter follows everything); an
+/// unknown primitive or kind, or a contradictory filter, is an `INVALID_ARGUMENT` refusal.
+pub fn filter_from_proto(filter: Option<proto::WatchFilter>) -> Result<ChangeFilter, Refusal> {
+    let filter = filter.unwrap_or_default();
+    let primitive = match filter.primitive.as_str() {
+        "" => None,
+        name => Some(Primitive::parse(name).ok_or_else(|| {
+            Refusal::invalid(
+                "filter.primitive",
+                "must be one of handoff, board, effect, sink, checkpoint, queue",
+            )
+        })?),
+    };
+    let kinds = filter
+        .kinds
+        .iter()
+        .map(|name| {
+            ChangeKind::parse(name)
+                .ok_or_else(|| Refusal::invalid("filter.kinds", format!("unknown kind {name:?}")))
+        })
+        .collect::<Result<_, _>>()?;
+    let filter = ChangeFilter {
+        primitive,
+        key: filter.key,
+        key_prefix: filter.key_prefix,
+        ticket_to: filter.ticket_to,
+        leasable_in: filter.leasable_in,
+        holder: filter.holder,
+        kinds,
+    };
+    filter.validate()?;
+    Ok(filter)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -892,6 +1038,87 @@ mod tests {
         assert_eq!(
             assignment_from_proto(assignment_to_proto(&assignment)),
             assignment
+        );
+    }
+
+    #[test]
+    fn watch_events_and_filters_survive_the_wire() {
+        let changes = [
+            Change {
+                primitive: Primitive::Queue,
+                key: "17".into(),
+                kind: ChangeKind::Lost,
+                holder: "w".into(),
+                fence: u64::MAX,
+                value: ChangeValue::queue_task(&queue_task()),
+            },
+            Change {
+                primitive: Primitive::Queue,
+                key: "object/42".into(),
+                kind: ChangeKind::KeyFreed,
+                holder: "w".into(),
+                fence: 3,
+                value: ChangeValue::Permit(Permit {
+                    namespace: "ns".into(),
+                    key: "object/42".into(),
+                    highest_token: 3,
+                    queues: vec!["a".into(), "b".into()],
+                }),
+            },
+            Change {
+                primitive: Primitive::Sink,
+                key: "r".into(),
+                kind: ChangeKind::Written,
+                holder: String::new(),
+                fence: 4,
+                value: ChangeValue::Sink(SinkValue {
+                    seen_fence: 4,
+                    value: b"v".to_vec(),
+                    writes: 2,
+                }),
+            },
+        ];
+        for (i, change) in changes.iter().enumerate() {
+            let event = change_to_proto(9, i as u32, change);
+            assert_eq!(event.kind, change.kind.as_str());
+            let (revision, index, back) = change_from_proto(event).unwrap();
+            assert_eq!((revision, index), (9, i as u32));
+            assert_eq!(&back, change);
+        }
+        let mut event = change_to_proto(1, 0, &changes[2]);
+        event.kind = "exploded".into();
+        assert!(change_from_proto(event).is_err());
+
+        let filter = ChangeFilter::all()
+            .primitive(Primitive::Handoff)
+            .tickets_to("B")
+            .kinds([ChangeKind::Offered, ChangeKind::Lost]);
+        assert_eq!(
+            filter_from_proto(Some(filter_to_proto(&filter))).unwrap(),
+            filter
+        );
+        assert_eq!(filter_from_proto(None).unwrap(), ChangeFilter::all());
+        let bad = proto::WatchFilter {
+            primitive: "tickets".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            invalid_field(filter_from_proto(Some(bad))),
+            "filter.primitive"
+        );
+        let bad = proto::WatchFilter {
+            kinds: vec!["exploded".into()],
+            ..Default::default()
+        };
+        assert_eq!(invalid_field(filter_from_proto(Some(bad))), "filter.kinds");
+        let bad = proto::WatchFilter {
+            key: Some("a".into()),
+            key_prefix: Some("a".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            invalid_field(filter_from_proto(Some(bad))),
+            "filter.key_prefix"
         );
     }
 }

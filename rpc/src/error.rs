@@ -28,6 +28,15 @@ pub mod infra {
     pub const INTERNAL: &str = "INTERNAL";
     /// A membership change was refused (another change in progress, an unknown learner, ...).
     pub const MEMBERSHIP: &str = "MEMBERSHIP";
+    /// A watch asked for a revision older than the node still retains; `oldest_revision` says
+    /// where its history begins. Resync: read a snapshot (e.g. `List`, which returns its
+    /// `revision` R), then watch from R + 1.
+    pub const COMPACTED: &str = "COMPACTED";
+    /// A watch stream fell too far behind the changes it follows and was ended;
+    /// `last_revision`/`last_index` name the last event it delivered. Resume right after it.
+    pub const SLOW_CONSUMER: &str = "SLOW_CONSUMER";
+    /// The node is shutting down; try another one.
+    pub const SHUTTING_DOWN: &str = "SHUTTING_DOWN";
 }
 
 /// The gRPC status code a refusal travels with.
@@ -102,6 +111,36 @@ pub fn not_leader_status(leader: Option<(u64, String)>) -> Status {
     with_detail(Code::Unavailable, message, &detail)
 }
 
+/// `COMPACTED`: a watch from `requested` cannot be served because this node's history begins at
+/// `oldest`.
+pub fn compacted_status(requested: u64, oldest: u64) -> Status {
+    let detail = ErrorDetail {
+        code: infra::COMPACTED.to_string(),
+        oldest_revision: oldest,
+        ..Default::default()
+    };
+    let message = format!(
+        "revision {requested} is no longer retained here (the oldest available is {oldest}); \
+         resync: read a snapshot (a List returns its revision R), then watch from R + 1"
+    );
+    with_detail(Code::OutOfRange, message, &detail)
+}
+
+/// `SLOW_CONSUMER`: the stream fell too far behind; it delivered up to `(revision, index)`.
+pub fn slow_consumer_status(revision: u64, index: u32, backlog: usize) -> Status {
+    let detail = ErrorDetail {
+        code: infra::SLOW_CONSUMER.to_string(),
+        last_revision: revision,
+        last_index: index,
+        ..Default::default()
+    };
+    let message = format!(
+        "the watch fell {backlog} changes behind and was ended after delivering \
+         {revision}.{index}; resume right after it"
+    );
+    with_detail(Code::ResourceExhausted, message, &detail)
+}
+
 fn with_detail(code: Code, message: String, detail: &ErrorDetail) -> Status {
     Status::with_details(code, message, detail.encode_to_vec().into())
 }
@@ -152,6 +191,19 @@ pub enum Error {
     /// The server answered something this client cannot understand.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// A watch cannot start where asked: no node retains the history from `requested` any more.
+    /// Nothing was skipped; resync by reading a snapshot (a `List` returns its revision R) and
+    /// watching from R + 1.
+    #[error(
+        "revision {requested} is compacted (the oldest available is {oldest_available}); resync: \
+         read a snapshot at a revision R, then watch from R + 1"
+    )]
+    Compacted {
+        /// The revision the watch needed next.
+        requested: u64,
+        /// The oldest revision the nodes that answered can still deliver from.
+        oldest_available: u64,
+    },
     /// The client was configured wrongly (e.g. no endpoints).
     #[error("configuration error: {0}")]
     Config(String),
@@ -198,10 +250,28 @@ mod tests {
             infra::ALREADY_INITIALIZED,
             infra::NOT_INITIALIZED,
             infra::MEMBERSHIP,
+            infra::COMPACTED,
+            infra::SLOW_CONSUMER,
+            infra::SHUTTING_DOWN,
         ] {
             let status = infra_status(Code::Unavailable, code, "x");
             let detail = detail_of(&status).expect("detail");
             assert_eq!(refusal_of(&detail), None, "{code} must not be a refusal");
         }
+    }
+
+    #[test]
+    fn watch_errors_carry_their_positions() {
+        let status = compacted_status(5, 120);
+        assert_eq!(status.code(), Code::OutOfRange);
+        let detail = detail_of(&status).expect("detail");
+        assert_eq!(detail.code, infra::COMPACTED);
+        assert_eq!(detail.oldest_revision, 120);
+
+        let status = slow_consumer_status(77, 3, 5000);
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        let detail = detail_of(&status).expect("detail");
+        assert_eq!(detail.code, infra::SLOW_CONSUMER);
+        assert_eq!((detail.last_revision, detail.last_index), (77, 3));
     }
 }

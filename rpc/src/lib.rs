@@ -3,7 +3,9 @@
 //! - [`proto`]: the generated gRPC messages and services (client API and Raft transport).
 //! - [`convert`]: protobuf <-> state-machine types.
 //! - [`error`]: the one place where codes map to gRPC statuses and back.
-//! - [`Client`]: leader discovery, redirects, retries with the same `(client_id, seq)`, typed errors.
+//! - [`Client`]: leader discovery, redirects, retries with the same `(client_id, seq)`, typed
+//!   errors, and [`Client::watch`]: every committed change matching a filter, in commit order,
+//!   resumed across node failures without a gap or a duplicate.
 //! - [`judge`]: the contract's judges driven against a live store.
 //! - [`worker`]: the task-queue worker runtime (long-poll leasing, start-before-run, renewals,
 //!   protocol checks, graceful draining).
@@ -16,7 +18,8 @@ pub mod judge;
 pub mod worker;
 
 pub use client::{
-    AttemptHistory, Client, ClientConfig, TaskSnapshot, TicketSnapshot, MAX_LEASE_WAIT,
+    AttemptHistory, Client, ClientConfig, Event, TaskSnapshot, TicketSnapshot, WatchPosition,
+    MAX_LEASE_WAIT, WATCH_SILENCE,
 };
 pub use error::Error;
 

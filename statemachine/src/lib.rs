@@ -11,6 +11,7 @@
 #![deny(missing_docs)]
 
 pub mod board;
+mod change;
 pub mod checkpoint;
 mod command;
 pub mod effect;
@@ -24,8 +25,9 @@ mod state;
 mod time;
 mod validate;
 
+pub use change::{Change, ChangeFilter, ChangeKind, ChangeValue, Permit, Primitive};
 pub use command::{Command, Envelope, Origin, Reply, Response, Stamp};
 pub use error::Refusal;
 pub use session::{SessionLookup, Sessions, SESSION_IDLE_TTL_MS};
-pub use state::{apply, State};
+pub use state::{apply, apply_with_changes, State};
 pub use time::{deadline_after, is_overdue};

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::board::{self, Board};
+use crate::change::{Change, ChangeKind, ChangeValue, Primitive};
 use crate::checkpoint::{self, Checkpoints};
 use crate::command::{Command, Envelope, Reply, Response, Stamp};
 use crate::effect::{self, Gate};
@@ -40,23 +41,81 @@ pub struct State {
 /// A repeated `(client_id, seq)` gets the response of its first application and changes nothing,
 /// not even the store clock: only a command that is executed advances it.
 pub fn apply(state: &mut State, envelope: &Envelope) -> Response {
+    apply_with_changes(state, envelope).0
+}
+
+/// [`apply`], also reporting every state change the entry made, in the order it made them (see
+/// [`Change`]). A retry answered from the session table, and a refusal that changed nothing,
+/// report none; a refusal judged after a lazy expiry reports that expiry.
+pub fn apply_with_changes(state: &mut State, envelope: &Envelope) -> (Response, Vec<Change>) {
+    let mut changes = Vec::new();
     let Some(origin) = &envelope.origin else {
-        return Response::Answer(execute(state, &envelope.stamp, &envelope.command));
+        let answer = execute(state, &envelope.stamp, &envelope.command, &mut changes);
+        return (Response::Answer(answer), changes);
     };
-    match state.sessions.lookup(origin) {
+    let response = match state.sessions.lookup(origin) {
         SessionLookup::Seen(first) => first,
         SessionLookup::Forgotten => Response::SessionExpired,
         SessionLookup::New => {
-            let response = Response::Answer(execute(state, &envelope.stamp, &envelope.command));
+            let answer = execute(state, &envelope.stamp, &envelope.command, &mut changes);
+            let response = Response::Answer(answer);
             state
                 .sessions
                 .record(origin, response.clone(), state.clock_ms);
             response
         }
+    };
+    (response, changes)
+}
+
+/// Runs one command and appends the changes it made to `changes`.
+fn execute(
+    state: &mut State,
+    stamp: &Stamp,
+    command: &Command,
+    changes: &mut Vec<Change>,
+) -> Result<Reply, Refusal> {
+    let answer = run(state, stamp, command);
+    // Only the sweep touches more than one primitive, and it runs them in this order.
+    changes.extend(state.handoff.take_changes());
+    changes.extend(state.board.take_changes());
+    changes.extend(state.effects.take_changes());
+    changes.extend(state.queue.take_changes());
+    if answer.is_ok() {
+        changes.extend(written(state, command));
+    }
+    answer
+}
+
+/// The change an accepted sink write or checkpoint save made (the other primitives record their
+/// own, including expiries judged along the way).
+fn written(state: &State, command: &Command) -> Option<Change> {
+    match command {
+        Command::Sink(sink::Command::Write {
+            resource, fence, ..
+        }) => state.sink.read(resource).map(|value| Change {
+            primitive: Primitive::Sink,
+            key: resource.clone(),
+            kind: ChangeKind::Written,
+            holder: String::new(),
+            fence: *fence,
+            value: ChangeValue::Sink(value.clone()),
+        }),
+        Command::Checkpoint(checkpoint::Command::SaveIfNewer { run, seq, .. }) => {
+            state.checkpoints.load(run).map(|saved| Change {
+                primitive: Primitive::Checkpoint,
+                key: run.clone(),
+                kind: ChangeKind::Saved,
+                holder: String::new(),
+                fence: *seq,
+                value: ChangeValue::Checkpoint(saved.clone()),
+            })
+        }
+        _ => None,
     }
 }
 
-fn execute(state: &mut State, stamp: &Stamp, command: &Command) -> Result<Reply, Refusal> {
+fn run(state: &mut State, stamp: &Stamp, command: &Command) -> Result<Reply, Refusal> {
     state.clock_ms = state.clock_ms.max(stamp.now_ms);
     let clock = state.clock_ms;
     match command {

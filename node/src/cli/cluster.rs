@@ -124,6 +124,10 @@ pub async fn status(endpoints: &[String], config: ClientConfig, as_json: bool) -
                     "term": info.as_ref().map(|i| i.term),
                     "last_log_index": info.as_ref().map(|i| i.last_log_index),
                     "applied_index": info.as_ref().map(|i| i.applied_index),
+                    "watch_oldest_revision": info.as_ref().map(|i| i.watch_oldest_revision),
+                    "watch_events": info.as_ref().map(|i| i.watch_events),
+                    "watch_bytes": info.as_ref().map(|i| i.watch_bytes),
+                    "watch_streams": info.as_ref().map(|i| i.watch_streams),
                 })
             })
             .collect();

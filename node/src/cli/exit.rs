@@ -12,6 +12,8 @@ pub const USAGE: u8 = 2;
 pub const REFUSED: u8 = 3;
 /// The cluster could not be reached or gave no usable answer in time.
 pub const UNREACHABLE: u8 = 4;
+/// A watch needs history no node retains any more: resync from a snapshot.
+pub const COMPACTED: u8 = 5;
 
 /// Prints a client error the way scripts and people both read it, and returns its exit code.
 pub fn report(error: &Error) -> u8 {
@@ -35,6 +37,10 @@ pub fn report(error: &Error) -> u8 {
         Error::Protocol(_) => {
             eprintln!("baton: {error}");
             FAILURE
+        }
+        Error::Compacted { .. } => {
+            eprintln!("COMPACTED: {error}");
+            COMPACTED
         }
     }
 }

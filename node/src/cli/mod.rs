@@ -11,15 +11,19 @@ mod members;
 mod queue;
 mod sink;
 mod ticket;
+mod watch;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use baton_node::config::{NodeConfig, RaftTuning};
+use baton_node::config::{NodeConfig, RaftTuning, WatchTuning};
 use baton_rpc::{Client, ClientConfig};
 use clap::{Args, Parser, Subcommand};
+
+/// How long a client command keeps retrying when `--timeout` is not given.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// The default endpoints: the cluster `baton dev` starts.
 const DEV_ENDPOINTS: &str = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003";
@@ -33,9 +37,10 @@ pub struct Cli {
     #[arg(long, global = true, env = "BATON_ENDPOINTS", value_delimiter = ',')]
     endpoints: Option<Vec<String>>,
 
-    /// How long a client command keeps retrying before it gives up.
-    #[arg(long, global = true, default_value = "15s", value_parser = humantime::parse_duration)]
-    timeout: Duration,
+    /// How long a client command keeps retrying before it gives up [default: 15s]. For
+    /// `ticket wait`: how long to wait for a ticket [default: 60s].
+    #[arg(long, global = true, value_parser = humantime::parse_duration)]
+    timeout: Option<Duration>,
 
     #[command(subcommand)]
     command: Command,
@@ -87,6 +92,8 @@ enum Command {
     /// Queue workers: run a demo worker that executes a command per task.
     #[command(subcommand)]
     Worker(queue::WorkerCommand),
+    /// Follow committed changes as they happen: one line per change, in commit order.
+    Watch(watch::WatchArgs),
 }
 
 /// Arguments of `baton node`.
@@ -145,6 +152,10 @@ pub struct TuningArgs {
     /// How often the leader sweeps due expiries.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     sweep_interval: Duration,
+    /// Changes kept in memory for watches; a watch from an older revision is refused COMPACTED,
+    /// and a stream left this many / 2 changes behind is cut SLOW_CONSUMER.
+    #[arg(long, env = "BATON_WATCH_HISTORY", default_value_t = 100_000)]
+    watch_history: usize,
 }
 
 impl TuningArgs {
@@ -173,6 +184,7 @@ impl TuningArgs {
             raft: self.raft(),
             sweep_interval: self.sweep_interval,
             peer_addrs: Default::default(),
+            watch: WatchTuning::with_history(self.watch_history),
         }
     }
 }
@@ -188,12 +200,13 @@ pub fn init_logging(cli: &Cli) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 
 /// Runs the parsed command and returns the process exit code.
 pub async fn run(cli: Cli) -> ExitCode {
-    let config = client_config(cli.timeout);
+    let config = client_config(cli.timeout.unwrap_or(DEFAULT_TIMEOUT));
     if let Command::Bench(args) = cli.command {
         return ExitCode::from(bench::run(args, cli.endpoints).await);
     }
@@ -218,7 +231,14 @@ pub async fn run(cli: Cli) -> ExitCode {
     };
     let code = match command {
         Command::Members(command) => members::run(command, &client).await,
-        Command::Ticket(command) => ticket::run(command, &client).await,
+        Command::Ticket(command) => {
+            ticket::run(
+                command,
+                &client,
+                cli.timeout.unwrap_or(ticket::WAIT_TIMEOUT),
+            )
+            .await
+        }
         Command::Check => ticket::check(&client).await,
         Command::Board(command) => board::run(command, &client).await,
         Command::Effect(command) => effect::run(command, &client).await,
@@ -227,6 +247,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Queue(command) => queue::run_queue(command, &client).await,
         Command::Task(command) => queue::run_task(command, &client).await,
         Command::Worker(command) => queue::run_worker(command, &client).await,
+        Command::Watch(args) => watch::run(args, &client).await,
         Command::Dev(_)
         | Command::Node(_)
         | Command::Cluster(_)

@@ -3,12 +3,17 @@
 use std::time::Duration;
 
 use baton_rpc::judge;
-use baton_rpc::Client;
-use baton_statemachine::handoff::{OfferArgs, Receipt, ReceiptStatus, Ticket};
+use baton_rpc::{Client, Error};
+use baton_statemachine::handoff::{OfferArgs, Receipt, ReceiptStatus, Ticket, TicketState};
+use baton_statemachine::{ChangeFilter, ChangeKind, ChangeValue, Primitive};
 use clap::{Subcommand, ValueEnum};
+use futures::StreamExt;
 use serde_json::json;
 
 use super::{exit, rfc3339, ttl_ms};
+
+/// How long `ticket wait` waits when `--timeout` is not given.
+pub const WAIT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// `baton ticket ...`
 #[derive(Subcommand, Debug)]
@@ -66,6 +71,16 @@ pub enum TicketCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Block until a ticket is offered to an agent, then print it (exit 1 if none comes within
+    /// --timeout, default 60s). A ticket already waiting for the agent is printed at once.
+    Wait {
+        /// The addressee.
+        #[arg(long)]
+        to: String,
+        /// Print the ticket as a JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Offer KEY if needed, let N takers race for it, and judge the race.
     Race {
         #[arg(long)]
@@ -96,7 +111,8 @@ impl From<StatusArg> for ReceiptStatus {
     }
 }
 
-pub async fn run(command: TicketCommand, client: &Client) -> u8 {
+/// Runs a ticket command; `wait` bounds `ticket wait`.
+pub async fn run(command: TicketCommand, client: &Client, wait: Duration) -> u8 {
     let result = match command {
         TicketCommand::Offer {
             key,
@@ -163,6 +179,7 @@ pub async fn run(command: TicketCommand, client: &Client) -> u8 {
             }
         }),
         TicketCommand::Race { key, takers, ttl } => return race(client, key, takers, ttl).await,
+        TicketCommand::Wait { to, json } => return wait_for(client, &to, wait, json).await,
     };
     match result {
         Ok(()) => exit::OK,
@@ -188,31 +205,84 @@ fn print_table(tickets: &[Ticket]) {
 }
 
 fn print_json(tickets: &[Ticket]) {
-    let list: Vec<_> = tickets
-        .iter()
-        .map(|t| {
-            json!({
-                "key": t.key,
-                "state": t.state.as_str(),
-                "generation": t.generation,
-                "holder": t.holder,
-                "deadline": rfc3339(t.deadline_ms),
-                "deadline_ms": t.deadline_ms,
-                "from": t.from,
-                "to": t.to,
-                "reply_to": t.reply_to,
-                "ttl_ms": t.ttl_ms,
-                "receipt_at_ms": t.receipt_at_ms,
-                "receipt": t.receipt.as_ref().map(|r| json!({
-                    "status": r.status.as_str(),
-                    "summary": r.summary,
-                    "failure": r.failure,
-                    "artifacts": r.artifacts,
-                })),
-            })
-        })
-        .collect();
+    let list: Vec<_> = tickets.iter().map(ticket_json).collect();
     println!("{}", serde_json::Value::Array(list));
+}
+
+/// A ticket as a JSON object (the payload as text, invalid UTF-8 replaced).
+pub fn ticket_json(t: &Ticket) -> serde_json::Value {
+    json!({
+        "key": t.key,
+        "state": t.state.as_str(),
+        "generation": t.generation,
+        "holder": t.holder,
+        "deadline": rfc3339(t.deadline_ms),
+        "deadline_ms": t.deadline_ms,
+        "from": t.from,
+        "to": t.to,
+        "reply_to": t.reply_to,
+        "ttl_ms": t.ttl_ms,
+        "payload": String::from_utf8_lossy(&t.payload),
+        "receipt_at_ms": t.receipt_at_ms,
+        "receipt": t.receipt.as_ref().map(|r| json!({
+            "status": r.status.as_str(),
+            "summary": r.summary,
+            "failure": r.failure,
+            "artifacts": r.artifacts,
+        })),
+    })
+}
+
+/// `ticket wait`: a ticket already offered to `to` is printed at once; otherwise the tickets
+/// addressed to `to` are watched from right after the snapshot just read, so an offer made in
+/// between is not missed.
+async fn wait_for(client: &Client, to: &str, limit: Duration, json: bool) -> u8 {
+    let found = tokio::time::timeout(limit, next_offer(client, to)).await;
+    match found {
+        Ok(Ok(ticket)) => {
+            if json {
+                println!("{}", ticket_json(&ticket));
+            } else {
+                println!(
+                    "key={} generation={} from={} reply_to={} deadline={} payload={}",
+                    ticket.key,
+                    ticket.generation,
+                    ticket.from,
+                    ticket.reply_to,
+                    rfc3339(ticket.deadline_ms),
+                    String::from_utf8_lossy(&ticket.payload)
+                );
+            }
+            exit::OK
+        }
+        Ok(Err(error)) => exit::report(&error),
+        Err(_) => {
+            eprintln!("no ticket was offered to {to} within {limit:?}");
+            exit::FAILURE
+        }
+    }
+}
+
+async fn next_offer(client: &Client, to: &str) -> Result<Ticket, Error> {
+    let snapshot = client.tickets().await?;
+    if let Some(ticket) = snapshot
+        .tickets
+        .into_iter()
+        .find(|t| t.to == to && t.state == TicketState::Offered && t.deadline_ms > snapshot.now_ms)
+    {
+        return Ok(ticket);
+    }
+    let filter = ChangeFilter::all()
+        .primitive(Primitive::Handoff)
+        .tickets_to(to)
+        .kinds([ChangeKind::Offered]);
+    let mut events = client.watch(filter, Some(snapshot.revision + 1)).await;
+    while let Some(event) = events.next().await {
+        if let ChangeValue::Ticket(ticket) = event?.change.value {
+            return Ok(*ticket);
+        }
+    }
+    Err(Error::Protocol("the watch ended without an error".into()))
 }
 
 async fn race(client: &Client, key: String, takers: usize, ttl: Duration) -> u8 {

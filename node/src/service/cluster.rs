@@ -59,6 +59,7 @@ impl cluster_server::Cluster for ClusterService {
             .current_leader
             .and_then(|leader| self.node.member_addr(leader))
             .unwrap_or_default();
+        let history = self.node.state_machine.history().stats();
         Ok(Response::new(NodeInfoResponse {
             id: self.node.id,
             addr: self.node.addr.clone(),
@@ -71,6 +72,10 @@ impl cluster_server::Cluster for ClusterService {
             initialized: !members.is_empty(),
             members,
             snapshot_index: metrics.snapshot.map(|id| id.index).unwrap_or(0),
+            watch_oldest_revision: history.oldest,
+            watch_events: history.events as u64,
+            watch_bytes: history.bytes as u64,
+            watch_streams: history.streams as u64,
         }))
     }
 

@@ -8,6 +8,7 @@ mod handoff;
 mod queue;
 mod raft;
 mod sink;
+mod watch;
 
 pub use board::BoardService;
 pub use checkpoint::CheckpointService;
@@ -17,6 +18,7 @@ pub use handoff::HandoffService;
 pub use queue::QueueService;
 pub use raft::RaftService;
 pub use sink::SinkService;
+pub use watch::{WatchOutput, WatchService};
 
 use baton_rpc::error::refusal_status;
 use baton_rpc::proto::RequestHeader;

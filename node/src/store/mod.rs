@@ -14,15 +14,25 @@ pub use state_machine::{Applied, StateMachineStore};
 
 use openraft::{ErrorSubject, ErrorVerb};
 
+use crate::history::HistoryLimits;
 use crate::types::StorageError;
 
-/// Opens (or creates) a node's sled database and returns both stores over it.
+/// Opens (or creates) a node's sled database and returns both stores over it, with the default
+/// watch history.
 pub fn open(path: &std::path::Path) -> Result<(LogStore, StateMachineStore), StorageError> {
+    open_with(path, HistoryLimits::default())
+}
+
+/// [`open`] keeping a watch history of `limits`.
+pub fn open_with(
+    path: &std::path::Path,
+    limits: HistoryLimits,
+) -> Result<(LogStore, StateMachineStore), StorageError> {
     let db = sled::Config::new()
         .path(path)
         .open()
         .map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Read, e))?;
-    Ok((LogStore::new(&db)?, StateMachineStore::new(&db)?))
+    Ok((LogStore::new(&db)?, StateMachineStore::new(&db, limits)?))
 }
 
 /// Wraps any storage failure as openraft's storage error.

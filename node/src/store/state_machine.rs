@@ -7,12 +7,13 @@
 //!
 //! Every apply batch and every installed snapshot bumps a [`watch`] of the applied log index, so
 //! a handler that waits for the state to change (the queue's long-poll lease) sleeps until it
-//! does instead of polling.
+//! does instead of polling. Every applied entry also appends the changes it made to the
+//! [`History`] that watch streams read; installing a snapshot restarts the history after it.
 
 use std::io::Cursor;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use baton_statemachine::{apply, Reply, Response, State};
+use baton_statemachine::{apply_with_changes, Reply, Response, State};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
     BasicNode, Entry, EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder, SnapshotMeta,
@@ -23,6 +24,7 @@ use tokio::sync::watch;
 
 use super::io_error;
 use crate::codec;
+use crate::history::{History, HistoryLimits};
 use crate::types::{LogId, NodeId, StorageError, TypeConfig};
 
 const SNAPSHOT_META: &[u8] = b"meta";
@@ -46,18 +48,21 @@ pub struct StateMachineStore {
     /// The last applied log index (0 before anything), bumped after every apply batch and every
     /// snapshot install.
     applied_index: Arc<watch::Sender<u64>>,
+    /// The changes of the most recently applied entries, for watches.
+    history: History,
     db: sled::Db,
     snapshots: sled::Tree,
 }
 
 impl StateMachineStore {
-    pub(super) fn new(db: &sled::Db) -> Result<Self, StorageError> {
+    pub(super) fn new(db: &sled::Db, limits: HistoryLimits) -> Result<Self, StorageError> {
         let snapshots = db
             .open_tree("snapshot")
             .map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Read, e))?;
         let store = Self {
             applied: Arc::default(),
             applied_index: Arc::new(watch::Sender::new(0)),
+            history: History::new(limits, 0),
             db: db.clone(),
             snapshots,
         };
@@ -78,6 +83,11 @@ impl StateMachineStore {
     /// every snapshot install, i.e. whenever the state may have changed.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.applied_index.subscribe()
+    }
+
+    /// The change history watch streams read.
+    pub fn history(&self) -> &History {
+        &self.history
     }
 
     /// Tells the watchers that the state changed (call with no lock held).
@@ -112,6 +122,8 @@ impl StateMachineStore {
             applied.last_applied = meta.last_log_id;
             applied.membership = meta.last_membership.clone();
         }
+        self.history
+            .reset(meta.last_log_id.map_or(0, |id| id.index));
         self.bump(meta.last_log_id);
         Ok(())
     }
@@ -203,13 +215,22 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     {
         let mut applied = self.write();
         let mut responses = Vec::new();
+        let mut changed = Vec::new();
         let before = applied.last_applied;
         for entry in entries {
             applied.last_applied = Some(entry.log_id);
             let response = match entry.payload {
                 EntryPayload::Normal(envelope) => {
-                    let response = apply(&mut applied.state, &envelope);
-                    tracing::trace!(index = entry.log_id.index, ?response, "applied");
+                    let (response, changes) = apply_with_changes(&mut applied.state, &envelope);
+                    tracing::trace!(
+                        index = entry.log_id.index,
+                        ?response,
+                        changes = changes.len(),
+                        "applied"
+                    );
+                    if !changes.is_empty() {
+                        changed.push((entry.log_id.index, changes));
+                    }
                     response
                 }
                 EntryPayload::Membership(membership) => {
@@ -223,6 +244,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let after = applied.last_applied;
         drop(applied);
         if after != before {
+            self.history.record(changed, after.map_or(0, |id| id.index));
             self.bump(after);
         }
         Ok(responses)

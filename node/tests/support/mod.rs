@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use baton_node::config::{NodeConfig, RaftTuning};
+use baton_node::config::{NodeConfig, RaftTuning, WatchTuning};
 use baton_rpc::{Client, ClientConfig};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -24,6 +24,11 @@ pub struct Cluster {
 impl Cluster {
     /// Starts the node, initialises a one-member cluster and connects a client.
     pub async fn start() -> Cluster {
+        Self::start_with(WatchTuning::default()).await
+    }
+
+    /// [`Cluster::start`] with the given watch history and stream limits.
+    pub async fn start_with(watch: WatchTuning) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let listen = listener.local_addr().unwrap();
@@ -40,6 +45,7 @@ impl Cluster {
             },
             sweep_interval: Duration::from_millis(200),
             peer_addrs: Default::default(),
+            watch,
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let server = tokio::spawn(baton_node::server::serve(config, listener, async move {

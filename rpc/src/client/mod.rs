@@ -16,10 +16,12 @@ mod effect;
 mod handoff;
 mod queue;
 mod sink;
+mod watch;
 
 pub use board::TaskSnapshot;
 pub use handoff::TicketSnapshot;
 pub use queue::{AttemptHistory, MAX_LEASE_WAIT};
+pub use watch::{Event, WatchPosition, WATCH_SILENCE};
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
@@ -407,9 +409,11 @@ fn classify(status: &Status) -> Verdict {
         infra::NOT_LEADER if !detail.leader_addr.is_empty() => {
             Verdict::Redirect(normalize(&detail.leader_addr))
         }
-        infra::NOT_LEADER | infra::NO_LEADER | infra::INTERNAL | infra::NOT_INITIALIZED => {
-            Verdict::Retry(format!("{}: {}", detail.code, status.message()))
-        }
+        infra::NOT_LEADER
+        | infra::NO_LEADER
+        | infra::INTERNAL
+        | infra::NOT_INITIALIZED
+        | infra::SHUTTING_DOWN => Verdict::Retry(format!("{}: {}", detail.code, status.message())),
         infra::SESSION_EXPIRED => {
             Verdict::Fail(Error::OutcomeUnknown(status.message().to_string()))
         }

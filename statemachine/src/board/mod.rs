@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 pub use check::{check, BoardProblem, BoardProblemCode};
 
+use crate::change::{Change, ChangeKind, ChangeValue, Journal, Primitive};
 use crate::command::Stamp;
 use crate::error::Refusal;
 use crate::limits::{MAX_AGENT_BYTES, MAX_DEPENDENCIES, MAX_KEY_BYTES};
@@ -155,6 +156,9 @@ pub const MAX_SEED_TASKS: usize = 10_000;
 pub struct Board {
     tasks: BTreeMap<String, Task>,
     lease_deadlines: BTreeSet<(u64, String)>,
+    /// Changes of the command being applied (transient).
+    #[serde(skip)]
+    journal: Journal,
 }
 
 impl Board {
@@ -196,24 +200,26 @@ impl Board {
             let done = previous
                 .as_ref()
                 .is_some_and(|task| task.state == TaskState::Done);
+            let task = Task {
+                id: spec.id.clone(),
+                deps: spec.deps,
+                state: if done {
+                    TaskState::Done
+                } else {
+                    TaskState::Open
+                },
+                lease: None,
+                max_fence,
+            };
+            // Re-seeding a claimed task clears the claim: its holder lost it.
             if let Some(lease) = previous.and_then(|task| task.lease) {
                 self.lease_deadlines
                     .remove(&(lease.until_ms, spec.id.clone()));
+                self.journal
+                    .push(change(ChangeKind::Lost, &lease.agent, lease.fence, &task));
             }
-            self.tasks.insert(
-                spec.id.clone(),
-                Task {
-                    id: spec.id,
-                    deps: spec.deps,
-                    state: if done {
-                        TaskState::Done
-                    } else {
-                        TaskState::Open
-                    },
-                    lease: None,
-                    max_fence,
-                },
-            );
+            self.journal.push(change(ChangeKind::Seeded, "", 0, &task));
+            self.tasks.insert(spec.id, task);
         }
         Ok(written)
     }
@@ -257,27 +263,35 @@ impl Board {
         self.lease_deadlines
             .insert((lease.until_ms, id.to_string()));
         task.lease = Some(lease);
-        Ok(task.clone())
+        let task = task.clone();
+        self.journal.push(leased(ChangeKind::Claimed, &task));
+        Ok(task)
     }
 
     /// Gives a live claim back; the task is open again.
     pub fn release(&mut self, clock_ms: u64, id: &str, token: &str) -> Result<(), Refusal> {
-        let until = self.current_lease(clock_ms, id, token)?.until_ms;
-        self.lease_deadlines.remove(&(until, id.to_string()));
+        let lease = self.current_lease(clock_ms, id, token)?.clone();
+        self.lease_deadlines
+            .remove(&(lease.until_ms, id.to_string()));
         if let Some(task) = self.tasks.get_mut(id) {
             task.state = TaskState::Open;
             task.lease = None;
+            let released = change(ChangeKind::Released, &lease.agent, lease.fence, task);
+            self.journal.push(released);
         }
         Ok(())
     }
 
     /// Completes a claimed task with its live claim; the task is done for good.
     pub fn complete(&mut self, clock_ms: u64, id: &str, token: &str) -> Result<(), Refusal> {
-        let until = self.current_lease(clock_ms, id, token)?.until_ms;
-        self.lease_deadlines.remove(&(until, id.to_string()));
+        let lease = self.current_lease(clock_ms, id, token)?.clone();
+        self.lease_deadlines
+            .remove(&(lease.until_ms, id.to_string()));
         if let Some(task) = self.tasks.get_mut(id) {
             task.state = TaskState::Done;
             task.lease = None;
+            let completed = change(ChangeKind::Completed, &lease.agent, lease.fence, task);
+            self.journal.push(completed);
         }
         Ok(())
     }
@@ -299,7 +313,9 @@ impl Board {
         if let Some(lease) = task.lease.as_mut() {
             lease.until_ms = until;
         }
-        Ok(task.clone())
+        let task = task.clone();
+        self.journal.push(leased(ChangeKind::Renewed, &task));
+        Ok(task)
     }
 
     /// Frees every lease whose time is up; returns how many.
@@ -311,8 +327,9 @@ impl Board {
             }
             self.lease_deadlines.pop_first();
             if let Some(task) = self.tasks.get_mut(&id) {
-                task.state = TaskState::Open;
-                task.lease = None;
+                if let Some(lost) = expire(task) {
+                    self.journal.push(lost);
+                }
                 expired += 1;
             }
         }
@@ -380,9 +397,42 @@ impl Board {
             if is_overdue(lease.until_ms, clock_ms) {
                 self.lease_deadlines
                     .remove(&(lease.until_ms, id.to_string()));
-                task.lease = None;
-                task.state = TaskState::Open;
+                if let Some(lost) = expire(task) {
+                    self.journal.push(lost);
+                }
             }
         }
+    }
+
+    /// The changes recorded since the last call (drained after every command).
+    pub(crate) fn take_changes(&mut self) -> Vec<Change> {
+        self.journal.take()
+    }
+}
+
+/// Ends a claim whose time is up: the task is open again and the claimer lost its lease.
+fn expire(task: &mut Task) -> Option<Change> {
+    let lease = task.lease.take()?;
+    task.state = TaskState::Open;
+    Some(change(ChangeKind::Lost, &lease.agent, lease.fence, task))
+}
+
+/// A change naming the task's current claim as holder and fence.
+fn leased(kind: ChangeKind, task: &Task) -> Change {
+    let (agent, fence) = task
+        .lease
+        .as_ref()
+        .map_or(("", 0), |lease| (lease.agent.as_str(), lease.fence));
+    change(kind, agent, fence, task)
+}
+
+fn change(kind: ChangeKind, holder: &str, fence: u64, task: &Task) -> Change {
+    Change {
+        primitive: Primitive::Board,
+        key: task.id.clone(),
+        kind,
+        holder: holder.to_string(),
+        fence,
+        value: ChangeValue::board_task(task),
     }
 }

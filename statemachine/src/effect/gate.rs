@@ -12,6 +12,7 @@ use super::types::{
     Action, ActionView, EffectLease, KeyStatus, Outcome, Reconcile, Resolution, Resolved,
     RetrySafety,
 };
+use crate::change::{Change, ChangeKind, ChangeValue, Journal, Primitive};
 use crate::command::Stamp;
 use crate::error::Refusal;
 use crate::limits::{MAX_KEY_BYTES, MAX_TEXT_BYTES};
@@ -59,6 +60,9 @@ pub struct Gate {
     resources: BTreeMap<String, ResourceRecord>,
     intent_deadlines: BTreeSet<(u64, String)>,
     hold_deadlines: BTreeSet<(u64, String)>,
+    /// Changes of the command being applied (transient).
+    #[serde(skip)]
+    journal: Journal,
 }
 
 fn validate_action(action: &Action) -> Result<(), Refusal> {
@@ -135,6 +139,7 @@ impl Gate {
             holder: lease.holder.clone(),
             until_ms,
         });
+        self.note(ChangeKind::Granted, &action.key, &lease.holder, lease.fence);
         Ok(Outcome::Granted(lease))
     }
 
@@ -169,6 +174,12 @@ impl Gate {
         if let Some(until) = intent_until {
             self.intent_deadlines.remove(&(until, action.key.clone()));
         }
+        self.note(
+            ChangeKind::Completed,
+            &action.key,
+            &lease.holder,
+            lease.fence,
+        );
         Ok(result)
     }
 
@@ -182,7 +193,14 @@ impl Gate {
     ) -> Result<(), Refusal> {
         self.expire_intent_if_overdue(&action.key, clock_ms);
         self.three_way_check(action, lease)?;
-        self.free_hold_if_ours(lease);
+        if self.free_hold_if_ours(lease) {
+            self.note(
+                ChangeKind::Released,
+                &action.key,
+                &lease.holder,
+                lease.fence,
+            );
+        }
         Ok(())
     }
 
@@ -204,6 +222,12 @@ impl Gate {
         record.attempt = None;
         record.reason = reason.to_string();
         self.free_hold_if_ours(lease);
+        self.note(
+            ChangeKind::Abandoned,
+            &action.key,
+            &lease.holder,
+            lease.fence,
+        );
         Ok(())
     }
 
@@ -246,6 +270,7 @@ impl Gate {
         {
             hold.until_ms = until_ms;
         }
+        self.note(ChangeKind::Renewed, &action.key, &lease.holder, lease.fence);
         Ok(EffectLease {
             until_ms,
             ..lease.clone()
@@ -274,6 +299,12 @@ impl Gate {
         let record = self.record_mut(&action.key)?;
         record.status = KeyStatus::Uncertain;
         record.reason = reason.to_string();
+        self.note(
+            ChangeKind::Uncertain,
+            &action.key,
+            &lease.holder,
+            lease.fence,
+        );
         Ok(())
     }
 
@@ -302,6 +333,7 @@ impl Gate {
             until_ms: deadline_after(clock_ms, ttl_ms),
         };
         record.reconcile = Some(reconcile.clone());
+        self.note(ChangeKind::Reconciling, &action.key, &reconcile.token, 0);
         Ok(reconcile)
     }
 
@@ -331,6 +363,7 @@ impl Gate {
             record.status = KeyStatus::Completed;
             record.result = Some(resolution.result.clone());
             record.reconcile = None;
+            self.note(ChangeKind::Resolved, &action.key, "", 0);
             return Ok(Resolved::Completed(resolution.result.clone()));
         }
         if record.safety == RetrySafety::Unsafe && !resolution.force_retryable {
@@ -339,6 +372,7 @@ impl Gate {
         record.status = KeyStatus::Idle;
         record.attempt = None;
         record.reconcile = None;
+        self.note(ChangeKind::Resolved, &action.key, "", 0);
         Ok(Resolved::Retryable)
     }
 
@@ -352,7 +386,10 @@ impl Gate {
             }
             self.intent_deadlines.pop_first();
             if let Some(record) = self.keys.get_mut(&key) {
-                mark_intent_expired(record);
+                let lost = mark_intent_expired(record);
+                if let Some((holder, fence)) = lost {
+                    self.note(ChangeKind::Lost, &key, &holder, fence);
+                }
                 expired += 1;
             }
         }
@@ -362,7 +399,10 @@ impl Gate {
             }
             self.hold_deadlines.pop_first();
             if let Some(record) = self.resources.get_mut(&resource) {
-                record.hold = None;
+                if let Some(hold) = record.hold.take() {
+                    let fence = record.max_fence;
+                    self.note(ChangeKind::HoldExpired, &hold.key, &hold.holder, fence);
+                }
                 expired += 1;
             }
         }
@@ -442,17 +482,20 @@ impl Gate {
         self.keys.get_mut(key).ok_or(Refusal::UnknownAction)
     }
 
-    fn free_hold_if_ours(&mut self, lease: &EffectLease) {
+    /// Frees the resource hold if `lease` holds it; returns whether it did.
+    fn free_hold_if_ours(&mut self, lease: &EffectLease) -> bool {
         let Some(resource) = self.resources.get_mut(&lease.resource) else {
-            return;
+            return false;
         };
         if let Some(hold) = &resource.hold {
             if hold.holder == lease.holder {
                 self.hold_deadlines
                     .remove(&(hold.until_ms, lease.resource.clone()));
                 resource.hold = None;
+                return true;
             }
         }
+        false
     }
 
     fn expire_intent_if_overdue(&mut self, key: &str, clock_ms: u64) {
@@ -466,7 +509,9 @@ impl Gate {
             if is_overdue(attempt.until_ms, clock_ms) {
                 self.intent_deadlines
                     .remove(&(attempt.until_ms, key.to_string()));
-                mark_intent_expired(record);
+                if let Some((holder, fence)) = mark_intent_expired(record) {
+                    self.note(ChangeKind::Lost, key, &holder, fence);
+                }
             }
         }
     }
@@ -479,16 +524,45 @@ impl Gate {
             if is_overdue(hold.until_ms, clock_ms) {
                 self.hold_deadlines
                     .remove(&(hold.until_ms, resource.to_string()));
-                record.hold = None;
+                if let Some(hold) = record.hold.take() {
+                    let fence = record.max_fence;
+                    self.note(ChangeKind::HoldExpired, &hold.key, &hold.holder, fence);
+                }
             }
         }
     }
+
+    /// Records a change of `key`, with its view after the change as the value.
+    fn note(&mut self, kind: ChangeKind, key: &str, holder: &str, fence: u64) {
+        let Some(view) = self.show(key) else {
+            return;
+        };
+        self.journal.push(Change {
+            primitive: Primitive::Effect,
+            key: key.to_string(),
+            kind,
+            holder: holder.to_string(),
+            fence,
+            value: ChangeValue::Action(Box::new(view)),
+        });
+    }
+
+    /// The changes recorded since the last call (drained after every command).
+    pub(crate) fn take_changes(&mut self) -> Vec<Change> {
+        self.journal.take()
+    }
 }
 
-/// An intent that ran out unresolved: nobody knows whether the effect happened.
-fn mark_intent_expired(record: &mut KeyRecord) {
-    if record.status == KeyStatus::InProgress {
-        record.status = KeyStatus::Uncertain;
-        record.reason = "execution intent expired unresolved".into();
+/// An intent that ran out unresolved: nobody knows whether the effect happened. Returns the
+/// holder and fence of the attempt that lost its lease.
+fn mark_intent_expired(record: &mut KeyRecord) -> Option<(String, u64)> {
+    if record.status != KeyStatus::InProgress {
+        return None;
     }
+    record.status = KeyStatus::Uncertain;
+    record.reason = "execution intent expired unresolved".into();
+    record
+        .attempt
+        .as_ref()
+        .map(|attempt| (attempt.holder.clone(), attempt.fence))
 }

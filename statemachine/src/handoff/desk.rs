@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::types::{Handle, OfferArgs, Receipt, Ticket, TicketState};
 use super::validate;
+use crate::change::{Change, ChangeKind, ChangeValue, Journal, Primitive};
 use crate::command::Stamp;
 use crate::error::Refusal;
 use crate::time::{deadline_after, is_overdue};
@@ -23,6 +24,9 @@ pub struct Desk {
     records: BTreeMap<String, Record>,
     /// `(deadline_ms, key)` of every offered or accepted ticket, so a sweep touches only what is due.
     live_deadlines: BTreeSet<(u64, String)>,
+    /// Changes of the command being applied (transient).
+    #[serde(skip)]
+    journal: Journal,
 }
 
 impl Desk {
@@ -62,6 +66,8 @@ impl Desk {
                 token: None,
             },
         );
+        self.journal
+            .push(change(ChangeKind::Offered, String::new(), &ticket));
         Ok(ticket)
     }
 
@@ -92,11 +98,14 @@ impl Desk {
         record.ticket.state = TicketState::Accepted;
         record.ticket.holder = Some(to.to_string());
         record.token = Some(token.clone());
-        Ok(Handle {
+        let handle = Handle {
             token,
             fence: record.ticket.generation,
             until_ms: record.ticket.deadline_ms,
-        })
+        };
+        let taken = change(ChangeKind::Taken, to.to_string(), &record.ticket);
+        self.journal.push(taken);
+        Ok(handle)
     }
 
     /// Settles a taken ticket with a receipt, accepted only with the take's token and only
@@ -122,11 +131,13 @@ impl Desk {
             _ => return Err(Refusal::AlreadySettled),
         }
         let deadline = record.ticket.deadline_ms;
+        let holder = record.ticket.holder.take().unwrap_or_default();
         record.ticket.state = TicketState::Closed;
-        record.ticket.holder = None;
         record.ticket.receipt_at_ms = Some(clock_ms);
         record.ticket.receipt = Some(receipt);
+        let closed = change(ChangeKind::Closed, holder, &record.ticket);
         self.live_deadlines.remove(&(deadline, key.to_string()));
+        self.journal.push(closed);
         Ok(())
     }
 
@@ -147,7 +158,9 @@ impl Desk {
         }
         let deadline = record.ticket.deadline_ms;
         record.ticket.state = TicketState::Withdrawn;
+        let withdrawn = change(ChangeKind::Withdrawn, String::new(), &record.ticket);
         self.live_deadlines.remove(&(deadline, key.to_string()));
+        self.journal.push(withdrawn);
         Ok(())
     }
 
@@ -160,7 +173,7 @@ impl Desk {
             }
             self.live_deadlines.pop_first();
             if let Some(record) = self.records.get_mut(&key) {
-                expire(record);
+                self.journal.push(expire(record));
                 expired += 1;
             }
         }
@@ -212,12 +225,34 @@ impl Desk {
         if record.ticket.state.is_live() && is_overdue(record.ticket.deadline_ms, clock_ms) {
             self.live_deadlines
                 .remove(&(record.ticket.deadline_ms, key.to_string()));
-            expire(record);
+            self.journal.push(expire(record));
         }
+    }
+
+    /// The changes recorded since the last call (drained after every command).
+    pub(crate) fn take_changes(&mut self) -> Vec<Change> {
+        self.journal.take()
     }
 }
 
-fn expire(record: &mut Record) {
+/// Expires a live ticket. A taken one is a lease lost by its holder (the addressee); an offered
+/// one simply expired.
+fn expire(record: &mut Record) -> Change {
+    let holder = record.ticket.holder.take();
     record.ticket.state = TicketState::Expired;
-    record.ticket.holder = None;
+    match holder {
+        Some(holder) => change(ChangeKind::Lost, holder, &record.ticket),
+        None => change(ChangeKind::Expired, String::new(), &record.ticket),
+    }
+}
+
+fn change(kind: ChangeKind, holder: String, ticket: &Ticket) -> Change {
+    Change {
+        primitive: Primitive::Handoff,
+        key: ticket.key.clone(),
+        kind,
+        holder,
+        fence: ticket.generation,
+        value: ChangeValue::Ticket(Box::new(ticket.clone())),
+    }
 }

@@ -8,6 +8,7 @@ use super::key;
 use super::types::{
     Assignment, Attempt, AttemptOutcome, Queue, SubmitReceipt, Task, TaskSpec, TaskState, Worker,
 };
+use crate::change::{Change, ChangeKind, ChangeValue, Journal, Permit as PermitView, Primitive};
 use crate::error::Refusal;
 use crate::limits::{MAX_AGENT_BYTES, MAX_KEY_BYTES, MAX_PAYLOAD_BYTES, MAX_TEXT_BYTES};
 use crate::time::{deadline_after, is_overdue};
@@ -63,6 +64,9 @@ pub struct TaskQueue {
     deadlines: BTreeSet<(u64, u64)>,
     /// `(namespace, key)` -> permit.
     permits: BTreeMap<(String, String), Permit>,
+    /// Changes of the command being applied (transient).
+    #[serde(skip)]
+    journal: Journal,
 }
 
 impl TaskQueue {
@@ -78,6 +82,14 @@ impl TaskQueue {
             return Ok(existing.clone());
         }
         self.queues.insert(queue.name.clone(), queue.clone());
+        self.journal.push(Change {
+            primitive: Primitive::Queue,
+            key: queue.name.clone(),
+            kind: ChangeKind::QueueCreated,
+            holder: String::new(),
+            fence: 0,
+            value: ChangeValue::Queue(queue.clone()),
+        });
         Ok(queue)
     }
 
@@ -93,6 +105,14 @@ impl TaskQueue {
             return Ok(existing.clone());
         }
         self.workers.insert(worker.id.clone(), worker.clone());
+        self.journal.push(Change {
+            primitive: Primitive::Queue,
+            key: worker.id.clone(),
+            kind: ChangeKind::WorkerRegistered,
+            holder: String::new(),
+            fence: 0,
+            value: ChangeValue::Worker(worker.clone()),
+        });
         Ok(worker)
     }
 
@@ -135,6 +155,8 @@ impl TaskQueue {
         self.deadlines.insert((deadline_ms, id));
         self.submissions.insert(submission, id);
         self.tasks.insert(id, task.clone());
+        self.note(id, ChangeKind::Submitted);
+        self.note_if_leasable(id);
         Ok(SubmitReceipt {
             task,
             replayed: false,
@@ -198,8 +220,12 @@ impl TaskQueue {
             chosen.push(id);
         }
         for id in exhausted {
+            const EXHAUSTED: &str = "the concurrency key's permit tokens are exhausted";
             if let Some(task) = self.tasks.get_mut(&id) {
-                task.last_error = "the concurrency key's permit tokens are exhausted".into();
+                if task.last_error != EXHAUSTED {
+                    task.last_error = EXHAUSTED.into();
+                    self.note(id, ChangeKind::Updated);
+                }
             }
         }
         let until = deadline_after(clock_ms, lease_ttl_ms);
@@ -219,13 +245,16 @@ impl TaskQueue {
     ) -> Result<Task, Refusal> {
         self.expire_lease_if_overdue(clock_ms, id);
         let task = self.active(id, attempt, worker)?;
-        if task.state == TaskState::Leased {
-            task.state = TaskState::Running;
-            if let Some(current) = task.attempts.last_mut() {
-                current.started_at_ms = Some(clock_ms);
-            }
+        if task.state != TaskState::Leased {
+            return Ok(task.clone());
         }
-        Ok(task.clone())
+        task.state = TaskState::Running;
+        if let Some(current) = task.attempts.last_mut() {
+            current.started_at_ms = Some(clock_ms);
+        }
+        let task = task.clone();
+        self.note_attempt(id, ChangeKind::Started);
+        Ok(task)
     }
 
     /// Extends an active attempt's lease; the permit is held for exactly as long.
@@ -247,6 +276,7 @@ impl TaskQueue {
         let task = task.clone();
         self.leases.remove(&(old, id));
         self.leases.insert((until, id));
+        self.note_attempt(id, ChangeKind::Renewed);
         Ok(task)
     }
 
@@ -342,8 +372,10 @@ impl TaskQueue {
     }
 
     /// Cancels a task that has not started; a leased attempt is cancelled and its permit freed.
+    /// A task whose lease or total deadline has run out is judged so first.
     pub fn cancel(&mut self, clock_ms: u64, id: u64) -> Result<Task, Refusal> {
         self.expire_lease_if_overdue(clock_ms, id);
+        self.fail_if_past_deadline(clock_ms, id);
         let task = self.tasks.get_mut(&id).ok_or(Refusal::UnknownTask)?;
         match task.state {
             TaskState::Waiting => {
@@ -351,13 +383,17 @@ impl TaskQueue {
                 if let Some(ready) = self.ready.get_mut(&queue) {
                     ready.remove(&id);
                 }
-                self.finish(id, TaskState::Cancelled, "cancelled".into())
+                let task = self.finish(id, TaskState::Cancelled, "cancelled".into());
+                self.note(id, ChangeKind::Cancelled);
+                task
             }
             TaskState::RetryWait => {
                 if let Some(at) = task.retry_at_ms.take() {
                     self.retries.remove(&(at, id));
                 }
-                self.finish(id, TaskState::Cancelled, "cancelled".into())
+                let task = self.finish(id, TaskState::Cancelled, "cancelled".into());
+                self.note(id, ChangeKind::Cancelled);
+                task
             }
             TaskState::Leased => self.end_attempt(
                 clock_ms,
@@ -379,6 +415,9 @@ impl TaskQueue {
             if !is_overdue(until, clock_ms) {
                 break;
             }
+            // Taken off the index first, so an index entry that no longer matches its attempt
+            // can never make this loop spin.
+            self.leases.pop_first();
             self.expire_lease(clock_ms, id);
             changed += 1;
         }
@@ -394,6 +433,8 @@ impl TaskQueue {
                     .entry(task.spec.queue.clone())
                     .or_default()
                     .insert(id);
+                self.note(id, ChangeKind::Requeued);
+                self.note_if_leasable(id);
                 changed += 1;
             }
         }
@@ -405,27 +446,9 @@ impl TaskQueue {
             .filter(|id| self.tasks.get(id).is_some_and(|t| !t.state.is_active()))
             .collect();
         for id in overdue {
-            if let Some(task) = self.tasks.get_mut(&id) {
-                match task.state {
-                    TaskState::Waiting => {
-                        if let Some(ready) = self.ready.get_mut(&task.spec.queue) {
-                            ready.remove(&id);
-                        }
-                    }
-                    TaskState::RetryWait => {
-                        if let Some(at) = task.retry_at_ms.take() {
-                            self.retries.remove(&(at, id));
-                        }
-                    }
-                    _ => continue,
-                }
+            if self.fail_past_deadline(id) {
+                changed += 1;
             }
-            let _ = self.finish(
-                id,
-                TaskState::Failed,
-                "the task's total deadline passed".into(),
-            );
-            changed += 1;
         }
         changed
     }
@@ -587,7 +610,7 @@ impl TaskQueue {
         });
         task.state = TaskState::Leased;
         self.leases.insert((until, id));
-        Some(Assignment {
+        let assignment = Assignment {
             task_id: id,
             attempt: number,
             queue: task.spec.queue.clone(),
@@ -599,7 +622,9 @@ impl TaskQueue {
             concurrency_key: task.spec.concurrency_key.clone(),
             token,
             lease_until_ms: until,
-        })
+        };
+        self.note_attempt(id, ChangeKind::Leased);
+        Some(assignment)
     }
 
     /// The task whose active attempt is `attempt`, held by `worker`; anything else is a lost lease.
@@ -634,6 +659,20 @@ impl TaskQueue {
     /// Ends the active attempt with `outcome`, frees its permit and lease, and moves the task to
     /// `next` (back-off is scheduled for `RetryWait`, waiting again for `Waiting`).
     fn end_attempt(
+        &mut self,
+        clock_ms: u64,
+        id: u64,
+        outcome: AttemptOutcome,
+        note: String,
+        next: TaskState,
+    ) -> Result<Task, Refusal> {
+        let task = self.move_on_from_attempt(clock_ms, id, outcome, note, next)?;
+        self.note_attempt_ended(&task, outcome);
+        Ok(task)
+    }
+
+    /// [`Self::end_attempt`] without recording the changes.
+    fn move_on_from_attempt(
         &mut self,
         clock_ms: u64,
         id: u64,
@@ -699,6 +738,46 @@ impl TaskQueue {
         }
     }
 
+    /// Fails a waiting or backing-off task whose total deadline the caller found passed; returns
+    /// whether it did (an active attempt runs on until its lease ends).
+    fn fail_past_deadline(&mut self, id: u64) -> bool {
+        let Some(task) = self.tasks.get_mut(&id) else {
+            return false;
+        };
+        match task.state {
+            TaskState::Waiting => {
+                if let Some(ready) = self.ready.get_mut(&task.spec.queue) {
+                    ready.remove(&id);
+                }
+            }
+            TaskState::RetryWait => {
+                if let Some(at) = task.retry_at_ms.take() {
+                    self.retries.remove(&(at, id));
+                }
+            }
+            _ => return false,
+        }
+        let _ = self.finish(
+            id,
+            TaskState::Failed,
+            "the task's total deadline passed".into(),
+        );
+        self.note(id, ChangeKind::Failed);
+        true
+    }
+
+    /// Judges one task's total deadline at apply time, so that a command's answer never depends
+    /// on whether a sweep ran first.
+    fn fail_if_past_deadline(&mut self, clock_ms: u64, id: u64) {
+        let due = self
+            .tasks
+            .get(&id)
+            .is_some_and(|t| is_overdue(t.deadline_ms, clock_ms));
+        if due {
+            self.fail_past_deadline(id);
+        }
+    }
+
     fn expire_lease_if_overdue(&mut self, clock_ms: u64, id: u64) {
         let due = self
             .tasks
@@ -736,6 +815,101 @@ impl TaskQueue {
             "the lease expired before the attempt started".to_string()
         };
         let _ = self.end_attempt(clock_ms, id, AttemptOutcome::Expired, note, next);
+    }
+}
+
+/// Recording changes for watches.
+impl TaskQueue {
+    /// Records a change of task `id` that concerns no attempt.
+    fn note(&mut self, id: u64, kind: ChangeKind) {
+        self.record(id, kind, false);
+    }
+
+    /// Records a change of task `id`'s latest attempt, naming its worker and fence (the permit
+    /// token, or the attempt number for an unkeyed task).
+    fn note_attempt(&mut self, id: u64, kind: ChangeKind) {
+        self.record(id, kind, true);
+    }
+
+    fn record(&mut self, id: u64, kind: ChangeKind, attempt: bool) {
+        let Some(task) = self.tasks.get(&id) else {
+            return;
+        };
+        let (holder, fence) = match task.attempts.last() {
+            Some(a) if attempt => (a.worker.clone(), a.token.unwrap_or(u64::from(a.number))),
+            _ => (String::new(), 0),
+        };
+        let change = Change {
+            primitive: Primitive::Queue,
+            key: id.to_string(),
+            kind,
+            holder,
+            fence,
+            value: ChangeValue::queue_task(task),
+        };
+        self.journal.push(change);
+    }
+
+    /// Records `leasable` when task `id` waits and its concurrency key is free (or it has none).
+    fn note_if_leasable(&mut self, id: u64) {
+        let Some(task) = self.tasks.get(&id) else {
+            return;
+        };
+        let key = &task.spec.concurrency_key;
+        let free = key.is_empty()
+            || self
+                .permits
+                .get(&(task.namespace.clone(), key.clone()))
+                .is_none_or(|p| p.holder.is_none() && p.highest_token < u64::MAX);
+        if task.state == TaskState::Waiting && free {
+            self.note(id, ChangeKind::Leasable);
+        }
+    }
+
+    /// Records how an attempt ended: `lost` when its lease ran out, otherwise the task's new
+    /// state; then `key_freed` when it held a permit, and `leasable` when the task waits again.
+    fn note_attempt_ended(&mut self, task: &Task, outcome: AttemptOutcome) {
+        let kind = match (outcome, task.state) {
+            (AttemptOutcome::Expired, _) => ChangeKind::Lost,
+            (_, TaskState::RetryWait) => ChangeKind::RetryWait,
+            (_, TaskState::Succeeded) => ChangeKind::Succeeded,
+            (_, TaskState::Cancelled) => ChangeKind::Cancelled,
+            (_, TaskState::NeedsReview) => ChangeKind::NeedsReview,
+            (_, TaskState::Waiting) => ChangeKind::Requeued,
+            _ => ChangeKind::Failed,
+        };
+        self.note_attempt(task.id, kind);
+        let Some(attempt) = task.attempts.last() else {
+            return;
+        };
+        if let Some(token) = attempt.token {
+            let queues = self
+                .queues
+                .values()
+                .filter(|q| q.namespace == task.namespace)
+                .map(|q| q.name.clone())
+                .collect();
+            let key = task.spec.concurrency_key.clone();
+            self.journal.push(Change {
+                primitive: Primitive::Queue,
+                key: key.clone(),
+                kind: ChangeKind::KeyFreed,
+                holder: attempt.worker.clone(),
+                fence: token,
+                value: ChangeValue::Permit(PermitView {
+                    namespace: task.namespace.clone(),
+                    highest_token: self.highest_token(&task.namespace, &key),
+                    key,
+                    queues,
+                }),
+            });
+        }
+        self.note_if_leasable(task.id);
+    }
+
+    /// The changes recorded since the last call (drained after every command).
+    pub(crate) fn take_changes(&mut self) -> Vec<Change> {
+        self.journal.take()
     }
 }
 

@@ -1,0 +1,380 @@
+//! The change history a node serves watches from: the changes of the entries it applied most
+//! recently, in memory, in commit order.
+//!
+//! Every applied entry appends its changes at positions `(revision, index)`: the entry's log index
+//! and the change's place in the entry. The history is bounded by a number of changes and a
+//! rough number of bytes; when it is full the oldest changes go, a whole revision at a time, and
+//! [`History::oldest`] moves past them. A watch may start at any revision from `oldest` on (even
+//! one not applied yet); an older start would miss changes, so it is refused (`COMPACTED`).
+//!
+//! The history is not persisted. On start-up it begins right after the snapshot the node loaded,
+//! and openraft then re-applies the committed log suffix, so a restarted node regains the changes
+//! of that suffix. Installing a snapshot from the leader jumps the state over changes this node
+//! never applied: the history restarts right after the snapshot.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use baton_rpc::WatchPosition;
+use baton_statemachine::Change;
+use tokio::sync::watch;
+
+/// How much history a node keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HistoryLimits {
+    /// Most changes kept.
+    pub events: usize,
+    /// Most bytes (as [`Change::approx_bytes`] counts them) kept.
+    pub bytes: usize,
+}
+
+impl Default for HistoryLimits {
+    /// 100,000 changes and 64 MiB: minutes of history at typical rates.
+    fn default() -> Self {
+        Self {
+            events: 100_000,
+            bytes: 64 << 20,
+        }
+    }
+}
+
+/// One change at its position.
+#[derive(Debug)]
+pub struct Recorded {
+    /// Its position.
+    pub position: WatchPosition,
+    /// The change.
+    pub change: Change,
+    bytes: usize,
+}
+
+/// Changes read from the history.
+#[derive(Debug)]
+pub struct Batch {
+    /// Consecutive changes from the position asked for.
+    pub events: Vec<Arc<Recorded>>,
+    /// Whether the batch reaches the newest change (nothing more to read right now).
+    pub caught_up: bool,
+    /// The last applied revision when the batch was read; when caught up, every change up to
+    /// it has been read.
+    pub head: u64,
+}
+
+/// What the history holds right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HistoryStats {
+    /// The oldest revision a watch can start at.
+    pub oldest: u64,
+    /// The last applied revision.
+    pub head: u64,
+    /// Changes held.
+    pub events: usize,
+    /// Bytes held (approximately).
+    pub bytes: usize,
+    /// Watch streams open.
+    pub streams: usize,
+}
+
+#[derive(Debug)]
+struct Ring {
+    events: VecDeque<Arc<Recorded>>,
+    bytes: usize,
+    /// Every change of a revision at or above this is held (or not applied yet).
+    oldest: u64,
+    /// The last applied revision.
+    head: u64,
+}
+
+/// The bounded in-memory change history; clones are cheap handles to the same history.
+#[derive(Debug, Clone)]
+pub struct History {
+    inner: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    ring: Mutex<Ring>,
+    /// The last applied revision, for streams to wait on.
+    head: watch::Sender<u64>,
+    limits: HistoryLimits,
+    streams: AtomicUsize,
+}
+
+/// Counts an open stream for as long as it lives.
+#[derive(Debug)]
+pub struct StreamGuard {
+    inner: Arc<Shared>,
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        self.inner.streams.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl History {
+    /// An empty history of a node whose state is at `applied` (0 for none).
+    pub fn new(limits: HistoryLimits, applied: u64) -> Self {
+        History {
+            inner: Arc::new(Shared {
+                ring: Mutex::new(Ring {
+                    events: VecDeque::new(),
+                    bytes: 0,
+                    oldest: applied + 1,
+                    head: applied,
+                }),
+                head: watch::Sender::new(applied),
+                limits,
+                streams: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    fn ring(&self) -> MutexGuard<'_, Ring> {
+        self.inner
+            .ring
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Appends the changes of applied entries (`(revision, changes)` in log order) and moves the
+    /// head to `applied`, the last index applied (entries without changes move it too).
+    pub fn record(&self, entries: Vec<(u64, Vec<Change>)>, applied: u64) {
+        {
+            let mut ring = self.ring();
+            for (revision, changes) in entries {
+                for (index, change) in changes.into_iter().enumerate() {
+                    let bytes = change.approx_bytes();
+                    ring.bytes += bytes;
+                    ring.events.push_back(Arc::new(Recorded {
+                        position: WatchPosition {
+                            revision,
+                            index: u32::try_from(index).unwrap_or(u32::MAX),
+                        },
+                        change,
+                        bytes,
+                    }));
+                }
+            }
+            ring.head = ring.head.max(applied);
+            self.evict(&mut ring);
+        }
+        self.inner.head.send_replace(applied);
+    }
+
+    /// Forgets everything: the state jumped to `applied` (a snapshot was installed), so the
+    /// changes before it are unknown here.
+    pub fn reset(&self, applied: u64) {
+        {
+            let mut ring = self.ring();
+            ring.events.clear();
+            ring.bytes = 0;
+            ring.oldest = applied + 1;
+            ring.head = applied;
+        }
+        self.inner.head.send_replace(applied);
+    }
+
+    /// Drops the oldest changes, a whole revision at a time, until the limits hold.
+    fn evict(&self, ring: &mut Ring) {
+        let limits = self.inner.limits;
+        while ring.events.len() > limits.events || ring.bytes > limits.bytes {
+            let Some(first) = ring.events.pop_front() else {
+                break;
+            };
+            ring.bytes -= first.bytes;
+            ring.oldest = ring.oldest.max(first.position.revision + 1);
+            while ring
+                .events
+                .front()
+                .is_some_and(|e| e.position.revision < ring.oldest)
+            {
+                if let Some(rest) = ring.events.pop_front() {
+                    ring.bytes -= rest.bytes;
+                }
+            }
+        }
+    }
+
+    /// Up to `max` changes from `from` on, or `Err(oldest)` when `from` is older than the history
+    /// holds.
+    pub fn read(&self, from: WatchPosition, max: usize) -> Result<Batch, u64> {
+        let ring = self.ring();
+        if from.revision < ring.oldest {
+            return Err(ring.oldest);
+        }
+        let start = ring.events.partition_point(|e| e.position < from);
+        let end = ring.events.len().min(start + max);
+        Ok(Batch {
+            events: ring.events.range(start..end).cloned().collect(),
+            caught_up: end == ring.events.len(),
+            head: ring.head,
+        })
+    }
+
+    /// How many held changes are at or after `from`, or `None` when `from` is no longer held.
+    pub fn backlog(&self, from: WatchPosition) -> Option<usize> {
+        let ring = self.ring();
+        if from.revision < ring.oldest {
+            return None;
+        }
+        Some(ring.events.len() - ring.events.partition_point(|e| e.position < from))
+    }
+
+    /// Whether a watch may start at `from`: `Err(oldest)` when it is older than the history holds.
+    pub fn check_start(&self, from: WatchPosition) -> Result<(), u64> {
+        let ring = self.ring();
+        if from.revision < ring.oldest {
+            return Err(ring.oldest);
+        }
+        Ok(())
+    }
+
+    /// The last applied revision.
+    pub fn head(&self) -> u64 {
+        self.ring().head
+    }
+
+    /// The oldest revision a watch can start at.
+    pub fn oldest(&self) -> u64 {
+        self.ring().oldest
+    }
+
+    /// Wakes up whenever the head moves (or the history is reset).
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.inner.head.subscribe()
+    }
+
+    /// Counts a stream until the guard is dropped.
+    pub fn open_stream(&self) -> StreamGuard {
+        self.inner.streams.fetch_add(1, Ordering::Relaxed);
+        StreamGuard {
+            inner: self.inner.clone(),
+        }
+    }
+
+    /// What the history holds.
+    pub fn stats(&self) -> HistoryStats {
+        let ring = self.ring();
+        HistoryStats {
+            oldest: ring.oldest,
+            head: ring.head,
+            events: ring.events.len(),
+            bytes: ring.bytes,
+            streams: self.inner.streams.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The limits it keeps to.
+    pub fn limits(&self) -> HistoryLimits {
+        self.inner.limits
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use baton_statemachine::sink::SinkValue;
+    use baton_statemachine::{ChangeKind, ChangeValue, Primitive};
+
+    use super::*;
+
+    fn change(key: &str) -> Change {
+        Change {
+            primitive: Primitive::Sink,
+            key: key.into(),
+            kind: ChangeKind::Written,
+            holder: String::new(),
+            fence: 1,
+            value: ChangeValue::Sink(SinkValue {
+                seen_fence: 1,
+                value: vec![],
+                writes: 1,
+            }),
+        }
+    }
+
+    fn at(revision: u64, index: u32) -> WatchPosition {
+        WatchPosition { revision, index }
+    }
+
+    fn positions(batch: &Batch) -> Vec<(u64, u32)> {
+        batch
+            .events
+            .iter()
+            .map(|e| (e.position.revision, e.position.index))
+            .collect()
+    }
+
+    #[test]
+    fn reads_resume_mid_entry_and_report_when_caught_up() {
+        let history = History::new(HistoryLimits::default(), 0);
+        history.record(
+            vec![(2, vec![change("a"), change("b")]), (4, vec![change("c")])],
+            5,
+        );
+        let batch = history.read(at(1, 0), 10).unwrap();
+        assert_eq!(positions(&batch), vec![(2, 0), (2, 1), (4, 0)]);
+        assert!(batch.caught_up);
+        assert_eq!(batch.head, 5);
+        let batch = history.read(at(2, 1), 1).unwrap();
+        assert_eq!(positions(&batch), vec![(2, 1)]);
+        assert!(!batch.caught_up);
+        assert!(history.read(at(9, 0), 10).unwrap().events.is_empty());
+        assert_eq!(history.backlog(at(2, 1)), Some(2));
+    }
+
+    #[test]
+    fn eviction_drops_whole_revisions_and_moves_the_oldest() {
+        let limits = HistoryLimits {
+            events: 3,
+            bytes: usize::MAX,
+        };
+        let history = History::new(limits, 0);
+        history.record(vec![(1, vec![change("a"), change("b")])], 1);
+        history.record(vec![(2, vec![change("c"), change("d")])], 2);
+        let stats = history.stats();
+        assert_eq!(stats.events, 2, "revision 1 went as a whole");
+        assert_eq!(stats.oldest, 2);
+        assert_eq!(history.read(at(1, 1), 10).unwrap_err(), 2);
+        assert_eq!(
+            positions(&history.read(at(2, 0), 10).unwrap()),
+            vec![(2, 0), (2, 1)]
+        );
+        assert_eq!(history.backlog(at(1, 0)), None);
+    }
+
+    #[test]
+    fn the_byte_limit_bounds_the_history_too() {
+        let one = change("k").approx_bytes();
+        let limits = HistoryLimits {
+            events: 1_000,
+            bytes: one * 10,
+        };
+        let history = History::new(limits, 0);
+        for revision in 1..=100 {
+            history.record(vec![(revision, vec![change("k")])], revision);
+        }
+        let stats = history.stats();
+        assert!(stats.bytes <= one * 10, "{stats:?}");
+        assert_eq!(stats.events, 10);
+        assert_eq!(stats.oldest, 91);
+    }
+
+    #[test]
+    fn a_reset_starts_the_history_after_the_snapshot() {
+        let history = History::new(HistoryLimits::default(), 0);
+        history.record(vec![(1, vec![change("a")])], 1);
+        history.reset(50);
+        assert_eq!(history.read(at(1, 0), 10).unwrap_err(), 51);
+        assert!(history.check_start(at(51, 0)).is_ok());
+        assert_eq!(history.head(), 50);
+        history.record(vec![(51, vec![change("b")])], 51);
+        assert_eq!(
+            positions(&history.read(at(51, 0), 10).unwrap()),
+            vec![(51, 0)]
+        );
+    }
+}

@@ -1,0 +1,290 @@
+//! The watch service: every committed change matching a filter, pushed in commit order.
+//!
+//! Any node serves watches from its own [`History`] — followers included, and without going
+//! through the log. Each stream has a pump task that reads the history from the stream's
+//! position, filters, and hands matching changes to a bounded buffer the connection drains. The
+//! pump never skips: it moves its position past a change only after handing it over (or finding
+//! that it does not match). It ends the stream with a typed error when it cannot go on:
+//!
+//! - `COMPACTED` when its position is older than the history holds (at the start, or after a
+//!   snapshot install restarted the history);
+//! - `SLOW_CONSUMER` when the buffer is full and the changes left unread behind the stream exceed
+//!   the backlog limit (the node keeps no more per stream than the buffer: the history is shared
+//!   and bounded);
+//! - `NO_LEADER` when the node has known no leader for a while (it may be partitioned away and
+//!   stale), and `SHUTTING_DOWN` when the node stops.
+//!
+//! The client library resumes after the last change it received, on another node if needed.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use baton_rpc::error::{compacted_status, infra, infra_status, slow_consumer_status};
+use baton_rpc::proto::watch_response::Item;
+use baton_rpc::proto::watch_server;
+use baton_rpc::proto::{WatchRequest, WatchResponse};
+use baton_rpc::{convert, WatchPosition};
+use baton_statemachine::ChangeFilter;
+use futures::{Future, Stream};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+use tonic::{Code, Request, Response, Status};
+
+use super::refused;
+use crate::config::WatchTuning;
+use crate::history::History;
+use crate::node::NodeRef;
+
+/// Changes a pump reads from the history at a time.
+const READ_BATCH: usize = 256;
+
+/// Serves watches.
+pub struct WatchService {
+    node: NodeRef,
+    tuning: WatchTuning,
+    closing: watch::Receiver<bool>,
+}
+
+impl WatchService {
+    /// Serves `node`'s history; streams end when `closing` turns true (the node shuts down).
+    pub fn new(node: NodeRef, tuning: WatchTuning, closing: watch::Receiver<bool>) -> Self {
+        Self {
+            node,
+            tuning,
+            closing,
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl watch_server::Watch for WatchService {
+    type WatchStream = WatchOutput;
+
+    #[tracing::instrument(skip_all, fields(query = "watch"))]
+    async fn watch(
+        &self,
+        request: Request<WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let request = request.into_inner();
+        let filter = convert::filter_from_proto(request.filter).map_err(refused)?;
+        let history = self.node.state_machine.history().clone();
+        let start = if request.start_revision == 0 {
+            WatchPosition::at(history.head() + 1)
+        } else {
+            WatchPosition {
+                revision: request.start_revision,
+                index: request.start_index,
+            }
+        };
+        history
+            .check_start(start)
+            .map_err(|oldest| compacted_status(start.revision, oldest))?;
+        let (events, buffered) = mpsc::channel(self.tuning.stream_buffer.max(1));
+        let (end_tx, end) = oneshot::channel();
+        let pump = Pump {
+            node: self.node.clone(),
+            history,
+            filter,
+            next: start,
+            last_sent: None,
+            events,
+            tuning: self.tuning.clone(),
+            closing: self.closing.clone(),
+        };
+        tracing::debug!(start = ?start, "watch started");
+        tokio::spawn(async move {
+            if let Some(status) = pump.run().await {
+                tracing::debug!(code = ?status.code(), message = status.message(), "watch ended");
+                let _ = end_tx.send(status);
+            }
+        });
+        Ok(Response::new(WatchOutput {
+            buffered,
+            end: Some(end),
+        }))
+    }
+}
+
+/// A stream's output: the buffered changes, then the error that ended the stream, if any.
+pub struct WatchOutput {
+    buffered: mpsc::Receiver<WatchResponse>,
+    end: Option<oneshot::Receiver<Status>>,
+}
+
+impl Stream for WatchOutput {
+    type Item = Result<WatchResponse, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        match self.buffered.poll_recv(cx) {
+            Poll::Ready(Some(response)) => Poll::Ready(Some(Ok(response))),
+            Poll::Pending => Poll::Pending,
+            // The pump is gone: it sent its verdict (if any) before dropping the buffer's sender.
+            Poll::Ready(None) => {
+                let Some(end) = self.end.as_mut() else {
+                    return Poll::Ready(None);
+                };
+                match Pin::new(end).poll(cx) {
+                    Poll::Ready(verdict) => {
+                        self.end = None;
+                        Poll::Ready(verdict.ok().map(Err))
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+}
+
+/// Moves changes from the history into one stream's buffer.
+struct Pump {
+    node: NodeRef,
+    history: History,
+    filter: ChangeFilter,
+    /// The next position to look at.
+    next: WatchPosition,
+    /// The last change handed to the buffer.
+    last_sent: Option<WatchPosition>,
+    events: mpsc::Sender<WatchResponse>,
+    tuning: WatchTuning,
+    closing: watch::Receiver<bool>,
+}
+
+impl Pump {
+    /// Runs until the client goes away (`None`) or the stream must end with an error.
+    async fn run(mut self) -> Option<Status> {
+        let _open = self.history.open_stream();
+        let mut head = self.history.subscribe();
+        // The first message says where the stream starts (what "now" was, for a watch from now).
+        if self
+            .events
+            .send(progress(self.next.revision.saturating_sub(1)))
+            .await
+            .is_err()
+        {
+            return None;
+        }
+        let mut last_progress = Instant::now();
+        let mut leaderless_since: Option<Instant> = None;
+        loop {
+            // Mark the head seen before reading, so a change recorded after the read wakes us.
+            head.borrow_and_update();
+            let batch = match self.history.read(self.next, READ_BATCH) {
+                Ok(batch) => batch,
+                Err(oldest) => return Some(compacted_status(self.next.revision, oldest)),
+            };
+            for recorded in &batch.events {
+                let position = recorded.position;
+                let after = WatchPosition {
+                    revision: position.revision,
+                    index: position.index.saturating_add(1),
+                };
+                if self.filter.matches(&recorded.change) {
+                    let event = convert::change_to_proto(
+                        position.revision,
+                        position.index,
+                        &recorded.change,
+                    );
+                    let response = WatchResponse {
+                        item: Some(Item::Event(event)),
+                    };
+                    if let Err(end) = self.hand_over(response, after, &mut head).await {
+                        return end;
+                    }
+                    self.last_sent = Some(position);
+                }
+                self.next = after;
+            }
+            if !batch.caught_up {
+                if last_progress.elapsed() >= self.tuning.progress_every {
+                    // Busy skipping changes that do not match: still tell the client how far
+                    // the stream got, so a reconnect need not go back further.
+                    let passed = self.next.revision.saturating_sub(1);
+                    let _ = self.events.try_send(progress(passed));
+                    last_progress = Instant::now();
+                }
+                tokio::task::yield_now().await;
+                continue;
+            }
+            let wait = self
+                .tuning
+                .progress_every
+                .saturating_sub(last_progress.elapsed());
+            tokio::select! {
+                _ = head.changed() => continue,
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.events.closed() => return None,
+                _ = self.closing.changed() => return Some(shutting_down()),
+            }
+            // Idle for a while: report progress (also the stream's keep-alive), and make sure
+            // this node is still current.
+            let _ = self.events.try_send(progress(
+                batch.head.max(self.next.revision.saturating_sub(1)),
+            ));
+            last_progress = Instant::now();
+            if self.has_leader() {
+                leaderless_since = None;
+            } else {
+                let since = *leaderless_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= self.tuning.leaderless_cutoff {
+                    return Some(infra_status(
+                        Code::Unavailable,
+                        infra::NO_LEADER,
+                        "this node has known no leader for a while and may be stale; watch \
+                         from another node",
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Waits for room in the buffer and hands `response` over. Ends the stream when the client
+    /// is gone (`Err(None)`), falls too far behind, or the node closes (`Err(Some(status))`).
+    async fn hand_over(
+        &mut self,
+        response: WatchResponse,
+        after: WatchPosition,
+        head: &mut watch::Receiver<u64>,
+    ) -> Result<(), Option<Status>> {
+        loop {
+            tokio::select! {
+                permit = self.events.reserve() => {
+                    let permit = permit.map_err(|_| None)?;
+                    permit.send(response);
+                    return Ok(());
+                }
+                changed = head.changed() => {
+                    if changed.is_err() {
+                        return Err(Some(shutting_down()));
+                    }
+                    // `None`: what the stream still owes is no longer held at all.
+                    let backlog = self.history.backlog(after).unwrap_or(usize::MAX);
+                    if backlog > self.tuning.max_backlog {
+                        let (revision, index) = self
+                            .last_sent
+                            .map_or((0, 0), |p| (p.revision, p.index));
+                        return Err(Some(slow_consumer_status(revision, index, backlog)));
+                    }
+                }
+                _ = self.closing.changed() => return Err(Some(shutting_down())),
+            }
+        }
+    }
+
+    fn has_leader(&self) -> bool {
+        self.node.raft.metrics().borrow().current_leader.is_some()
+    }
+}
+
+fn progress(revision: u64) -> WatchResponse {
+    WatchResponse {
+        item: Some(Item::Progress(revision)),
+    }
+}
+
+fn shutting_down() -> Status {
+    infra_status(
+        Code::Unavailable,
+        infra::SHUTTING_DOWN,
+        "this node is shutting down; watch from another node",
+    )
+}

@@ -1,0 +1,375 @@
+//! Watches against an in-process single-node cluster over real gRPC: every change in commit
+//! order with its value, a typed `COMPACTED` for a start the node no longer retains (and the
+//! resync it describes), and a slow consumer cut off with `SLOW_CONSUMER` while the node's memory
+//! stays bounded, then resumed by the client library without a gap or a duplicate.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use baton_node::config::WatchTuning;
+use baton_node::history::HistoryLimits;
+use baton_rpc::error::{detail_of, infra};
+use baton_rpc::proto::watch_client::WatchClient;
+use baton_rpc::proto::watch_response::Item;
+use baton_rpc::proto::{self, WatchRequest};
+use baton_rpc::{Error, Event, WatchPosition};
+use baton_statemachine::board::TaskSpec;
+use baton_statemachine::handoff::{OfferArgs, Receipt, ReceiptStatus, TicketState};
+use baton_statemachine::{ChangeFilter, ChangeKind, ChangeValue, Primitive, Refusal};
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use tonic::Code;
+
+mod support;
+use support::Cluster;
+
+/// The next event of a watch, within a generous bound.
+async fn next(events: &mut BoxStream<'static, Result<Event, Error>>) -> Event {
+    tokio::time::timeout(Duration::from_secs(10), events.next())
+        .await
+        .expect("an event within 10 s")
+        .expect("the watch goes on")
+        .expect("an event, not an error")
+}
+
+fn offer_args(key: &str, to: &str) -> OfferArgs {
+    OfferArgs {
+        key: key.into(),
+        from: "A".into(),
+        to: to.into(),
+        payload: b"job".to_vec(),
+        reply_to: "A".into(),
+        ttl_ms: 60_000,
+    }
+}
+
+async fn node_info(cluster: &Cluster) -> proto::NodeInfoResponse {
+    cluster.client.node_info(&cluster.addr).await.unwrap()
+}
+
+/// A raw watch stream on the node, for what the client library hides.
+async fn raw_watch(
+    cluster: &Cluster,
+    start_revision: u64,
+) -> Result<tonic::Streaming<proto::WatchResponse>, tonic::Status> {
+    let mut client = WatchClient::connect(format!("http://{}", cluster.addr))
+        .await
+        .unwrap();
+    client
+        .watch(WatchRequest {
+            filter: None,
+            start_revision,
+            start_index: 0,
+        })
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_delivers_every_matching_change_in_commit_order_with_its_value() {
+    let cluster = Cluster::start().await;
+    let client = &cluster.client;
+    let mut all = client.watch(ChangeFilter::all(), None).await;
+    let mut to_b = client
+        .watch(ChangeFilter::all().tickets_to("B"), None)
+        .await;
+    let mut board = client
+        .watch(ChangeFilter::all().primitive(Primitive::Board), None)
+        .await;
+    // Both watches are open (their first progress fixed "now") before anything is written.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    client.offer(offer_args("t1", "B")).await.unwrap();
+    client.offer(offer_args("t2", "C")).await.unwrap();
+    let handle = client.take("t1", "B").await.unwrap();
+    let receipt = Receipt {
+        status: ReceiptStatus::Done,
+        summary: "done".into(),
+        failure: String::new(),
+        artifacts: vec![],
+    };
+    client.reply("t1", &handle.token, &receipt).await.unwrap();
+    let seeded = [
+        TaskSpec {
+            id: "a".into(),
+            deps: vec![],
+        },
+        TaskSpec {
+            id: "b".into(),
+            deps: vec![],
+        },
+    ];
+    client.seed(&seeded).await.unwrap();
+    client.claim("a", "ann", 60_000).await.unwrap();
+
+    let mut seen = Vec::new();
+    for _ in 0..7 {
+        seen.push(next(&mut all).await);
+    }
+    let kinds: Vec<(ChangeKind, &str)> = seen
+        .iter()
+        .map(|e| (e.change.kind, e.change.key.as_str()))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (ChangeKind::Offered, "t1"),
+            (ChangeKind::Offered, "t2"),
+            (ChangeKind::Taken, "t1"),
+            (ChangeKind::Closed, "t1"),
+            (ChangeKind::Seeded, "a"),
+            (ChangeKind::Seeded, "b"),
+            (ChangeKind::Claimed, "a"),
+        ]
+    );
+    let positions: Vec<WatchPosition> = seen.iter().map(Event::position).collect();
+    assert!(positions.windows(2).all(|w| w[0] < w[1]), "{positions:?}");
+    assert_eq!(
+        (seen[4].revision, seen[4].index, seen[5].index),
+        (seen[5].revision, 0, 1),
+        "one seed entry, two changes"
+    );
+    match &seen[2].change.value {
+        ChangeValue::Ticket(t) => {
+            assert_eq!(t.state, TicketState::Accepted);
+            assert_eq!(t.holder.as_deref(), Some("B"));
+        }
+        other => panic!("want a ticket, got {other:?}"),
+    }
+    assert_eq!(seen[2].change.holder, "B");
+    match &seen[6].change.value {
+        ChangeValue::Task(t) => assert!(t.lease.as_ref().unwrap().token.is_empty()),
+        other => panic!("want a task, got {other:?}"),
+    }
+
+    let mut addressed = Vec::new();
+    for _ in 0..3 {
+        addressed.push(next(&mut to_b).await.change.kind);
+    }
+    assert_eq!(
+        addressed,
+        vec![ChangeKind::Offered, ChangeKind::Taken, ChangeKind::Closed]
+    );
+    assert_eq!(next(&mut board).await.change.kind, ChangeKind::Seeded);
+
+    // The same history again, from its first revision.
+    let mut replay = client
+        .watch(ChangeFilter::all(), Some(seen[0].revision))
+        .await;
+    for expected in &seen {
+        assert_eq!(&next(&mut replay).await, expected);
+    }
+
+    // A bad filter is a typed refusal.
+    let mut bad = client
+        .watch(ChangeFilter::all().key("a").prefix("a"), None)
+        .await;
+    match bad.next().await {
+        Some(Err(Error::Refused(Refusal::Invalid { field, .. }))) => {
+            assert_eq!(field, "filter.key_prefix")
+        }
+        other => panic!("want an invalid-argument refusal, got {other:?}"),
+    }
+    assert!(bad.next().await.is_none(), "nothing after the error");
+    drop((all, to_b, board, replay));
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_from_a_compacted_revision_gets_compacted_and_a_resync_from_a_snapshot_works() {
+    let cluster = Cluster::start_with(WatchTuning::with_history(40)).await;
+    let client = &cluster.client;
+    for i in 0..100u64 {
+        client.write_fenced("r", i + 1, b"v").await.unwrap();
+    }
+    let info = node_info(&cluster).await;
+    assert!(info.watch_events <= 40, "{info:?}");
+    assert!(info.watch_oldest_revision > 1, "{info:?}");
+
+    // The raw answer: OUT_OF_RANGE with the oldest available revision in its detail.
+    let status = raw_watch(&cluster, 1).await.unwrap_err();
+    assert_eq!(status.code(), Code::OutOfRange);
+    let detail = detail_of(&status).unwrap();
+    assert_eq!(detail.code, infra::COMPACTED);
+    assert_eq!(detail.oldest_revision, info.watch_oldest_revision);
+    assert!(status.message().contains("resync"), "{}", status.message());
+
+    // The client library surfaces it as a typed error and never starts later silently.
+    let mut events = client.watch(ChangeFilter::all(), Some(1)).await;
+    match events.next().await {
+        Some(Err(Error::Compacted {
+            requested,
+            oldest_available,
+        })) => {
+            assert_eq!(requested, 1);
+            assert_eq!(oldest_available, info.watch_oldest_revision);
+        }
+        other => panic!("want COMPACTED, got {other:?}"),
+    }
+    assert!(events.next().await.is_none());
+
+    // The oldest retained revision itself is still served, from its first change.
+    let mut oldest = client
+        .watch(ChangeFilter::all(), Some(info.watch_oldest_revision))
+        .await;
+    assert_eq!(next(&mut oldest).await.revision, info.watch_oldest_revision);
+
+    // Resync: read a snapshot at revision R, then watch from R + 1.
+    let snapshot = client.tasks().await.unwrap();
+    let mut events = client
+        .watch(
+            ChangeFilter::all().primitive(Primitive::Sink),
+            Some(snapshot.revision + 1),
+        )
+        .await;
+    client.write_fenced("r", 500, b"after").await.unwrap();
+    let event = next(&mut events).await;
+    assert!(event.revision > snapshot.revision);
+    assert_eq!(event.change.fence, 500);
+    drop((events, oldest));
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_consumer_is_cut_off_with_bounded_memory_and_the_client_resumes_without_a_gap() {
+    let mut tuning = WatchTuning::with_history(2_000);
+    tuning.max_backlog = 60;
+    tuning.stream_buffer = 8;
+    tuning.history = HistoryLimits {
+        events: 2_000,
+        bytes: 64 << 20,
+    };
+    let cluster = Cluster::start_with(tuning).await;
+    let client = &cluster.client;
+    // 32 KiB values: the stream's HTTP/2 flow-control window (2 MiB) holds about 60 of them, so
+    // a consumer that reads nothing makes the node's pump wait, and the backlog grow.
+    let value = vec![b'x'; 32 << 10];
+    client.write_fenced("warm-up", 1, b"w").await.unwrap();
+    let start = node_info(&cluster).await.applied_index + 1;
+
+    // A raw stream that reads nothing while 300 changes are made.
+    let mut stuck = raw_watch(&cluster, start).await.unwrap();
+    let mut library = client
+        .watch(ChangeFilter::all().primitive(Primitive::Sink), Some(start))
+        .await;
+    for i in 0..300u64 {
+        client
+            .write_fenced(&format!("r{}", i % 7), i + 1, &value)
+            .await
+            .unwrap();
+    }
+    let info = node_info(&cluster).await;
+    assert!(info.watch_events <= 2_000, "{info:?}");
+    assert!(info.watch_bytes <= 64 << 20, "{info:?}");
+
+    // The stuck stream delivers what was buffered, then the typed cut-off naming the last change
+    // it delivered.
+    let mut delivered: Vec<(u64, u32)> = Vec::new();
+    let until = tokio::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        match tokio::time::timeout_at(until, stuck.message()).await {
+            Ok(Ok(Some(response))) => match response.item {
+                Some(Item::Event(event)) => delivered.push((event.revision, event.index)),
+                Some(Item::Progress(_)) | None => {}
+            },
+            Ok(Ok(None)) => panic!("the stream ended without an error"),
+            Ok(Err(status)) => break status,
+            Err(_) => panic!(
+                "no cut-off within 20 s ({} changes delivered)",
+                delivered.len()
+            ),
+        }
+    };
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    let detail = detail_of(&status).unwrap();
+    assert_eq!(detail.code, infra::SLOW_CONSUMER);
+    assert!(!delivered.is_empty());
+    assert!(
+        delivered.len() < 300,
+        "a stuck consumer is cut long before it has everything ({} delivered)",
+        delivered.len()
+    );
+    assert_eq!(
+        delivered.last().copied(),
+        Some((detail.last_revision, detail.last_index))
+    );
+    assert_eq!(
+        delivered.first().map(|d| d.0),
+        Some(start),
+        "no gap at the start"
+    );
+    let streams_after_cut = node_info(&cluster).await.watch_streams;
+
+    // Resuming right after the last delivered change gives the rest, exactly.
+    let mut resumed = client
+        .watch_from(
+            ChangeFilter::all(),
+            Some(WatchPosition {
+                revision: detail.last_revision,
+                index: detail.last_index + 1,
+            }),
+        )
+        .await;
+    let mut rest = Vec::new();
+    while delivered.len() + rest.len() < 300 {
+        rest.push(next(&mut resumed).await.revision);
+    }
+    let all: Vec<u64> = delivered
+        .iter()
+        .map(|d| d.0)
+        .chain(rest.iter().copied())
+        .collect();
+    assert!(
+        all.windows(2).all(|w| w[0] < w[1]),
+        "in order, no duplicate"
+    );
+    assert_eq!(all.len(), 300);
+
+    // The client library's own slow consumer: it reads one change every 10 ms, is cut off on
+    // the way, resumes by itself, and sees every change exactly once.
+    let mut seen = Vec::new();
+    while seen.len() < 300 {
+        let event = next(&mut library).await;
+        seen.push(event.revision);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(seen, all, "the library's watch equals the history");
+    assert!(
+        streams_after_cut <= 2,
+        "the cut stream's pump is gone ({streams_after_cut} open)"
+    );
+    drop((stuck, library, resumed));
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_loss_reaches_the_holders_watch() {
+    let cluster = Cluster::start().await;
+    let client = &cluster.client;
+    client
+        .seed(&[TaskSpec {
+            id: "job".into(),
+            deps: vec![],
+        }])
+        .await
+        .unwrap();
+    let mut mine = client.watch(ChangeFilter::all().holder("ann"), None).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let claimed = client.claim("job", "ann", 300).await.unwrap();
+    let fence = claimed.lease.unwrap().fence;
+    let event = next(&mut mine).await;
+    assert_eq!(
+        (event.change.kind, event.change.fence),
+        (ChangeKind::Claimed, fence)
+    );
+    // Nobody renews: the leader's sweep materialises the expiry and ann hears of it.
+    let event = next(&mut mine).await;
+    assert_eq!(event.change.kind, ChangeKind::Lost);
+    assert_eq!(
+        (event.change.key.as_str(), event.change.fence),
+        ("job", fence)
+    );
+    assert_eq!(event.change.holder, "ann");
+    drop(mine);
+    cluster.stop().await;
+}

@@ -1,0 +1,386 @@
+//! Watches: every committed change that matches a filter, in commit order, across node failures.
+//!
+//! A watch is a server stream from any node (followers included). The library tracks the
+//! position `(revision, index)` right after the last event it delivered, and the progress the
+//! server reports while nothing matches. When the stream breaks — the node died, went silent,
+//! lost its leader, shut down, or cut a slow reader — it reconnects (to another node when the
+//! failure was the node's) and asks to start exactly at that position, so the caller sees no gap
+//! and no duplicate. A start older than a node retains is refused `COMPACTED`; the library then
+//! tries the other nodes, and only when none of them has the history does it end the stream with
+//! [`Error::Compacted`]: nothing is ever skipped silently.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use baton_statemachine::{Change, ChangeFilter};
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use tokio::time::Instant;
+use tonic::transport::Endpoint;
+use tonic::{Status, Streaming};
+
+use super::Client;
+use crate::convert;
+use crate::error::{detail_of, infra, refusal_of, Error};
+use crate::proto;
+use crate::proto::watch_client::WatchClient;
+use crate::proto::watch_response::Item;
+
+/// A node that sends nothing for this long (servers send progress every second) is presumed
+/// stuck; the watch moves to another node.
+pub const WATCH_SILENCE: Duration = Duration::from_secs(5);
+
+/// The largest watch message accepted: a change carries one value (at most a 1 MiB payload, or
+/// a board task with many dependencies) plus headroom.
+const MAX_EVENT_BYTES: usize = 16 << 20;
+
+/// A position in the change history: the Raft log index of an entry, and a change's place among
+/// the changes that entry made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct WatchPosition {
+    /// The log index (revision).
+    pub revision: u64,
+    /// The change's index within its entry.
+    pub index: u32,
+}
+
+impl WatchPosition {
+    /// The first change of `revision`.
+    pub fn at(revision: u64) -> Self {
+        WatchPosition { revision, index: 0 }
+    }
+}
+
+/// One change delivered by a watch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// The Raft log index of the entry that made the change.
+    pub revision: u64,
+    /// The change's place among the changes of that entry (0, 1, ...).
+    pub index: u32,
+    /// What changed.
+    pub change: Change,
+}
+
+impl Event {
+    /// Where this event is.
+    pub fn position(&self) -> WatchPosition {
+        WatchPosition {
+            revision: self.revision,
+            index: self.index,
+        }
+    }
+
+    /// Where a watch that delivered this event resumes.
+    pub fn next_position(&self) -> WatchPosition {
+        WatchPosition {
+            revision: self.revision,
+            index: self.index.saturating_add(1),
+        }
+    }
+}
+
+impl Client {
+    /// Follows every committed change matching `filter`, from `from_revision` on: `Some(r)`
+    /// delivers every change of revision `r` and later (after reading a snapshot at revision R,
+    /// watch from `Some(R + 1)`); `None` delivers every change applied after this call returns
+    /// (it returns once a node has opened the stream).
+    ///
+    /// The stream survives node failures and slow-consumer cut-offs by resuming after the last
+    /// event it delivered. It ends with an error only when it cannot go on: [`Error::Compacted`]
+    /// (no node retains the history it needs; resync), [`Error::Refused`] (a bad filter), or
+    /// [`Error::Unavailable`] (no node answered within the client's deadline). After such an
+    /// error the stream yields nothing more; [`Client::watch_from`] resumes at an exact
+    /// position.
+    pub async fn watch(
+        &self,
+        filter: ChangeFilter,
+        from_revision: Option<u64>,
+    ) -> BoxStream<'static, Result<Event, Error>> {
+        self.watch_from(filter, from_revision.map(|r| WatchPosition::at(r.max(1))))
+            .await
+    }
+
+    /// [`Client::watch`] from an exact position (e.g. [`Event::next_position`] of the last event
+    /// a previous watch delivered).
+    pub async fn watch_from(
+        &self,
+        filter: ChangeFilter,
+        from: Option<WatchPosition>,
+    ) -> BoxStream<'static, Result<Event, Error>> {
+        let mut watcher = Watcher {
+            client: self.clone(),
+            filter: convert::filter_to_proto(&filter),
+            next: from,
+            stream: None,
+            avoid: None,
+            compacted: None,
+            cursor: 0,
+            done: false,
+        };
+        // Open the first stream now, so that "from now" means from this call.
+        if let Err(error) = watcher.connect().await.map(|s| watcher.stream = Some(s)) {
+            return futures::stream::once(async { Err(error) }).boxed();
+        }
+        futures::stream::unfold(watcher, |mut watcher| async move {
+            watcher.next_event().await.map(|item| (item, watcher))
+        })
+        .boxed()
+    }
+}
+
+/// How a failed attempt or a broken stream is handled.
+enum Verdict {
+    /// The node's history starts later than the position needed.
+    Compacted(u64),
+    /// The request itself was refused: final.
+    Refused(Error),
+    /// Reconnect, preferably to another node.
+    Elsewhere(String),
+    /// Reconnect; the node is fine (it cut a slow reader).
+    Again,
+}
+
+fn judge(status: &Status) -> Verdict {
+    let Some(detail) = detail_of(status) else {
+        return Verdict::Elsewhere(format!("{:?}: {}", status.code(), status.message()));
+    };
+    if let Some(refusal) = refusal_of(&detail) {
+        return Verdict::Refused(Error::Refused(refusal));
+    }
+    match detail.code.as_str() {
+        infra::COMPACTED => Verdict::Compacted(detail.oldest_revision),
+        infra::SLOW_CONSUMER => Verdict::Again,
+        code => Verdict::Elsewhere(format!("{code}: {}", status.message())),
+    }
+}
+
+struct Watcher {
+    client: Client,
+    filter: proto::WatchFilter,
+    /// The next position to deliver; `None` until the first stream says where "now" is.
+    next: Option<WatchPosition>,
+    stream: Option<(String, Streaming<proto::WatchResponse>)>,
+    /// The node that just failed, tried last on the next connect.
+    avoid: Option<String>,
+    /// A node that said COMPACTED mid-stream, carried into the next connect.
+    compacted: Option<(String, u64)>,
+    cursor: usize,
+    done: bool,
+}
+
+impl Watcher {
+    async fn next_event(&mut self) -> Option<Result<Event, Error>> {
+        loop {
+            if self.done {
+                return None;
+            }
+            let Some((addr, stream)) = self.stream.as_mut() else {
+                match self.connect().await {
+                    Ok(connected) => self.stream = Some(connected),
+                    Err(error) => {
+                        self.done = true;
+                        return Some(Err(error));
+                    }
+                }
+                continue;
+            };
+            let addr = addr.clone();
+            let message = match tokio::time::timeout(WATCH_SILENCE, stream.message()).await {
+                Ok(message) => message,
+                Err(_) => {
+                    tracing::debug!(%addr, "watch stream went silent; reconnecting");
+                    self.reconnect(Some(addr));
+                    continue;
+                }
+            };
+            let item = match message {
+                Ok(Some(response)) => response.item,
+                Ok(None) => {
+                    self.reconnect(Some(addr));
+                    continue;
+                }
+                Err(status) => {
+                    match judge(&status) {
+                        Verdict::Refused(error) => {
+                            self.done = true;
+                            return Some(Err(error));
+                        }
+                        Verdict::Compacted(oldest) => {
+                            self.compacted = Some((addr.clone(), oldest));
+                            self.reconnect(Some(addr));
+                        }
+                        Verdict::Again => self.reconnect(None),
+                        Verdict::Elsewhere(reason) => {
+                            tracing::debug!(%addr, %reason, "watch stream broke; reconnecting");
+                            self.reconnect(Some(addr));
+                        }
+                    }
+                    continue;
+                }
+            };
+            match item {
+                Some(Item::Progress(revision)) => self.advance(WatchPosition::at(revision + 1)),
+                Some(Item::Event(event)) => match convert::change_from_proto(event) {
+                    Ok((revision, index, change)) => {
+                        let event = Event {
+                            revision,
+                            index,
+                            change,
+                        };
+                        if self.next.is_some_and(|next| event.position() < next) {
+                            // Already delivered (a server never sends this; kept as a guard).
+                            continue;
+                        }
+                        self.next = Some(event.next_position());
+                        return Some(Ok(event));
+                    }
+                    Err(refusal) => {
+                        self.done = true;
+                        return Some(Err(Error::Protocol(format!(
+                            "watch sent an event this client cannot read: {refusal}"
+                        ))));
+                    }
+                },
+                None => {}
+            }
+        }
+    }
+
+    fn advance(&mut self, to: WatchPosition) {
+        if self.next.is_none_or(|next| next < to) {
+            self.next = Some(to);
+        }
+    }
+
+    fn reconnect(&mut self, avoid: Option<String>) {
+        self.stream = None;
+        self.avoid = avoid;
+    }
+
+    /// The next node to try: the endpoints in turn, starting with the first, skipping nodes that
+    /// said COMPACTED and trying the node that just failed last.
+    fn pick(&mut self, compacted: &BTreeMap<String, u64>) -> Option<String> {
+        let endpoints = self.client.endpoints();
+        let candidates: Vec<&String> = endpoints
+            .iter()
+            .filter(|e| !compacted.contains_key(*e))
+            .collect();
+        let preferred: Vec<&String> = candidates
+            .iter()
+            .copied()
+            .filter(|e| self.avoid.as_ref() != Some(*e))
+            .collect();
+        let pool = if preferred.is_empty() {
+            candidates
+        } else {
+            preferred
+        };
+        let pick = pool
+            .get(self.cursor % pool.len().max(1))
+            .map(|e| (*e).clone());
+        self.cursor = self.cursor.wrapping_add(1);
+        pick
+    }
+
+    /// Opens a stream at the current position on some node, retrying until the client's
+    /// deadline.
+    async fn connect(&mut self) -> Result<(String, Streaming<proto::WatchResponse>), Error> {
+        let config = self.client.inner.config.clone();
+        let started = Instant::now();
+        let mut compacted: BTreeMap<String, u64> = self.compacted.take().into_iter().collect();
+        let mut pause = Duration::from_millis(20);
+        let mut last;
+        let mut tried = Vec::new();
+        loop {
+            let Some(addr) = self.pick(&compacted) else {
+                return Err(self.compacted_error(&compacted));
+            };
+            if !tried.contains(&addr) {
+                tried.push(addr.clone());
+            }
+            match tokio::time::timeout(config.attempt_timeout, self.open(&addr)).await {
+                Ok(Ok(stream)) => {
+                    self.avoid = None;
+                    return Ok((addr, stream));
+                }
+                Ok(Err(status)) => match judge(&status) {
+                    Verdict::Refused(error) => return Err(error),
+                    Verdict::Compacted(oldest) => {
+                        compacted.insert(addr.clone(), oldest);
+                        if compacted.len() >= self.client.endpoints().len() {
+                            return Err(self.compacted_error(&compacted));
+                        }
+                        continue;
+                    }
+                    Verdict::Again => last = format!("{addr}: {}", status.message()),
+                    Verdict::Elsewhere(reason) => {
+                        self.avoid = Some(addr.clone());
+                        last = format!("{addr}: {reason}");
+                    }
+                },
+                Err(_) => {
+                    self.avoid = Some(addr.clone());
+                    last = format!("{addr}: no answer within {:?}", config.attempt_timeout);
+                }
+            }
+            let waited = started.elapsed();
+            if waited + pause >= config.deadline {
+                if !compacted.is_empty() {
+                    return Err(self.compacted_error(&compacted));
+                }
+                return Err(Error::Unavailable {
+                    endpoints: tried,
+                    waited,
+                    last,
+                });
+            }
+            tracing::debug!(%last, ?pause, "watch reconnecting");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    /// One attempt to open a stream on `addr`. A watch from "now" waits for the first progress
+    /// message, which fixes the position later reconnects resume from.
+    ///
+    /// Every stream gets a connection of its own: changes a slow caller has not read yet occupy
+    /// its connection's flow-control window, which must not stall the client's other calls.
+    async fn open(&mut self, addr: &str) -> Result<Streaming<proto::WatchResponse>, Status> {
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| Status::invalid_argument(format!("bad endpoint {addr:?}: {e}")))?
+            .connect_timeout(self.client.inner.config.connect_timeout)
+            .tcp_nodelay(true)
+            .connect_lazy();
+        let request = proto::WatchRequest {
+            filter: Some(self.filter.clone()),
+            start_revision: self.next.map_or(0, |p| p.revision),
+            start_index: self.next.map_or(0, |p| p.index),
+        };
+        let mut stream = WatchClient::new(channel)
+            .max_decoding_message_size(MAX_EVENT_BYTES)
+            .watch(request)
+            .await?
+            .into_inner();
+        if self.next.is_none() {
+            match stream.message().await? {
+                Some(proto::WatchResponse {
+                    item: Some(Item::Progress(revision)),
+                }) => self.next = Some(WatchPosition::at(revision + 1)),
+                other => {
+                    return Err(Status::internal(format!(
+                        "a watch from now must start with its progress, got {other:?}"
+                    )))
+                }
+            }
+        }
+        Ok(stream)
+    }
+
+    fn compacted_error(&self, compacted: &BTreeMap<String, u64>) -> Error {
+        Error::Compacted {
+            requested: self.next.map_or(0, |p| p.revision),
+            oldest_available: compacted.values().copied().min().unwrap_or(0),
+        }
+    }
+}
