@@ -1,6 +1,7 @@
 //! A running node: its Raft instance, its state machine, and the two things every client-facing
 //! handler needs — propose a command, or read linearizably.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use baton_rpc::error::{infra, infra_status, not_leader_status, refusal_status};
@@ -23,12 +24,25 @@ pub struct Node {
     pub raft: Raft,
     /// The applied state.
     pub state_machine: StateMachineStore,
+    /// The highest term in which this node, as leader, has committed an entry of its own.
+    read_barrier_term: AtomicU64,
 }
 
 /// A shareable [`Node`].
 pub type NodeRef = Arc<Node>;
 
 impl Node {
+    /// A node over a started Raft instance and its state machine.
+    pub fn new(id: NodeId, addr: String, raft: Raft, state_machine: StateMachineStore) -> Self {
+        Self {
+            id,
+            addr,
+            raft,
+            state_machine,
+            read_barrier_term: AtomicU64::new(0),
+        }
+    }
+
     /// Stamps `command`, proposes it, waits for it to be committed and applied, and returns the
     /// state machine's reply — or the refusal / infrastructure failure as a gRPC status.
     pub async fn propose(&self, origin: Option<Origin>, command: Command) -> Result<Reply, Status> {
@@ -64,6 +78,7 @@ impl Node {
     /// Confirms leadership with a quorum (read index), waits until that index is applied, then
     /// runs `read` on the applied state. The result is linearizable.
     pub async fn read<T>(&self, read: impl FnOnce(&Applied) -> T) -> Result<T, Status> {
+        self.commit_in_current_term().await?;
         self.raft.ensure_linearizable().await.map_err(|e| match e {
             RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward)) => {
                 not_leader(forward)
@@ -77,6 +92,34 @@ impl Node {
         })?;
         let applied = self.state_machine.read();
         Ok(read(&applied))
+    }
+
+    /// Makes sure this leader has committed an entry of its current term before it serves reads.
+    ///
+    /// After a restart a leader can resume its term with the commit index it last saved, which
+    /// may lag behind entries that were committed (and acknowledged to clients) before the
+    /// crash; openraft 0.9 appends no new entry in that case, so its read index would be that
+    /// stale commit index and a read could miss an acknowledged write. Committing one entry of
+    /// its own (a sweep, harmless at any time) advances the commit index past everything before
+    /// it, as the Raft paper requires of a leader before it answers read-only queries (§8).
+    async fn commit_in_current_term(&self) -> Result<(), Status> {
+        let term = self.raft.metrics().borrow().current_term;
+        if self.read_barrier_term.load(Ordering::Acquire) >= term {
+            return Ok(());
+        }
+        let envelope = Envelope {
+            stamp: stamp::stamp(),
+            origin: None,
+            command: Command::Sweep,
+        };
+        let written = self
+            .raft
+            .client_write(envelope)
+            .await
+            .map_err(write_error)?;
+        self.read_barrier_term
+            .fetch_max(written.log_id.leader_id.term, Ordering::AcqRel);
+        Ok(())
     }
 
     /// The address of a member, from the current membership.

@@ -69,12 +69,12 @@ pub async fn serve(
     )
     .await
     .context("cannot start raft")?;
-    let node: NodeRef = Arc::new(Node {
-        id: config.id,
-        addr: config.advertise.clone(),
-        raft: raft.clone(),
+    let node: NodeRef = Arc::new(Node::new(
+        config.id,
+        config.advertise.clone(),
+        raft.clone(),
         state_machine,
-    });
+    ));
     tracing::info!(id = config.id, addr = %config.advertise, data_dir = %config.data_dir.display(), "node started");
 
     let (stop_tx, stop_rx) = watch::channel(false);
