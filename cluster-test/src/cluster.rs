@@ -202,6 +202,11 @@ impl Cluster {
             .collect()
     }
 
+    /// Ids of every node of the cluster, running or not.
+    pub fn ids(&self) -> Vec<u64> {
+        self.nodes.keys().copied().collect()
+    }
+
     /// The path of the `baton` binary the nodes run (for CLI tests).
     pub fn bin(&self) -> &Path {
         &self.bin
