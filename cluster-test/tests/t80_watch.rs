@@ -58,7 +58,7 @@ async fn writer(client: Client, w: usize, acked: Arc<AtomicU64>, writes: Arc<Mut
     let mut n = 0u64;
     while acked.load(Ordering::Relaxed) < TARGET {
         n += 1;
-        let (keys, result) = if w % 2 == 0 {
+        let (keys, result) = if w.is_multiple_of(2) {
             let size = 1 + (n % 8);
             let keys: Vec<String> = (0..size).map(|i| format!("s{w}-{n}-{i}")).collect();
             let specs: Vec<TaskSpec> = keys
