@@ -2,6 +2,10 @@
 //! temporary directory, and the operations fault-injection tests need: kill (SIGKILL), restart
 //! from the same data dir and port, find the leader, wait for a node to catch up.
 //!
+//! With [`Options::proxied`] every peer link runs through its own TCP proxy
+//! ([`crate::proxy::Network`]), so a test can cut links to partition the cluster; and a node can
+//! be frozen (SIGSTOP) and thawed (SIGCONT), added to the cluster's processes or removed.
+//!
 //! Every wait is bounded by [`Options::timeout`]. Dropping the cluster kills every node; when
 //! the drop happens during a panic (a failing test), the tail of every node's log is printed and
 //! the temporary directory is kept for inspection.
@@ -21,6 +25,7 @@ use rand::Rng;
 use tempfile::TempDir;
 
 use crate::binary::baton_bin;
+use crate::proxy::Network;
 use crate::wait;
 
 /// Written to a node's log before each start.
@@ -41,6 +46,9 @@ pub struct Options {
     pub sweep_interval: Duration,
     /// Bound on each wait: a node answering, a leader being elected, a node catching up.
     pub timeout: Duration,
+    /// Route every peer link of the first nodes through its own TCP proxy (`--peer-addr`), so
+    /// [`Cluster::network`] can cut links. Nodes added later talk to their peers directly.
+    pub proxied: bool,
 }
 
 impl Default for Options {
@@ -53,6 +61,7 @@ impl Default for Options {
             keep_logs: 1_000,
             sweep_interval: Duration::from_secs(1),
             timeout: Duration::from_secs(20),
+            proxied: false,
         }
     }
 }
@@ -92,6 +101,7 @@ pub struct Cluster {
     options: Options,
     nodes: BTreeMap<u64, NodeProcess>,
     admin: Client,
+    network: Option<Network>,
 }
 
 impl Cluster {
@@ -137,12 +147,22 @@ impl Cluster {
         }
         let endpoints: Vec<String> = nodes.values().map(|node| node.addr.clone()).collect();
         let admin = Client::new(&endpoints, admin_config())?;
+        let network = if options.proxied {
+            let addrs = nodes
+                .values()
+                .map(|node| (node.id, node.addr.clone()))
+                .collect();
+            Some(Network::start(&addrs).await?)
+        } else {
+            None
+        };
         let mut cluster = Cluster {
             dir,
             bin,
             options,
             nodes,
             admin,
+            network,
         };
         for id in 1..=n {
             cluster.start_fresh(id, &mut taken).await?;
@@ -164,6 +184,9 @@ impl Cluster {
             let node = self.node_mut(id)?;
             node.addr = format!("127.0.0.1:{port}");
             let _ = std::fs::remove_dir_all(&node.data_dir);
+            if let Some(network) = &self.network {
+                network.retarget(id, self.addr(id));
+            }
         }
         Err(last.unwrap_or_else(|| anyhow::anyhow!("node {id} did not start")))
     }
@@ -200,11 +223,6 @@ impl Cluster {
             .filter(|node| node.child.is_some())
             .map(|node| node.id)
             .collect()
-    }
-
-    /// Ids of every node of the cluster, running or not.
-    pub fn ids(&self) -> Vec<u64> {
-        self.nodes.keys().copied().collect()
     }
 
     /// The path of the `baton` binary the nodes run (for CLI tests).
@@ -285,6 +303,123 @@ impl Cluster {
             bail!("node {id} is still running");
         }
         self.launch(id).await
+    }
+
+    /// The proxies of the peer links (only with [`Options::proxied`]).
+    pub fn network(&self) -> anyhow::Result<&Network> {
+        self.network
+            .as_ref()
+            .context("the cluster was started without proxies (Options::proxied)")
+    }
+
+    /// The process id of node `id`, while it runs.
+    pub fn pid(&self, id: u64) -> Option<u32> {
+        self.nodes
+            .get(&id)
+            .and_then(|node| node.child.as_ref())
+            .map(Child::id)
+    }
+
+    /// Freezes node `id` with SIGSTOP: it keeps its sockets and its memory but runs nothing (a
+    /// long GC pause, a stalled VM) until [`Cluster::resume`].
+    pub fn pause(&self, id: u64) -> anyhow::Result<()> {
+        let pid = self
+            .pid(id)
+            .with_context(|| format!("node {id} is not running"))?;
+        signal(pid, "STOP")
+    }
+
+    /// Lets a node frozen by [`Cluster::pause`] go on (SIGCONT).
+    pub fn resume(&self, id: u64) -> anyhow::Result<()> {
+        let pid = self
+            .pid(id)
+            .with_context(|| format!("node {id} is not running"))?;
+        signal(pid, "CONT")
+    }
+
+    /// SIGKILLs every running node, one right after the other (a power loss of the whole
+    /// cluster); returns the ids killed.
+    pub fn kill_all(&mut self) -> anyhow::Result<Vec<u64>> {
+        let live = self.live_ids();
+        for id in &live {
+            self.kill(*id)?;
+        }
+        Ok(live)
+    }
+
+    /// Starts every node in `ids` from its data dir at once, then waits until each answers.
+    pub async fn restart_all(&mut self, ids: &[u64]) -> anyhow::Result<()> {
+        for id in ids {
+            if self.node_mut(*id)?.child.is_some() {
+                bail!("node {id} is still running");
+            }
+            let child = self.spawn(*id)?;
+            self.node_mut(*id)?.child = Some(child);
+        }
+        let this = &*self;
+        for id in ids {
+            let what = format!("restarted node {id} to answer");
+            wait::until(&what, this.options.timeout, || async move {
+                match this.node_info(*id).await {
+                    Ok(info) if info.id == *id => Ok(()),
+                    Ok(info) => Err(format!("node {} answered at its address", info.id)),
+                    Err(error) => Err(error.to_string()),
+                }
+            })
+            .await
+            .with_context(|| this.log_tail(*id, 30))?;
+        }
+        Ok(())
+    }
+
+    /// Starts a new node (the next free id) that belongs to no cluster yet, for a membership
+    /// change to add; returns its id. It reaches its peers directly, not through proxies.
+    pub async fn add_node(&mut self) -> anyhow::Result<u64> {
+        let id = self.nodes.keys().max().copied().unwrap_or(0) + 1;
+        let mut taken: BTreeSet<u16> = self
+            .nodes
+            .values()
+            .filter_map(|node| node.addr.rsplit(':').next()?.parse().ok())
+            .collect();
+        let port = free_port(&taken)?;
+        taken.insert(port);
+        self.nodes.insert(
+            id,
+            NodeProcess {
+                id,
+                addr: format!("127.0.0.1:{port}"),
+                log: self.dir.path().join(format!("node-{id}.log")),
+                data_dir: self.dir.path().join(format!("node-{id}")),
+                child: None,
+            },
+        );
+        if let Err(error) = self.start_fresh(id, &mut taken).await {
+            self.nodes.remove(&id);
+            return Err(error);
+        }
+        Ok(id)
+    }
+
+    /// Kills node `id` if it runs and forgets it: it is no longer one of the cluster's nodes
+    /// (after a membership change removed it). Its log stays in the cluster's directory.
+    pub fn remove_node(&mut self, id: u64) -> anyhow::Result<()> {
+        if self.node_mut(id)?.child.is_some() {
+            self.kill(id)?;
+        }
+        self.nodes.remove(&id);
+        Ok(())
+    }
+
+    /// Ids of every node the cluster has (running or killed), in order.
+    pub fn ids(&self) -> Vec<u64> {
+        self.nodes.keys().copied().collect()
+    }
+
+    /// Keeps the cluster's directory (data dirs and node logs) when the cluster is dropped, for
+    /// a run whose failure someone will want to inspect; returns its path.
+    pub fn keep(&mut self) -> PathBuf {
+        self.dir.disable_cleanup(true);
+        self.dir.path().to_path_buf()
     }
 
     /// Waits until node `id` has applied at least `index`; returns its view at that moment.
@@ -392,6 +527,14 @@ impl Cluster {
             .with_context(|| format!("cannot open {}", node.log.display()))?;
         writeln!(log, "{START_MARKER} {id} at {} ===", node.addr)?;
         let o = &self.options;
+        let routes: Vec<String> = match &self.network {
+            Some(network) => network
+                .routes(id)
+                .into_iter()
+                .flat_map(|(peer, addr)| ["--peer-addr".to_string(), format!("{peer}={addr}")])
+                .collect(),
+            None => Vec::new(),
+        };
         let child = Command::new(&self.bin)
             .arg("node")
             .args(["--id", &id.to_string()])
@@ -403,6 +546,7 @@ impl Cluster {
             .args(["--snapshot-every", &o.snapshot_every.to_string()])
             .args(["--keep-logs", &o.keep_logs.to_string()])
             .args(["--sweep-interval", &ms(o.sweep_interval)])
+            .args(&routes)
             // Plain text logs: they are read by people and grepped by tests.
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
@@ -430,6 +574,19 @@ impl Drop for Cluster {
             eprintln!("cluster data kept in {}", self.dir.path().display());
         }
     }
+}
+
+/// Sends `SIG<name>` to `pid` with `kill(1)` (the workspace forbids `unsafe`, so no libc).
+fn signal(pid: u32, name: &str) -> anyhow::Result<()> {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .context("cannot run kill")?;
+    if !status.success() {
+        bail!("kill -{name} {pid} failed: {status}");
+    }
+    Ok(())
 }
 
 /// `250ms`.

@@ -9,6 +9,9 @@
 //! - [`holder`]: drives the `holder` binary, a side-effect holder in its own process.
 //! - [`queue_worker`]: runs `baton worker run` as its own process and reads what it reports.
 //! - [`wait`]: bounded polling.
+//! - [`proxy`]: one TCP proxy per peer link, cut and healed to partition the cluster.
+//! - [`linearizability`]: a Wing–Gong/Lowe linearizability checker and a handoff ticket model.
+//! - [`robustness`]: fault scenarios under recorded workloads, and the checkers that judge them.
 #![deny(missing_docs)]
 
 pub mod binary;
@@ -16,7 +19,10 @@ pub mod cli;
 pub mod cluster;
 pub mod history;
 pub mod holder;
+pub mod linearizability;
+pub mod proxy;
 pub mod queue_worker;
+pub mod robustness;
 pub mod wait;
 pub mod workload;
 

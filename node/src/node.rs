@@ -52,11 +52,10 @@ impl Node {
             origin,
             command,
         };
-        let written = self
-            .raft
-            .client_write(envelope)
-            .await
-            .map_err(write_error)?;
+        let written = tokio::select! {
+            written = self.raft.client_write(envelope) => written.map_err(write_error)?,
+            leader = self.deposed() => return Err(not_leader_status(leader)),
+        };
         let index = written.log_id.index;
         match written.data {
             Response::Answer(Ok(reply)) => {
@@ -92,6 +91,27 @@ impl Node {
         })?;
         let applied = self.state_machine.read();
         Ok(read(&applied))
+    }
+
+    /// Resolves once another node is known to lead, with its id and address.
+    ///
+    /// A write pending on a leader that gets deposed is not always answered by openraft 0.9: when
+    /// the old leader catches up by snapshot, its uncommitted entries are purged without their
+    /// waiters being told (regression test `t79_issue_old_leader_write_hangs`). Answering
+    /// `NOT_LEADER` as soon as a new leader is known is safe: the client retries at the leader with
+    /// the same `(client_id, seq)`, so if the entry did survive and commit, the session table
+    /// answers with its original response.
+    async fn deposed(&self) -> Option<(NodeId, String)> {
+        let mut metrics = self.raft.metrics();
+        loop {
+            let leader = metrics.borrow_and_update().current_leader;
+            if let Some(leader) = leader.filter(|leader| *leader != self.id) {
+                return Some((leader, self.member_addr(leader).unwrap_or_default()));
+            }
+            if metrics.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
     }
 
     /// Makes sure this leader has committed an entry of its current term before it serves reads.

@@ -1,0 +1,231 @@
+//! Task-board workload: agents race claims on a few tasks, hold briefly, then release (sometimes
+//! after a renewal, sometimes never: the lease then runs out and the task is claimable again).
+//!
+//! Checked: one acknowledged claim per task and fence, fences increasing in real time, no
+//! release or renewal acknowledged with a superseded claim, and every acknowledged fence still
+//! there after recovery.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_rpc::Client;
+use baton_statemachine::board::{Task, TaskSpec};
+use rand::rngs::StdRng;
+use rand::Rng;
+
+use super::check::{increasing_fences, no_stale_holder, unique_grants, Grant, Use, Violation};
+use super::history::{Input, Op, Output, Recorder};
+
+/// Claim TTL: short enough that a claim whose holder never releases (or whose claim answer was
+/// lost) frees the task within a run.
+pub const TTL_MS: i64 = 4_000;
+
+/// The tasks a run seeds.
+pub fn task_ids(count: usize) -> Vec<String> {
+    (0..count).map(|i| format!("task-{i}")).collect()
+}
+
+/// Seeds the tasks (independent, open) before the run, retrying infrastructure failures. Set-up,
+/// not part of the checked history.
+pub async fn seed(client: &Client, ids: &[String]) -> anyhow::Result<()> {
+    let specs: Vec<TaskSpec> = ids
+        .iter()
+        .map(|id| TaskSpec {
+            id: id.clone(),
+            deps: Vec::new(),
+        })
+        .collect();
+    for _ in 0..5 {
+        match client.seed(&specs).await {
+            Ok(_) => return Ok(()),
+            Err(error) if error.is_infrastructure() => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+    anyhow::bail!("cannot seed the board")
+}
+
+fn lease_output(task: &Task) -> Output {
+    match &task.lease {
+        Some(lease) => Output::Lease {
+            fence: lease.fence,
+            token: lease.token.clone(),
+        },
+        None => Output::Lease {
+            fence: 0,
+            token: String::new(),
+        },
+    }
+}
+
+/// Lists the tasks, recorded.
+pub async fn list(rec: &Recorder, client: &Client, name: &str) {
+    let _ = rec
+        .record(name, Input::ListTasks, client.tasks(), |snapshot| {
+            Output::Tasks(
+                snapshot
+                    .tasks
+                    .iter()
+                    .map(|t| (t.id.clone(), t.state.as_str().to_string(), t.max_fence))
+                    .collect(),
+            )
+        })
+        .await;
+}
+
+/// One agent: claim, hold, release, until `stop`.
+pub async fn run(
+    client: Client,
+    name: String,
+    rec: Recorder,
+    tasks: Arc<Vec<String>>,
+    mut rng: StdRng,
+    stop: Arc<AtomicBool>,
+) {
+    while !stop.load(Ordering::Relaxed) {
+        if rng.random_bool(0.05) {
+            list(&rec, &client, &name).await;
+            continue;
+        }
+        let task = tasks[rng.random_range(0..tasks.len())].clone();
+        let input = Input::Claim {
+            task: task.clone(),
+            agent: name.clone(),
+        };
+        let claimed = rec
+            .record(
+                &name,
+                input,
+                client.claim(&task, &name, TTL_MS),
+                lease_output,
+            )
+            .await;
+        let Some(lease) = claimed.ok().and_then(|t| t.lease) else {
+            tokio::time::sleep(Duration::from_millis(rng.random_range(5..30))).await;
+            continue;
+        };
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..80))).await;
+        let roll = rng.random_range(0..100);
+        if roll < 5 {
+            // Walk away: the lease runs out.
+            continue;
+        }
+        if roll < 25 {
+            let input = Input::RenewTask {
+                task: task.clone(),
+                token: lease.token.clone(),
+                fence: lease.fence,
+            };
+            let _ = rec
+                .record(
+                    &name,
+                    input,
+                    client.renew_task(&task, &lease.token, TTL_MS),
+                    lease_output,
+                )
+                .await;
+        }
+        let input = Input::ReleaseTask {
+            task: task.clone(),
+            token: lease.token.clone(),
+            fence: lease.fence,
+        };
+        let _ = rec
+            .record(
+                &name,
+                input,
+                client.release_task(&task, &lease.token),
+                |_| Output::Done,
+            )
+            .await;
+    }
+}
+
+/// Every board checker. `final_from`: when the reads after recovery began (µs).
+pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
+    let mut grants = Vec::new();
+    let mut uses = Vec::new();
+    for op in history {
+        match (&op.input, op.ok()) {
+            (Input::Claim { task, .. }, Some(Output::Lease { fence, .. })) => grants.push(Grant {
+                key: task.clone(),
+                fence: *fence,
+                op: op.index,
+            }),
+            (Input::ReleaseTask { task, fence, .. }, Some(_))
+            | (Input::RenewTask { task, fence, .. }, Some(_)) => uses.push(Use {
+                key: task.clone(),
+                fence: *fence,
+                op: op.index,
+            }),
+            _ => {}
+        }
+    }
+    let mut violations = unique_grants("claim", &grants, history);
+    violations.extend(increasing_fences("claim", &grants, history));
+    violations.extend(no_stale_holder("release/renew", &grants, &uses, history));
+    for op in history {
+        if let (Input::RenewTask { fence, task, .. }, Some(Output::Lease { fence: got, .. })) =
+            (&op.input, op.ok())
+        {
+            if got != fence {
+                violations.push(Violation::new(
+                    "renew-keeps-fence",
+                    task,
+                    format!("renewing the claim with fence {fence} answered fence {got}"),
+                    vec![op.index],
+                ));
+            }
+        }
+    }
+    violations.extend(durable(history, &grants, final_from));
+    violations
+}
+
+/// After recovery every task's highest fence is at least the highest acknowledged one.
+fn durable(history: &[Op], grants: &[Grant], final_from: u64) -> Vec<Violation> {
+    let mut highest: BTreeMap<&str, &Grant> = BTreeMap::new();
+    for grant in grants {
+        let entry = highest.entry(&grant.key).or_insert(grant);
+        if grant.fence > entry.fence {
+            *entry = grant;
+        }
+    }
+    if highest.is_empty() {
+        return Vec::new();
+    }
+    let last = history
+        .iter()
+        .rfind(|op| op.call >= final_from && matches!(op.input, Input::ListTasks));
+    let Some(Output::Tasks(tasks)) = last.and_then(Op::ok) else {
+        return vec![Violation::new(
+            "lost-ack",
+            "board",
+            "the tasks could not be listed after recovery",
+            last.map(|op| vec![op.index]).unwrap_or_default(),
+        )];
+    };
+    let mut violations = Vec::new();
+    for (task, grant) in highest {
+        let now = tasks
+            .iter()
+            .find(|(id, _, _)| id == task)
+            .map(|(_, _, fence)| *fence);
+        if now.is_none_or(|now| now < grant.fence) {
+            violations.push(Violation::new(
+                "lost-ack",
+                task,
+                format!(
+                    "fence {} was acknowledged, after recovery the task's highest fence is {now:?}",
+                    grant.fence
+                ),
+                vec![grant.op, last.map_or(0, |op| op.index)],
+            ));
+        }
+    }
+    violations
+}

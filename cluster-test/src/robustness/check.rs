@@ -1,0 +1,383 @@
+//! Checkers shared by the workloads: exclusive grants, monotonic fences, stale holders, and the
+//! fenced sink. Each takes the finished history and returns the violations it found, each with
+//! the smallest set of operations that shows it.
+//!
+//! Only definite answers are evidence. An ambiguous operation never counts as an
+//! acknowledgement, but it may explain a later answer (a refusal caused by an ambiguous write
+//! that did take effect is not a violation).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use super::history::{Input, Op, Output};
+
+/// A broken rule and the operations that show it.
+#[derive(Debug, Clone)]
+pub struct Violation {
+    /// The rule, e.g. `unique-grant`.
+    pub rule: String,
+    /// The key (ticket, task, resource, concurrency key) it concerns.
+    pub key: String,
+    /// What is wrong, in one sentence.
+    pub detail: String,
+    /// The operations (history indexes) that show it, in the order to print them. For a
+    /// linearizability violation: the longest linearizable prefix, in linearization order.
+    pub ops: Vec<usize>,
+    /// For a linearizability violation: the operations that could not follow the prefix.
+    pub stuck: Vec<usize>,
+}
+
+/// Longest slice of a violation printed in full; longer ones keep their head and tail.
+const SHOWN: usize = 60;
+
+impl Violation {
+    /// A violation of `rule` on `key`.
+    pub fn new(rule: &str, key: &str, detail: impl Into<String>, ops: Vec<usize>) -> Violation {
+        Violation {
+            rule: rule.to_string(),
+            key: key.to_string(),
+            detail: detail.into(),
+            ops,
+            stuck: Vec::new(),
+        }
+    }
+
+    /// The violation with its slice of history, one operation per line. With `full`, every
+    /// operation of the slice; otherwise a long prefix keeps its first and last operations.
+    pub fn render(&self, history: &[Op], full: bool) -> String {
+        let mut text = format!("VIOLATION {} on {}: {}\n", self.rule, self.key, self.detail);
+        let line = |text: &mut String, index: &usize| {
+            if let Some(op) = history.get(*index) {
+                text.push_str(&format!("    {op}\n"));
+            }
+        };
+        if !self.stuck.is_empty() {
+            text.push_str(&format!(
+                "  longest linearizable prefix ({} operations, in linearization order):\n",
+                self.ops.len()
+            ));
+        }
+        if full || self.ops.len() <= SHOWN {
+            self.ops.iter().for_each(|i| line(&mut text, i));
+        } else {
+            let head = SHOWN / 3;
+            let tail = SHOWN - head;
+            self.ops[..head].iter().for_each(|i| line(&mut text, i));
+            text.push_str(&format!(
+                "    ... {} operations left out (the full history is in the history file) ...\n",
+                self.ops.len() - SHOWN
+            ));
+            self.ops[self.ops.len() - tail..]
+                .iter()
+                .for_each(|i| line(&mut text, i));
+        }
+        if !self.stuck.is_empty() {
+            text.push_str("  operations that could not follow it:\n");
+            self.stuck.iter().for_each(|i| line(&mut text, i));
+        }
+        text
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} on {}: {}", self.rule, self.key, self.detail)
+    }
+}
+
+/// An acknowledged grant: a successful take, claim, acquire or permit lease.
+#[derive(Debug, Clone)]
+pub struct Grant {
+    /// What the grant is exclusive over (ticket key, task id, resource, concurrency key).
+    pub key: String,
+    /// Its fence (generation, fence, permit token).
+    pub fence: u64,
+    /// The operation that got it.
+    pub op: usize,
+}
+
+/// At most one acknowledged grant per key and fence.
+pub fn unique_grants(what: &str, grants: &[Grant], history: &[Op]) -> Vec<Violation> {
+    let mut by_fence: BTreeMap<(&str, u64), Vec<usize>> = BTreeMap::new();
+    for grant in grants {
+        by_fence
+            .entry((&grant.key, grant.fence))
+            .or_default()
+            .push(grant.op);
+    }
+    let mut violations = Vec::new();
+    for ((key, fence), ops) in by_fence {
+        if ops.len() > 1 {
+            let clients: Vec<&str> = ops.iter().map(|i| history[*i].client.as_str()).collect();
+            violations.push(Violation::new(
+                "unique-grant",
+                key,
+                format!(
+                    "{} acknowledged {what}s at fence {fence} (clients {})",
+                    ops.len(),
+                    clients.join(", ")
+                ),
+                ops,
+            ));
+        }
+    }
+    violations
+}
+
+/// Fences strictly increase per key in real-time order: a grant that completed before another
+/// was invoked has the lower fence.
+pub fn increasing_fences(what: &str, grants: &[Grant], history: &[Op]) -> Vec<Violation> {
+    let mut by_key: BTreeMap<&str, Vec<&Grant>> = BTreeMap::new();
+    for grant in grants {
+        by_key.entry(&grant.key).or_default().push(grant);
+    }
+    let mut violations = Vec::new();
+    for (key, grants) in by_key {
+        // Sweep the grants in invocation order, keeping the highest fence among the grants that
+        // completed before the current one was invoked.
+        let mut by_ret: Vec<&Grant> = grants.clone();
+        by_ret.sort_by_key(|g| history[g.op].ret);
+        let mut by_call: Vec<&Grant> = grants;
+        by_call.sort_by_key(|g| history[g.op].call);
+        let mut done = 0;
+        let mut highest: Option<&Grant> = None;
+        let mut found = 0;
+        for grant in by_call {
+            let call = history[grant.op].call;
+            while done < by_ret.len() && history[by_ret[done].op].ret.is_some_and(|r| r < call) {
+                let before = by_ret[done];
+                if highest.is_none_or(|h| before.fence > h.fence) {
+                    highest = Some(before);
+                }
+                done += 1;
+            }
+            if let Some(before) = highest {
+                if before.fence >= grant.fence {
+                    violations.push(Violation::new(
+                        "increasing-fence",
+                        key,
+                        format!(
+                            "{what} at fence {} was acknowledged before a later {what} got fence {}",
+                            before.fence, grant.fence
+                        ),
+                        vec![before.op, grant.op],
+                    ));
+                    found += 1;
+                    if found >= 3 {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    violations
+}
+
+/// An acknowledged action of a holder (release, renew, complete, start) that needs its grant to
+/// be the current one.
+#[derive(Debug, Clone)]
+pub struct Use {
+    /// The grant's key.
+    pub key: String,
+    /// The grant's fence.
+    pub fence: u64,
+    /// The acknowledged operation.
+    pub op: usize,
+}
+
+/// No holder acts on a superseded grant: once a grant with a higher fence was acknowledged, an
+/// action with the lower fence that was invoked afterwards must be refused.
+pub fn no_stale_holder(
+    what: &str,
+    grants: &[Grant],
+    uses: &[Use],
+    history: &[Op],
+) -> Vec<Violation> {
+    let mut by_key: BTreeMap<&str, Vec<&Grant>> = BTreeMap::new();
+    for grant in grants {
+        by_key.entry(&grant.key).or_default().push(grant);
+    }
+    let mut violations = Vec::new();
+    for used in uses {
+        let Some(grants) = by_key.get(used.key.as_str()) else {
+            continue;
+        };
+        let use_op = &history[used.op];
+        let newer = grants
+            .iter()
+            .filter(|g| g.fence > used.fence && history[g.op].precedes(use_op))
+            .min_by_key(|g| g.fence);
+        if let Some(newer) = newer {
+            violations.push(Violation::new(
+                "stale-holder",
+                &used.key,
+                format!(
+                    "{what} with fence {} was acknowledged after fence {} had been granted",
+                    used.fence, newer.fence
+                ),
+                vec![newer.op, used.op],
+            ));
+        }
+    }
+    violations
+}
+
+/// The fenced sink's rules, per resource, over every `SinkWrite` and `SinkRead` in the history
+/// whose resource `mine` accepts. `final_reads` are reads made after recovery.
+///
+/// - an acknowledged write's fence is at least every fence acknowledged before it was invoked
+///   (a stale write is never applied), and the answer's seen fence is its own;
+/// - a `FENCE_STALE` refusal is explained by a higher-fence write (acknowledged or ambiguous)
+///   invoked before the refusal came back;
+/// - after recovery the resource holds the highest acknowledged fence or a higher ambiguous one,
+///   with the value of a write at that fence, and counts between the acknowledged writes and
+///   those plus the ambiguous ones.
+pub fn sink(history: &[Op], mine: impl Fn(&str) -> bool) -> Vec<Violation> {
+    let mut writes: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
+    let mut finals: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
+    for op in history {
+        match &op.input {
+            Input::SinkWrite { resource, .. } if mine(resource) => {
+                writes.entry(resource).or_default().push(op)
+            }
+            Input::SinkRead { resource } if mine(resource) => {
+                finals.entry(resource).or_default().push(op)
+            }
+            _ => {}
+        }
+    }
+    let mut violations = Vec::new();
+    for (resource, ops) in &writes {
+        let fence_of = |op: &Op| match op.input {
+            Input::SinkWrite { fence, .. } => fence,
+            _ => 0,
+        };
+        let acked: Vec<&Op> = ops.iter().copied().filter(|op| op.ok().is_some()).collect();
+        // A stale write applied.
+        let mut grants: Vec<Grant> = Vec::new();
+        for op in &acked {
+            grants.push(Grant {
+                key: resource.to_string(),
+                fence: fence_of(op),
+                op: op.index,
+            });
+            if let Some(Output::Sink { seen_fence, .. }) = op.ok() {
+                if *seen_fence != fence_of(op) {
+                    violations.push(Violation::new(
+                        "sink-seen-fence",
+                        resource,
+                        format!(
+                            "a write with fence {} answered seen fence {seen_fence}",
+                            fence_of(op)
+                        ),
+                        vec![op.index],
+                    ));
+                }
+            }
+        }
+        for grant in &grants {
+            let write = &history[grant.op];
+            let newer = acked
+                .iter()
+                .filter(|o| fence_of(o) > grant.fence && o.precedes(write))
+                .max_by_key(|o| fence_of(o));
+            if let Some(newer) = newer {
+                violations.push(Violation::new(
+                    "stale-write-applied",
+                    resource,
+                    format!(
+                        "a write with fence {} was accepted after a write with fence {} had been",
+                        grant.fence,
+                        fence_of(newer)
+                    ),
+                    vec![newer.index, write.index],
+                ));
+            }
+        }
+        // Refusals must be explained.
+        for op in ops.iter().filter(|op| op.refused() == Some("FENCE_STALE")) {
+            let ret = op.ret.unwrap_or(u64::MAX);
+            let explained = ops
+                .iter()
+                .any(|o| fence_of(o) > fence_of(op) && o.call < ret && o.refused().is_none());
+            if !explained {
+                violations.push(Violation::new(
+                    "unexplained-fence-stale",
+                    resource,
+                    format!(
+                        "a write with fence {} was refused FENCE_STALE though no higher fence had been presented",
+                        fence_of(op)
+                    ),
+                    vec![op.index],
+                ));
+            }
+        }
+        // After recovery.
+        let ambiguous: Vec<&Op> = ops.iter().copied().filter(|op| op.is_ambiguous()).collect();
+        let highest_acked = acked.iter().max_by_key(|o| fence_of(o));
+        let Some(read) = finals
+            .get(resource)
+            .and_then(|reads| reads.iter().rev().find(|r| r.ok().is_some()))
+        else {
+            if !acked.is_empty() {
+                violations.push(Violation::new(
+                    "lost-ack",
+                    resource,
+                    "acknowledged writes but no successful read after recovery",
+                    highest_acked.map(|o| vec![o.index]).unwrap_or_default(),
+                ));
+            }
+            continue;
+        };
+        let Some(Output::Sink {
+            seen_fence,
+            writes: count,
+            value,
+        }) = read.ok()
+        else {
+            continue;
+        };
+        let mut slice: Vec<usize> = highest_acked.map(|o| vec![o.index]).unwrap_or_default();
+        slice.push(read.index);
+        if let Some(top) = highest_acked {
+            if *seen_fence < fence_of(top) {
+                violations.push(Violation::new(
+                    "lost-ack",
+                    resource,
+                    format!(
+                        "fence {} was acknowledged, the sink holds fence {seen_fence} after recovery",
+                        fence_of(top)
+                    ),
+                    slice.clone(),
+                ));
+            }
+        }
+        let source = ops.iter().find(|o| {
+            matches!(&o.input, Input::SinkWrite { fence, value: v, .. } if fence == seen_fence && v == value)
+                && o.refused().is_none()
+        });
+        if source.is_none() {
+            violations.push(Violation::new(
+                "sink-final-value",
+                resource,
+                format!(
+                    "after recovery the sink holds fence {seen_fence} value {value:?}, which no acknowledged or ambiguous write wrote"
+                ),
+                slice.clone(),
+            ));
+        }
+        let low = acked.len() as u64;
+        let high = low + ambiguous.len() as u64;
+        if *count < low || *count > high {
+            violations.push(Violation::new(
+                "sink-write-count",
+                resource,
+                format!(
+                    "after recovery the sink counts {count} accepted writes; the history allows {low}..={high}"
+                ),
+                slice,
+            ));
+        }
+    }
+    violations
+}

@@ -1,0 +1,606 @@
+//! The nemesis: injects one scenario's faults into a running cluster while the workloads run,
+//! then undoes every fault it left in place.
+//!
+//! Faults are real: SIGKILL and restart from the data dir, SIGSTOP/SIGCONT, cut TCP proxies
+//! between nodes ([`crate::proxy`]), membership changes through the admin API. The nemesis never
+//! asks a node to misbehave.
+//!
+//! When the leader is paused or isolated, the nemesis also probes it: once a new leader was
+//! elected on the other side and acknowledged a fresh ticket, it sends reads and writes straight
+//! to the old leader (raw gRPC, no redirects, no retries) and records every answer in the history.
+//! The old leader must neither serve a stale read nor acknowledge a write it cannot commit; the
+//! linearizability checker judges its answers like any other.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use baton_rpc::convert::{handle_from_proto, ticket_from_proto};
+use baton_rpc::error::{detail_of, refusal_of};
+use baton_rpc::proto::handoff_client::HandoffClient;
+use baton_rpc::proto::{GetTicketRequest, OfferRequest, RequestHeader, TakeRequest};
+use baton_rpc::Client;
+use rand::rngs::StdRng;
+use rand::Rng;
+use tonic::transport::{Channel, Endpoint};
+
+use super::handoff::{self, FROM, TO, TTL_MS};
+use super::history::{Input, Outcome, Output, Recorder};
+use super::Scenario;
+use crate::cluster::{client_config, Cluster};
+
+/// How long a probe of a paused or isolated old leader may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(8);
+/// How long the majority side may take to elect a new leader.
+const ELECTION_LIMIT: Duration = Duration::from_secs(20);
+
+/// Injects faults and remembers what it did.
+pub struct Nemesis {
+    rec: Recorder,
+    rng: StdRng,
+    /// Faults injected.
+    pub faults: usize,
+    /// What happened when, for the report.
+    pub log: Vec<String>,
+    /// Ticket keys the probes used (read again after recovery).
+    pub probe_keys: Vec<String>,
+    /// The ticket keys the workload uses, for stale-read probes.
+    tickets: Vec<String>,
+    paused: BTreeSet<u64>,
+    voters: BTreeSet<u64>,
+    initial: BTreeSet<u64>,
+}
+
+impl Nemesis {
+    /// A nemesis recording into `rec`, drawing its choices from `rng`.
+    pub fn new(rec: Recorder, rng: StdRng, tickets: &[String], voters: BTreeSet<u64>) -> Self {
+        Nemesis {
+            rec,
+            rng,
+            faults: 0,
+            log: Vec::new(),
+            probe_keys: Vec::new(),
+            tickets: tickets.to_vec(),
+            paused: BTreeSet::new(),
+            initial: voters.clone(),
+            voters,
+        }
+    }
+
+    fn note(&mut self, text: String) {
+        let now = self.rec.clock().now();
+        self.log.push(format!(
+            "{}.{:03}s {text}",
+            now / 1_000_000,
+            (now / 1_000) % 1_000
+        ));
+    }
+
+    async fn sleep_between(&mut self, low_ms: u64, high_ms: u64) {
+        let ms = self.rng.random_range(low_ms..=high_ms);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+
+    /// Runs `scenario`'s faults for about `duration` (the fault in progress is finished).
+    pub async fn run(
+        &mut self,
+        scenario: Scenario,
+        cluster: &mut Cluster,
+        duration: Duration,
+    ) -> anyhow::Result<()> {
+        let until = Instant::now() + duration;
+        while Instant::now() < until {
+            match scenario {
+                Scenario::LeaderKill => self.leader_kill(cluster).await?,
+                Scenario::FollowerKill => self.follower_kill(cluster).await?,
+                Scenario::RestartAll => self.restart_all(cluster).await?,
+                Scenario::LeaderPause => self.leader_pause(cluster).await?,
+                Scenario::IsolateLeader => self.isolate_leader(cluster).await?,
+                Scenario::IsolateFollower => self.isolate_follower(cluster).await?,
+                Scenario::Split => self.split(cluster).await?,
+                Scenario::Membership => self.membership(cluster).await?,
+                Scenario::Mixed => self.mixed(cluster).await?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Undoes every fault: heals the network, resumes paused nodes, restarts killed members,
+    /// and waits until they agree on a leader and have caught up.
+    pub async fn recover(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
+        if let Ok(network) = cluster.network() {
+            network.heal_all();
+        }
+        for id in std::mem::take(&mut self.paused) {
+            cluster.resume(id)?;
+        }
+        let running: BTreeSet<u64> = cluster.live_ids().into_iter().collect();
+        for id in cluster.ids() {
+            if !running.contains(&id) {
+                cluster.restart(id).await?;
+            }
+        }
+        self.note("recovery: network healed, every node running".into());
+        cluster.leader().await?;
+        cluster.wait_all_caught_up().await?;
+        for id in cluster.live_ids() {
+            let info = cluster.node_info(id).await?;
+            self.note(format!(
+                "node {id}: {} at term {}, applied {}, snapshot at {}",
+                info.role, info.term, info.applied_index, info.snapshot_index
+            ));
+        }
+        Ok(())
+    }
+
+    /// One fault of a kind chosen at random (membership changes excepted: they outlive the
+    /// round and would leave the proxies guarding removed nodes).
+    async fn mixed(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
+        match self.rng.random_range(0..7) {
+            0 => self.leader_kill(cluster).await,
+            1 => self.follower_kill(cluster).await,
+            2 => self.restart_all(cluster).await,
+            3 => self.leader_pause(cluster).await,
+            4 => self.isolate_leader(cluster).await,
+            5 => self.isolate_follower(cluster).await,
+            _ => {
+                self.split(cluster).await?;
+                cluster.network()?.heal_all();
+                Ok(())
+            }
+        }
+    }
+
+    async fn leader_kill(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
+        self.sleep_between(1_000, 2_500).await;
+        let leader = cluster.leader().await?;
+        cluster.kill(leader)?;
+        self.faults += 1;
+        self.note(format!("SIGKILL leader {leader}"));
+        self.sleep_between(300, 2_000).await;
+        cluster.restart(leader).await?;
+        self.note(format!("restarted node {leader}"));
+        self.read_first(cluster).await?;
+        Ok(())
+    }
+
+    async fn follower_kill(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
+        self.sleep_between(1_000, 2_500).await;
+        let leader = cluster.leader().await?;
+        let followers: Vec<u64> = cluster
+            .live_ids()
+            .into_iter()
+            .filter(|id| *id != leader)
+            .collect();
+        let victim = followers[self.rng.random_range(0..followers.len())];
+        cluster.kill(victim)?;
+        self.faults += 1;
+        self.note(format!("SIGKILL follower {victim} (leader {leader})"));
+        self.sleep_between(500, 3_000).await;
+        cluster.restart(victim).await?;
+        self.note(format!("restarted node {victim}"));
+        Ok(())
+    }
+
+    async fn restart_all(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
+        self.sleep_between(1_500, 3_000).await;
+        let killed = cluster.kill_all()?;
+        self.faults += 1;
+        self.note(format!("SIGKILL every node {killed:?}"));
+        self.sleep_between(200, 1_500).await;
+        cluster.restart_all(&killed).await?;
+        self.note(format!("restarted every node {killed:?}"));
+        self.read_first(cluster).await?;
+        let leader = cluster.leader().await?;
+        self.note(format!("node {leader} leads after the full restart"));
+        Ok(())
+    }
+
+    async fn leader_pause(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
+        self.sleep_between(1_000, 2_000).await;
+        let leader = cluster.leader().await?;
+        let term = cluster.node_info(leader).await?.term;
+        let hold = Duration::from_millis(self.rng.random_range(2_000..=4_000));
+        let paused_at = Instant::now();
+        cluster.pause(leader)?;
+        self.paused.insert(leader);
+        self.faults += 1;
+        self.note(format!(
+            "SIGSTOP leader {leader} (term {term}) for {hold:?}"
+        ));
+        let probes = self.probe_old_leader(cluster, leader, term).await?;
+        tokio::time::sleep(hold.saturating_sub(paused_at.elapsed())).await;
+        cluster.resume(leader)?;
+        self.paused.remove(&leader);
+        self.note(format!("SIGCONT node {leader}"));
+        self.finish_probes(probes).await;
+        self.sleep_between(500, 1_000).await;
+        Ok(())
+    }
+
+    async fn isolate_leader(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
+        self.sleep_between(1_000, 2_000).await;
+        let leader = cluster.leader().await?;
+        let term = cluster.node_info(leader).await?.term;
+        let hold = Duration::from_millis(self.rng.random_range(2_000..=4_000));
+        let cut_at = Instant::now();
+        cluster.network()?.isolate(leader);
+        self.faults += 1;
+        self.note(format!(
+            "isolate leader {leader} (term {term}) for {hold:?}"
+        ));
+        let probes = self.probe_old_leader(cluster, leader, term).await?;
+        tokio::time::sleep(hold.saturating_sub(cut_at.elapsed())).await;
+        cluster.network()?.heal_all();
+        self.note("heal".into());
+        self.finish_probes(probes).await;
+        self.sleep_between(500, 1_000).await;
+        Ok(())
+    }
+
+    async fn isolate_follower(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
+        self.sleep_between(1_000, 2_000).await;
+        let leader = cluster.leader().await?;
+        let followers: Vec<u64> = cluster
+            .live_ids()
+            .into_iter()
+            .filter(|id| *id != leader)
+            .collect();
+        let victim = followers[self.rng.random_range(0..followers.len())];
+        cluster.network()?.isolate(victim);
+        self.faults += 1;
+        self.note(format!("isolate follower {victim} (leader {leader})"));
+        self.sleep_between(1_500, 4_000).await;
+        cluster.network()?.heal_all();
+        self.note("heal".into());
+        self.sleep_between(300, 1_000).await;
+        Ok(())
+    }
+
+    /// Rolling 1|2 splits: a random node (leader or not) alone against the other two, sometimes
+    /// moving straight to the next split without healing in between.
+    async fn split(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
+        self.sleep_between(500, 1_500).await;
+        let nodes: Vec<u64> = cluster.network()?.nodes().into_iter().collect();
+        let alone = nodes[self.rng.random_range(0..nodes.len())];
+        let rest: Vec<u64> = nodes.iter().copied().filter(|id| *id != alone).collect();
+        cluster.network()?.partition(&[vec![alone], rest.clone()]);
+        self.faults += 1;
+        self.note(format!("split {alone} | {rest:?}"));
+        self.sleep_between(1_500, 3_000).await;
+        if self.rng.random_bool(0.5) {
+            cluster.network()?.heal_all();
+            self.note("heal".into());
+        }
+        Ok(())
+    }
+
+    /// Adds the next node as a learner, promotes it, removes a random old voter (maybe the
+    /// leader), and stops the removed node.
+    async fn membership(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
+        self.sleep_between(1_000, 2_000).await;
+        let admin = self.admin(cluster).await?;
+        let new = cluster.add_node().await?;
+        let addr = cluster.addr(new).to_string();
+        self.note(format!("started node {new} at {addr}"));
+        retry("add learner", || admin.add_learner(new, &addr)).await?;
+        self.faults += 1;
+        self.note(format!("node {new} added as a learner (caught up)"));
+        let mut voters = self.voters.clone();
+        voters.insert(new);
+        let list: Vec<u64> = voters.iter().copied().collect();
+        retry("promote", || admin.change_membership(&list)).await?;
+        self.voters = voters;
+        self.faults += 1;
+        self.note(format!("voters {:?}", self.voters));
+        self.sleep_between(1_000, 2_000).await;
+        // Clients know only the first nodes' addresses: keep one of them a voter.
+        let first: Vec<u64> = self
+            .voters
+            .iter()
+            .copied()
+            .filter(|id| self.initial.contains(id))
+            .collect();
+        let old: Vec<u64> = self
+            .voters
+            .iter()
+            .copied()
+            .filter(|id| *id != new && !(first.len() == 1 && first.contains(id)))
+            .collect();
+        let leader = current_leader(cluster, &self.voters).await;
+        let victim = match leader {
+            Some(leader) if old.contains(&leader) && self.rng.random_bool(0.5) => leader,
+            _ => {
+                let followers: Vec<u64> = old
+                    .iter()
+                    .copied()
+                    .filter(|id| Some(*id) != leader)
+                    .collect();
+                let pool = if followers.is_empty() {
+                    &old
+                } else {
+                    &followers
+                };
+                pool[self.rng.random_range(0..pool.len())]
+            }
+        };
+        let role = if Some(victim) == leader {
+            "the leader"
+        } else {
+            "a follower"
+        };
+        let mut voters = self.voters.clone();
+        voters.remove(&victim);
+        let list: Vec<u64> = voters.iter().copied().collect();
+        retry("remove", || admin.change_membership(&list)).await?;
+        self.voters = voters;
+        self.faults += 1;
+        self.note(format!(
+            "removed node {victim} ({role}): voters {:?}",
+            self.voters
+        ));
+        self.sleep_between(300, 800).await;
+        cluster.remove_node(victim)?;
+        self.note(format!("stopped removed node {victim}"));
+        Ok(())
+    }
+
+    /// Reads every workload ticket at once, right after a restart, racing the workload's own
+    /// (backing-off) retries to be among the first requests a new leader serves: a leader that
+    /// answered reads before it knew everything committed before the crash would show it here.
+    async fn read_first(&mut self, cluster: &Cluster) -> anyhow::Result<()> {
+        let client = Client::new(&cluster.endpoints(), client_config())?;
+        let reads = self
+            .tickets
+            .iter()
+            .map(|key| handoff::read(&self.rec, &client, "nemesis", key));
+        futures::future::join_all(reads).await;
+        self.note(format!(
+            "read {} tickets right after the restart",
+            self.tickets.len()
+        ));
+        Ok(())
+    }
+
+    /// A client for membership calls, knowing the current voters.
+    async fn admin(&self, cluster: &Cluster) -> anyhow::Result<Client> {
+        let endpoints: Vec<String> = self
+            .voters
+            .iter()
+            .map(|id| cluster.addr(*id).to_string())
+            .collect();
+        Ok(Client::connect_with(&endpoints, client_config()).await?)
+    }
+
+    /// With `old` (leader at `term`) cut off: waits for a new leader on the other side, has it
+    /// acknowledge a fresh ticket, then sends probes to `old`. Returns the probes in flight.
+    async fn probe_old_leader(
+        &mut self,
+        cluster: &Cluster,
+        old: u64,
+        term: u64,
+    ) -> anyhow::Result<Vec<tokio::task::JoinHandle<String>>> {
+        let others: Vec<u64> = cluster
+            .live_ids()
+            .into_iter()
+            .filter(|id| *id != old)
+            .collect();
+        let new = new_leader(cluster, &others, term).await?;
+        self.note(format!("node {new} leads the other side"));
+        let key = format!("probe-{}", self.probe_keys.len() / 2);
+        let written = format!("{key}-via-old-leader");
+        self.probe_keys.push(key.clone());
+        self.probe_keys.push(written.clone());
+        let endpoints: Vec<String> = others
+            .iter()
+            .map(|id| cluster.addr(*id).to_string())
+            .collect();
+        let majority = Client::connect_with(&endpoints, client_config()).await?;
+        let offered = handoff::offer(&self.rec, &majority, "nemesis", &key).await;
+        self.note(format!(
+            "offered {key} through the new side: {}",
+            offered.map_or("no answer".to_string(), |t| format!(
+                "generation {}",
+                t.generation
+            ))
+        ));
+        let channel = Endpoint::from_shared(format!("http://{}", cluster.addr(old)))?
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(PROBE_TIMEOUT)
+            .connect_lazy();
+        let client = format!("old-leader-{old}");
+        let mut probes = Vec::new();
+        for probe in [
+            Probe::Read(key.clone()),
+            Probe::Read(self.tickets[0].clone()),
+            Probe::Take(key.clone()),
+            Probe::Offer(written),
+        ] {
+            let rec = self.rec.clone();
+            let channel = channel.clone();
+            let client = client.clone();
+            probes.push(tokio::spawn(async move {
+                probe.send(&rec, &client, channel).await
+            }));
+        }
+        self.note(format!("sent 4 probes to old leader {old}"));
+        Ok(probes)
+    }
+
+    async fn finish_probes(&mut self, probes: Vec<tokio::task::JoinHandle<String>>) {
+        for probe in probes {
+            let line = match tokio::time::timeout(PROBE_TIMEOUT * 2, probe).await {
+                Ok(Ok(line)) => line,
+                Ok(Err(error)) => format!("probe task failed: {error}"),
+                Err(_) => "probe did not finish".into(),
+            };
+            self.note(format!("probe: {line}"));
+        }
+    }
+}
+
+/// Runs an admin call, retrying infrastructure failures a few times.
+async fn retry<T, F, Fut>(what: &str, call: F) -> anyhow::Result<T>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, baton_rpc::Error>>,
+{
+    let mut last = None;
+    for _ in 0..5 {
+        match call().await {
+            Ok(value) => return Ok(value),
+            Err(error) => last = Some(error),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Err(last.map_or_else(|| anyhow::anyhow!("{what} failed"), anyhow::Error::from))
+        .with_context(|| format!("{what} kept failing"))
+}
+
+/// The node among `ids` that says it leads, if one answers so right now.
+async fn current_leader(cluster: &Cluster, ids: &BTreeSet<u64>) -> Option<u64> {
+    for id in ids {
+        if let Ok(info) = cluster.node_info(*id).await {
+            if info.role == "leader" {
+                return Some(*id);
+            }
+        }
+    }
+    None
+}
+
+/// Waits until one of `ids` leads at a term above `term`.
+async fn new_leader(cluster: &Cluster, ids: &[u64], term: u64) -> anyhow::Result<u64> {
+    let started = Instant::now();
+    loop {
+        for id in ids {
+            if let Ok(info) = cluster.node_info(*id).await {
+                if info.role == "leader" && info.term > term {
+                    return Ok(*id);
+                }
+            }
+        }
+        if started.elapsed() > ELECTION_LIMIT {
+            bail!("none of {ids:?} became leader above term {term} within {ELECTION_LIMIT:?}");
+        }
+        tokio::time::sleep(crate::wait::POLL).await;
+    }
+}
+
+/// One request sent straight to an old leader.
+enum Probe {
+    Read(String),
+    Take(String),
+    Offer(String),
+}
+
+impl Probe {
+    /// Sends the probe, records it, and returns a line describing the answer.
+    async fn send(self, rec: &Recorder, client: &str, channel: Channel) -> String {
+        let mut handoff = HandoffClient::new(channel);
+        let header = Some(RequestHeader {
+            client_id: rand::random(),
+            seq: 1,
+            acked_below: 1,
+        });
+        let (input, outcome) = match self {
+            Probe::Read(key) => {
+                let input = Input::Read { key: key.clone() };
+                let index = rec.invoke(client, input.clone());
+                let answer = handoff.get(GetTicketRequest { key }).await;
+                let outcome = match answer {
+                    Ok(reply) => match reply.into_inner().ticket {
+                        Some(ticket) => {
+                            let ticket = ticket_from_proto(ticket);
+                            Outcome::Ok(Output::Ticket {
+                                generation: ticket.generation,
+                                state: ticket.state.as_str().to_string(),
+                                holder: ticket.holder,
+                            })
+                        }
+                        None => Outcome::Ambiguous("get answered without a ticket".into()),
+                    },
+                    Err(status) => status_outcome(&status),
+                };
+                rec.complete(index, outcome.clone());
+                (input, outcome)
+            }
+            Probe::Take(key) => {
+                let input = Input::Take {
+                    key: key.clone(),
+                    to: TO.into(),
+                };
+                let index = rec.invoke(client, input.clone());
+                let answer = handoff
+                    .take(TakeRequest {
+                        header,
+                        key,
+                        to: TO.into(),
+                    })
+                    .await;
+                let outcome = match answer {
+                    Ok(reply) => match reply.into_inner().handle {
+                        Some(handle) => {
+                            let handle = handle_from_proto(handle);
+                            Outcome::Ok(Output::Handle {
+                                fence: handle.fence,
+                                token: handle.token,
+                            })
+                        }
+                        None => Outcome::Ambiguous("take answered without a handle".into()),
+                    },
+                    Err(status) => status_outcome(&status),
+                };
+                rec.complete(index, outcome.clone());
+                (input, outcome)
+            }
+            Probe::Offer(key) => {
+                let input = Input::Offer {
+                    key: key.clone(),
+                    from: FROM.into(),
+                    to: TO.into(),
+                };
+                let index = rec.invoke(client, input.clone());
+                let answer = handoff
+                    .offer(OfferRequest {
+                        header,
+                        key: key.clone(),
+                        from: FROM.into(),
+                        to: TO.into(),
+                        payload: key.into_bytes(),
+                        reply_to: FROM.into(),
+                        ttl_ms: TTL_MS,
+                    })
+                    .await;
+                let outcome = match answer {
+                    Ok(reply) => match reply.into_inner().ticket {
+                        Some(ticket) => {
+                            let ticket = ticket_from_proto(ticket);
+                            Outcome::Ok(Output::Ticket {
+                                generation: ticket.generation,
+                                state: ticket.state.as_str().to_string(),
+                                holder: ticket.holder,
+                            })
+                        }
+                        None => Outcome::Ambiguous("offer answered without a ticket".into()),
+                    },
+                    Err(status) => status_outcome(&status),
+                };
+                rec.complete(index, outcome.clone());
+                (input, outcome)
+            }
+        };
+        format!("{input} => {outcome:?}")
+    }
+}
+
+/// A refusal is definite; anything else from a node that may not lead is ambiguous.
+fn status_outcome(status: &tonic::Status) -> Outcome {
+    match detail_of(status) {
+        Some(detail) => match refusal_of(&detail) {
+            Some(refusal) => Outcome::Refused(refusal.code().to_string()),
+            None => Outcome::Ambiguous(format!("{}: {}", detail.code, status.message())),
+        },
+        None => Outcome::Ambiguous(format!("{:?}: {}", status.code(), status.message())),
+    }
+}

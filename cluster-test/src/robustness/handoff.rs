@@ -1,0 +1,340 @@
+//! Handoff workload: clients race offers, takes, replies, cancels and reads on a few ticket keys;
+//! the history of each key must be linearizable against [`TicketModel`], takes must be exclusive
+//! per generation with increasing fences, and nothing acknowledged may be missing after recovery.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use baton_rpc::Client;
+use baton_statemachine::handoff::{Handle, OfferArgs, Receipt, ReceiptStatus, Ticket};
+use rand::rngs::StdRng;
+use rand::Rng;
+
+use super::check::{increasing_fences, unique_grants, Grant, Violation};
+use super::history::{Input, Op, Outcome, Output, Recorder};
+use crate::linearizability::{self, Operation, TicketInput, TicketModel, TicketOutput, Verdict};
+
+/// The source of every ticket.
+pub const FROM: &str = "src";
+/// The addressee of every ticket.
+pub const TO: &str = "dst";
+/// Ticket TTL: far longer than any run, so nothing expires (the model has no expiry).
+pub const TTL_MS: i64 = 60 * 60 * 1000;
+/// Token presented when no take's token is known (always `LEASE_LOST`).
+const NO_TOKEN: &str = "00000000000000000000000000000000";
+/// Most search steps the linearizability check of one key may take.
+const MAX_STEPS: u64 = 20_000_000;
+
+/// The latest token any client got from a take, per key: shared so replies race each other and
+/// present stale tokens.
+pub type Tokens = Arc<Mutex<BTreeMap<String, String>>>;
+
+fn ticket_output(ticket: &Ticket) -> Output {
+    Output::Ticket {
+        generation: ticket.generation,
+        state: ticket.state.as_str().to_string(),
+        holder: ticket.holder.clone(),
+    }
+}
+
+fn handle_output(handle: &Handle) -> Output {
+    Output::Handle {
+        fence: handle.fence,
+        token: handle.token.clone(),
+    }
+}
+
+fn receipt(key: &str) -> Receipt {
+    Receipt {
+        status: ReceiptStatus::Done,
+        summary: format!("done {key}"),
+        failure: String::new(),
+        artifacts: Vec::new(),
+    }
+}
+
+/// Offers `key` from [`FROM`] to [`TO`], recorded.
+pub async fn offer(rec: &Recorder, client: &Client, name: &str, key: &str) -> Option<Ticket> {
+    let args = OfferArgs {
+        key: key.to_string(),
+        from: FROM.into(),
+        to: TO.into(),
+        payload: key.as_bytes().to_vec(),
+        reply_to: FROM.into(),
+        ttl_ms: TTL_MS,
+    };
+    let input = Input::Offer {
+        key: key.to_string(),
+        from: FROM.into(),
+        to: TO.into(),
+    };
+    rec.record(name, input, client.offer(args), ticket_output)
+        .await
+        .ok()
+}
+
+/// Reads `key`, recorded.
+pub async fn read(rec: &Recorder, client: &Client, name: &str, key: &str) {
+    let input = Input::Read {
+        key: key.to_string(),
+    };
+    let _ = rec
+        .record(name, input, client.ticket(key), ticket_output)
+        .await;
+}
+
+/// One client: random operations on random keys until `stop`.
+pub async fn run(
+    client: Client,
+    name: String,
+    rec: Recorder,
+    keys: Arc<Vec<String>>,
+    tokens: Tokens,
+    mut rng: StdRng,
+    stop: Arc<AtomicBool>,
+) {
+    while !stop.load(Ordering::Relaxed) {
+        let key = keys[rng.random_range(0..keys.len())].clone();
+        match rng.random_range(0..100) {
+            0..25 => {
+                offer(&rec, &client, &name, &key).await;
+            }
+            25..50 => {
+                let to = if rng.random_bool(0.9) { TO } else { "intruder" };
+                let input = Input::Take {
+                    key: key.clone(),
+                    to: to.into(),
+                };
+                if let Ok(handle) = rec
+                    .record(&name, input, client.take(&key, to), handle_output)
+                    .await
+                {
+                    lock(&tokens).insert(key.clone(), handle.token);
+                }
+            }
+            50..70 => {
+                let token = lock(&tokens)
+                    .get(&key)
+                    .cloned()
+                    .unwrap_or_else(|| NO_TOKEN.to_string());
+                let input = Input::Reply {
+                    key: key.clone(),
+                    token: token.clone(),
+                };
+                let _ = rec
+                    .record(
+                        &name,
+                        input,
+                        client.reply(&key, &token, &receipt(&key)),
+                        |_| Output::Done,
+                    )
+                    .await;
+            }
+            70..80 => {
+                let by = if rng.random_bool(0.9) { FROM } else { TO };
+                let input = Input::Cancel {
+                    key: key.clone(),
+                    by: by.into(),
+                };
+                let _ = rec
+                    .record(&name, input, client.cancel(&key, by), |_| Output::Done)
+                    .await;
+            }
+            _ => read(&rec, &client, &name, &key).await,
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..15))).await;
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The ticket key an operation is about, if it is a handoff operation.
+pub fn key_of(input: &Input) -> Option<&str> {
+    match input {
+        Input::Offer { key, .. }
+        | Input::Take { key, .. }
+        | Input::Reply { key, .. }
+        | Input::Cancel { key, .. }
+        | Input::Read { key } => Some(key),
+        _ => None,
+    }
+}
+
+/// The model's view of one recorded operation.
+fn to_model(op: &Op) -> Option<Operation<TicketInput, TicketOutput>> {
+    let input = match &op.input {
+        Input::Offer { from, to, .. } => TicketInput::Offer {
+            from: from.clone(),
+            to: to.clone(),
+        },
+        Input::Take { to, .. } => TicketInput::Take { to: to.clone() },
+        Input::Reply { token, .. } => TicketInput::Reply {
+            token: token.clone(),
+        },
+        Input::Cancel { by, .. } => TicketInput::Cancel { by: by.clone() },
+        Input::Read { .. } => TicketInput::Read,
+        _ => return None,
+    };
+    let output = match &op.outcome {
+        Outcome::Ok(Output::Ticket {
+            generation,
+            state,
+            holder,
+        }) => Some(match input {
+            TicketInput::Read => TicketOutput::Read {
+                generation: *generation,
+                state: state.clone(),
+                holder: holder.clone(),
+            },
+            _ => TicketOutput::Offered {
+                generation: *generation,
+                state: state.clone(),
+            },
+        }),
+        Outcome::Ok(Output::Handle { fence, token }) => Some(TicketOutput::Taken {
+            fence: *fence,
+            token: token.clone(),
+        }),
+        Outcome::Ok(_) => Some(TicketOutput::Done),
+        Outcome::Refused(code) => Some(TicketOutput::Refused(code.clone())),
+        Outcome::Ambiguous(_) | Outcome::Pending => None,
+    };
+    Some(Operation {
+        client: op.index,
+        input,
+        ret: output.as_ref().and(op.ret),
+        output,
+        call: op.call,
+    })
+}
+
+/// Every handoff checker over the finished history. `final_from` is the time (µs) from which
+/// operations are the reads made after recovery.
+pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
+    let mut by_key: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
+    for op in history {
+        if let Some(key) = key_of(&op.input) {
+            by_key.entry(key).or_default().push(op);
+        }
+    }
+    let mut violations = Vec::new();
+    let mut grants = Vec::new();
+    for (key, ops) in &by_key {
+        violations.extend(linearizable(key, ops));
+        for op in ops {
+            if let (Input::Take { .. }, Some(Output::Handle { fence, .. })) = (&op.input, op.ok()) {
+                grants.push(Grant {
+                    key: key.to_string(),
+                    fence: *fence,
+                    op: op.index,
+                });
+            }
+        }
+        violations.extend(durable(key, ops, final_from));
+    }
+    violations.extend(unique_grants("take", &grants, history));
+    violations.extend(increasing_fences("take", &grants, history));
+    violations
+}
+
+/// Linearizability of one key's history.
+fn linearizable(key: &str, ops: &[&Op]) -> Vec<Violation> {
+    let model_ops: Vec<Operation<TicketInput, TicketOutput>> =
+        ops.iter().filter_map(|op| to_model(op)).collect();
+    match linearizability::check_bounded(&TicketModel, &model_ops, MAX_STEPS) {
+        Verdict::Linearizable => Vec::new(),
+        Verdict::Violation { longest } => {
+            let prefix: Vec<usize> = longest.iter().map(|i| ops[*i].index).collect();
+            // The operations that could come next: not in the prefix and invoked before the
+            // first of them had to complete.
+            let rest: Vec<&&Op> = ops
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !longest.contains(i))
+                .map(|(_, op)| op)
+                .collect();
+            let horizon = rest
+                .iter()
+                .filter_map(|op| op.ret)
+                .min()
+                .unwrap_or(u64::MAX);
+            let stuck: Vec<usize> = rest
+                .iter()
+                .filter(|op| op.call <= horizon)
+                .map(|op| op.index)
+                .collect();
+            let mut violation = Violation::new(
+                "linearizable",
+                key,
+                format!(
+                    "no order of the {} operations on this ticket explains what they returned",
+                    ops.len()
+                ),
+                prefix,
+            );
+            violation.stuck = stuck;
+            vec![violation]
+        }
+        Verdict::Inconclusive { steps } => vec![Violation::new(
+            "linearizable",
+            key,
+            format!(
+                "INCONCLUSIVE: the search gave up after {steps} steps over {} operations",
+                ops.len()
+            ),
+            Vec::new(),
+        )],
+    }
+}
+
+/// After recovery, the ticket holds at least the highest generation anyone was acknowledged.
+fn durable(key: &str, ops: &[&Op], final_from: u64) -> Vec<Violation> {
+    let acked = ops
+        .iter()
+        .filter_map(|op| {
+            let generation = match op.ok()? {
+                Output::Ticket { generation, .. } => *generation,
+                Output::Handle { fence, .. } => *fence,
+                _ => return None,
+            };
+            Some((generation, op.index))
+        })
+        .max();
+    let Some((generation, acked_op)) = acked else {
+        return Vec::new();
+    };
+    let last_read = ops
+        .iter()
+        .rfind(|op| op.call >= final_from && matches!(op.input, Input::Read { .. }));
+    let Some(read) = last_read else {
+        return vec![Violation::new(
+            "lost-ack",
+            key,
+            "no read was made after recovery",
+            vec![acked_op],
+        )];
+    };
+    match read.ok() {
+        Some(Output::Ticket {
+            generation: now, ..
+        }) if *now >= generation => Vec::new(),
+        Some(Output::Ticket { generation: now, .. }) => vec![Violation::new(
+            "lost-ack",
+            key,
+            format!("generation {generation} was acknowledged, after recovery the ticket is at generation {now}"),
+            vec![acked_op, read.index],
+        )],
+        _ => vec![Violation::new(
+            "lost-ack",
+            key,
+            format!("generation {generation} was acknowledged, after recovery the ticket cannot be read"),
+            vec![acked_op, read.index],
+        )],
+    }
+}

@@ -1,0 +1,595 @@
+//! The robustness suite: fault scenarios against a real three-node cluster under concurrent,
+//! recorded workloads, judged afterwards by checkers over the whole history (the approach of
+//! etcd's `tests/robustness` and of Jepsen).
+//!
+//! One run of a [`Scenario`]:
+//!
+//! 1. start three `baton node` processes whose peer links go through TCP proxies;
+//! 2. start the workloads — handoff races ([`handoff`]), board claims ([`board`]), side-effect
+//!    acquires with fenced sink writes ([`effect`]), keyed queue permits ([`queue`]) — every
+//!    client recording each operation in one [`history::Recorder`];
+//! 3. inject the scenario's faults for a while ([`faults::Nemesis`]), then undo them all and
+//!    wait for the cluster to converge;
+//! 4. require that every workload is answered again after recovery, stop the workloads, and read
+//!    back everything that was acknowledged;
+//! 5. run every checker over the finished history.
+//!
+//! Choices (keys, operations, timings, victims) come from one seed, so a failing seed can be
+//! replayed; the interleaving itself is real and not reproducible to the microsecond.
+
+pub mod board;
+pub mod check;
+pub mod effect;
+pub mod faults;
+pub mod handoff;
+pub mod history;
+pub mod queue;
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use baton_rpc::{Client, ClientConfig};
+use futures::StreamExt;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use tokio::task::JoinHandle;
+
+use self::check::Violation;
+use self::faults::Nemesis;
+use self::history::{Clock, Input, Op, Recorder};
+use crate::cluster::{client_config, Cluster, Options};
+
+/// A fault scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Scenario {
+    /// SIGKILL the leader, restart it from its data dir; repeatedly.
+    LeaderKill,
+    /// SIGKILL a follower, restart it; repeatedly.
+    FollowerKill,
+    /// SIGKILL all three nodes at once (power loss), restart them all; repeatedly.
+    RestartAll,
+    /// SIGSTOP the leader for longer than the election timeout, probe it, SIGCONT it.
+    LeaderPause,
+    /// Cut every link of the leader, probe it, heal.
+    IsolateLeader,
+    /// Cut every link of a follower, heal.
+    IsolateFollower,
+    /// Rolling 1|2 partitions of random nodes.
+    Split,
+    /// Add a node as learner, promote it, remove an old voter (maybe the leader), under load.
+    Membership,
+    /// Each round one of the faults above but membership, chosen at random.
+    Mixed,
+}
+
+impl Scenario {
+    /// Every scenario.
+    pub const ALL: [Scenario; 9] = [
+        Scenario::LeaderKill,
+        Scenario::FollowerKill,
+        Scenario::RestartAll,
+        Scenario::LeaderPause,
+        Scenario::IsolateLeader,
+        Scenario::IsolateFollower,
+        Scenario::Split,
+        Scenario::Membership,
+        Scenario::Mixed,
+    ];
+
+    /// The scenario's name in summaries and on the command line.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Scenario::LeaderKill => "leader-kill",
+            Scenario::FollowerKill => "follower-kill",
+            Scenario::RestartAll => "restart-all",
+            Scenario::LeaderPause => "leader-pause",
+            Scenario::IsolateLeader => "isolate-leader",
+            Scenario::IsolateFollower => "isolate-follower",
+            Scenario::Split => "split-1-2",
+            Scenario::Membership => "membership",
+            Scenario::Mixed => "mixed",
+        }
+    }
+
+    /// The scenario called `name`.
+    pub fn parse(name: &str) -> Option<Scenario> {
+        Scenario::ALL.into_iter().find(|s| s.name() == name)
+    }
+}
+
+impl fmt::Display for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How many clients each workload runs.
+#[derive(Debug, Clone)]
+pub struct Mix {
+    /// Handoff clients.
+    pub handoff: usize,
+    /// Handoff ticket keys they share.
+    pub tickets: usize,
+    /// Board agents.
+    pub board: usize,
+    /// Board tasks they share.
+    pub tasks: usize,
+    /// Side-effect holders.
+    pub effect: usize,
+    /// Resources they share.
+    pub resources: usize,
+    /// Queue workers (plus one submitter).
+    pub workers: usize,
+}
+
+impl Default for Mix {
+    /// Enough contention to race on every key, light enough for a 2-core machine.
+    fn default() -> Self {
+        Mix {
+            handoff: 4,
+            tickets: 3,
+            board: 3,
+            tasks: 2,
+            effect: 3,
+            resources: 2,
+            workers: 2,
+        }
+    }
+}
+
+/// How one run is shaped.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How long faults are injected (the fault in progress is finished).
+    pub fault_time: Duration,
+    /// Workload before the first fault.
+    pub warmup: Duration,
+    /// How long every workload may take to be answered again after recovery.
+    pub recovery_limit: Duration,
+    /// Clients per workload.
+    pub mix: Mix,
+    /// Where to write the history of a run that found a violation (none: the temp dir).
+    pub history_dir: Option<PathBuf>,
+    /// `--snapshot-every` of the nodes: small, so that runs build snapshots, restarted nodes
+    /// load them, and lagging followers catch up by snapshot install.
+    pub snapshot_every: u64,
+    /// `--keep-logs` of the nodes: small, so that a follower down for a second or two has to
+    /// catch up by snapshot.
+    pub keep_logs: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            fault_time: Duration::from_secs(15),
+            warmup: Duration::from_secs(1),
+            recovery_limit: Duration::from_secs(20),
+            mix: Mix::default(),
+            history_dir: None,
+            snapshot_every: 500,
+            keep_logs: 100,
+        }
+    }
+}
+
+/// What one run found.
+pub struct Report {
+    /// The scenario.
+    pub scenario: Scenario,
+    /// The seed.
+    pub seed: u64,
+    /// The finished history.
+    pub history: Vec<Op>,
+    /// Faults injected.
+    pub faults: usize,
+    /// The nemesis's log.
+    pub fault_log: Vec<String>,
+    /// Every violation found.
+    pub violations: Vec<Violation>,
+    /// Wall time of the whole run.
+    pub elapsed: Duration,
+    /// Where the full history was written (violations only).
+    pub history_file: Option<PathBuf>,
+    /// Where the cluster's data and logs were kept (violations only).
+    pub cluster_dir: Option<PathBuf>,
+}
+
+impl Report {
+    /// Operations recorded.
+    pub fn ops(&self) -> usize {
+        self.history.len()
+    }
+
+    /// Operations whose outcome is unknown.
+    pub fn ambiguous(&self) -> usize {
+        self.history.iter().filter(|op| op.is_ambiguous()).count()
+    }
+
+    /// `ok` or `VIOLATION`.
+    pub fn verdict(&self) -> &'static str {
+        if self.violations.is_empty() {
+            "ok"
+        } else {
+            "VIOLATION"
+        }
+    }
+
+    /// The one-line summary.
+    pub fn summary(&self) -> String {
+        format!(
+            "scenario={} seed={} ops={} ambiguous={} faults={} verdict={}",
+            self.scenario,
+            self.seed,
+            self.ops(),
+            self.ambiguous(),
+            self.faults,
+            self.verdict()
+        )
+    }
+
+    /// Per-workload counts and the run time, for a second line.
+    pub fn details(&self) -> String {
+        let mut counts = [(0usize, 0usize); 4];
+        for op in &self.history {
+            let slot = workload_of(&op.input);
+            counts[slot].0 += 1;
+            if op.is_ambiguous() {
+                counts[slot].1 += 1;
+            }
+        }
+        let names = ["handoff", "board", "effect+sink", "queue"];
+        let parts: Vec<String> = names
+            .iter()
+            .zip(counts)
+            .map(|(name, (ops, amb))| format!("{name}={ops}/{amb}"))
+            .collect();
+        format!(
+            "  ops/ambiguous per workload: {}; {:.1}s",
+            parts.join(" "),
+            self.elapsed.as_secs_f64()
+        )
+    }
+
+    /// Every violation with its slice of history, the fault log, and where the rest is.
+    pub fn explain(&self) -> String {
+        let mut text = String::new();
+        for violation in &self.violations {
+            text.push_str(&violation.render(&self.history, false));
+        }
+        text.push_str("faults:\n");
+        for line in &self.fault_log {
+            text.push_str(&format!("    {line}\n"));
+        }
+        if let Some(file) = &self.history_file {
+            text.push_str(&format!("full history: {}\n", file.display()));
+        }
+        if let Some(dir) = &self.cluster_dir {
+            text.push_str(&format!(
+                "cluster data and logs kept in {}\n",
+                dir.display()
+            ));
+        }
+        text.push_str(&format!(
+            "replay: cargo run --release -p baton-cluster-test --bin robustness -- --scenario {} --seed {}\n",
+            self.scenario, self.seed
+        ));
+        text
+    }
+}
+
+/// 0 handoff, 1 board, 2 effect and sink, 3 queue.
+fn workload_of(input: &Input) -> usize {
+    match input {
+        Input::Offer { .. }
+        | Input::Take { .. }
+        | Input::Reply { .. }
+        | Input::Cancel { .. }
+        | Input::Read { .. } => 0,
+        Input::Claim { .. }
+        | Input::ReleaseTask { .. }
+        | Input::RenewTask { .. }
+        | Input::ListTasks => 1,
+        Input::Acquire { .. }
+        | Input::CompleteEffect { .. }
+        | Input::ReleaseEffect { .. }
+        | Input::ShowAction { .. } => 2,
+        Input::SinkWrite { resource, .. } | Input::SinkRead { resource }
+            if resource.starts_with(effect::SINK_PREFIX) =>
+        {
+            2
+        }
+        _ => 3,
+    }
+}
+
+/// The seed of client `n` of a run.
+fn client_seed(seed: u64, n: u64) -> u64 {
+    seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(n)
+}
+
+/// The running workload tasks.
+struct Workloads {
+    stop: Arc<AtomicBool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Workloads {
+    async fn start(
+        cluster: &Cluster,
+        rec: &Recorder,
+        seed: u64,
+        mix: &Mix,
+        tickets: &[String],
+    ) -> anyhow::Result<Workloads> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        let mut n = 0u64;
+        let mut next_rng = || {
+            n += 1;
+            StdRng::seed_from_u64(client_seed(seed, n))
+        };
+        let tickets = Arc::new(tickets.to_vec());
+        let tokens = handoff::Tokens::default();
+        for i in 0..mix.handoff {
+            tasks.push(tokio::spawn(handoff::run(
+                connect(cluster, i).await?,
+                format!("handoff-{i}"),
+                rec.clone(),
+                tickets.clone(),
+                tokens.clone(),
+                next_rng(),
+                stop.clone(),
+            )));
+        }
+        let board_tasks = Arc::new(board::task_ids(mix.tasks));
+        for i in 0..mix.board {
+            tasks.push(tokio::spawn(board::run(
+                connect(cluster, i).await?,
+                format!("agent-{i}"),
+                rec.clone(),
+                board_tasks.clone(),
+                next_rng(),
+                stop.clone(),
+            )));
+        }
+        let resources = Arc::new(effect::resources(mix.resources));
+        for i in 0..mix.effect {
+            tasks.push(tokio::spawn(effect::run(
+                connect(cluster, i).await?,
+                format!("holder-{i}"),
+                rec.clone(),
+                resources.clone(),
+                next_rng(),
+                stop.clone(),
+            )));
+        }
+        let pace = Arc::new(queue::Pace::default());
+        tasks.push(tokio::spawn(queue::submit(
+            connect(cluster, 0).await?,
+            "submitter".into(),
+            rec.clone(),
+            pace.clone(),
+            next_rng(),
+            stop.clone(),
+        )));
+        for i in 0..mix.workers {
+            tasks.push(tokio::spawn(queue::work(
+                connect(cluster, i).await?,
+                worker_name(i),
+                rec.clone(),
+                pace.clone(),
+                next_rng(),
+                stop.clone(),
+            )));
+        }
+        Ok(Workloads { stop, tasks })
+    }
+
+    /// Stops every client and waits for the operations in flight (each is bounded by the
+    /// client's deadline); a client still busy after `limit` is aborted and its operation stays
+    /// ambiguous.
+    async fn stop(self, limit: Duration) {
+        self.stop.store(true, Ordering::Relaxed);
+        let deadline = tokio::time::Instant::now() + limit;
+        for mut task in self.tasks {
+            if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+                task.abort();
+            }
+        }
+    }
+}
+
+/// A client for workload client number `i`: even ones are patient (the harness's usual 10 s
+/// deadline, so they ride out a failover through retries), odd ones give up after 1.5 s, so
+/// operations in flight during a fault end ambiguous — while the store may still apply them.
+async fn connect(cluster: &Cluster, i: usize) -> anyhow::Result<Client> {
+    let config = if i.is_multiple_of(2) {
+        client_config()
+    } else {
+        ClientConfig {
+            deadline: Duration::from_millis(1_500),
+            attempt_timeout: Duration::from_millis(500),
+            connect_timeout: Duration::from_millis(300),
+        }
+    };
+    Ok(Client::connect_with(&cluster.endpoints(), config).await?)
+}
+
+fn worker_name(i: usize) -> String {
+    format!("worker-{i}")
+}
+
+/// Runs one scenario with one seed on a fresh cluster.
+pub async fn run(scenario: Scenario, seed: u64, settings: &Settings) -> anyhow::Result<Report> {
+    let started = Instant::now();
+    let options = Options {
+        proxied: true,
+        snapshot_every: settings.snapshot_every,
+        keep_logs: settings.keep_logs,
+        ..Options::default()
+    };
+    let mut cluster = Cluster::start(3, options)
+        .await
+        .context("cannot start the cluster")?;
+    let rec = Recorder::new(Clock::start());
+    let mix = &settings.mix;
+
+    let setup = cluster.client().await?;
+    board::seed(&setup, &board::task_ids(mix.tasks)).await?;
+    let workers: Vec<String> = (0..mix.workers).map(worker_name).collect();
+    queue::setup(&setup, &workers).await?;
+
+    let tickets: Vec<String> = (0..mix.tickets).map(|i| format!("ticket-{i}")).collect();
+    let workloads = Workloads::start(&cluster, &rec, seed, mix, &tickets).await?;
+    let voters: BTreeSet<u64> = cluster.ids().into_iter().collect();
+    let mut nemesis = Nemesis::new(
+        rec.clone(),
+        StdRng::seed_from_u64(client_seed(seed, 0)),
+        &tickets,
+        voters,
+    );
+    tokio::time::sleep(settings.warmup).await;
+    let faulted = nemesis
+        .run(scenario, &mut cluster, settings.fault_time)
+        .await;
+    let recovered = nemesis.recover(&mut cluster).await;
+    if let Err(error) = faulted.and(recovered) {
+        workloads.stop(Duration::from_secs(15)).await;
+        let dir = cluster.keep();
+        return Err(error.context(format!(
+            "scenario {scenario} seed {seed} could not run its faults or recover; cluster data in {}\nfaults:\n    {}",
+            dir.display(),
+            nemesis.log.join("\n    ")
+        )));
+    }
+    let recovered_at = rec.clock().now();
+    let mut violations = available_again(&rec, recovered_at, settings.recovery_limit).await;
+    workloads.stop(Duration::from_secs(20)).await;
+
+    let final_from = rec.clock().now();
+    let mut keys = tickets.clone();
+    keys.extend(nemesis.probe_keys.iter().cloned());
+    read_back(&cluster, &rec, &keys, mix).await?;
+    let history = rec.finish();
+
+    violations.extend(handoff::check(&history, final_from));
+    violations.extend(board::check(&history, final_from));
+    violations.extend(effect::check(&history, final_from));
+    violations.extend(queue::check(&history, final_from));
+
+    let mut report = Report {
+        scenario,
+        seed,
+        history,
+        faults: nemesis.faults,
+        fault_log: std::mem::take(&mut nemesis.log),
+        violations,
+        elapsed: started.elapsed(),
+        history_file: None,
+        cluster_dir: None,
+    };
+    if !report.violations.is_empty() {
+        report.cluster_dir = Some(cluster.keep());
+        report.history_file = write_history(&report, settings).ok();
+    }
+    Ok(report)
+}
+
+/// Every workload must get definite answers again within `limit` of recovery; one that does not
+/// is reported (the cluster did not recover).
+async fn available_again(rec: &Recorder, since: u64, limit: Duration) -> Vec<Violation> {
+    let names = ["handoff", "board", "effect+sink", "queue"];
+    let started = Instant::now();
+    loop {
+        let silent: Vec<usize> = (0..names.len())
+            .filter(|slot| rec.answers_since(since, |input| workload_of(input) == *slot) == 0)
+            .collect();
+        if silent.is_empty() {
+            return Vec::new();
+        }
+        if started.elapsed() >= limit {
+            return silent
+                .into_iter()
+                .map(|slot| {
+                    Violation::new(
+                        "available-after-recovery",
+                        names[slot],
+                        format!("no operation was answered within {limit:?} after every fault was undone"),
+                        Vec::new(),
+                    )
+                })
+                .collect();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Reads back, through a fresh client, everything the checkers compare with the
+/// acknowledgements: every ticket, the board, every completed action, every queue task, every
+/// sink.
+async fn read_back(
+    cluster: &Cluster,
+    rec: &Recorder,
+    tickets: &[String],
+    mix: &Mix,
+) -> anyhow::Result<()> {
+    let client: Client = Client::connect_with(&cluster.endpoints(), client_config()).await?;
+    let snapshot = rec.finish();
+    let name = "final";
+    for key in tickets {
+        handoff::read(rec, &client, name, key).await;
+    }
+    board::list(rec, &client, name).await;
+    let completed = effect::completed_keys(&snapshot);
+    futures::stream::iter(completed)
+        .for_each_concurrent(8, |key| {
+            let client = client.clone();
+            async move { effect::show(rec, &client, name, &key).await }
+        })
+        .await;
+    for resource in effect::resources(mix.resources) {
+        effect::read_sink(rec, &client, name, &effect::sink_of(&resource)).await;
+    }
+    futures::stream::iter(queue::task_ids(&snapshot))
+        .for_each_concurrent(8, |task| {
+            let client = client.clone();
+            async move { queue::read_task(rec, &client, name, task).await }
+        })
+        .await;
+    for key in queue::KEYS {
+        effect::read_sink(rec, &client, name, &format!("{}{key}", queue::SINK_PREFIX)).await;
+    }
+    Ok(())
+}
+
+/// Writes the fault log and the whole history of a run to a file; returns its path.
+fn write_history(report: &Report, settings: &Settings) -> anyhow::Result<PathBuf> {
+    let dir = settings
+        .history_dir
+        .clone()
+        .unwrap_or_else(std::env::temp_dir);
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join(format!(
+        "baton-robustness-{}-{}.history",
+        report.scenario, report.seed
+    ));
+    let mut text = format!("{}\n", report.summary());
+    for violation in &report.violations {
+        text.push_str(&violation.render(&report.history, true));
+    }
+    text.push_str("faults:\n");
+    for line in &report.fault_log {
+        text.push_str(&format!("    {line}\n"));
+    }
+    text.push_str("history:\n");
+    for op in &report.history {
+        text.push_str(&format!("    {op}\n"));
+    }
+    std::fs::write(&path, text)?;
+    Ok(path)
+}

@@ -1,0 +1,460 @@
+//! Keyed task-queue workload: a submitter keeps a few tasks on two concurrency keys waiting;
+//! workers lease one at a time, start the attempt, write the key's fenced sink with the permit
+//! token, and complete. Now and then a worker stalls past its lease (before its start, or between
+//! its start and its write), so the permit moves on with a higher token and the stale worker must
+//! be refused.
+//!
+//! Checked: one acknowledged permit per key and token, tokens increasing per key in real time, no
+//! start or completion acknowledged for an attempt whose permit had moved on, the fenced sink's
+//! rules, and after recovery: every acknowledged submission, lease and completion is there, no
+//! token appears twice on a key, and at most one attempt per key is active.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_rpc::Client;
+use baton_statemachine::queue::{Assignment, Task, TaskSpec};
+use rand::rngs::StdRng;
+use rand::Rng;
+
+use super::check::{
+    increasing_fences, no_stale_holder, sink, unique_grants, Grant, Use, Violation,
+};
+use super::history::{AttemptRecord, Input, Op, Output, Recorder};
+
+/// The queue every task goes to.
+pub const QUEUE: &str = "robust-queue";
+/// Its namespace.
+pub const NAMESPACE: &str = "robust";
+/// The concurrency keys tasks carry.
+pub const KEYS: [&str; 2] = ["key-0", "key-1"];
+/// Lease (and permit) TTL.
+pub const LEASE_TTL_MS: i64 = 3_000;
+/// How long a stalling worker sleeps (past its lease).
+const STALL: Duration = Duration::from_millis(3_600);
+/// Tasks the submitter keeps waiting at most.
+const BACKLOG: u64 = 6;
+/// Prefix of the sink resources this workload writes.
+pub const SINK_PREFIX: &str = "sink-queue-";
+
+/// Counters the submitter paces itself by.
+#[derive(Debug, Default)]
+pub struct Pace {
+    submitted: AtomicU64,
+    completed: AtomicU64,
+}
+
+/// Creates the queue and registers `workers`, retrying infrastructure failures (set-up, not
+/// part of the checked history).
+pub async fn setup(client: &Client, workers: &[String]) -> anyhow::Result<()> {
+    for attempt in 0.. {
+        let result = async {
+            client.create_queue(QUEUE, NAMESPACE).await?;
+            for worker in workers {
+                client.register_worker(worker, true).await?;
+            }
+            Ok::<(), baton_rpc::Error>(())
+        }
+        .await;
+        match result {
+            Ok(()) => return Ok(()),
+            Err(error) if error.is_infrastructure() && attempt < 5 => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+    unreachable!("the loop returns")
+}
+
+fn spec(idempotency_key: &str, concurrency_key: &str) -> TaskSpec {
+    TaskSpec {
+        queue: QUEUE.into(),
+        idempotency_key: idempotency_key.into(),
+        handler: "robustness".into(),
+        handler_version: "1".into(),
+        payload_version: "1".into(),
+        payload: idempotency_key.as_bytes().to_vec(),
+        concurrency_key: concurrency_key.into(),
+        business_key: String::new(),
+        max_attempts: 20,
+        ttl_ms: 60 * 60 * 1000,
+    }
+}
+
+/// The submitter: keeps up to [`BACKLOG`] tasks waiting, until `stop`.
+pub async fn submit(
+    client: Client,
+    name: String,
+    rec: Recorder,
+    pace: Arc<Pace>,
+    mut rng: StdRng,
+    stop: Arc<AtomicBool>,
+) {
+    let mut n = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let backlog = pace
+            .submitted
+            .load(Ordering::Relaxed)
+            .saturating_sub(pace.completed.load(Ordering::Relaxed));
+        if backlog >= BACKLOG {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            continue;
+        }
+        n += 1;
+        let idempotency_key = format!("{name}-{n}");
+        let key = KEYS[rng.random_range(0..KEYS.len())];
+        let input = Input::Submit {
+            idempotency_key: idempotency_key.clone(),
+            concurrency_key: key.into(),
+        };
+        let submitted = rec
+            .record(
+                &name,
+                input,
+                client.submit(&spec(&idempotency_key, key)),
+                |receipt| Output::Submitted {
+                    task: receipt.task.id,
+                    replayed: receipt.replayed,
+                },
+            )
+            .await;
+        if submitted.is_ok() {
+            pace.submitted.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+fn leased_output(assignments: &[Assignment]) -> Output {
+    Output::Leased(
+        assignments
+            .iter()
+            .map(|a| (a.task_id, a.attempt, a.concurrency_key.clone(), a.token))
+            .collect(),
+    )
+}
+
+/// One worker: lease, start, write the sink with the token, complete, until `stop`.
+pub async fn work(
+    client: Client,
+    name: String,
+    rec: Recorder,
+    pace: Arc<Pace>,
+    mut rng: StdRng,
+    stop: Arc<AtomicBool>,
+) {
+    let queues = vec![QUEUE.to_string()];
+    while !stop.load(Ordering::Relaxed) {
+        let input = Input::Lease {
+            worker: name.clone(),
+        };
+        let leased = rec
+            .record(
+                &name,
+                input,
+                client.lease(&name, &queues, 1, LEASE_TTL_MS, Duration::from_millis(300)),
+                |assignments: &Vec<Assignment>| leased_output(assignments),
+            )
+            .await;
+        let Ok(assignments) = leased else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
+        for assignment in assignments {
+            let Some(token) = assignment.token else {
+                continue;
+            };
+            let stall = rng.random_range(0..100);
+            if stall < 4 {
+                tokio::time::sleep(STALL).await;
+            }
+            let input = Input::StartAttempt {
+                task: assignment.task_id,
+                attempt: assignment.attempt,
+                worker: name.clone(),
+                concurrency_key: assignment.concurrency_key.clone(),
+                token,
+            };
+            let started = rec
+                .record(
+                    &name,
+                    input,
+                    client.start_attempt(assignment.task_id, assignment.attempt, &name),
+                    |task: &Task| Output::TaskState(task.state.as_str().to_string()),
+                )
+                .await;
+            if started.is_err() {
+                continue;
+            }
+            if (4..8).contains(&stall) {
+                tokio::time::sleep(STALL).await;
+            }
+            let value = format!("task-{}/{}", assignment.task_id, assignment.attempt);
+            let sink = format!("{SINK_PREFIX}{}", assignment.concurrency_key);
+            if !super::effect::write_sink(&rec, &client, &name, &sink, token, &value).await {
+                continue;
+            }
+            let input = Input::CompleteAttempt {
+                task: assignment.task_id,
+                attempt: assignment.attempt,
+                worker: name.clone(),
+                concurrency_key: assignment.concurrency_key.clone(),
+                token,
+            };
+            let completed = rec
+                .record(
+                    &name,
+                    input,
+                    client.complete_attempt(
+                        assignment.task_id,
+                        assignment.attempt,
+                        &name,
+                        value.as_bytes(),
+                    ),
+                    |task: &Task| Output::TaskState(task.state.as_str().to_string()),
+                )
+                .await;
+            if completed.is_ok() {
+                pace.completed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Reads a queue task with its attempts, recorded.
+pub async fn read_task(rec: &Recorder, client: &Client, name: &str, task: u64) {
+    let _ = rec
+        .record(
+            name,
+            Input::Attempts { task },
+            client.queue_task(task),
+            |task: &Task| Output::AttemptList {
+                state: task.state.as_str().to_string(),
+                attempts: task
+                    .attempts
+                    .iter()
+                    .map(|a| AttemptRecord {
+                        number: a.number,
+                        worker: a.worker.clone(),
+                        token: a.token,
+                        outcome: a.outcome.as_str().to_string(),
+                    })
+                    .collect(),
+            },
+        )
+        .await;
+}
+
+/// The ids of every task whose submission was acknowledged or that a lease named.
+pub fn task_ids(history: &[Op]) -> Vec<u64> {
+    let mut ids = std::collections::BTreeSet::new();
+    for op in history {
+        match op.ok() {
+            Some(Output::Submitted { task, .. }) => {
+                ids.insert(*task);
+            }
+            Some(Output::Leased(assignments)) => ids.extend(assignments.iter().map(|a| a.0)),
+            _ => {}
+        }
+    }
+    ids.into_iter().collect()
+}
+
+/// Every queue checker. `final_from`: when the reads after recovery began (µs).
+pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
+    let mut grants = Vec::new();
+    let mut uses = Vec::new();
+    for op in history {
+        match (&op.input, op.ok()) {
+            (Input::Lease { .. }, Some(Output::Leased(assignments))) => {
+                for (_, _, key, token) in assignments {
+                    if let Some(token) = token {
+                        grants.push(Grant {
+                            key: key.clone(),
+                            fence: *token,
+                            op: op.index,
+                        });
+                    }
+                }
+            }
+            (
+                Input::StartAttempt {
+                    concurrency_key,
+                    token,
+                    ..
+                },
+                Some(_),
+            )
+            | (
+                Input::CompleteAttempt {
+                    concurrency_key,
+                    token,
+                    ..
+                },
+                Some(_),
+            ) => uses.push(Use {
+                key: concurrency_key.clone(),
+                fence: *token,
+                op: op.index,
+            }),
+            _ => {}
+        }
+    }
+    let mut violations = unique_grants("permit", &grants, history);
+    violations.extend(increasing_fences("permit", &grants, history));
+    violations.extend(no_stale_holder("start/complete", &grants, &uses, history));
+    violations.extend(sink(history, |resource| resource.starts_with(SINK_PREFIX)));
+    violations.extend(durable(history, final_from));
+    violations
+}
+
+/// What the reads after recovery must show.
+fn durable(history: &[Op], final_from: u64) -> Vec<Violation> {
+    let mut finals: BTreeMap<u64, &Op> = BTreeMap::new();
+    for op in history.iter().filter(|op| op.call >= final_from) {
+        if let Input::Attempts { task } = op.input {
+            finals.insert(task, op);
+        }
+    }
+    let mut violations = Vec::new();
+    let attempts_of = |task: u64| match finals.get(&task).and_then(|op| op.ok()) {
+        Some(Output::AttemptList { state, attempts }) => Some((state.clone(), attempts.clone())),
+        _ => None,
+    };
+    let final_index = |task: u64| finals.get(&task).map(|op| op.index);
+    for op in history {
+        match (&op.input, op.ok()) {
+            (
+                Input::Submit {
+                    idempotency_key, ..
+                },
+                Some(Output::Submitted { task, .. }),
+            ) if attempts_of(*task).is_none() => {
+                let mut ops = vec![op.index];
+                ops.extend(final_index(*task));
+                violations.push(Violation::new(
+                    "lost-ack",
+                    idempotency_key,
+                    format!("task {task} was submitted; after recovery it cannot be read"),
+                    ops,
+                ));
+            }
+            (Input::Lease { .. }, Some(Output::Leased(assignments))) => {
+                for (task, attempt, key, token) in assignments {
+                    let found = attempts_of(*task).is_some_and(|(_, attempts)| {
+                        attempts
+                            .iter()
+                            .any(|a| a.number == *attempt && a.token == *token)
+                    });
+                    if !found {
+                        let mut ops = vec![op.index];
+                        ops.extend(final_index(*task));
+                        violations.push(Violation::new(
+                            "lost-ack",
+                            key,
+                            format!(
+                                "task {task} attempt {attempt} was leased with token {token:?}; after recovery that attempt is not recorded"
+                            ),
+                            ops,
+                        ));
+                    }
+                }
+            }
+            (
+                Input::CompleteAttempt {
+                    task,
+                    attempt,
+                    concurrency_key,
+                    ..
+                },
+                Some(_),
+            ) => {
+                let done = attempts_of(*task).is_some_and(|(state, attempts)| {
+                    state == "SUCCEEDED"
+                        && attempts
+                            .iter()
+                            .any(|a| a.number == *attempt && a.outcome == "SUCCEEDED")
+                });
+                if !done {
+                    let mut ops = vec![op.index];
+                    ops.extend(final_index(*task));
+                    violations.push(Violation::new(
+                        "lost-ack",
+                        concurrency_key,
+                        format!(
+                            "task {task} attempt {attempt} completed; after recovery the task did not succeed with it"
+                        ),
+                        ops,
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    // The final state itself: no token twice on a key, at most one active attempt per key.
+    let mut tokens: BTreeMap<(String, u64), Vec<usize>> = BTreeMap::new();
+    let mut active: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (task, op) in &finals {
+        let Some(Output::AttemptList { attempts, .. }) = op.ok() else {
+            continue;
+        };
+        let key = key_of_task(history, *task).unwrap_or_default();
+        for attempt in attempts {
+            if let Some(token) = attempt.token {
+                tokens
+                    .entry((key.clone(), token))
+                    .or_default()
+                    .push(op.index);
+            }
+            if attempt.outcome == "ACTIVE" {
+                active.entry(key.clone()).or_default().push(op.index);
+            }
+        }
+    }
+    for ((key, token), ops) in tokens {
+        if ops.len() > 1 {
+            violations.push(Violation::new(
+                "unique-grant",
+                &key,
+                format!(
+                    "after recovery token {token} belongs to {} attempts",
+                    ops.len()
+                ),
+                ops,
+            ));
+        }
+    }
+    for (key, ops) in active {
+        if ops.len() > 1 {
+            violations.push(Violation::new(
+                "one-active-attempt",
+                &key,
+                format!(
+                    "after recovery {} attempts on this key are active",
+                    ops.len()
+                ),
+                ops,
+            ));
+        }
+    }
+    violations
+}
+
+/// The concurrency key of a task, from its submission or a lease.
+fn key_of_task(history: &[Op], task: u64) -> Option<String> {
+    history.iter().find_map(|op| match (&op.input, op.ok()) {
+        (
+            Input::Submit {
+                concurrency_key, ..
+            },
+            Some(Output::Submitted { task: t, .. }),
+        ) if *t == task => Some(concurrency_key.clone()),
+        (_, Some(Output::Leased(assignments))) => assignments
+            .iter()
+            .find(|a| a.0 == task)
+            .map(|a| a.2.clone()),
+        _ => None,
+    })
+}

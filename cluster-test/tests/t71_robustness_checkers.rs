@@ -1,0 +1,433 @@
+//! Claim: the robustness checkers are not vacuous. Each rule of `t70` is fed a small hand-made
+//! history that breaks it — and one that merely looks suspicious but is legal because of an
+//! ambiguous operation — and must flag exactly the former, naming the operations that show it.
+//! No cluster runs here.
+#![allow(clippy::unwrap_used)]
+
+use baton_cluster_test::robustness::check::Violation;
+use baton_cluster_test::robustness::history::{AttemptRecord, Input, Op, Outcome, Output};
+use baton_cluster_test::robustness::{board, effect, handoff, queue};
+
+/// Builds a history; times are in milliseconds for readability.
+#[derive(Default)]
+struct H {
+    ops: Vec<Op>,
+}
+
+impl H {
+    fn op(&mut self, client: &str, input: Input, call: u64, ret: Option<u64>, outcome: Outcome) {
+        let index = self.ops.len();
+        self.ops.push(Op {
+            index,
+            client: client.into(),
+            input,
+            call: call * 1000,
+            ret: ret.map(|r| r * 1000),
+            outcome,
+        });
+    }
+
+    fn ok(&mut self, client: &str, input: Input, call: u64, ret: u64, output: Output) {
+        self.op(client, input, call, Some(ret), Outcome::Ok(output));
+    }
+
+    fn refused(&mut self, client: &str, input: Input, call: u64, ret: u64, code: &str) {
+        self.op(
+            client,
+            input,
+            call,
+            Some(ret),
+            Outcome::Refused(code.into()),
+        );
+    }
+
+    fn ambiguous(&mut self, client: &str, input: Input, call: u64) {
+        self.op(
+            client,
+            input,
+            call,
+            None,
+            Outcome::Ambiguous("timed out".into()),
+        );
+    }
+}
+
+fn rules(violations: &[Violation]) -> Vec<&str> {
+    let mut rules: Vec<&str> = violations.iter().map(|v| v.rule.as_str()).collect();
+    rules.sort();
+    rules.dedup();
+    rules
+}
+
+fn offer(key: &str) -> Input {
+    Input::Offer {
+        key: key.into(),
+        from: handoff::FROM.into(),
+        to: handoff::TO.into(),
+    }
+}
+
+fn take(key: &str) -> Input {
+    Input::Take {
+        key: key.into(),
+        to: handoff::TO.into(),
+    }
+}
+
+fn read(key: &str) -> Input {
+    Input::Read { key: key.into() }
+}
+
+fn ticket(generation: u64, state: &str, holder: Option<&str>) -> Output {
+    Output::Ticket {
+        generation,
+        state: state.into(),
+        holder: holder.map(String::from),
+    }
+}
+
+fn handle(fence: u64, token: &str) -> Output {
+    Output::Handle {
+        fence,
+        token: token.into(),
+    }
+}
+
+/// A legal handoff history: one winner, one loser, a final read that agrees.
+fn legal_handoff() -> H {
+    let mut h = H::default();
+    h.ok("c0", offer("k"), 0, 10, ticket(1, "offered", None));
+    h.ok("c1", take("k"), 20, 40, handle(1, "t1"));
+    h.refused("c2", take("k"), 21, 30, "TAKEN");
+    h.ok(
+        "final",
+        read("k"),
+        100,
+        110,
+        ticket(1, "accepted", Some("dst")),
+    );
+    h
+}
+
+#[test]
+fn t71_a_legal_handoff_history_passes() {
+    let h = legal_handoff();
+    let violations = handoff::check(&h.ops, 100_000);
+    assert!(violations.is_empty(), "{violations:?}");
+}
+
+#[test]
+fn t71_two_winners_of_one_generation_break_uniqueness_and_linearizability() {
+    let mut h = legal_handoff();
+    h.ok("c3", take("k"), 22, 35, handle(1, "t2"));
+    let violations = handoff::check(&h.ops, 100_000);
+    assert_eq!(
+        rules(&violations),
+        ["linearizable", "unique-grant"],
+        "{violations:?}"
+    );
+    let unique = violations
+        .iter()
+        .find(|v| v.rule == "unique-grant")
+        .unwrap();
+    assert_eq!(unique.ops, vec![1, 4]);
+}
+
+#[test]
+fn t71_a_stale_read_is_not_linearizable_and_the_slice_shows_it() {
+    let mut h = legal_handoff();
+    // Invoked after the take was acknowledged, yet it saw the ticket still offered.
+    h.ok("c4", read("k"), 50, 60, ticket(1, "offered", None));
+    let violations = handoff::check(&h.ops, 100_000);
+    assert_eq!(rules(&violations), ["linearizable"], "{violations:?}");
+    let violation = &violations[0];
+    assert!(violation.stuck.contains(&4), "{violation:?}");
+    let text = violation.render(&h.ops, false);
+    assert!(text.contains("longest linearizable prefix"), "{text}");
+    assert!(text.contains("could not follow it"), "{text}");
+    assert!(text.contains("read k"), "{text}");
+}
+
+#[test]
+fn t71_an_ambiguous_take_explains_a_later_taken() {
+    let mut h = H::default();
+    h.ok("c0", offer("k"), 0, 10, ticket(1, "offered", None));
+    h.ambiguous("c1", take("k"), 20);
+    h.refused("c2", take("k"), 30, 35, "TAKEN");
+    h.ok(
+        "final",
+        read("k"),
+        100,
+        110,
+        ticket(1, "accepted", Some("dst")),
+    );
+    let violations = handoff::check(&h.ops, 100_000);
+    assert!(violations.is_empty(), "{violations:?}");
+    // Without the ambiguous take the refusal is unexplained.
+    h.ops.remove(1);
+    for (i, op) in h.ops.iter_mut().enumerate() {
+        op.index = i;
+    }
+    let violations = handoff::check(&h.ops, 100_000);
+    assert_eq!(rules(&violations), ["linearizable"], "{violations:?}");
+}
+
+#[test]
+fn t71_a_lost_acknowledged_offer_is_reported() {
+    let mut h = H::default();
+    h.ok("c0", offer("k"), 0, 10, ticket(1, "offered", None));
+    h.refused("final", read("k"), 100, 110, "UNKNOWN_KEY");
+    let violations = handoff::check(&h.ops, 100_000);
+    assert_eq!(
+        rules(&violations),
+        ["linearizable", "lost-ack"],
+        "{violations:?}"
+    );
+}
+
+#[test]
+fn t71_fences_going_backwards_across_a_failover_are_reported() {
+    let mut h = H::default();
+    let claim = |agent: &str| Input::Claim {
+        task: "task-0".into(),
+        agent: agent.into(),
+    };
+    let lease = |fence: u64, token: &str| Output::Lease {
+        fence,
+        token: token.into(),
+    };
+    let release = |fence: u64, token: &str| Input::ReleaseTask {
+        task: "task-0".into(),
+        token: token.into(),
+        fence,
+    };
+    h.ok("a0", claim("a0"), 0, 10, lease(5, "x"));
+    h.ok("a0", release(5, "x"), 20, 30, Output::Done);
+    h.ok("a1", claim("a1"), 40, 50, lease(4, "y"));
+    h.ok(
+        "final",
+        Input::ListTasks,
+        100,
+        110,
+        Output::Tasks(vec![("task-0".into(), "open".into(), 5)]),
+    );
+    let violations = board::check(&h.ops, 100_000);
+    assert_eq!(rules(&violations), ["increasing-fence"], "{violations:?}");
+    assert_eq!(violations[0].ops, vec![0, 2]);
+}
+
+#[test]
+fn t71_a_release_with_a_superseded_claim_and_a_lost_fence_are_reported() {
+    let mut h = H::default();
+    let claim = |agent: &str| Input::Claim {
+        task: "task-0".into(),
+        agent: agent.into(),
+    };
+    let lease = |fence: u64, token: &str| Output::Lease {
+        fence,
+        token: token.into(),
+    };
+    h.ok("a0", claim("a0"), 0, 10, lease(1, "x"));
+    h.ok("a1", claim("a1"), 20, 30, lease(2, "y"));
+    h.ok(
+        "a0",
+        Input::ReleaseTask {
+            task: "task-0".into(),
+            token: "x".into(),
+            fence: 1,
+        },
+        40,
+        50,
+        Output::Done,
+    );
+    h.ok(
+        "final",
+        Input::ListTasks,
+        100,
+        110,
+        Output::Tasks(vec![("task-0".into(), "open".into(), 1)]),
+    );
+    let violations = board::check(&h.ops, 100_000);
+    assert_eq!(
+        rules(&violations),
+        ["lost-ack", "stale-holder"],
+        "{violations:?}"
+    );
+}
+
+fn write(resource: &str, fence: u64, value: &str) -> Input {
+    Input::SinkWrite {
+        resource: resource.into(),
+        fence,
+        value: value.into(),
+    }
+}
+
+fn sink(seen_fence: u64, writes: u64, value: &str) -> Output {
+    Output::Sink {
+        seen_fence,
+        writes,
+        value: value.into(),
+    }
+}
+
+#[test]
+fn t71_a_stale_fence_write_applied_is_reported() {
+    let r = effect::sink_of("res-0");
+    let mut h = H::default();
+    h.ok("h0", write(&r, 2, "b"), 0, 10, sink(2, 1, ""));
+    h.ok("h1", write(&r, 1, "a"), 20, 30, sink(1, 2, ""));
+    h.ok(
+        "final",
+        Input::SinkRead {
+            resource: r.clone(),
+        },
+        100,
+        110,
+        sink(1, 2, "a"),
+    );
+    let violations = effect::check(&h.ops, 100_000);
+    assert_eq!(
+        rules(&violations),
+        ["lost-ack", "stale-write-applied"],
+        "{violations:?}"
+    );
+}
+
+#[test]
+fn t71_sink_refusals_counts_and_final_values_are_judged() {
+    let r = effect::sink_of("res-0");
+    let mut h = H::default();
+    h.ok("h0", write(&r, 1, "a"), 0, 10, sink(1, 1, ""));
+    // Refused although nobody presented a higher fence.
+    h.refused("h1", write(&r, 1, "b"), 20, 30, "FENCE_STALE");
+    h.ambiguous("h2", write(&r, 3, "c"), 40);
+    // A value nobody wrote, and more writes than the history allows.
+    h.ok(
+        "final",
+        Input::SinkRead {
+            resource: r.clone(),
+        },
+        100,
+        110,
+        sink(3, 5, "z"),
+    );
+    let violations = effect::check(&h.ops, 100_000);
+    assert_eq!(
+        rules(&violations),
+        [
+            "sink-final-value",
+            "sink-write-count",
+            "unexplained-fence-stale"
+        ],
+        "{violations:?}"
+    );
+    // The ambiguous write at fence 3 is a legal final state.
+    let last = h.ops.len() - 1;
+    h.ops[last].outcome = Outcome::Ok(sink(3, 2, "c"));
+    h.ops[1].outcome = Outcome::Ok(sink(1, 2, ""));
+    let violations = effect::check(&h.ops, 100_000);
+    assert!(violations.is_empty(), "{violations:?}");
+}
+
+#[test]
+fn t71_an_acquire_applied_twice_and_a_lost_completion_are_reported() {
+    let mut h = H::default();
+    let acquire = Input::Acquire {
+        key: "holder-0/1".into(),
+        resource: "res-0".into(),
+    };
+    h.ok(
+        "h0",
+        acquire,
+        0,
+        10,
+        Output::NotGranted("in_progress".into()),
+    );
+    h.ok(
+        "h1",
+        Input::CompleteEffect {
+            key: "holder-1/1".into(),
+            resource: "res-1".into(),
+            fence: 1,
+        },
+        20,
+        30,
+        Output::Result("holder-1/1".into()),
+    );
+    h.ok(
+        "final",
+        Input::ShowAction {
+            key: "holder-1/1".into(),
+        },
+        100,
+        110,
+        Output::Action {
+            status: "in_progress".into(),
+            fence: 1,
+            result: None,
+        },
+    );
+    let violations = effect::check(&h.ops, 100_000);
+    assert_eq!(
+        rules(&violations),
+        ["fresh-key-acquire", "lost-ack"],
+        "{violations:?}"
+    );
+}
+
+#[test]
+fn t71_a_permit_token_granted_twice_and_a_lost_submission_are_reported() {
+    let mut h = H::default();
+    let lease = |worker: &str| Input::Lease {
+        worker: worker.into(),
+    };
+    h.ok(
+        "s",
+        Input::Submit {
+            idempotency_key: "s-1".into(),
+            concurrency_key: "key-0".into(),
+        },
+        0,
+        5,
+        Output::Submitted {
+            task: 1,
+            replayed: false,
+        },
+    );
+    h.ok(
+        "w0",
+        lease("w0"),
+        10,
+        20,
+        Output::Leased(vec![(1, 1, "key-0".into(), Some(7))]),
+    );
+    h.ok(
+        "w1",
+        lease("w1"),
+        30,
+        40,
+        Output::Leased(vec![(2, 1, "key-0".into(), Some(7))]),
+    );
+    h.ok(
+        "final",
+        Input::Attempts { task: 2 },
+        100,
+        110,
+        Output::AttemptList {
+            state: "LEASED".into(),
+            attempts: vec![AttemptRecord {
+                number: 1,
+                worker: "w1".into(),
+                token: Some(7),
+                outcome: "ACTIVE".into(),
+            }],
+        },
+    );
+    let violations = queue::check(&h.ops, 100_000);
+    assert_eq!(
+        rules(&violations),
+        ["increasing-fence", "lost-ack", "unique-grant"],
+        "{violations:?}"
+    );
+}

@@ -1,0 +1,193 @@
+//! Claim: the link proxies the partition scenarios rely on behave like a real network: an open
+//! link forwards both ways; a cut link drops the connections it carried and swallows new ones
+//! (accepted, never forwarded, never refused — the sender only learns from its own timeout); a
+//! healed link closes what it held and forwards again. And a proxied cluster really is
+//! partitioned: an isolated leader loses its leadership to the other two nodes and cannot commit.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use baton_cluster_test::proxy::{Network, Proxy};
+use baton_cluster_test::{Cluster, Options};
+use baton_statemachine::handoff::OfferArgs;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// An echo server on 127.0.0.1; returns its address.
+async fn echo() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 64];
+                while let Ok(n) = socket.read(&mut buf).await {
+                    if n == 0 || socket.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Sends `message` and waits up to `limit` for the echo: `Some(reply)`, or `None` when nothing
+/// came back in time, or `Some("")` when the connection was closed.
+async fn round_trip(stream: &mut TcpStream, message: &[u8], limit: Duration) -> Option<Vec<u8>> {
+    if stream.write_all(message).await.is_err() {
+        return Some(Vec::new());
+    }
+    let mut buf = vec![0u8; message.len()];
+    match tokio::time::timeout(limit, stream.read(&mut buf)).await {
+        Ok(Ok(n)) => Some(buf[..n].to_vec()),
+        Ok(Err(_)) => Some(Vec::new()),
+        Err(_) => None,
+    }
+}
+
+#[tokio::test]
+async fn t72_a_cut_link_black_holes_and_a_healed_link_forwards_again() {
+    let target = echo().await;
+    let proxy = Proxy::start(&target).await.unwrap();
+    let short = Duration::from_millis(300);
+    let long = Duration::from_secs(5);
+
+    let mut carried = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert_eq!(
+        round_trip(&mut carried, b"ping", long).await,
+        Some(b"ping".to_vec())
+    );
+
+    proxy.cut();
+    assert!(proxy.is_cut());
+    // The carried connection is dropped: reading sees it closed.
+    assert_eq!(
+        round_trip(&mut carried, b"more", long).await,
+        Some(Vec::new())
+    );
+    // A new connection is accepted but nothing comes back: a black hole, not a refusal.
+    let mut held = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert_eq!(round_trip(&mut held, b"lost", short).await, None);
+
+    proxy.heal();
+    // What was held is closed so the sender reconnects...
+    let mut buf = [0u8; 8];
+    let closed = tokio::time::timeout(long, held.read(&mut buf))
+        .await
+        .unwrap();
+    assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
+    // ...and a new connection goes through.
+    let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert_eq!(
+        round_trip(&mut fresh, b"back", long).await,
+        Some(b"back".to_vec())
+    );
+}
+
+#[tokio::test]
+async fn t72_partition_cuts_exactly_the_links_between_groups() {
+    let mut nodes = BTreeMap::new();
+    for id in 1..=3u64 {
+        nodes.insert(id, echo().await);
+    }
+    let network = Network::start(&nodes).await.unwrap();
+    assert_eq!(network.routes(1).len(), 2);
+    network.partition(&[vec![1], vec![2, 3]]);
+    assert_eq!(network.cut_links(), ["1->2", "1->3", "2->1", "3->1"]);
+    network.heal_all();
+    network.isolate(3);
+    assert_eq!(network.cut_links(), ["1->3", "2->3", "3->1", "3->2"]);
+    network.heal_all();
+    assert!(network.cut_links().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t72_an_isolated_leader_is_replaced_and_commits_nothing() {
+    let options = Options {
+        proxied: true,
+        ..Options::default()
+    };
+    let cluster = Cluster::start(3, options).await.unwrap();
+    let old = cluster.leader().await.unwrap();
+    let old_term = cluster.node_info(old).await.unwrap().term;
+    cluster.network().unwrap().isolate(old);
+
+    // The other two elect one of them at a higher term.
+    let others: Vec<u64> = cluster.ids().into_iter().filter(|id| *id != old).collect();
+    let new = baton_cluster_test::wait::until("a new leader", Duration::from_secs(20), || {
+        let others = others.clone();
+        let cluster = &cluster;
+        async move {
+            for id in others {
+                if let Ok(info) = cluster.node_info(id).await {
+                    if info.role == "leader" && info.term > old_term {
+                        return Ok(id);
+                    }
+                }
+            }
+            Err("no new leader yet".to_string())
+        }
+    })
+    .await
+    .unwrap();
+
+    // A client that knows only the isolated node cannot get a write committed.
+    let config = baton_rpc::ClientConfig {
+        deadline: Duration::from_secs(3),
+        attempt_timeout: Duration::from_secs(1),
+        connect_timeout: Duration::from_millis(500),
+    };
+    let lonely = baton_rpc::Client::new(&[cluster.addr(old)], config).unwrap();
+    let args = OfferArgs {
+        key: "t72".into(),
+        from: "src".into(),
+        to: "dst".into(),
+        payload: Vec::new(),
+        reply_to: "src".into(),
+        ttl_ms: 60_000,
+    };
+    let refused = lonely.offer(args.clone()).await;
+    assert!(
+        refused.as_ref().is_err_and(|e| e.is_infrastructure()),
+        "{refused:?}"
+    );
+
+    // The majority never saw it, and after healing the isolated node's uncommitted entry is
+    // overwritten, not committed late.
+    let majority: Vec<&str> = others.iter().map(|id| cluster.addr(*id)).collect();
+    let majority = baton_rpc::Client::connect_with(&majority, baton_cluster_test::client_config())
+        .await
+        .unwrap();
+    let unknown = majority.ticket("t72").await;
+    assert!(
+        matches!(
+            unknown,
+            Err(baton_rpc::Error::Refused(
+                baton_statemachine::Refusal::UnknownKey
+            ))
+        ),
+        "{unknown:?}"
+    );
+    cluster.network().unwrap().heal_all();
+    let leader = cluster.leader().await.unwrap();
+    cluster.wait_all_caught_up().await.unwrap();
+    let client = cluster.client().await.unwrap();
+    let after = client.ticket("t72").await;
+    assert!(
+        matches!(
+            after,
+            Err(baton_rpc::Error::Refused(
+                baton_statemachine::Refusal::UnknownKey
+            ))
+        ),
+        "{after:?}"
+    );
+    println!(
+        "t72: isolated leader {old} (term {old_term}); node {new} took over; the offer sent to the \
+         isolated node was refused as an infrastructure failure and is unknown on the majority \
+         and, after healing (node {leader} leads), everywhere"
+    );
+}

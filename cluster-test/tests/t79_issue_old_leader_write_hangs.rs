@@ -1,0 +1,167 @@
+//! Regression `t79_issue_old_leader_write_hangs`, found by the robustness suite: in
+//! `isolate-leader` (and `mixed`) runs the writes the nemesis sends straight to the isolated old
+//! leader were sometimes never answered after the partition healed — each probe ran into its own
+//! 10 s timeout (release soak `--seed 4192871935`: 2 faults in 32 s because every round waited for
+//! its probes; debug `--seed 5 --scenario mixed --fault-time 20s --verbose`: `take probe-1` and
+//! `offer probe-1-via-old-leader` => `Cancelled: Timeout expired`).
+//!
+//! A write sent to a leader that is then cut off is never answered once the partition heals if
+//! the old leader has fallen so far behind that it catches up by snapshot: its client waits until
+//! its own timeout instead of getting `NOT_LEADER`. Safety holds (the write is not committed), but
+//! a client without a timeout hangs forever and a server-side request stays pending.
+//!
+//! Cause (openraft 0.9.25): a pending client write is answered `ForwardToLeader` only when its
+//! entry is truncated as a conflict (`Command::DeleteConflictLog` in `core/raft_core.rs`) or
+//! applied. `install_full_snapshot` (`engine/handler/following_handler/mod.rs`) truncates only
+//! when the local log has a conflicting entry at the snapshot's last index; an old leader whose
+//! log ends below that index has its uncommitted entries purged under the snapshot, and their
+//! responders are resolved by neither path.
+//!
+//! Fixed in `node/src/node.rs` (`Node::deposed`): a pending write is answered `NOT_LEADER` as
+//! soon as the node learns of another leader; the client's retry with the same `(client_id, seq)`
+//! is answered from the session table if the entry did commit after all.
+//!
+//! The first test is the control: the same partition and the same 200 majority writes, healed
+//! while the old leader can still catch up from the log; its pending write is answered
+//! `NOT_LEADER` within a fraction of a second.
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use baton_cluster_test::{client_config, wait, Cluster, Options};
+use baton_rpc::error::detail_of;
+use baton_rpc::proto::handoff_client::HandoffClient;
+use baton_rpc::proto::{OfferRequest, RequestHeader};
+use baton_rpc::Client;
+use baton_statemachine::handoff::OfferArgs;
+use tonic::transport::Endpoint;
+
+/// How long the old leader may take to answer its pending write once the partition healed.
+const ANSWER_LIMIT: Duration = Duration::from_secs(5);
+
+fn offer(key: &str) -> OfferArgs {
+    OfferArgs {
+        key: key.into(),
+        from: "src".into(),
+        to: "dst".into(),
+        payload: Vec::new(),
+        reply_to: "src".into(),
+        ttl_ms: 600_000,
+    }
+}
+
+/// Isolates the leader, sends it one write, lets the majority commit `writes` entries, heals, and
+/// returns how long after healing the old leader answered the pending write, the answer, and the
+/// old leader's snapshot index once it caught up.
+async fn pending_write_after_heal(
+    options: Options,
+    writes: usize,
+) -> (Option<Duration>, String, u64) {
+    let cluster = Cluster::start(3, options).await.unwrap();
+    let old = cluster.leader().await.unwrap();
+    let term = cluster.node_info(old).await.unwrap().term;
+    let channel = Endpoint::from_shared(format!("http://{}", cluster.addr(old)))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(2))
+        .connect_lazy();
+    cluster.network().unwrap().isolate(old);
+
+    let pending = tokio::spawn(async move {
+        let request = OfferRequest {
+            header: Some(RequestHeader {
+                client_id: rand::random(),
+                seq: 1,
+                acked_below: 1,
+            }),
+            key: "t79-pending".into(),
+            from: "src".into(),
+            to: "dst".into(),
+            payload: Vec::new(),
+            reply_to: "src".into(),
+            ttl_ms: 600_000,
+        };
+        let answer = HandoffClient::new(channel).offer(request).await;
+        (Instant::now(), answer)
+    });
+
+    let others: Vec<u64> = cluster.ids().into_iter().filter(|id| *id != old).collect();
+    wait::until("a new leader", Duration::from_secs(20), || {
+        let others = others.clone();
+        let cluster = &cluster;
+        async move {
+            for id in others {
+                if let Ok(info) = cluster.node_info(id).await {
+                    if info.role == "leader" && info.term > term {
+                        return Ok(());
+                    }
+                }
+            }
+            Err("not yet".to_string())
+        }
+    })
+    .await
+    .unwrap();
+    let majority: Vec<&str> = others.iter().map(|id| cluster.addr(*id)).collect();
+    let majority = Client::connect_with(&majority, client_config())
+        .await
+        .unwrap();
+    for i in 0..writes {
+        majority.offer(offer(&format!("t79-{i}"))).await.unwrap();
+    }
+
+    cluster.network().unwrap().heal_all();
+    let healed = Instant::now();
+    cluster.leader().await.unwrap();
+    let answered = tokio::time::timeout(ANSWER_LIMIT * 3, pending).await;
+    cluster.wait_all_caught_up().await.unwrap();
+    let snapshot = cluster.node_info(old).await.unwrap().snapshot_index;
+    let (after, answer) = match answered {
+        Ok(Ok((at, answer))) => {
+            let answer = match answer {
+                Ok(_) => "committed".to_string(),
+                Err(status) => detail_of(&status)
+                    .map(|d| d.code)
+                    .unwrap_or_else(|| format!("{:?}", status.code())),
+            };
+            (Some(at.saturating_duration_since(healed)), answer)
+        }
+        _ => (None, "no answer".to_string()),
+    };
+    (after, answer, snapshot)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t79_control_old_leader_catching_up_from_the_log_answers_its_pending_write() {
+    let options = Options {
+        proxied: true,
+        ..Options::default()
+    };
+    let (after, answer, snapshot) = pending_write_after_heal(options, 200).await;
+    println!(
+        "t79 control: the old leader (snapshot at {snapshot}) answered {answer} {after:?} after healing"
+    );
+    assert!(
+        after.is_some_and(|after| after <= ANSWER_LIMIT),
+        "answered {answer} {after:?} after healing"
+    );
+    assert_eq!(answer, "NOT_LEADER");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t79_issue_old_leader_write_hangs() {
+    let options = Options {
+        proxied: true,
+        snapshot_every: 50,
+        keep_logs: 10,
+        ..Options::default()
+    };
+    let (after, answer, snapshot) = pending_write_after_heal(options, 200).await;
+    println!(
+        "t79: the old leader (caught up by snapshot, now at {snapshot}) answered {answer} {after:?} after healing"
+    );
+    assert!(
+        after.is_some_and(|after| after <= ANSWER_LIMIT),
+        "the old leader's pending write was answered {answer} {after:?} after healing (limit {ANSWER_LIMIT:?})"
+    );
+    assert_ne!(answer, "committed");
+}
