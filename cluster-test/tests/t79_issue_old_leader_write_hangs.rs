@@ -1,14 +1,17 @@
 //! Regression `t79_issue_old_leader_write_hangs`, found by the robustness suite: in
 //! `isolate-leader` (and `mixed`) runs the writes the nemesis sends straight to the isolated old
 //! leader were sometimes never answered after the partition healed — each probe ran into its own
-//! 10 s timeout (release soak `--seed 4192871935`: 2 faults in 32 s because every round waited for
-//! its probes; debug `--seed 5 --scenario mixed --fault-time 20s --verbose`: `take probe-1` and
-//! `offer probe-1-via-old-leader` => `Cancelled: Timeout expired`).
+//! 10 s timeout (debug `--seed 5 --scenario mixed --fault-time 20s --verbose`: `take probe-1` and
+//! `offer probe-1-via-old-leader` => `Cancelled: Timeout expired` 7 s after the heal; release
+//! soak seed 4192871935: 2 faults in 18 s because each round waited for its probes). Whether a
+//! run hits it depends on the interleaving (an old leader that also appended enough writes of the
+//! workload's clients gets them truncated as a conflict, which answers them); this test
+//! reproduces it every time.
 //!
-//! A write sent to a leader that is then cut off is never answered once the partition heals if
-//! the old leader has fallen so far behind that it catches up by snapshot: its client waits until
+//! A write sent to a leader that was then cut off was never answered once the partition healed if
+//! the old leader had fallen so far behind that it caught up by snapshot: its client waited until
 //! its own timeout instead of getting `NOT_LEADER`. Safety holds (the write is not committed), but
-//! a client without a timeout hangs forever and a server-side request stays pending.
+//! a client without a timeout hung forever and a server-side request stayed pending.
 //!
 //! Cause (openraft 0.9.25): a pending client write is answered `ForwardToLeader` only when its
 //! entry is truncated as a conflict (`Command::DeleteConflictLog` in `core/raft_core.rs`) or
