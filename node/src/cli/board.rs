@@ -198,19 +198,7 @@ async fn race(client: &Client, task: String, claimers: usize, ttl: Duration) -> 
     }
     let agents: Vec<String> = (1..=claimers).map(|i| format!("claimer-{i}")).collect();
     let outcome = judge::concurrent_claim(client, &task, &agents, ttl).await;
-    println!(
-        "winners={} losers={} infra_errors={}",
-        outcome.winners.len(),
-        outcome.losers,
-        outcome.infra_errors.len()
-    );
-    match outcome.verdict() {
-        Ok(()) => exit::OK,
-        Err(why) => {
-            eprintln!("race failed: {why}");
-            exit::FAILURE
-        }
-    }
+    super::report_race(&outcome)
 }
 
 async fn check(client: &Client) -> u8 {
@@ -219,22 +207,12 @@ async fn check(client: &Client) -> u8 {
         Err(error) => return exit::report(&error),
     };
     let problems = baton_statemachine::board::check(&snapshot.tasks, snapshot.now_ms);
-    if problems.is_empty() {
-        println!(
-            "ok: {} tasks, no problems (revision {})",
-            snapshot.tasks.len(),
-            snapshot.revision
-        );
-        return exit::OK;
-    }
-    for problem in &problems {
-        println!(
-            "{}\t{}\t{}",
-            problem.id,
-            problem.code.as_str(),
-            problem.text
-        );
-    }
-    println!("{} problems", problems.len());
-    exit::FAILURE
+    super::report_problems(
+        "tasks",
+        snapshot.tasks.len(),
+        snapshot.revision,
+        problems
+            .iter()
+            .map(|p| (p.id.as_str(), p.code.as_str(), p.text.as_str())),
+    )
 }

@@ -312,3 +312,39 @@ pub fn rfc3339(ms: u64) -> String {
     let time = std::time::UNIX_EPOCH + Duration::from_millis(ms);
     humantime::format_rfc3339_millis(time).to_string()
 }
+
+/// Prints a race's tally (`winners= losers= infra_errors=`) and exits 1 when the verdict fails.
+fn report_race<W>(outcome: &baton_rpc::judge::Race<W>) -> u8 {
+    println!(
+        "winners={} losers={} infra_errors={}",
+        outcome.winners.len(),
+        outcome.losers,
+        outcome.infra_errors.len()
+    );
+    match outcome.verdict() {
+        Ok(()) => exit::OK,
+        Err(why) => {
+            eprintln!("race failed: {why}");
+            exit::FAILURE
+        }
+    }
+}
+
+/// Prints a snapshot judge's problems (`key<TAB>code<TAB>text`) and exits 1 when there are any.
+fn report_problems<'a>(
+    noun: &str,
+    judged: usize,
+    revision: u64,
+    problems: impl ExactSizeIterator<Item = (&'a str, &'a str, &'a str)>,
+) -> u8 {
+    let count = problems.len();
+    if count == 0 {
+        println!("ok: {judged} {noun}, no problems (revision {revision})");
+        return exit::OK;
+    }
+    for (key, code, text) in problems {
+        println!("{key}\t{code}\t{text}");
+    }
+    println!("{count} problems");
+    exit::FAILURE
+}

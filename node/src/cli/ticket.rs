@@ -306,19 +306,7 @@ async fn race(client: &Client, key: String, takers: usize, ttl: Duration) -> u8 
     };
     let names = vec![ticket.to.clone(); takers];
     let outcome = judge::concurrent_take(client, &key, &names, ttl).await;
-    println!(
-        "winners={} losers={} infra_errors={}",
-        outcome.winners.len(),
-        outcome.losers,
-        outcome.infra_errors.len()
-    );
-    match outcome.verdict() {
-        Ok(()) => exit::OK,
-        Err(why) => {
-            eprintln!("race failed: {why}");
-            exit::FAILURE
-        }
-    }
+    super::report_race(&outcome)
 }
 
 pub async fn check(client: &Client) -> u8 {
@@ -327,22 +315,12 @@ pub async fn check(client: &Client) -> u8 {
         Err(error) => return exit::report(&error),
     };
     let problems = baton_statemachine::handoff::check(&snapshot.tickets, snapshot.now_ms);
-    if problems.is_empty() {
-        println!(
-            "ok: {} tickets, no problems (revision {})",
-            snapshot.tickets.len(),
-            snapshot.revision
-        );
-        return exit::OK;
-    }
-    for problem in &problems {
-        println!(
-            "{}\t{}\t{}",
-            problem.key,
-            problem.code.as_str(),
-            problem.text
-        );
-    }
-    println!("{} problems", problems.len());
-    exit::FAILURE
+    super::report_problems(
+        "tickets",
+        snapshot.tickets.len(),
+        snapshot.revision,
+        problems
+            .iter()
+            .map(|p| (p.key.as_str(), p.code.as_str(), p.text.as_str())),
+    )
 }
