@@ -20,3 +20,14 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::error::De
     }
     Ok(value)
 }
+
+/// The number of bytes [`encode`] would produce, computed without allocating.
+pub fn encoded_len<T: Serialize>(value: &T) -> usize {
+    let mut size = bincode::enc::write::SizeWriter::default();
+    match bincode::serde::encode_into_writer(value, &mut size, bincode::config::standard()) {
+        Ok(()) => size.bytes_written,
+        // Encoding into a counter fails only for values `encode` would refuse too; count them as
+        // large so they travel alone.
+        Err(_) => usize::MAX,
+    }
+}

@@ -106,7 +106,7 @@ impl RaftTuning {
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_every),
             max_in_snapshot_log_to_keep: self.keep_logs,
             install_snapshot_timeout: 10_000,
-            max_payload_entries: 256,
+            max_payload_entries: 64,
             ..Default::default()
         };
         config.validate()

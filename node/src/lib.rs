@@ -6,6 +6,7 @@ pub mod config;
 pub mod history;
 pub mod network;
 pub mod node;
+pub mod proposer;
 pub mod server;
 pub mod service;
 pub mod stamp;

@@ -10,9 +10,10 @@ use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, Raf
 use openraft::BasicNode;
 use tonic::{Code, Status};
 
+use crate::proposer::Proposer;
 use crate::stamp;
 use crate::store::{Applied, StateMachineStore};
-use crate::types::{NodeId, Raft};
+use crate::types::{Batch, NodeId, Raft};
 
 /// Shared handle to this node's consensus and state.
 pub struct Node {
@@ -26,38 +27,34 @@ pub struct Node {
     pub state_machine: StateMachineStore,
     /// The highest term in which this node, as leader, has committed an entry of its own.
     read_barrier_term: AtomicU64,
+    /// The queue that packs client commands into log entries.
+    proposer: Proposer,
 }
 
 /// A shareable [`Node`].
 pub type NodeRef = Arc<Node>;
 
 impl Node {
-    /// A node over a started Raft instance and its state machine.
+    /// A node over a started Raft instance and its state machine (starts its proposer task, so
+    /// call it inside the runtime).
     pub fn new(id: NodeId, addr: String, raft: Raft, state_machine: StateMachineStore) -> Self {
         Self {
             id,
             addr,
+            proposer: Proposer::start(raft.clone(), id),
             raft,
             state_machine,
             read_barrier_term: AtomicU64::new(0),
         }
     }
 
-    /// Stamps `command`, proposes it, waits for it to be committed and applied, and returns the
-    /// state machine's reply — or the refusal / infrastructure failure as a gRPC status.
+    /// Proposes `command` (batched with whatever else is being proposed, see [`Proposer`]),
+    /// waits for it to be committed and applied, and returns the state machine's reply — or the
+    /// refusal / infrastructure failure as a gRPC status.
     pub async fn propose(&self, origin: Option<Origin>, command: Command) -> Result<Reply, Status> {
         let name = command.name();
-        let envelope = Envelope {
-            stamp: stamp::stamp(),
-            origin,
-            command,
-        };
-        let written = tokio::select! {
-            written = self.raft.client_write(envelope) => written.map_err(write_error)?,
-            leader = self.deposed() => return Err(not_leader_status(leader)),
-        };
-        let index = written.log_id.index;
-        match written.data {
+        let (response, index) = self.proposer.propose(origin, command).await?;
+        match response {
             Response::Answer(Ok(reply)) => {
                 tracing::debug!(command = name, index, "applied");
                 Ok(reply)
@@ -93,27 +90,6 @@ impl Node {
         Ok(read(&applied))
     }
 
-    /// Resolves once another node is known to lead, with its id and address.
-    ///
-    /// A write pending on a leader that gets deposed is not always answered by openraft 0.9: when
-    /// the old leader catches up by snapshot, its uncommitted entries are purged without their
-    /// waiters being told (regression test `t79_issue_old_leader_write_hangs`). Answering
-    /// `NOT_LEADER` as soon as a new leader is known is safe: the client retries at the leader with
-    /// the same `(client_id, seq)`, so if the entry did survive and commit, the session table
-    /// answers with its original response.
-    async fn deposed(&self) -> Option<(NodeId, String)> {
-        let mut metrics = self.raft.metrics();
-        loop {
-            let leader = metrics.borrow_and_update().current_leader;
-            if let Some(leader) = leader.filter(|leader| *leader != self.id) {
-                return Some((leader, self.member_addr(leader).unwrap_or_default()));
-            }
-            if metrics.changed().await.is_err() {
-                return std::future::pending().await;
-            }
-        }
-    }
-
     /// Makes sure this leader has committed an entry of its current term before it serves reads.
     ///
     /// After a restart a leader can resume its term with the commit index it last saved, which
@@ -127,14 +103,14 @@ impl Node {
         if self.read_barrier_term.load(Ordering::Acquire) >= term {
             return Ok(());
         }
-        let envelope = Envelope {
+        let sweep = Envelope {
             stamp: stamp::stamp(),
             origin: None,
             command: Command::Sweep,
         };
         let written = self
             .raft
-            .client_write(envelope)
+            .client_write(Batch(vec![sweep]))
             .await
             .map_err(write_error)?;
         self.read_barrier_term
@@ -144,14 +120,19 @@ impl Node {
 
     /// The address of a member, from the current membership.
     pub fn member_addr(&self, id: NodeId) -> Option<String> {
-        let metrics = self.raft.metrics();
-        let metrics = metrics.borrow();
-        metrics
-            .membership_config
-            .membership()
-            .get_node(&id)
-            .map(|node| node.addr.clone())
+        member_addr(&self.raft, id)
     }
+}
+
+/// The address of member `id` in `raft`'s current membership.
+pub(crate) fn member_addr(raft: &Raft, id: NodeId) -> Option<String> {
+    let metrics = raft.metrics();
+    let metrics = metrics.borrow();
+    metrics
+        .membership_config
+        .membership()
+        .get_node(&id)
+        .map(|node| node.addr.clone())
 }
 
 fn not_leader(forward: ForwardToLeader<NodeId, BasicNode>) -> Status {

@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 use baton_node::store;
-use baton_node::types::TypeConfig;
+use baton_node::types::{Batch, TypeConfig};
 use baton_statemachine::handoff::{Command as Handoff, OfferArgs};
 use baton_statemachine::{Command, Envelope, Origin, Stamp};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
@@ -14,7 +14,7 @@ use openraft::{
 fn offer(index: u64, key: &str) -> Entry<TypeConfig> {
     Entry {
         log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
-        payload: EntryPayload::Normal(Envelope {
+        payload: EntryPayload::Normal(Batch(vec![Envelope {
             stamp: Stamp {
                 now_ms: 1_000 + index,
                 entropy: index as u128,
@@ -32,7 +32,7 @@ fn offer(index: u64, key: &str) -> Entry<TypeConfig> {
                 reply_to: "a".into(),
                 ttl_ms: 60_000,
             })),
-        }),
+        }])),
     }
 }
 

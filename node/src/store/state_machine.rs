@@ -13,7 +13,7 @@
 use std::io::Cursor;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use baton_statemachine::{apply_with_changes, Reply, Response, State};
+use baton_statemachine::{apply_with_changes, State};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
     BasicNode, Entry, EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder, SnapshotMeta,
@@ -25,7 +25,7 @@ use tokio::sync::watch;
 use super::io_error;
 use crate::codec;
 use crate::history::{History, HistoryLimits};
-use crate::types::{LogId, NodeId, StorageError, TypeConfig};
+use crate::types::{Batch, LogId, NodeId, Responses, StorageError, TypeConfig};
 
 const SNAPSHOT_META: &[u8] = b"meta";
 const SNAPSHOT_DATA: &[u8] = b"data";
@@ -208,7 +208,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         Ok((applied.last_applied, applied.membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>, StorageError>
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Responses>, StorageError>
     where
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
@@ -219,27 +219,33 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let before = applied.last_applied;
         for entry in entries {
             applied.last_applied = Some(entry.log_id);
-            let response = match entry.payload {
-                EntryPayload::Normal(envelope) => {
-                    let (response, changes) = apply_with_changes(&mut applied.state, &envelope);
+            let answers = match entry.payload {
+                EntryPayload::Normal(Batch(envelopes)) => {
+                    let mut answers = Vec::with_capacity(envelopes.len());
+                    let mut entry_changes = Vec::new();
+                    for envelope in &envelopes {
+                        let (response, changes) = apply_with_changes(&mut applied.state, envelope);
+                        entry_changes.extend(changes);
+                        answers.push(response);
+                    }
                     tracing::trace!(
                         index = entry.log_id.index,
-                        ?response,
-                        changes = changes.len(),
+                        commands = envelopes.len(),
+                        changes = entry_changes.len(),
                         "applied"
                     );
-                    if !changes.is_empty() {
-                        changed.push((entry.log_id.index, changes));
+                    if !entry_changes.is_empty() {
+                        changed.push((entry.log_id.index, entry_changes));
                     }
-                    response
+                    answers
                 }
                 EntryPayload::Membership(membership) => {
                     applied.membership = StoredMembership::new(Some(entry.log_id), membership);
-                    Response::Answer(Ok(Reply::Done))
+                    Vec::new()
                 }
-                EntryPayload::Blank => Response::Answer(Ok(Reply::Done)),
+                EntryPayload::Blank => Vec::new(),
             };
-            responses.push(response);
+            responses.push(Responses(answers));
         }
         let after = applied.last_applied;
         drop(applied);
