@@ -7,6 +7,7 @@ pub mod history;
 pub mod network;
 pub mod node;
 pub mod proposer;
+pub mod read_index;
 pub mod server;
 pub mod service;
 pub mod stamp;

@@ -6,11 +6,12 @@ use std::sync::Arc;
 
 use baton_rpc::error::{infra, infra_status, not_leader_status, refusal_status};
 use baton_statemachine::{Command, Envelope, Origin, Reply, Response};
-use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, RaftError};
+use openraft::error::{ClientWriteError, ForwardToLeader, RaftError};
 use openraft::BasicNode;
 use tonic::{Code, Status};
 
 use crate::proposer::Proposer;
+use crate::read_index::ReadIndex;
 use crate::stamp;
 use crate::store::{Applied, StateMachineStore};
 use crate::types::{Batch, NodeId, Raft};
@@ -29,6 +30,8 @@ pub struct Node {
     read_barrier_term: AtomicU64,
     /// The queue that packs client commands into log entries.
     proposer: Proposer,
+    /// The queue of reads waiting for a leadership confirmation.
+    read_index: ReadIndex,
 }
 
 /// A shareable [`Node`].
@@ -42,6 +45,7 @@ impl Node {
             id,
             addr,
             proposer: Proposer::start(raft.clone(), id),
+            read_index: ReadIndex::start(raft.clone()),
             raft,
             state_machine,
             read_barrier_term: AtomicU64::new(0),
@@ -53,14 +57,20 @@ impl Node {
     /// refusal / infrastructure failure as a gRPC status.
     pub async fn propose(&self, origin: Option<Origin>, command: Command) -> Result<Reply, Status> {
         let name = command.name();
-        let (response, index) = self.proposer.propose(origin, command).await?;
+        let (response, index) = match self.prejudged(origin.as_ref(), &command).await? {
+            Some(response) => (response, None),
+            None => {
+                let (response, index) = self.proposer.propose(origin, command).await?;
+                (response, Some(index))
+            }
+        };
         match response {
             Response::Answer(Ok(reply)) => {
-                tracing::debug!(command = name, index, "applied");
+                tracing::debug!(command = name, ?index, "applied");
                 Ok(reply)
             }
             Response::Answer(Err(refusal)) => {
-                tracing::debug!(command = name, index, code = refusal.code(), "refused");
+                tracing::debug!(command = name, ?index, code = refusal.code(), "refused");
                 Err(refusal_status(&refusal))
             }
             Response::SessionExpired => Err(infra_status(
@@ -71,23 +81,34 @@ impl Node {
         }
     }
 
-    /// Confirms leadership with a quorum (read index), waits until that index is applied, then
-    /// runs `read` on the applied state. The result is linearizable.
+    /// Confirms leadership with a quorum (read index, shared with concurrent reads), waits until
+    /// that index is applied, then runs `read` on the applied state. The result is linearizable.
     pub async fn read<T>(&self, read: impl FnOnce(&Applied) -> T) -> Result<T, Status> {
         self.commit_in_current_term().await?;
-        self.raft.ensure_linearizable().await.map_err(|e| match e {
-            RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward)) => {
-                not_leader(forward)
-            }
-            RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e)) => {
-                infra_status(Code::Unavailable, infra::NO_LEADER, e.to_string())
-            }
-            RaftError::Fatal(fatal) => {
-                infra_status(Code::Unavailable, infra::INTERNAL, fatal.to_string())
-            }
-        })?;
+        self.read_index.confirm().await?;
         let applied = self.state_machine.read();
         Ok(read(&applied))
+    }
+
+    /// The answer to `command` when it needs no log entry: a retry already answered, or a
+    /// refusal that changes nothing (see `State::prejudge`), judged on state confirmed current
+    /// by a read index, so the answer is linearizable. Only a command the local state already
+    /// prejudges pays for the read index; every other command goes straight to the log.
+    async fn prejudged(
+        &self,
+        origin: Option<&Origin>,
+        command: &Command,
+    ) -> Result<Option<Response>, Status> {
+        let leading = self.raft.metrics().borrow().current_leader == Some(self.id);
+        let judge = |applied: &Applied| {
+            applied
+                .state
+                .prejudge(origin, command, stamp::wall_clock_ms())
+        };
+        if !leading || judge(&self.state_machine.read()).is_none() {
+            return Ok(None);
+        }
+        self.read(judge).await
     }
 
     /// Makes sure this leader has committed an entry of its current term before it serves reads.
@@ -135,7 +156,7 @@ pub(crate) fn member_addr(raft: &Raft, id: NodeId) -> Option<String> {
         .map(|node| node.addr.clone())
 }
 
-fn not_leader(forward: ForwardToLeader<NodeId, BasicNode>) -> Status {
+pub(crate) fn not_leader(forward: ForwardToLeader<NodeId, BasicNode>) -> Status {
     match (forward.leader_id, forward.leader_node) {
         (Some(id), Some(node)) => not_leader_status(Some((id, node.addr))),
         _ => infra_status(

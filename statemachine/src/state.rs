@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::board::{self, Board};
 use crate::change::{Change, ChangeKind, ChangeValue, Primitive};
 use crate::checkpoint::{self, Checkpoints};
-use crate::command::{Command, Envelope, Reply, Response, Stamp};
+use crate::command::{Command, Envelope, Origin, Reply, Response, Stamp};
 use crate::effect::{self, Gate};
 use crate::error::Refusal;
 use crate::handoff::{self, Desk};
@@ -66,6 +66,43 @@ pub fn apply_with_changes(state: &mut State, envelope: &Envelope) -> (Response, 
         }
     };
     (response, changes)
+}
+
+impl State {
+    /// What applying `command` from `origin` with a stamp of `now_ms` would answer, when that
+    /// answer is known to change nothing the command is about: a retry already answered (the
+    /// session table's response), or a refusal judged on this state (a claim of a held task, a
+    /// take of a taken ticket). `None` when the command must go through the log.
+    ///
+    /// Applied through the log, such a command would also move the store clock and record its
+    /// answer in the session table; neither is needed for a refusal, which a retry may safely
+    /// judge again. The leader uses this, on a state confirmed current by a read index, to answer
+    /// contended requests without a log entry and a quorum fsync.
+    pub fn prejudge(
+        &self,
+        origin: Option<&Origin>,
+        command: &Command,
+        now_ms: u64,
+    ) -> Option<Response> {
+        if let Some(origin) = origin {
+            match self.sessions.lookup(origin) {
+                SessionLookup::Seen(first) => return Some(first),
+                SessionLookup::Forgotten => return Some(Response::SessionExpired),
+                SessionLookup::New => {}
+            }
+        }
+        let clock = self.clock_ms.max(now_ms);
+        let refusal = match command {
+            Command::Board(board::Command::Claim { id, agent, ttl_ms }) => {
+                self.board.claim_refused(clock, id, agent, *ttl_ms)
+            }
+            Command::Handoff(handoff::Command::Take { key, to }) => {
+                self.handoff.take_refused(clock, key, to)
+            }
+            _ => None,
+        }?;
+        Some(Response::Answer(Err(refusal)))
+    }
 }
 
 /// Runs one command and appends the changes it made to `changes`.

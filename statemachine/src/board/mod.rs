@@ -233,23 +233,11 @@ impl Board {
         agent: &str,
         ttl_ms: i64,
     ) -> Result<Task, Refusal> {
-        validate::required("id", id, MAX_KEY_BYTES)?;
-        validate::required("agent", agent, MAX_AGENT_BYTES)?;
-        validate::ttl(ttl_ms)?;
+        validate_claim(id, agent, ttl_ms)?;
         self.expire_if_overdue(id, clock_ms);
         let task = self.tasks.get(id).ok_or(Refusal::UnknownTask)?;
-        match task.state {
-            TaskState::Done => return Err(Refusal::AlreadyDone),
-            TaskState::Claimed => {
-                if self.blocked(task) {
-                    return Err(Refusal::Blocked);
-                }
-                return Err(Refusal::Taken);
-            }
-            _ => {}
-        }
-        if self.blocked(task) {
-            return Err(Refusal::Blocked);
+        if let Some(refusal) = self.claim_refusal(task) {
+            return Err(refusal);
         }
         let task = self.tasks.get_mut(id).ok_or(Refusal::UnknownTask)?;
         let lease = Lease {
@@ -380,6 +368,43 @@ impl Board {
         }
     }
 
+    /// The refusal [`Board::claim`] would answer at `clock_ms` without changing anything, judged
+    /// on the board as it stands; `None` when the claim would be granted, or when judging it would
+    /// first expire an overdue lease (a change). The leader answers such refusals without a log
+    /// entry.
+    pub fn claim_refused(
+        &self,
+        clock_ms: u64,
+        id: &str,
+        agent: &str,
+        ttl_ms: i64,
+    ) -> Option<Refusal> {
+        if let Err(refusal) = validate_claim(id, agent, ttl_ms) {
+            return Some(refusal);
+        }
+        let Some(task) = self.tasks.get(id) else {
+            return Some(Refusal::UnknownTask);
+        };
+        if task
+            .lease
+            .as_ref()
+            .is_some_and(|lease| is_overdue(lease.until_ms, clock_ms))
+        {
+            return None;
+        }
+        self.claim_refusal(task)
+    }
+
+    /// Why `task` cannot be claimed as it stands: done > blocked > taken.
+    fn claim_refusal(&self, task: &Task) -> Option<Refusal> {
+        match task.state {
+            TaskState::Done => Some(Refusal::AlreadyDone),
+            _ if self.blocked(task) => Some(Refusal::Blocked),
+            TaskState::Claimed => Some(Refusal::Taken),
+            _ => None,
+        }
+    }
+
     fn blocked(&self, task: &Task) -> bool {
         task.deps.iter().any(|dep| {
             self.tasks
@@ -408,6 +433,12 @@ impl Board {
     pub(crate) fn take_changes(&mut self) -> Vec<Change> {
         self.journal.take()
     }
+}
+
+fn validate_claim(id: &str, agent: &str, ttl_ms: i64) -> Result<(), Refusal> {
+    validate::required("id", id, MAX_KEY_BYTES)?;
+    validate::required("agent", agent, MAX_AGENT_BYTES)?;
+    validate::ttl(ttl_ms)
 }
 
 /// Ends a claim whose time is up: the task is open again and the claimer lost its lease.

@@ -80,19 +80,11 @@ impl Desk {
         key: &str,
         to: &str,
     ) -> Result<Handle, Refusal> {
-        validate::key(key)?;
-        validate::agent("to", to)?;
-        let record = self.records.get(key).ok_or(Refusal::UnknownKey)?;
-        if record.ticket.to != to {
-            return Err(Refusal::NotAddressee);
-        }
+        self.check_addressee(key, to)?;
         self.expire_if_overdue(key, clock_ms);
         let record = self.record_mut(key)?;
-        match record.ticket.state {
-            TicketState::Offered => {}
-            TicketState::Expired => return Err(Refusal::Expired),
-            TicketState::Accepted => return Err(Refusal::Taken),
-            _ => return Err(Refusal::AlreadySettled),
+        if let Some(refusal) = take_refusal(&record.ticket.state) {
+            return Err(refusal);
         }
         let token = stamp.token();
         record.ticket.state = TicketState::Accepted;
@@ -106,6 +98,31 @@ impl Desk {
         let taken = change(ChangeKind::Taken, to.to_string(), &record.ticket);
         self.journal.push(taken);
         Ok(handle)
+    }
+
+    /// The refusal [`Desk::take`] would answer at `clock_ms` without changing anything; `None`
+    /// when the take would succeed, or when judging it would first expire the ticket (a change).
+    /// The leader answers such refusals without a log entry.
+    pub fn take_refused(&self, clock_ms: u64, key: &str, to: &str) -> Option<Refusal> {
+        if let Err(refusal) = self.check_addressee(key, to) {
+            return Some(refusal);
+        }
+        let ticket = &self.records.get(key)?.ticket;
+        if ticket.state.is_live() && is_overdue(ticket.deadline_ms, clock_ms) {
+            return None;
+        }
+        take_refusal(&ticket.state)
+    }
+
+    /// A take's checks that come before any expiry: valid input, a known key, the addressee.
+    fn check_addressee(&self, key: &str, to: &str) -> Result<(), Refusal> {
+        validate::key(key)?;
+        validate::agent("to", to)?;
+        let record = self.records.get(key).ok_or(Refusal::UnknownKey)?;
+        if record.ticket.to != to {
+            return Err(Refusal::NotAddressee);
+        }
+        Ok(())
     }
 
     /// Settles a taken ticket with a receipt, accepted only with the take's token and only
@@ -232,6 +249,16 @@ impl Desk {
     /// The changes recorded since the last call (drained after every command).
     pub(crate) fn take_changes(&mut self) -> Vec<Change> {
         self.journal.take()
+    }
+}
+
+/// Why a ticket in `state` cannot be taken; `None` when it is on offer.
+fn take_refusal(state: &TicketState) -> Option<Refusal> {
+    match state {
+        TicketState::Offered => None,
+        TicketState::Expired => Some(Refusal::Expired),
+        TicketState::Accepted => Some(Refusal::Taken),
+        _ => Some(Refusal::AlreadySettled),
     }
 }
 
