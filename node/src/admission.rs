@@ -4,8 +4,10 @@
 //!
 //! - **Peer traffic** (`/baton.raft.v1.Raft/...`) is never token-checked and never gated: a node
 //!   that is draining or handing over leadership must keep talking Raft. When the node runs
-//!   mutual TLS, a peer call must come over a connection whose client certificate the cluster CA
-//!   signed; that certificate, not the client token, is what protects Raft traffic.
+//!   TLS, a peer call must come over a connection whose client certificate the cluster CA signed
+//!   and which is a node certificate (it allows server authentication; a client certificate
+//!   allows client authentication only). That certificate, not the client token, is what
+//!   protects Raft traffic.
 //! - **Client traffic** (every other service) must carry `authorization: Bearer <token>` with one
 //!   of the configured tokens when the node has any; otherwise it is answered `UNAUTHENTICATED`
 //!   before it can change anything. Health checks are the one exception, so probes need no secret.
@@ -132,11 +134,12 @@ impl Admission {
     fn decide<B>(&self, request: &http::Request<B>) -> Decision {
         let path = request.uri().path();
         if path.starts_with(RAFT_PATH) {
-            if self.inner.require_peer_cert && !has_client_cert(request) {
+            if self.inner.require_peer_cert && !has_node_cert(request) {
                 return Decision::Refuse(infra_status(
                     Code::Unauthenticated,
                     UNAUTHENTICATED,
-                    "peer traffic needs a client certificate signed by the cluster CA",
+                    "Raft traffic needs a node certificate (server and client authentication) \
+                     signed by the cluster CA",
                 ));
             }
             return Decision::Pass;
@@ -173,14 +176,30 @@ impl Admission {
     }
 }
 
-/// Whether the request came over a TLS connection with a verified client certificate.
-fn has_client_cert<B>(request: &http::Request<B>) -> bool {
+/// Whether the request came over a TLS connection whose client certificate (verified against
+/// the cluster CA by the TLS layer) is a node certificate: one allowed for server
+/// authentication, which client certificates are not.
+fn has_node_cert<B>(request: &http::Request<B>) -> bool {
     use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
-    request
+    let Some(certs) = request
         .extensions()
         .get::<TlsConnectInfo<TcpConnectInfo>>()
         .and_then(|info| info.peer_certs())
-        .is_some_and(|certs| !certs.is_empty())
+    else {
+        return false;
+    };
+    certs.first().is_some_and(|leaf| allows_server_auth(leaf))
+}
+
+/// Whether a DER certificate's extended key usage allows server authentication.
+fn allows_server_auth(der: &[u8]) -> bool {
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
+        return false;
+    };
+    matches!(
+        cert.extended_key_usage(),
+        Ok(Some(usage)) if usage.value.server_auth || usage.value.any
+    )
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -345,6 +364,24 @@ mod tests {
         gate.close(Closed::ShuttingDown);
         gate.reopen();
         assert!(gate.is_closed(), "a shutdown is never undone");
+    }
+
+    fn certificate(usages: Vec<rcgen::ExtendedKeyUsagePurpose>) -> Vec<u8> {
+        let mut params = rcgen::CertificateParams::new(vec!["node".to_string()]).expect("params");
+        params.extended_key_usages = usages;
+        let key = rcgen::KeyPair::generate().expect("key");
+        params.self_signed(&key).expect("cert").der().to_vec()
+    }
+
+    #[test]
+    fn only_node_certificates_may_speak_raft() {
+        use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
+        assert!(allows_server_auth(&certificate(vec![
+            ServerAuth, ClientAuth
+        ])));
+        assert!(!allows_server_auth(&certificate(vec![ClientAuth])));
+        assert!(!allows_server_auth(&certificate(vec![])), "no usage stated");
+        assert!(!allows_server_auth(b"not a certificate"));
     }
 
     #[tokio::test]
