@@ -1,7 +1,8 @@
 //! Claim: with `--auth-token-file`, a node serves only clients that present one of the file's
 //! tokens (`authorization: Bearer <token>`); a missing or wrong token is answered
 //! `UNAUTHENTICATED` with a clear message and changes nothing. Peer Raft traffic does not use the
-//! client token: the cluster forms and replicates without it.
+//! client token: the cluster forms and replicates without it. The command line takes the token
+//! from `BATON_TOKEN` or `--auth-token`.
 #![allow(clippy::unwrap_used)]
 
 mod admin_support;
@@ -125,5 +126,9 @@ async fn only_clients_with_a_listed_token_reach_the_store() {
         .env("BATON_TOKEN", TOKEN)
         .output()
         .unwrap();
+    assert!(allowed.status.success(), "{}", show(&allowed));
+    let mut flagged = vec!["--auth-token", OTHER];
+    flagged.extend(args);
+    let allowed = procs.cli(&flagged).unwrap();
     assert!(allowed.status.success(), "{}", show(&allowed));
 }

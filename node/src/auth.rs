@@ -31,7 +31,7 @@ pub enum AuthError {
     /// No `authorization` header.
     #[error(
         "this cluster requires a client token: send `authorization: Bearer <token>` \
-         (baton: --token or BATON_TOKEN)"
+         (baton: --auth-token or BATON_TOKEN)"
     )]
     Missing,
     /// A header that is not `Bearer <token>`.

@@ -14,7 +14,7 @@ use baton_node::tls::TlsFiles;
 use baton_rpc::{ClientTls, Security};
 use clap::Args;
 
-/// `--tls-ca`, `--tls-cert`, `--tls-key`, `--token`.
+/// `--tls-ca`, `--tls-cert`, `--tls-key`, `--auth-token`.
 #[derive(Args, Debug, Clone)]
 pub struct SecurityArgs {
     /// The cluster CA certificate (PEM). Enables TLS: a node verifies peers with it, a client
@@ -27,9 +27,10 @@ pub struct SecurityArgs {
     /// The private key of --tls-cert (PEM).
     #[arg(long, global = true, env = "BATON_TLS_KEY", value_name = "PEM")]
     tls_key: Option<PathBuf>,
-    /// The token client commands present (`authorization: Bearer <token>`).
+    /// The token client commands present (`authorization: Bearer <token>`). Named apart from
+    /// the lease `--token` some commands take.
     #[arg(long, global = true, env = "BATON_TOKEN", hide_env_values = true)]
-    token: Option<String>,
+    auth_token: Option<String>,
 }
 
 impl SecurityArgs {
@@ -54,7 +55,7 @@ impl SecurityArgs {
             }
         };
         Ok(Security {
-            token: self.token.clone(),
+            token: self.auth_token.clone(),
             tls,
         })
     }
