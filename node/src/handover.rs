@@ -8,11 +8,13 @@
 //! 2. It stops its heartbeats. Followers refuse votes while their leader lease (the maximum
 //!    election timeout since they last heard from the leader) runs; without heartbeats it runs out.
 //! 3. It waits until the target's log matches its own (replication continues for in-flight
-//!    entries), then until the followers' leases have run out.
-//! 4. It sends the target `TimeoutNow`; the target checks that it is a voter, still in the
-//!    leader's term and has the leader's last log entry, and starts an election at once. It wins
-//!    it with the next term before any other follower's election timer (lease plus a random
-//!    timeout) fires, because every voter sees a candidate whose log is at least as new as its own.
+//!    entries).
+//! 4. It sends the target `TimeoutNow`, naming the moment the followers' leases will have run
+//!    out. The target checks at once that it is a voter, in the leader's term, with the leader's
+//!    last log entry (so an unreachable or unfit target is known without waiting), and at that
+//!    moment, if its term has not moved, starts an election. It wins it with the next term before
+//!    any other follower's election timer (lease plus a random timeout) fires, because every voter
+//!    sees a candidate whose log is at least as new as its own.
 //! 5. The old leader sees the higher term, becomes a follower, and turns heartbeats back on.
 //!
 //! Guarantees: safety is Raft's own (the election is an ordinary one; a target that is behind
@@ -56,6 +58,9 @@ pub struct TimeoutNow {
     pub term: u64,
     /// The leader's last log entry; the target must have it.
     pub last_log: Option<LogId>,
+    /// Start the election this long after receiving the message: by then the other followers'
+    /// leader leases have run out, so they grant their votes.
+    pub after_ms: u64,
 }
 
 /// A completed handover.
@@ -177,11 +182,15 @@ async fn attempts(
     voters: &[NodeId],
 ) -> Result<(NodeId, u64), HandoverError> {
     let lease = Duration::from_millis(node.raft.config().election_timeout_max);
+    let mut candidates = voters.to_vec();
     let mut last_error = String::new();
     for attempt in 1..=ATTEMPTS {
         let target = match to {
             Some(to) => to,
-            None => most_caught_up(node, voters),
+            None => match most_caught_up(node, &candidates) {
+                Some(target) => target,
+                None => break,
+            },
         };
         match attempt_once(node, network, target, lease).await {
             Ok(done) => return Ok(done),
@@ -189,6 +198,8 @@ async fn attempts(
             Err(Step::Failed(why)) => {
                 tracing::warn!(attempt, target, %why, "handover attempt failed");
                 last_error = format!("handing leadership to node {target} failed: {why}");
+                // Without a chosen target, the next attempt tries another voter.
+                candidates.retain(|id| *id != target);
             }
         }
     }
@@ -210,34 +221,36 @@ async fn attempt_once(
     lease: Duration,
 ) -> Result<(NodeId, u64), Step> {
     let last_log = wait_caught_up(node, target).await?;
-    tokio::time::sleep(lease + LEASE_MARGIN).await;
     let term = node.raft.metrics().borrow().current_term;
     let addr = node
         .member_addr(target)
         .ok_or_else(|| Step::Failed(format!("node {target} has no address")))?;
+    // Heartbeats stopped before the target caught up, so every follower last heard from this
+    // leader before now: one lease from now, all of them grant votes again.
+    let after = lease + LEASE_MARGIN;
     let message = TimeoutNow {
         from: node.id,
         term,
         last_log,
+        after_ms: u64::try_from(after.as_millis()).unwrap_or(u64::MAX),
     };
     network
         .timeout_now(target, &addr, &message)
         .await
         .map_err(Step::Failed)?;
-    // The target campaigns at once; it wins within a few round trips, well inside one lease.
-    let new_leader = wait_new_leader(node, lease * 2 + Duration::from_secs(1)).await;
-    match new_leader {
+    // The target campaigns after `after`; it wins within a few round trips, well inside a lease.
+    let limit = after + lease * 2 + Duration::from_secs(1);
+    match wait_new_leader(node, limit).await {
         Some((leader, term)) if leader == target => Ok((leader, term)),
         Some((leader, term)) => Err(Step::Deposed(leader, term)),
         None => Err(Step::Failed(format!(
-            "node {target} did not win an election within {:?}",
-            lease * 2 + Duration::from_secs(1)
+            "node {target} did not win an election within {limit:?}"
         ))),
     }
 }
 
-/// The voter whose replicated log reaches furthest.
-fn most_caught_up(node: &Node, voters: &[NodeId]) -> NodeId {
+/// The voter whose replicated log reaches furthest (none when `voters` is empty).
+fn most_caught_up(node: &Node, voters: &[NodeId]) -> Option<NodeId> {
     let metrics = node.raft.metrics().borrow().clone();
     let matched = |id: &NodeId| {
         metrics
@@ -250,7 +263,6 @@ fn most_caught_up(node: &Node, voters: &[NodeId]) -> NodeId {
         .iter()
         .copied()
         .max_by_key(|id| (matched(id), std::cmp::Reverse(*id)))
-        .unwrap_or(voters[0])
 }
 
 /// Waits until `target` has replicated the leader's last log entry; returns that entry.
@@ -312,8 +324,9 @@ async fn wait_new_leader(node: &Node, limit: Duration) -> Option<(NodeId, u64)> 
     found.ok().flatten()
 }
 
-/// Handles a `TimeoutNow` at the target: starts an election if this node is a voter still in
-/// the asking leader's term and holds its last log entry; otherwise says why not.
+/// Handles a `TimeoutNow` at the target: if this node is a voter in the asking leader's term
+/// and holds its last log entry, it starts an election `after_ms` from now (unless its term has
+/// moved on by then) and answers at once; otherwise it says why not.
 pub async fn on_timeout_now(raft: &Raft, message: TimeoutNow) -> Result<(), String> {
     let metrics = raft.metrics().borrow().clone();
     let me = metrics.id;
@@ -341,7 +354,20 @@ pub async fn on_timeout_now(raft: &Raft, message: TimeoutNow) -> Result<(), Stri
     tracing::info!(
         from = message.from,
         term = message.term,
-        "asked to take over leadership; starting an election"
+        after_ms = message.after_ms,
+        "asked to take over leadership"
     );
-    raft.trigger().elect().await.map_err(|e| e.to_string())
+    let raft = raft.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(message.after_ms)).await;
+        if raft.metrics().borrow().current_term != message.term {
+            tracing::info!("the term moved on before the handover election; not campaigning");
+            return;
+        }
+        tracing::info!("starting the handover election");
+        if let Err(error) = raft.trigger().elect().await {
+            tracing::warn!(%error, "could not start the handover election");
+        }
+    });
+    Ok(())
 }
