@@ -60,6 +60,8 @@ struct Inner {
     require_peer_cert: bool,
     closed: Mutex<Option<Closed>>,
     in_flight: watch::Sender<usize>,
+    /// Held while a leadership handover runs: one at a time.
+    handover: tokio::sync::Mutex<()>,
 }
 
 /// What the gate decided about one request.
@@ -82,6 +84,7 @@ impl Admission {
                 require_peer_cert,
                 closed: Mutex::new(None),
                 in_flight: watch::Sender::new(0),
+                handover: tokio::sync::Mutex::new(()),
             }),
         }
     }
@@ -106,6 +109,11 @@ impl Admission {
     /// Whether the gate is closed (the leader must not propose while it is).
     pub fn is_closed(&self) -> bool {
         lock(&self.inner.closed).is_some()
+    }
+
+    /// The right to run a leadership handover, if no other one is running.
+    pub fn handover_slot(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        self.inner.handover.try_lock().ok()
     }
 
     /// Client requests admitted and not finished yet.

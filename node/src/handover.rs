@@ -120,6 +120,11 @@ pub async fn hand_over(
     drain: Duration,
 ) -> Result<HandedOver, HandoverError> {
     let started = Instant::now();
+    let Some(_slot) = admission.handover_slot() else {
+        return Err(HandoverError::Failed(
+            "another leadership handover is in progress".into(),
+        ));
+    };
     let voters = other_voters(node)?;
     if to == Some(node.id) {
         // Already where it was asked to be.
