@@ -1,15 +1,22 @@
 //! The Baton server: openraft wired to sled storage and tonic gRPC, the client-facing services,
 //! leader stamping and sweeps, configuration and the `baton` command line.
 
+pub mod admission;
+pub mod auth;
 pub mod codec;
 pub mod config;
+pub mod handover;
 pub mod history;
 pub mod network;
 pub mod node;
 pub mod proposer;
 pub mod read_index;
+pub mod security;
 pub mod server;
 pub mod service;
+pub mod shutdown;
+pub mod snapshot_file;
 pub mod stamp;
 pub mod store;
+pub mod tls;
 pub mod types;

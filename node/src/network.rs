@@ -1,4 +1,5 @@
-//! The Raft transport: openraft messages carried as codec bytes inside gRPC calls.
+//! The Raft transport: openraft messages carried as codec bytes inside gRPC calls, over TLS with
+//! this node's certificate when the node runs TLS.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,19 +17,25 @@ use openraft::raft::{
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use crate::codec;
+use crate::handover::TimeoutNow;
 use crate::types::{NodeId, TypeConfig};
 
 /// Largest Raft message accepted or sent (append batches and snapshot chunks).
 pub const MAX_RAFT_MESSAGE_BYTES: usize = 256 << 20;
+
+/// How long `TimeoutNow` may take to be answered.
+const TIMEOUT_NOW_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Creates one [`Peer`] per replication target.
 #[derive(Clone, Default)]
 pub struct Network {
     /// Peers reached at another address than the membership's (NAT, proxies, fault injection).
     peer_addrs: Arc<BTreeMap<NodeId, String>>,
+    /// TLS towards peers (trusting the cluster CA, presenting this node's certificate).
+    tls: Option<ClientTlsConfig>,
 }
 
 impl Network {
@@ -37,6 +44,56 @@ impl Network {
     pub fn new(peer_addrs: BTreeMap<NodeId, String>) -> Self {
         Self {
             peer_addrs: Arc::new(peer_addrs),
+            tls: None,
+        }
+    }
+
+    /// This network with its peer links over TLS.
+    pub fn with_tls(mut self, tls: ClientTlsConfig) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// A lazily connecting channel to peer `target`, whose membership address is `addr`.
+    fn channel(&self, target: NodeId, addr: &str) -> Result<Channel, String> {
+        let addr = self.peer_addrs.get(&target).map_or(addr, String::as_str);
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
+            .map_err(|e| e.to_string())?
+            .tcp_nodelay(true)
+            .connect_timeout(std::time::Duration::from_millis(500));
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint
+                .tls_config(tls.clone())
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(endpoint.connect_lazy())
+    }
+
+    /// Asks peer `target` to start an election now (leadership handover); returns its refusal
+    /// or the transport failure as text.
+    pub async fn timeout_now(
+        &self,
+        target: NodeId,
+        addr: &str,
+        message: &TimeoutNow,
+    ) -> Result<(), String> {
+        let channel = self.channel(target, addr)?;
+        let body = codec::encode(message).map_err(|e| e.to_string())?;
+        let mut client = RaftClient::new(channel);
+        let call = client.timeout_now(RaftRequest { body });
+        let reply = tokio::time::timeout(TIMEOUT_NOW_LIMIT, call)
+            .await
+            .map_err(|_| format!("node {target} did not answer within {TIMEOUT_NOW_LIMIT:?}"))?
+            .map_err(|status| format!("node {target}: {}", status.message()))?
+            .into_inner();
+        match reply.result {
+            Some(raft_reply::Result::Ok(_)) => Ok(()),
+            Some(raft_reply::Result::Err(bytes)) => {
+                let why: String = codec::decode(&bytes).map_err(|e| e.to_string())?;
+                Err(why)
+            }
+            None => Err(format!("node {target} sent an empty reply")),
         }
     }
 }
@@ -45,15 +102,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
-        let addr = self.peer_addrs.get(&target).unwrap_or(&node.addr);
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
-            .map(|endpoint| {
-                endpoint
-                    .tcp_nodelay(true)
-                    .connect_timeout(std::time::Duration::from_millis(500))
-                    .connect_lazy()
-            })
-            .map_err(|e| e.to_string());
+        let channel = self.channel(target, &node.addr);
         Peer { target, channel }
     }
 }

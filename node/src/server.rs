@@ -19,15 +19,18 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
 
+use crate::admission::Admission;
 use crate::config::NodeConfig;
 use crate::network::{Network, MAX_RAFT_MESSAGE_BYTES};
 use crate::node::{Node, NodeRef};
+use crate::security::Security;
 use crate::service::{
     BoardService, CheckpointService, ClusterService, EffectService, HandoffService, QueueService,
     RaftService, SinkService, WatchService,
 };
 use crate::stamp::wall_clock_ms;
 use crate::store;
+use crate::tls::NodeTls;
 use crate::types::Raft;
 
 /// Largest client request accepted (a 1 MiB payload plus headroom).
@@ -36,15 +39,28 @@ const MAX_CLIENT_MESSAGE_BYTES: usize = 4 << 20;
 /// The sweep runs at least this often even with nothing due, to forget idle client sessions.
 const SESSION_SWEEP_EVERY: Duration = Duration::from_secs(60);
 
-/// Runs a node until `shutdown` resolves, then stops serving and shuts Raft down.
+/// How long the gRPC server may take to close its connections once a shutdown has drained.
+const CLOSE_LIMIT: Duration = Duration::from_secs(5);
+
+/// Runs a node until `shutdown` resolves, then leaves gracefully ([`crate::shutdown`]), stops
+/// serving and shuts Raft down.
 pub async fn run(
     config: NodeConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    run_secured(config, Security::default(), shutdown).await
+}
+
+/// [`run`] with TLS and client tokens as `security` says.
+pub async fn run_secured(
+    config: NodeConfig,
+    security: Security,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
-    serve(config, listener, shutdown).await
+    serve_secured(config, security, listener, shutdown).await
 }
 
 /// [`run`] on an already bound listener.
@@ -53,6 +69,17 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    serve_secured(config, Security::default(), listener, shutdown).await
+}
+
+/// [`run_secured`] on an already bound listener.
+pub async fn serve_secured(
+    config: NodeConfig,
+    security: Security,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let tls = security.tls.as_ref().map(NodeTls::load).transpose()?;
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
     claim_identity(&config)?;
@@ -60,10 +87,15 @@ pub async fn serve(
         store::open_with(&config.data_dir.join("db"), config.watch.history)
             .with_context(|| format!("cannot open storage in {}", config.data_dir.display()))?;
     let raft_config = Arc::new(config.raft.to_openraft().context("invalid raft settings")?);
+    let mut network = Network::new(config.peer_addrs.clone());
+    if let Some(tls) = &tls {
+        network = network.with_tls(tls.peer_client());
+    }
+    let admission = Admission::new(security.tokens.clone(), tls.is_some());
     let raft = Raft::new(
         config.id,
         raft_config,
-        Network::new(config.peer_addrs.clone()),
+        network.clone(),
         log_store,
         state_machine.clone(),
     )
@@ -75,19 +107,28 @@ pub async fn serve(
         raft.clone(),
         state_machine,
     ));
-    tracing::info!(id = config.id, addr = %config.advertise, data_dir = %config.data_dir.display(), "node started");
+    tracing::info!(id = config.id, addr = %config.advertise, data_dir = %config.data_dir.display(), tls = tls.is_some(), tokens = security.tokens.is_some(), "node started");
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let sweeper = tokio::spawn(sweep_loop(node.clone(), config.sweep_interval, stop_rx));
+    let sweeper = tokio::spawn(sweep_loop(
+        node.clone(),
+        admission.clone(),
+        config.sweep_interval,
+        stop_rx,
+    ));
     // Watch streams never end on their own, so they are told when shutdown begins; otherwise the
     // graceful shutdown would wait for them forever.
     let (closing_tx, closing) = watch::channel(false);
-    let shutdown = async move {
-        shutdown.await;
-        let _ = closing_tx.send(true);
-    };
+    let (stop_serving_tx, stop_serving) = tokio::sync::oneshot::channel::<()>();
 
-    let served = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = &tls {
+        builder = builder
+            .tls_config(tls.server())
+            .context("invalid TLS settings")?;
+    }
+    let router = builder
+        .layer(admission.layer())
         .add_service(
             RaftServer::new(RaftService::new(raft.clone()))
                 .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
@@ -117,14 +158,42 @@ pub async fn serve(
             QueueServer::new(QueueService::new(node.clone()))
                 .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES),
         )
-        .add_service(ClusterServer::new(ClusterService::new(node.clone())))
+        .add_service(ClusterServer::new(ClusterService::new(
+            node.clone(),
+            admission.clone(),
+            network.clone(),
+        )))
         .add_service(WatchServer::new(WatchService::new(
             node.clone(),
             config.watch.clone(),
             closing,
-        )))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
-        .await;
+        )));
+    let mut server = tokio::spawn(router.serve_with_incoming_shutdown(
+        TcpListenerStream::new(listener),
+        async move {
+            let _ = stop_serving.await;
+        },
+    ));
+
+    // Serve until asked to stop (or until serving fails), then leave gracefully while the
+    // server still carries Raft traffic for the handover, then close the server.
+    let served = tokio::select! {
+        () = shutdown => {
+            let _ = closing_tx.send(true);
+            crate::shutdown::leave(&node, &admission, &network).await;
+            let _ = stop_serving_tx.send(());
+            match tokio::time::timeout(CLOSE_LIMIT, &mut server).await {
+                Ok(joined) => joined,
+                Err(_) => {
+                    tracing::warn!("connections still open after {CLOSE_LIMIT:?}; closing them");
+                    server.abort();
+                    Ok(Ok(()))
+                }
+            }
+        }
+        joined = &mut server => joined,
+    };
+    let served = served.context("the grpc server task failed")?;
 
     let _ = stop_tx.send(true);
     let _ = sweeper.await;
@@ -160,7 +229,12 @@ fn claim_identity(config: &NodeConfig) -> anyhow::Result<()> {
 
 /// While this node leads, proposes a sweep whenever an expiry is due (and at least every
 /// [`SESSION_SWEEP_EVERY`]), so expiries are materialised in the log and snapshots.
-async fn sweep_loop(node: NodeRef, every: Duration, mut stop: watch::Receiver<bool>) {
+async fn sweep_loop(
+    node: NodeRef,
+    admission: Admission,
+    every: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut last_sweep = tokio::time::Instant::now();
     loop {
         tokio::select! {
@@ -168,7 +242,8 @@ async fn sweep_loop(node: NodeRef, every: Duration, mut stop: watch::Receiver<bo
             _ = stop.changed() => return,
         }
         let leading = node.raft.metrics().borrow().current_leader == Some(node.id);
-        if !leading {
+        // A leader handing over or shutting down must not propose.
+        if !leading || admission.is_closed() {
             continue;
         }
         let due = node.state_machine.read().state.sweep_due(wall_clock_ms());

@@ -1,7 +1,7 @@
 //! `baton cluster init` and `baton status`.
 
 use baton_rpc::proto::NodeInfoResponse;
-use baton_rpc::{Client, ClientConfig, Error};
+use baton_rpc::{Client, ClientConfig, Error, Security};
 use clap::Subcommand;
 use serde_json::json;
 
@@ -14,14 +14,19 @@ pub enum ClusterCommand {
     Init,
 }
 
-pub async fn run(command: ClusterCommand, endpoints: &[String], config: ClientConfig) -> u8 {
+pub async fn run(
+    command: ClusterCommand,
+    endpoints: &[String],
+    config: ClientConfig,
+    security: Security,
+) -> u8 {
     match command {
-        ClusterCommand::Init => init(endpoints, config).await,
+        ClusterCommand::Init => init(endpoints, config, security).await,
     }
 }
 
-async fn init(endpoints: &[String], config: ClientConfig) -> u8 {
-    let client = match Client::new(endpoints, config) {
+async fn init(endpoints: &[String], config: ClientConfig, security: Security) -> u8 {
+    let client = match Client::new_with_security(endpoints, config, security) {
         Ok(client) => client,
         Err(error) => return exit::report(&error),
     };
@@ -65,8 +70,13 @@ async fn init(endpoints: &[String], config: ClientConfig) -> u8 {
     }
 }
 
-pub async fn status(endpoints: &[String], config: ClientConfig, as_json: bool) -> u8 {
-    let client = match Client::new(endpoints, config) {
+pub async fn status(
+    endpoints: &[String],
+    config: ClientConfig,
+    security: Security,
+    as_json: bool,
+) -> u8 {
+    let client = match Client::new_with_security(endpoints, config, security) {
         Ok(client) => client,
         Err(error) => return exit::report(&error),
     };

@@ -2,14 +2,18 @@
 
 mod bench;
 mod board;
+mod certs;
 mod checkpoint;
 mod cluster;
 mod dev;
 mod effect;
 pub mod exit;
+mod leader;
 mod members;
 mod queue;
+mod security;
 mod sink;
+mod snapshot;
 mod ticket;
 mod watch;
 
@@ -41,6 +45,9 @@ pub struct Cli {
     /// `ticket wait`: how long to wait for a ticket [default: 60s].
     #[arg(long, global = true, value_parser = humantime::parse_duration)]
     timeout: Option<Duration>,
+
+    #[command(flatten)]
+    security: security::SecurityArgs,
 
     #[command(subcommand)]
     command: Command,
@@ -94,6 +101,15 @@ enum Command {
     Worker(queue::WorkerCommand),
     /// Follow committed changes as they happen: one line per change, in commit order.
     Watch(watch::WatchArgs),
+    /// Leadership: hand it to another voter.
+    #[command(subcommand)]
+    Leader(leader::LeaderCommand),
+    /// Backups: save the state to a file, inspect a file, restore a new cluster from one.
+    #[command(subcommand)]
+    Snapshot(snapshot::SnapshotCommand),
+    /// TLS certificates: a private CA and node/client certificates.
+    #[command(subcommand)]
+    Certs(certs::CertsCommand),
 }
 
 /// Arguments of `baton node`.
@@ -115,6 +131,9 @@ pub struct NodeArgs {
     /// peers sit behind NAT or a proxy: `--peer-addr 2=10.0.0.7:7001`.
     #[arg(long = "peer-addr", value_name = "ID=ADDR", value_parser = parse_peer_addr)]
     peer_addrs: Vec<(u64, String)>,
+    /// Client tokens, one per line: clients must send one as `authorization: Bearer <token>`.
+    #[arg(long, env = "BATON_AUTH_TOKEN_FILE", value_name = "FILE")]
+    auth_token_file: Option<PathBuf>,
     #[command(flatten)]
     tuning: TuningArgs,
 }
@@ -207,25 +226,40 @@ pub fn init_logging(cli: &Cli) {
 /// Runs the parsed command and returns the process exit code.
 pub async fn run(cli: Cli) -> ExitCode {
     let config = client_config(cli.timeout.unwrap_or(DEFAULT_TIMEOUT));
-    if let Command::Bench(args) = cli.command {
+    let command = match cli.command {
+        Command::Certs(command) => return ExitCode::from(certs::run(command)),
+        Command::Node(args) => return ExitCode::from(run_node(args, &cli.security).await),
+        Command::Snapshot(command) => match snapshot::run_offline(&command).await {
+            Some(code) => return ExitCode::from(code),
+            None => Command::Snapshot(command),
+        },
+        other => other,
+    };
+    let security = match cli.security.client() {
+        Ok(security) => security,
+        Err(error) => {
+            eprintln!("baton: {error:#}");
+            return ExitCode::from(exit::USAGE);
+        }
+    };
+    if let Command::Bench(args) = command {
         return ExitCode::from(bench::run(args, cli.endpoints).await);
     }
     let endpoints = cli
         .endpoints
         .unwrap_or_else(|| DEV_ENDPOINTS.split(',').map(str::to_string).collect());
     // Commands that run servers or talk to nodes one by one need no leader.
-    let command = match cli.command {
+    let command = match command {
         Command::Dev(args) => return ExitCode::from(dev::run(args).await),
-        Command::Node(args) => return ExitCode::from(run_node(args).await),
         Command::Cluster(command) => {
-            return ExitCode::from(cluster::run(command, &endpoints, config).await)
+            return ExitCode::from(cluster::run(command, &endpoints, config, security).await)
         }
         Command::Status { json } => {
-            return ExitCode::from(cluster::status(&endpoints, config, json).await)
+            return ExitCode::from(cluster::status(&endpoints, config, security, json).await)
         }
         other => other,
     };
-    let client = match Client::connect_with(&endpoints, config).await {
+    let client = match Client::connect_with_security(&endpoints, config, security).await {
         Ok(client) => client,
         Err(error) => return ExitCode::from(exit::report(&error)),
     };
@@ -248,8 +282,11 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Task(command) => queue::run_task(command, &client).await,
         Command::Worker(command) => queue::run_worker(command, &client).await,
         Command::Watch(args) => watch::run(args, &client).await,
+        Command::Leader(command) => leader::run(command, &client).await,
+        Command::Snapshot(command) => snapshot::run(command, &client).await,
         Command::Dev(_)
         | Command::Node(_)
+        | Command::Certs(_)
         | Command::Cluster(_)
         | Command::Status { .. }
         | Command::Bench(_) => {
@@ -266,12 +303,19 @@ fn client_config(deadline: Duration) -> ClientConfig {
     }
 }
 
-async fn run_node(args: NodeArgs) -> u8 {
+async fn run_node(args: NodeArgs, security: &security::SecurityArgs) -> u8 {
+    let security = match security.node(args.auth_token_file.as_ref()) {
+        Ok(security) => security,
+        Err(e) => {
+            eprintln!("baton node: {e:#}");
+            return exit::USAGE;
+        }
+    };
     let mut config = args
         .tuning
         .node_config(args.id, args.listen, args.advertise, args.data_dir);
     config.peer_addrs = args.peer_addrs.into_iter().collect();
-    match baton_node::server::run(config, shutdown_signal()).await {
+    match baton_node::server::run_secured(config, security, shutdown_signal()).await {
         Ok(()) => exit::OK,
         Err(e) => {
             eprintln!("baton node: {e:#}");

@@ -1,31 +1,65 @@
-//! Cluster introspection, initialisation and membership changes.
+//! Cluster introspection, initialisation, membership changes, leadership handover and backups.
 
 use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::time::Duration;
 
 use baton_rpc::error::{infra, infra_status, refusal_status};
 use baton_rpc::proto::cluster_server;
 use baton_rpc::proto::{
-    AddLearnerRequest, ChangeMembershipRequest, InitializeRequest, InitializeResponse, Member,
-    MembershipResponse, NodeInfoRequest, NodeInfoResponse,
+    snapshot_part, AddLearnerRequest, ChangeMembershipRequest, InitializeRequest,
+    InitializeResponse, Member, MembershipResponse, NodeInfoRequest, NodeInfoResponse,
+    SaveSnapshotRequest, SnapshotMeta, SnapshotPart, TransferLeaderRequest, TransferLeaderResponse,
 };
 use baton_statemachine::Refusal;
 use openraft::error::{InitializeError, RaftError};
-use openraft::{BasicNode, ServerState};
+use openraft::{BasicNode, ServerState, StoredMembership};
 use tonic::{Code, Request, Response, Status};
 
+use crate::admission::Admission;
+use crate::codec;
+use crate::handover;
+use crate::network::Network;
 use crate::node::{write_error, NodeRef};
-use crate::types::TypeConfig;
+use crate::snapshot_file::STATE_FORMAT;
+use crate::stamp::wall_clock_ms;
+use crate::types::{NodeId, TypeConfig};
 
-/// Serves node information and cluster initialisation.
+/// How long a handover asked for by `TransferLeader` waits for admitted requests to finish.
+const TRANSFER_DRAIN: Duration = Duration::from_secs(5);
+
+/// Bytes of encoded state per streamed snapshot chunk.
+const SNAPSHOT_CHUNK: usize = 1 << 20;
+
+/// Serves node information, cluster initialisation and administration.
 pub struct ClusterService {
     node: NodeRef,
+    admission: Admission,
+    network: Network,
 }
 
 impl ClusterService {
-    /// Serves `node`.
-    pub fn new(node: NodeRef) -> Self {
-        Self { node }
+    /// Serves `node`; handovers close `admission` and reach the successor through `network`.
+    pub fn new(node: NodeRef, admission: Admission, network: Network) -> Self {
+        Self {
+            node,
+            admission,
+            network,
+        }
     }
+}
+
+/// The members of a membership, as the wire lists them.
+fn members_of(membership: &StoredMembership<NodeId, BasicNode>) -> Vec<Member> {
+    let membership = membership.membership();
+    membership
+        .nodes()
+        .map(|(id, node)| Member {
+            id: *id,
+            addr: node.addr.clone(),
+            voter: membership.voter_ids().any(|voter| voter == *id),
+        })
+        .collect()
 }
 
 /// A server state's wire name.
@@ -39,8 +73,13 @@ pub fn role_name(state: ServerState) -> &'static str {
     }
 }
 
+type SnapshotStream =
+    Pin<Box<dyn futures::Stream<Item = Result<SnapshotPart, Status>> + Send + 'static>>;
+
 #[tonic::async_trait]
 impl cluster_server::Cluster for ClusterService {
+    type SaveSnapshotStream = SnapshotStream;
+
     async fn node_info(
         &self,
         _request: Request<NodeInfoRequest>,
@@ -152,6 +191,84 @@ impl cluster_server::Cluster for ClusterService {
             .await
             .map_err(write_error)?;
         Ok(Response::new(membership_response(&written)))
+    }
+
+    async fn transfer_leader(
+        &self,
+        request: Request<TransferLeaderRequest>,
+    ) -> Result<Response<TransferLeaderResponse>, Status> {
+        let to = request.into_inner().to;
+        tracing::info!(?to, "leadership handover asked for");
+        let done = handover::hand_over(
+            &self.node,
+            &self.admission,
+            &self.network,
+            to,
+            TRANSFER_DRAIN,
+        )
+        .await
+        .map_err(|e| e.to_status())?;
+        Ok(Response::new(TransferLeaderResponse {
+            leader_id: done.leader,
+            leader_addr: self.node.member_addr(done.leader).unwrap_or_default(),
+            term: done.term,
+            took_ms: u64::try_from(done.took.as_millis()).unwrap_or(u64::MAX),
+        }))
+    }
+
+    async fn save_snapshot(
+        &self,
+        _request: Request<SaveSnapshotRequest>,
+    ) -> Result<Response<SnapshotStream>, Status> {
+        // A linearizable read: the state includes every write acknowledged before this call.
+        let (state, last_applied, membership) = self
+            .node
+            .read(|applied| {
+                (
+                    codec::encode(&applied.state),
+                    applied.last_applied,
+                    applied.membership.clone(),
+                )
+            })
+            .await?;
+        let state = state.map_err(|e| {
+            infra_status(
+                Code::Internal,
+                infra::INTERNAL,
+                format!("cannot encode the state: {e}"),
+            )
+        })?;
+        let last = last_applied.ok_or_else(|| {
+            infra_status(
+                Code::FailedPrecondition,
+                infra::NOT_INITIALIZED,
+                "nothing has been applied yet",
+            )
+        })?;
+        tracing::info!(
+            index = last.index,
+            bytes = state.len(),
+            "serving a snapshot for a backup"
+        );
+        let meta = SnapshotMeta {
+            last_log_index: last.index,
+            last_log_term: last.leader_id.term,
+            last_log_leader: last.leader_id.node_id,
+            members: members_of(&membership),
+            state_bytes: state.len() as u64,
+            state_format: STATE_FORMAT,
+            served_by: self.node.id,
+            served_at_ms: wall_clock_ms(),
+        };
+        let mut parts = vec![Ok(SnapshotPart {
+            part: Some(snapshot_part::Part::Meta(meta)),
+        })];
+        parts.extend(state.chunks(SNAPSHOT_CHUNK).map(|chunk| {
+            Ok(SnapshotPart {
+                part: Some(snapshot_part::Part::Chunk(chunk.to_vec())),
+            })
+        }));
+        Ok(Response::new(Box::pin(futures::stream::iter(parts))))
     }
 }
 

@@ -56,4 +56,11 @@ impl raft_server::Raft for RaftService {
     ) -> Result<Response<RaftReply>, Status> {
         reply(self.raft.install_snapshot(decode(request)?).await)
     }
+
+    async fn timeout_now(
+        &self,
+        request: Request<RaftRequest>,
+    ) -> Result<Response<RaftReply>, Status> {
+        reply(crate::handover::on_timeout_now(&self.raft, decode(request)?).await)
+    }
 }

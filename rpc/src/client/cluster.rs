@@ -1,17 +1,33 @@
-//! Membership administration (leader only; followers redirect like any write).
+//! Cluster administration: membership changes, leadership handover and backups (leader only;
+//! followers redirect like any write).
 
-use tonic::transport::Channel;
+use std::time::Duration;
 
-use super::Client;
-use crate::error::Error;
+use futures::StreamExt;
+
+use super::{final_error, normalize, Client, Conn};
+use crate::error::{detail_of, infra, Error};
 use crate::proto::cluster_client::ClusterClient;
-use crate::proto::{self, MembershipResponse};
+use crate::proto::{self, snapshot_part, MembershipResponse, SnapshotMeta, TransferLeaderResponse};
+
+/// How long a leadership handover may take on the leader: draining admitted requests, the
+/// followers' lease running out, one election.
+pub const HANDOVER_WAIT: Duration = Duration::from_secs(30);
+
+/// A snapshot of the state as the leader served it.
+#[derive(Debug, Clone)]
+pub struct SavedSnapshot {
+    /// What the snapshot holds (log position, membership, size, format).
+    pub meta: SnapshotMeta,
+    /// The encoded state.
+    pub state: Vec<u8>,
+}
 
 impl Client {
     /// Adds node `id` at `addr` as a learner and waits until it has caught up with the log.
     /// Adding a learner that is already a member is harmless.
     pub async fn add_learner(&self, id: u64, addr: &str) -> Result<MembershipResponse, Error> {
-        self.call(|channel: Channel| {
+        self.call(|channel: Conn| {
             let request = proto::AddLearnerRequest {
                 id,
                 addr: addr.to_string(),
@@ -24,12 +40,105 @@ impl Client {
     /// Makes `voters` the cluster's voter set (joint consensus). Every new voter must already be
     /// a learner; members left out are removed from the cluster.
     pub async fn change_membership(&self, voters: &[u64]) -> Result<MembershipResponse, Error> {
-        self.call(|channel: Channel| {
+        self.call(|channel: Conn| {
             let request = proto::ChangeMembershipRequest {
                 voters: voters.to_vec(),
             };
             async move { ClusterClient::new(channel).change_membership(request).await }
         })
         .await
+    }
+
+    /// Asks the leader to hand leadership to voter `to` (or to the most caught-up other voter)
+    /// and returns the new leader once it is elected.
+    ///
+    /// Not retried: a handover that timed out may still have happened, and repeating it would
+    /// move leadership again. Only redirects to the leader are followed.
+    pub async fn transfer_leader(&self, to: Option<u64>) -> Result<TransferLeaderResponse, Error> {
+        let mut addr = self.discover_leader().await?;
+        for _ in 0..3 {
+            let channel = self.channel(&addr)?;
+            let call = async move {
+                ClusterClient::new(channel)
+                    .transfer_leader(proto::TransferLeaderRequest { to })
+                    .await
+            };
+            let status = match tokio::time::timeout(HANDOVER_WAIT, call).await {
+                Ok(Ok(reply)) => return Ok(reply.into_inner()),
+                Ok(Err(status)) => status,
+                Err(_) => {
+                    return Err(Error::OutcomeUnknown(format!(
+                        "the leader at {addr} did not answer within {HANDOVER_WAIT:?}; \
+                         check `baton status` before trying again"
+                    )))
+                }
+            };
+            match detail_of(&status) {
+                Some(detail)
+                    if detail.code == infra::NOT_LEADER && !detail.leader_addr.is_empty() =>
+                {
+                    addr = normalize(&detail.leader_addr);
+                }
+                _ => return Err(final_error(&status)),
+            }
+        }
+        Err(Error::Unavailable {
+            endpoints: vec![addr],
+            waited: Duration::ZERO,
+            last: "leadership kept moving while the handover was being asked for".into(),
+        })
+    }
+
+    /// Fetches a snapshot of the state at a linearizable point from the leader (streamed), for
+    /// a backup.
+    pub async fn save_snapshot(&self) -> Result<SavedSnapshot, Error> {
+        let mut stream = self
+            .call(|channel: Conn| async move {
+                ClusterClient::new(channel)
+                    .save_snapshot(proto::SaveSnapshotRequest {})
+                    .await
+            })
+            .await?;
+        let limit = self.inner.config.deadline;
+        let received = tokio::time::timeout(limit, async {
+            let mut meta: Option<SnapshotMeta> = None;
+            let mut state = Vec::new();
+            while let Some(part) = stream.next().await {
+                let part = part.map_err(|status| final_error(&status))?;
+                match (part.part, &meta) {
+                    (Some(snapshot_part::Part::Meta(m)), None) => {
+                        state.reserve(usize::try_from(m.state_bytes).unwrap_or(0));
+                        meta = Some(m);
+                    }
+                    (Some(snapshot_part::Part::Chunk(chunk)), Some(_)) => {
+                        state.extend_from_slice(&chunk)
+                    }
+                    _ => {
+                        return Err(Error::Protocol(
+                            "the snapshot stream is out of order".into(),
+                        ))
+                    }
+                }
+            }
+            let meta = meta.ok_or_else(|| {
+                Error::Protocol("the snapshot stream ended before its description".into())
+            })?;
+            if state.len() as u64 != meta.state_bytes {
+                return Err(Error::Protocol(format!(
+                    "the snapshot stream carried {} bytes of state, {} announced",
+                    state.len(),
+                    meta.state_bytes
+                )));
+            }
+            Ok(SavedSnapshot { meta, state })
+        })
+        .await;
+        received.unwrap_or_else(|_| {
+            Err(Error::Unavailable {
+                endpoints: vec![],
+                waited: limit,
+                last: "the snapshot did not arrive in time (raise --timeout)".into(),
+            })
+        })
     }
 }

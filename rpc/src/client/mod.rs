@@ -15,12 +15,15 @@ mod cluster;
 mod effect;
 mod handoff;
 mod queue;
+mod security;
 mod sink;
 mod watch;
 
 pub use board::TaskSnapshot;
+pub use cluster::{SavedSnapshot, HANDOVER_WAIT};
 pub use handoff::TicketSnapshot;
 pub use queue::{AttemptHistory, MAX_LEASE_WAIT};
+pub use security::{ClientTls, Security};
 pub use watch::{Event, WatchPosition, WATCH_SILENCE};
 
 use std::collections::{BTreeSet, HashMap};
@@ -30,12 +33,17 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use baton_statemachine::Refusal;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
 use crate::error::{detail_of, infra, refusal_of, Error};
 use crate::proto::cluster_client::ClusterClient;
 use crate::proto::{self, RequestHeader};
+use security::Credentials;
+
+/// A connection to one node, presenting the client's credentials on every call.
+pub(crate) type Conn = InterceptedService<Channel, Credentials>;
 
 /// Timeouts of a [`Client`].
 #[derive(Debug, Clone)]
@@ -66,8 +74,10 @@ pub struct Client {
 
 struct Inner {
     config: ClientConfig,
+    security: Security,
+    credentials: Credentials,
     endpoints: Vec<String>,
-    channels: Mutex<HashMap<String, Channel>>,
+    channels: Mutex<HashMap<String, Conn>>,
     /// The address we believe is the leader's.
     leader: Mutex<Option<String>>,
     /// Round-robin cursor over `endpoints` when no leader is known.
@@ -152,6 +162,27 @@ impl Client {
     /// A client that has not contacted any node yet (connections open on first use). Useful for
     /// per-node administration of a cluster that may have no leader.
     pub fn new<S: AsRef<str>>(endpoints: &[S], config: ClientConfig) -> Result<Self, Error> {
+        Self::new_with_security(endpoints, config, Security::default())
+    }
+
+    /// [`Client::connect_with`] to a cluster that wants TLS or a token.
+    pub async fn connect_with_security<S: AsRef<str>>(
+        endpoints: &[S],
+        config: ClientConfig,
+        security: Security,
+    ) -> Result<Self, Error> {
+        let client = Self::new_with_security(endpoints, config, security)?;
+        client.discover_leader().await?;
+        Ok(client)
+    }
+
+    /// [`Client::new`] for a cluster that wants TLS or a token.
+    pub fn new_with_security<S: AsRef<str>>(
+        endpoints: &[S],
+        config: ClientConfig,
+        security: Security,
+    ) -> Result<Self, Error> {
+        let credentials = Credentials::new(&security)?;
         let endpoints: Vec<String> = endpoints
             .iter()
             .map(|e| normalize(e.as_ref()))
@@ -163,6 +194,8 @@ impl Client {
         Ok(Client {
             inner: Arc::new(Inner {
                 config,
+                security,
+                credentials,
                 endpoints,
                 channels: Mutex::default(),
                 leader: Mutex::default(),
@@ -252,7 +285,7 @@ impl Client {
     /// Runs a write with a fresh `(client_id, seq)`, retried with the same header.
     async fn write<T, F, Fut>(&self, attempt: F) -> Result<T, Error>
     where
-        F: Fn(RequestHeader, Channel) -> Fut,
+        F: Fn(RequestHeader, Conn) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         self.write_waiting(Duration::ZERO, attempt).await
@@ -262,7 +295,7 @@ impl Client {
     /// poll): each attempt and the whole call get `wait` on top of their usual limits.
     async fn write_waiting<T, F, Fut>(&self, wait: Duration, attempt: F) -> Result<T, Error>
     where
-        F: Fn(RequestHeader, Channel) -> Fut,
+        F: Fn(RequestHeader, Conn) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let request = InFlight::begin(&self.inner.session);
@@ -279,7 +312,7 @@ impl Client {
     /// failures until the deadline.
     async fn call<T, F, Fut>(&self, attempt: F) -> Result<T, Error>
     where
-        F: Fn(Channel) -> Fut,
+        F: Fn(Conn) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         self.call_waiting(Duration::ZERO, attempt).await
@@ -288,7 +321,7 @@ impl Client {
     /// [`Client::call`] where the server may hold each attempt for up to `wait`.
     async fn call_waiting<T, F, Fut>(&self, wait: Duration, attempt: F) -> Result<T, Error>
     where
-        F: Fn(Channel) -> Fut,
+        F: Fn(Conn) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let base = &self.inner.config;
@@ -361,16 +394,24 @@ impl Client {
         }
     }
 
-    fn channel(&self, addr: &str) -> Result<Channel, Error> {
+    fn channel(&self, addr: &str) -> Result<Conn, Error> {
         let mut channels = lock(&self.inner.channels);
         if let Some(channel) = channels.get(addr) {
             return Ok(channel.clone());
         }
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
+        let tls = self.inner.security.tls.as_ref();
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
             .map_err(|e| Error::Config(format!("bad endpoint {addr:?}: {e}")))?
             .connect_timeout(self.inner.config.connect_timeout)
-            .tcp_nodelay(true)
-            .connect_lazy();
+            .tcp_nodelay(true);
+        if let Some(tls) = tls {
+            endpoint = endpoint
+                .tls_config(tls.config())
+                .map_err(|e| Error::Config(format!("bad TLS settings: {e}")))?;
+        }
+        let channel =
+            InterceptedService::new(endpoint.connect_lazy(), self.inner.credentials.clone());
         channels.insert(addr.to_string(), channel.clone());
         Ok(channel)
     }

@@ -1,0 +1,205 @@
+//! Claims: `baton snapshot save` captures the state at a linearizable point, and
+//! `baton snapshot restore` builds a NEW cluster (three members or one) that starts with that
+//! state and a fresh membership, elects a leader by itself, serves the saved data, and mints
+//! fences above the saved ones. A damaged or foreign file is refused with a clear reason and
+//! nothing is written.
+#![allow(clippy::unwrap_used)]
+
+mod admin_support;
+
+use std::path::Path;
+
+use admin_support::{show, Procs};
+use baton_cluster_test::{Cluster, Options};
+use baton_rpc::{Client, Security};
+use baton_statemachine::board::TaskSpec;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saved_snapshot_restores_into_a_new_cluster_that_continues_above_it() {
+    // The source cluster: a claimed task (fence 2 after two claims), a checkpoint.
+    let source = Cluster::start(3, Options::default()).await.unwrap();
+    let client = source.client().await.unwrap();
+    client
+        .seed(&[TaskSpec {
+            id: "task".into(),
+            deps: vec![],
+        }])
+        .await
+        .unwrap();
+    let first = client.claim("task", "a", 60_000).await.unwrap();
+    client
+        .release_task("task", &first.lease.unwrap().token)
+        .await
+        .unwrap();
+    let second = client.claim("task", "b", 1).await.unwrap();
+    let saved_fence = second.lease.unwrap().fence;
+    assert_eq!(saved_fence, 2);
+    client.save_if_newer("job", 41, b"progress").await.unwrap();
+
+    let procs_dir = tempfile::tempdir().unwrap();
+    let file = procs_dir.path().join("backup.snap");
+    let output = std::process::Command::new(source.bin())
+        .args([
+            "--endpoints",
+            &source.endpoints().join(","),
+            "snapshot",
+            "save",
+        ])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", show(&output));
+    println!("{}", String::from_utf8_lossy(&output.stdout).trim());
+    // Written after the save: must not be in the restored cluster.
+    client.save_if_newer("later", 1, b"x").await.unwrap();
+
+    let inspect = std::process::Command::new(source.bin())
+        .args(["snapshot", "inspect"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(inspect.status.success(), "{}", show(&inspect));
+    assert!(String::from_utf8_lossy(&inspect.stdout).contains("checksum ok"));
+    drop(source);
+
+    // A new three-node cluster on new addresses, seeded from the file.
+    let mut procs = Procs::new(Security::default()).unwrap();
+    for id in 1..=3 {
+        procs.declare(id, &[]).unwrap();
+    }
+    let members = member_list(&procs);
+    for id in 1..=3 {
+        restore(&procs, &file, &procs.data_dir(id), id, &members);
+    }
+    for id in 1..=3 {
+        procs.start(id).await.unwrap();
+    }
+    let leader = procs.leader().await.unwrap();
+    println!("restored three-node cluster elected node {leader}");
+    let client = procs.client(Security::default()).await.unwrap();
+    check_restored(&client, saved_fence).await;
+    let info = procs.info(leader).await.unwrap();
+    let ids: Vec<u64> = info.members.iter().map(|m| m.id).collect();
+    assert_eq!(ids, vec![1, 2, 3], "the fresh membership");
+    assert!(info.members.iter().all(|m| m.addr == procs.addr(m.id)));
+    procs.kill_all();
+
+    // The same file restores a single-node cluster too.
+    let mut single = Procs::new(Security::default()).unwrap();
+    single.declare(7, &[]).unwrap();
+    let members = member_list(&single);
+    restore(&single, &file, &single.data_dir(7), 7, &members);
+    single.start(7).await.unwrap();
+    assert_eq!(single.leader().await.unwrap(), 7);
+    let client = single.client(Security::default()).await.unwrap();
+    check_restored(&client, saved_fence).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_or_foreign_snapshot_file_is_refused_and_nothing_is_written() {
+    let source = Cluster::start(1, Options::default()).await.unwrap();
+    let client = source.client().await.unwrap();
+    client.save_if_newer("job", 1, b"x").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("good.snap");
+    let output = std::process::Command::new(source.bin())
+        .args([
+            "--endpoints",
+            &source.endpoints().join(","),
+            "snapshot",
+            "save",
+        ])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", show(&output));
+    let good = std::fs::read(&file).unwrap();
+
+    let mut flipped = good.clone();
+    let middle = flipped.len() / 2;
+    flipped[middle] ^= 0x40;
+    let truncated = good[..good.len() - 10].to_vec();
+    let mut future = good.clone();
+    future[8] = 2;
+    let cases = [
+        ("flipped", flipped, "checksum"),
+        ("truncated", truncated, "checksum"),
+        ("future", future, "format 2"),
+        (
+            "foreign",
+            b"PK\x03\x04 a zip file, not a snapshot".to_vec(),
+            "not a Baton snapshot",
+        ),
+    ];
+    for (name, bytes, reason) in cases {
+        let path = dir.path().join(format!("{name}.snap"));
+        std::fs::write(&path, bytes).unwrap();
+        let data_dir = dir.path().join(format!("data-{name}"));
+        let output = std::process::Command::new(source.bin())
+            .args([
+                "snapshot",
+                "restore",
+                "--id",
+                "1",
+                "--members",
+                "1=127.0.0.1:1",
+            ])
+            .arg("--from")
+            .arg(&path)
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{name}: {}", show(&output));
+        assert!(stderr.contains(reason), "{name}: {}", show(&output));
+        assert!(!data_dir.exists(), "{name}: nothing is written");
+    }
+}
+
+fn member_list(procs: &Procs) -> String {
+    procs
+        .members()
+        .iter()
+        .map(|(id, addr)| format!("{id}={addr}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn restore(procs: &Procs, file: &Path, data_dir: &Path, id: u64, members: &str) {
+    let output = std::process::Command::new(procs.bin())
+        .args([
+            "snapshot",
+            "restore",
+            "--id",
+            &id.to_string(),
+            "--members",
+            members,
+        ])
+        .arg("--from")
+        .arg(file)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", show(&output));
+}
+
+/// The saved data is there, the later write is not, and new writes continue above the saved
+/// fences.
+async fn check_restored(client: &Client, saved_fence: u64) {
+    let job = client.load("job").await.unwrap();
+    assert_eq!((job.seq, job.data.as_slice()), (41, &b"progress"[..]));
+    let later = client.load("later").await;
+    assert!(later.is_err(), "written after the save: {later:?}");
+    // The 1 ms claim from before the save has expired: a new claim gets the next fence.
+    let claim = client.claim("task", "c", 60_000).await.unwrap();
+    let fence = claim.lease.unwrap().fence;
+    assert_eq!(
+        fence,
+        saved_fence + 1,
+        "fences continue above the saved ones"
+    );
+    client.save_if_newer("job", 42, b"more").await.unwrap();
+    assert_eq!(client.load("job").await.unwrap().seq, 42);
+}

@@ -1,0 +1,404 @@
+//! Admission: the one gate every gRPC request passes before it reaches a service.
+//!
+//! Three rules, judged by the request's path before any handler runs:
+//!
+//! - **Peer traffic** (`/baton.raft.v1.Raft/...`) is never token-checked and never gated: a node
+//!   that is draining or handing over leadership must keep talking Raft. When the node runs
+//!   TLS, a peer call must come over a connection whose client certificate the cluster CA signed
+//!   and which is a node certificate (it allows server authentication; a client certificate
+//!   allows client authentication only). That certificate, not the client token, is what
+//!   protects Raft traffic.
+//! - **Client traffic** (every other service) must carry `authorization: Bearer <token>` with one
+//!   of the configured tokens when the node has any; otherwise it is answered `UNAUTHENTICATED`
+//!   before it can change anything. Health checks are the one exception, so probes need no secret.
+//! - While the **gate** is closed (a leader handover or a shutdown in progress), new client
+//!   requests other than cluster administration are refused with a retryable status, so clients
+//!   move to another node; requests already admitted are counted until they finish, so a shutdown
+//!   can wait for them.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use baton_rpc::error::{infra, infra_status};
+use tokio::sync::watch;
+use tonic::Code;
+
+use crate::auth::Tokens;
+
+/// The gRPC path prefix of the Raft peer service.
+const RAFT_PATH: &str = "/baton.raft.v1.Raft/";
+/// Cluster administration stays reachable while the gate is closed (it is how a handover is
+/// asked for and watched).
+const CLUSTER_PATH: &str = "/baton.v1.Cluster/";
+/// Standard gRPC health checks: answered without a token.
+const HEALTH_PATH: &str = "/grpc.health.v1.Health/";
+
+/// The status code of an unauthenticated request (also its Baton detail code).
+pub const UNAUTHENTICATED: &str = "UNAUTHENTICATED";
+
+/// Why the gate is closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Closed {
+    /// Leadership is being handed to another node: try again shortly (or elsewhere).
+    HandingOver,
+    /// The node is shutting down: go elsewhere.
+    ShuttingDown,
+}
+
+/// The shared gate; clones share it.
+#[derive(Clone)]
+pub struct Admission {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    tokens: Option<Tokens>,
+    require_peer_cert: bool,
+    closed: Mutex<Option<Closed>>,
+    in_flight: watch::Sender<usize>,
+    /// Held while a leadership handover runs: one at a time.
+    handover: tokio::sync::Mutex<()>,
+}
+
+/// What the gate decided about one request.
+enum Decision {
+    /// Pass without counting (peer traffic, administration, health).
+    Pass,
+    /// Pass, counted in flight until the response is ready.
+    Counted(InFlight),
+    /// Answer at once with this status.
+    Refuse(tonic::Status),
+}
+
+impl Admission {
+    /// A gate that checks `tokens` (none: no token needed) and, with `require_peer_cert`,
+    /// requires a verified client certificate on peer traffic.
+    pub fn new(tokens: Option<Tokens>, require_peer_cert: bool) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                tokens,
+                require_peer_cert,
+                closed: Mutex::new(None),
+                in_flight: watch::Sender::new(0),
+                handover: tokio::sync::Mutex::new(()),
+            }),
+        }
+    }
+
+    /// Refuses new client requests from now on, for `why` (a shutdown is never downgraded to a
+    /// handover).
+    pub fn close(&self, why: Closed) {
+        let mut closed = lock(&self.inner.closed);
+        if *closed != Some(Closed::ShuttingDown) {
+            *closed = Some(why);
+        }
+    }
+
+    /// Admits client requests again (after a handover; never after a shutdown began).
+    pub fn reopen(&self) {
+        let mut closed = lock(&self.inner.closed);
+        if *closed == Some(Closed::HandingOver) {
+            *closed = None;
+        }
+    }
+
+    /// Whether the gate is closed (the leader must not propose while it is).
+    pub fn is_closed(&self) -> bool {
+        lock(&self.inner.closed).is_some()
+    }
+
+    /// The right to run a leadership handover, if no other one is running.
+    pub fn handover_slot(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        self.inner.handover.try_lock().ok()
+    }
+
+    /// Client requests admitted and not finished yet.
+    pub fn in_flight(&self) -> usize {
+        *self.inner.in_flight.borrow()
+    }
+
+    /// Waits until no admitted client request is in flight, at most `limit`; returns how many
+    /// were still running when it gave up (0 when all finished).
+    pub async fn drain(&self, limit: Duration) -> usize {
+        let mut count = self.inner.in_flight.subscribe();
+        let finished = tokio::time::timeout(limit, count.wait_for(|n| *n == 0)).await;
+        match finished {
+            Ok(_) => 0,
+            Err(_) => self.in_flight(),
+        }
+    }
+
+    /// The tower layer that applies this gate to a server.
+    pub fn layer(&self) -> AdmissionLayer {
+        AdmissionLayer {
+            admission: self.clone(),
+        }
+    }
+
+    fn decide<B>(&self, request: &http::Request<B>) -> Decision {
+        let path = request.uri().path();
+        if path.starts_with(RAFT_PATH) {
+            if self.inner.require_peer_cert && !has_node_cert(request) {
+                return Decision::Refuse(infra_status(
+                    Code::Unauthenticated,
+                    UNAUTHENTICATED,
+                    "Raft traffic needs a node certificate (server and client authentication) \
+                     signed by the cluster CA",
+                ));
+            }
+            return Decision::Pass;
+        }
+        if path.starts_with(HEALTH_PATH) {
+            return Decision::Pass;
+        }
+        if let Some(tokens) = &self.inner.tokens {
+            if let Err(why) = tokens.check(request.headers()) {
+                tracing::debug!(path, %why, "request refused: unauthenticated");
+                return Decision::Refuse(infra_status(
+                    Code::Unauthenticated,
+                    UNAUTHENTICATED,
+                    why.to_string(),
+                ));
+            }
+        }
+        if path.starts_with(CLUSTER_PATH) {
+            return Decision::Pass;
+        }
+        match *lock(&self.inner.closed) {
+            None => Decision::Counted(InFlight::begin(&self.inner.in_flight)),
+            Some(Closed::HandingOver) => Decision::Refuse(infra_status(
+                Code::Unavailable,
+                infra::NO_LEADER,
+                "leadership is being handed to another node; retry shortly",
+            )),
+            Some(Closed::ShuttingDown) => Decision::Refuse(infra_status(
+                Code::Unavailable,
+                infra::SHUTTING_DOWN,
+                "this node is shutting down; use another node",
+            )),
+        }
+    }
+}
+
+/// Whether the request came over a TLS connection whose client certificate (verified against
+/// the cluster CA by the TLS layer) is a node certificate: one allowed for server
+/// authentication, which client certificates are not.
+fn has_node_cert<B>(request: &http::Request<B>) -> bool {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    let Some(certs) = request
+        .extensions()
+        .get::<TlsConnectInfo<TcpConnectInfo>>()
+        .and_then(|info| info.peer_certs())
+    else {
+        return false;
+    };
+    certs.first().is_some_and(|leaf| allows_server_auth(leaf))
+}
+
+/// Whether a DER certificate's extended key usage allows server authentication.
+fn allows_server_auth(der: &[u8]) -> bool {
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
+        return false;
+    };
+    matches!(
+        cert.extended_key_usage(),
+        Ok(Some(usage)) if usage.value.server_auth || usage.value.any
+    )
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// One admitted client request; leaves the count when dropped (also when the call is cancelled).
+struct InFlight {
+    count: watch::Sender<usize>,
+}
+
+impl InFlight {
+    fn begin(count: &watch::Sender<usize>) -> Self {
+        count.send_modify(|n| *n += 1);
+        Self {
+            count: count.clone(),
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.count.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+/// Applies an [`Admission`] to every service of a server.
+#[derive(Clone)]
+pub struct AdmissionLayer {
+    admission: Admission,
+}
+
+impl<S> tower::Layer<S> for AdmissionLayer {
+    type Service = AdmissionService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        AdmissionService {
+            admission: self.admission.clone(),
+            inner,
+        }
+    }
+}
+
+/// The service an [`AdmissionLayer`] wraps around the server's routes.
+#[derive(Clone)]
+pub struct AdmissionService<S> {
+    admission: Admission,
+    inner: S,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+impl<S, B> tower::Service<http::Request<B>> for AdmissionService<S>
+where
+    S: tower::Service<
+            http::Request<B>,
+            Response = http::Response<tonic::body::Body>,
+            Error = Infallible,
+        > + Send,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        match self.admission.decide(&request) {
+            Decision::Refuse(status) => Box::pin(async move { Ok(status.into_http()) }),
+            Decision::Pass => Box::pin(self.inner.call(request)),
+            Decision::Counted(in_flight) => {
+                let response = self.inner.call(request);
+                Box::pin(async move {
+                    let response = response.await;
+                    drop(in_flight);
+                    response
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(path: &str, token: Option<&str>) -> http::Request<()> {
+        let mut builder = http::Request::builder().uri(format!("http://node{path}"));
+        if let Some(token) = token {
+            builder = builder.header("authorization", format!("Bearer {token}"));
+        }
+        builder.body(()).expect("a valid request")
+    }
+
+    fn refused_code(decision: Decision) -> Option<Code> {
+        match decision {
+            Decision::Refuse(status) => Some(status.code()),
+            Decision::Pass | Decision::Counted(_) => None,
+        }
+    }
+
+    #[test]
+    fn client_requests_need_a_configured_token_peers_do_not() {
+        let tokens = Tokens::parse("s3cret-0123456789\n").expect("tokens");
+        let gate = Admission::new(Some(tokens), false);
+        let write = "/baton.v1.Handoff/Offer";
+        assert_eq!(
+            refused_code(gate.decide(&request(write, None))),
+            Some(Code::Unauthenticated)
+        );
+        assert_eq!(
+            refused_code(gate.decide(&request(write, Some("wrong")))),
+            Some(Code::Unauthenticated)
+        );
+        assert_eq!(
+            refused_code(gate.decide(&request(write, Some("s3cret-0123456789")))),
+            None
+        );
+        assert_eq!(
+            refused_code(gate.decide(&request("/baton.raft.v1.Raft/Vote", None))),
+            None
+        );
+        assert_eq!(
+            refused_code(gate.decide(&request("/baton.v1.Cluster/NodeInfo", None))),
+            Some(Code::Unauthenticated),
+            "administration needs the token too"
+        );
+    }
+
+    #[test]
+    fn peer_traffic_without_a_client_certificate_is_refused_under_mtls() {
+        let gate = Admission::new(None, true);
+        assert_eq!(
+            refused_code(gate.decide(&request("/baton.raft.v1.Raft/AppendEntries", None))),
+            Some(Code::Unauthenticated)
+        );
+    }
+
+    #[test]
+    fn a_closed_gate_refuses_client_requests_but_not_raft_or_administration() {
+        let gate = Admission::new(None, false);
+        gate.close(Closed::HandingOver);
+        assert_eq!(
+            refused_code(gate.decide(&request("/baton.v1.Board/Claim", None))),
+            Some(Code::Unavailable)
+        );
+        assert_eq!(
+            refused_code(gate.decide(&request("/baton.raft.v1.Raft/Vote", None))),
+            None
+        );
+        assert_eq!(
+            refused_code(gate.decide(&request("/baton.v1.Cluster/NodeInfo", None))),
+            None
+        );
+        gate.reopen();
+        assert!(!gate.is_closed());
+        gate.close(Closed::ShuttingDown);
+        gate.reopen();
+        assert!(gate.is_closed(), "a shutdown is never undone");
+    }
+
+    fn certificate(usages: Vec<rcgen::ExtendedKeyUsagePurpose>) -> Vec<u8> {
+        let mut params = rcgen::CertificateParams::new(vec!["node".to_string()]).expect("params");
+        params.extended_key_usages = usages;
+        let key = rcgen::KeyPair::generate().expect("key");
+        params.self_signed(&key).expect("cert").der().to_vec()
+    }
+
+    #[test]
+    fn only_node_certificates_may_speak_raft() {
+        use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
+        assert!(allows_server_auth(&certificate(vec![
+            ServerAuth, ClientAuth
+        ])));
+        assert!(!allows_server_auth(&certificate(vec![ClientAuth])));
+        assert!(!allows_server_auth(&certificate(vec![])), "no usage stated");
+        assert!(!allows_server_auth(b"not a certificate"));
+    }
+
+    #[tokio::test]
+    async fn drain_waits_for_admitted_requests() {
+        let gate = Admission::new(None, false);
+        let admitted = gate.decide(&request("/baton.v1.Board/Claim", None));
+        assert_eq!(gate.in_flight(), 1);
+        assert_eq!(gate.drain(Duration::from_millis(20)).await, 1);
+        drop(admitted);
+        assert_eq!(gate.drain(Duration::from_secs(5)).await, 0);
+    }
+}

@@ -1,0 +1,174 @@
+//! `baton certs generate`: a private CA and certificates for nodes and clients (rcgen).
+//!
+//! The CA is created on the first run in the output directory (`ca.pem`, `ca-key.pem`) and reused
+//! by later runs, so one directory holds a cluster's CA and every certificate it issued. Node
+//! certificates name the node's hosts (DNS names or IP addresses) and are valid for both server
+//! and client authentication, because a node presents the same certificate to clients and, when
+//! it dials them, to its peers.
+
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use clap::Subcommand;
+use rcgen::{
+    date_time_ymd, BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose,
+};
+
+use super::exit;
+
+/// How long the CA is valid, in years.
+const CA_YEARS: i32 = 10;
+/// How long a node or client certificate is valid, in years.
+const LEAF_YEARS: i32 = 2;
+
+/// `baton certs ...`
+#[derive(Subcommand, Debug)]
+pub enum CertsCommand {
+    /// Issue a certificate (and create the CA in --out on the first run).
+    ///
+    /// Node: `baton certs generate --out certs --name node1 --hosts 10.0.0.1,node1.example`.
+    /// Client: `baton certs generate --out certs --name ops --client`.
+    Generate {
+        /// Directory for the CA and the certificates (created if missing).
+        #[arg(long)]
+        out: PathBuf,
+        /// File name stem of the certificate: NAME.pem and NAME-key.pem.
+        #[arg(long, default_value = "node")]
+        name: String,
+        /// Hosts (DNS names or IP addresses) the node is reached at.
+        #[arg(long, value_delimiter = ',', required_unless_present = "client")]
+        hosts: Vec<String>,
+        /// Issue a client certificate instead (client authentication only, no hosts).
+        #[arg(long)]
+        client: bool,
+    },
+}
+
+pub fn run(command: CertsCommand) -> u8 {
+    let CertsCommand::Generate {
+        out,
+        name,
+        hosts,
+        client,
+    } = command;
+    match generate(&out, &name, &hosts, client) {
+        Ok(written) => {
+            for path in written {
+                println!("wrote {}", path.display());
+            }
+            exit::OK
+        }
+        Err(error) => {
+            eprintln!("baton: {error:#}");
+            exit::FAILURE
+        }
+    }
+}
+
+/// Issues NAME.pem / NAME-key.pem in `out` (and the CA when missing); returns the files written.
+fn generate(
+    out: &Path,
+    name: &str,
+    hosts: &[String],
+    client: bool,
+) -> anyhow::Result<Vec<PathBuf>> {
+    anyhow::ensure!(
+        !name.is_empty() && name != "ca" && !name.contains(['/', '\\']),
+        "--name must be a plain file name other than `ca`"
+    );
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let mut written = Vec::new();
+    let (ca_cert_path, ca_key_path) = (out.join("ca.pem"), out.join("ca-key.pem"));
+    if !ca_cert_path.exists() {
+        let (cert, key) = new_ca()?;
+        write_file(&ca_cert_path, &cert, false)?;
+        write_file(&ca_key_path, &key, true)?;
+        written.extend([ca_cert_path.clone(), ca_key_path.clone()]);
+    }
+    let ca_key = KeyPair::from_pem(&read(&ca_key_path)?).context("unreadable CA key")?;
+    let issuer = Issuer::from_ca_cert_pem(&read(&ca_cert_path)?, ca_key)
+        .context("unreadable CA certificate")?;
+
+    let mut params = CertificateParams::new(if client { Vec::new() } else { hosts.to_vec() })
+        .context("invalid host name")?;
+    params.distinguished_name.push(DnType::CommonName, name);
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = if client {
+        vec![ExtendedKeyUsagePurpose::ClientAuth]
+    } else {
+        vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ]
+    };
+    let year = current_year();
+    params.not_before = date_time_ymd(year - 1, 1, 1);
+    params.not_after = date_time_ymd(year + LEAF_YEARS, 12, 31);
+    let key = KeyPair::generate().context("cannot generate a key")?;
+    let cert = params
+        .signed_by(&key, &issuer)
+        .context("cannot sign the certificate")?;
+    let (cert_path, key_path) = (
+        out.join(format!("{name}.pem")),
+        out.join(format!("{name}-key.pem")),
+    );
+    write_file(&cert_path, &cert.pem(), false)?;
+    write_file(&key_path, &key.serialize_pem(), true)?;
+    written.extend([cert_path, key_path]);
+    Ok(written)
+}
+
+fn new_ca() -> anyhow::Result<(String, String)> {
+    let mut params = CertificateParams::new(Vec::new()).context("CA parameters")?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "Baton cluster CA");
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let year = current_year();
+    params.not_before = date_time_ymd(year - 1, 1, 1);
+    params.not_after = date_time_ymd(year + CA_YEARS, 12, 31);
+    let key = KeyPair::generate().context("cannot generate the CA key")?;
+    let cert = params.self_signed(&key).context("cannot sign the CA")?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+/// The current calendar year (UTC), near enough for validity periods that start a year early.
+fn current_year() -> i32 {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    1970 + i32::try_from(secs / 31_556_952).unwrap_or(0)
+}
+
+fn read(path: &Path) -> anyhow::Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
+/// Writes a file, refusing to overwrite one; private keys are readable by the owner only.
+fn write_file(path: &Path, contents: &str, private: bool) -> anyhow::Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    if private {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    #[cfg(not(unix))]
+    let _ = private;
+    let mut file = options.open(path).with_context(|| {
+        format!(
+            "cannot create {} (an existing file is never overwritten)",
+            path.display()
+        )
+    })?;
+    std::io::Write::write_all(&mut file, contents.as_bytes())
+        .with_context(|| format!("cannot write {}", path.display()))
+}

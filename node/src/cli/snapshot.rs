@@ -1,0 +1,193 @@
+//! `baton snapshot save|inspect|restore`: backups and disaster recovery.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use baton_node::snapshot_file::{
+    self, SavedMember, SnapshotFile, SnapshotHeader, FILE_FORMAT, STATE_FORMAT,
+};
+use baton_rpc::Client;
+use clap::Subcommand;
+
+use super::exit;
+
+/// `baton snapshot ...`
+#[derive(Subcommand, Debug)]
+pub enum SnapshotCommand {
+    /// Save the cluster's state at a linearizable point to FILE (written atomically, with a
+    /// header and a SHA-256 checksum).
+    Save {
+        /// Where to write the snapshot.
+        file: PathBuf,
+    },
+    /// Verify a snapshot file and print its header.
+    Inspect {
+        /// The snapshot file.
+        file: PathBuf,
+    },
+    /// Seed a NEW node's data dir from a snapshot file (disaster recovery): run it once per
+    /// member of the new cluster, with the same --members, then start the nodes; they elect a
+    /// leader by themselves (no `cluster init`).
+    Restore {
+        /// The snapshot file (verified before anything is written).
+        #[arg(long)]
+        from: PathBuf,
+        /// The new node's data dir; it must not exist or be empty.
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// The new node's id (one of --members).
+        #[arg(long)]
+        id: u64,
+        /// Every member of the new cluster (all voters), e.g.
+        /// `1=10.0.0.1:7001,2=10.0.0.2:7001,3=10.0.0.3:7001`.
+        #[arg(long, value_delimiter = ',', value_name = "ID=ADDR", value_parser = super::parse_peer_addr, required = true)]
+        members: Vec<(u64, String)>,
+    },
+}
+
+/// Commands that need no cluster: run before a client connects.
+pub async fn run_offline(command: &SnapshotCommand) -> Option<u8> {
+    match command {
+        SnapshotCommand::Save { .. } => None,
+        SnapshotCommand::Inspect { file } => Some(inspect(file)),
+        SnapshotCommand::Restore {
+            from,
+            data_dir,
+            id,
+            members,
+        } => Some(restore(from, data_dir, *id, members).await),
+    }
+}
+
+/// `snapshot save`, through a connected client.
+pub async fn run(command: SnapshotCommand, client: &Client) -> u8 {
+    let SnapshotCommand::Save { file } = command else {
+        return exit::USAGE;
+    };
+    let saved = match client.save_snapshot().await {
+        Ok(saved) => saved,
+        Err(error) => return exit::report(&error),
+    };
+    let meta = saved.meta;
+    if meta.state_format != STATE_FORMAT {
+        eprintln!(
+            "baton: the leader sent state format {}, this baton writes format {STATE_FORMAT}; \
+             use a baton of the cluster's version",
+            meta.state_format
+        );
+        return exit::FAILURE;
+    }
+    let snapshot = SnapshotFile {
+        header: SnapshotHeader {
+            format: FILE_FORMAT,
+            state_format: meta.state_format,
+            baton_version: env!("CARGO_PKG_VERSION").to_string(),
+            last_log_index: meta.last_log_index,
+            last_log_term: meta.last_log_term,
+            last_log_leader: meta.last_log_leader,
+            members: meta
+                .members
+                .iter()
+                .map(|m| SavedMember {
+                    id: m.id,
+                    addr: m.addr.clone(),
+                    voter: m.voter,
+                })
+                .collect(),
+            served_by: meta.served_by,
+            saved_at_ms: meta.served_at_ms,
+            state_bytes: meta.state_bytes,
+        },
+        state: saved.state,
+    };
+    match snapshot.write(&file) {
+        Ok(()) => {
+            println!(
+                "saved snapshot at index {} (term {}), {} bytes of state, to {}",
+                meta.last_log_index,
+                meta.last_log_term,
+                meta.state_bytes,
+                file.display()
+            );
+            exit::OK
+        }
+        Err(error) => {
+            eprintln!("baton: {error:#}");
+            exit::FAILURE
+        }
+    }
+}
+
+fn inspect(file: &std::path::Path) -> u8 {
+    match SnapshotFile::read(file) {
+        Ok(snapshot) => {
+            let h = &snapshot.header;
+            println!(
+                "file: {} (format {}, checksum ok)",
+                file.display(),
+                h.format
+            );
+            println!(
+                "last log: index {} term {} (leader {})",
+                h.last_log_index, h.last_log_term, h.last_log_leader
+            );
+            println!("state: {} bytes, format {}", h.state_bytes, h.state_format);
+            println!(
+                "saved: {} by node {} (baton {})",
+                super::rfc3339(h.saved_at_ms),
+                h.served_by,
+                h.baton_version
+            );
+            let members: Vec<String> = h
+                .members
+                .iter()
+                .map(|m| {
+                    let role = if m.voter { "voter" } else { "learner" };
+                    format!("{}={} ({role})", m.id, m.addr)
+                })
+                .collect();
+            println!("source members: {}", members.join(", "));
+            exit::OK
+        }
+        Err(error) => {
+            eprintln!("baton: {error:#}");
+            exit::FAILURE
+        }
+    }
+}
+
+async fn restore(
+    from: &std::path::Path,
+    data_dir: &std::path::Path,
+    id: u64,
+    members: &[(u64, String)],
+) -> u8 {
+    let members: BTreeMap<u64, String> = members.iter().cloned().collect();
+    let snapshot = match SnapshotFile::read(from) {
+        Ok(snapshot) => snapshot,
+        Err(error) => {
+            eprintln!("baton: {error:#}");
+            return exit::FAILURE;
+        }
+    };
+    match snapshot_file::restore(&snapshot, data_dir, id, &members).await {
+        Ok(()) => {
+            println!(
+                "restored node {id} in {} from index {} (term {}); members {}",
+                data_dir.display(),
+                snapshot.header.last_log_index,
+                snapshot.header.last_log_term,
+                members
+                    .iter()
+                    .map(|(id, addr)| format!("{id}={addr}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            );
+            exit::OK
+        }
+        Err(error) => {
+            eprintln!("baton: {error:#}");
+            exit::FAILURE
+        }
+    }
+}

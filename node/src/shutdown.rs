@@ -1,0 +1,49 @@
+//! Leaving gracefully: what a node does between SIGTERM and stopping Raft.
+//!
+//! 1. Close the admission gate: new client requests are refused `SHUTTING_DOWN` (clients retry
+//!    on another node), Raft traffic goes on.
+//! 2. Let the admitted client requests finish, for at most [`DRAIN_LIMIT`].
+//! 3. Stop campaigning, and if this node leads, hand leadership to a caught-up voter
+//!    ([`crate::handover`]), so the cluster has a leader again after one election round trip
+//!    instead of an election timeout.
+//!
+//! The caller then stops serving and shuts Raft down.
+
+use std::time::Duration;
+
+use openraft::ServerState;
+
+use crate::admission::{Admission, Closed};
+use crate::handover;
+use crate::network::Network;
+use crate::node::Node;
+
+/// How long a shutdown waits for admitted client requests to finish.
+pub const DRAIN_LIMIT: Duration = Duration::from_secs(10);
+
+/// Runs steps 1–3; failures are logged, never fatal: the node stops either way.
+pub async fn leave(node: &Node, admission: &Admission, network: &Network) {
+    tracing::info!(id = node.id, "shutting down: refusing new client requests");
+    admission.close(Closed::ShuttingDown);
+    let still_running = admission.drain(DRAIN_LIMIT).await;
+    if still_running > 0 {
+        tracing::warn!(
+            still_running,
+            "client requests still running after {DRAIN_LIMIT:?}; stopping anyway"
+        );
+    }
+    node.raft.runtime_config().elect(false);
+    let leading = node.raft.metrics().borrow().state == ServerState::Leader;
+    if !leading {
+        return;
+    }
+    match handover::hand_over(node, admission, network, None, Duration::ZERO).await {
+        Ok(done) => tracing::info!(
+            leader = done.leader,
+            term = done.term,
+            took = ?done.took,
+            "leadership handed over before shutdown"
+        ),
+        Err(error) => tracing::warn!(%error, "could not hand leadership over before shutdown"),
+    }
+}

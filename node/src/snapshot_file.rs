@@ -1,0 +1,326 @@
+//! Backup files: a snapshot of the state written by `baton snapshot save`, verified and turned
+//! into fresh data dirs by `baton snapshot restore`.
+//!
+//! Layout (integers little-endian):
+//!
+//! ```text
+//! "BATONSNP"            8 bytes, identifies the file
+//! format                u32, FILE_FORMAT
+//! header length H       u32
+//! header                H bytes of JSON (SnapshotHeader)
+//! state                 header.state_bytes bytes: the encoded state machine (STATE_FORMAT)
+//! checksum              32 bytes: SHA-256 of every byte before it
+//! ```
+//!
+//! Restoring seeds each new member's data dir as if it had just installed the snapshot from a
+//! leader: the state machine holds the saved state, the log is empty and purged up to the saved
+//! entry, and the membership is the new cluster's, recorded at that entry. The new nodes then
+//! elect a leader among themselves (no `cluster init`), in a term above the saved one, so every
+//! new entry, token and fence follows the saved ones.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Cursor, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, ensure, Context};
+use baton_statemachine::State;
+use openraft::storage::{RaftLogStorage, RaftStateMachine};
+use openraft::{BasicNode, CommittedLeaderId, Membership, SnapshotMeta, StoredMembership, Vote};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::codec;
+use crate::store;
+use crate::types::{LogId, NodeId};
+
+/// The first bytes of every backup file.
+const MAGIC: &[u8; 8] = b"BATONSNP";
+/// The version of this file layout.
+pub const FILE_FORMAT: u32 = 1;
+/// The version of the state's encoding (bincode of `baton_statemachine::State`).
+pub const STATE_FORMAT: u32 = 1;
+/// Bytes of the checksum at the end of the file.
+const CHECKSUM_BYTES: usize = 32;
+/// A header larger than this is not one we wrote.
+const MAX_HEADER_BYTES: u32 = 1 << 20;
+
+/// A member of the cluster a snapshot was taken from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedMember {
+    /// Its id.
+    pub id: NodeId,
+    /// Its address.
+    pub addr: String,
+    /// Whether it voted.
+    pub voter: bool,
+}
+
+/// What a backup file says about its contents.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotHeader {
+    /// The layout version ([`FILE_FORMAT`]).
+    pub format: u32,
+    /// The state encoding's version ([`STATE_FORMAT`]).
+    pub state_format: u32,
+    /// The Baton version that wrote the file.
+    pub baton_version: String,
+    /// The last log entry the state includes: its index...
+    pub last_log_index: u64,
+    /// ...its term...
+    pub last_log_term: u64,
+    /// ...and the node that led that term.
+    pub last_log_leader: NodeId,
+    /// The source cluster's membership (its identity: Baton clusters have no other id).
+    pub members: Vec<SavedMember>,
+    /// The leader that served the snapshot.
+    pub served_by: NodeId,
+    /// When the leader served it (Unix ms, the leader's clock).
+    pub saved_at_ms: u64,
+    /// Bytes of encoded state that follow the header.
+    pub state_bytes: u64,
+}
+
+/// A verified backup: its header and the encoded state.
+#[derive(Debug, Clone)]
+pub struct SnapshotFile {
+    /// The header.
+    pub header: SnapshotHeader,
+    /// The encoded state ([`STATE_FORMAT`]).
+    pub state: Vec<u8>,
+}
+
+impl SnapshotFile {
+    /// The file's bytes, checksum included.
+    pub fn to_bytes(&self) -> anyhow::Result<Vec<u8>> {
+        let header = serde_json::to_vec(&self.header).context("cannot encode the header")?;
+        let header_len = u32::try_from(header.len()).context("header too large")?;
+        let mut bytes = Vec::with_capacity(16 + header.len() + self.state.len() + CHECKSUM_BYTES);
+        bytes.extend_from_slice(MAGIC);
+        bytes.extend_from_slice(&FILE_FORMAT.to_le_bytes());
+        bytes.extend_from_slice(&header_len.to_le_bytes());
+        bytes.extend_from_slice(&header);
+        bytes.extend_from_slice(&self.state);
+        let checksum = Sha256::digest(&bytes);
+        bytes.extend_from_slice(&checksum);
+        Ok(bytes)
+    }
+
+    /// Parses and verifies a file's bytes: magic, format, lengths, checksum, and that the state
+    /// decodes. Every refusal says what is wrong.
+    pub fn from_bytes(bytes: &[u8]) -> anyhow::Result<Self> {
+        ensure!(
+            bytes.len() >= 16 + CHECKSUM_BYTES && &bytes[..8] == MAGIC,
+            "not a Baton snapshot file (no BATONSNP signature)"
+        );
+        let format = u32::from_le_bytes(word(bytes, 8));
+        ensure!(
+            format == FILE_FORMAT,
+            "snapshot file format {format} is not supported (this baton reads format {FILE_FORMAT})"
+        );
+        let header_len = u32::from_le_bytes(word(bytes, 12));
+        ensure!(
+            header_len <= MAX_HEADER_BYTES,
+            "corrupt snapshot file: header length {header_len}"
+        );
+        let body_end = bytes.len() - CHECKSUM_BYTES;
+        let checksum = Sha256::digest(&bytes[..body_end]);
+        ensure!(
+            checksum.as_slice() == &bytes[body_end..],
+            "corrupt snapshot file: the SHA-256 checksum does not match its contents \
+             (truncated or damaged; expected {}, computed {})",
+            hex::encode(&bytes[body_end..]),
+            hex::encode(checksum)
+        );
+        let header_end = 16 + header_len as usize;
+        ensure!(
+            header_end <= body_end,
+            "corrupt snapshot file: header longer than the file"
+        );
+        let header: SnapshotHeader = serde_json::from_slice(&bytes[16..header_end])
+            .context("corrupt snapshot file: unreadable header")?;
+        ensure!(
+            header.state_format == STATE_FORMAT,
+            "the snapshot's state format {} is not supported (this baton reads format {STATE_FORMAT})",
+            header.state_format
+        );
+        let state = bytes[header_end..body_end].to_vec();
+        ensure!(
+            state.len() as u64 == header.state_bytes,
+            "corrupt snapshot file: {} bytes of state, the header says {}",
+            state.len(),
+            header.state_bytes
+        );
+        codec::decode::<State>(&state).context("the snapshot's state does not decode")?;
+        Ok(Self { header, state })
+    }
+
+    /// Reads and verifies a backup file.
+    pub fn read(path: &Path) -> anyhow::Result<Self> {
+        let bytes =
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        Self::from_bytes(&bytes).with_context(|| format!("{} was refused", path.display()))
+    }
+
+    /// Writes the file atomically: to a temporary file beside `path`, synced, then renamed over
+    /// `path` (and the directory synced), so a crash leaves either no file or the whole file.
+    pub fn write(&self, path: &Path) -> anyhow::Result<()> {
+        let bytes = self.to_bytes()?;
+        let dir = match path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let mut temp = tempfile::Builder::new()
+            .prefix(".baton-snapshot-")
+            .tempfile_in(&dir)
+            .with_context(|| format!("cannot create a temporary file in {}", dir.display()))?;
+        temp.write_all(&bytes)
+            .and_then(|()| temp.as_file().sync_all())
+            .with_context(|| format!("cannot write a temporary file in {}", dir.display()))?;
+        temp.persist(path)
+            .with_context(|| format!("cannot rename the snapshot to {}", path.display()))?;
+        std::fs::File::open(&dir)
+            .and_then(|d| d.sync_all())
+            .with_context(|| format!("cannot sync {}", dir.display()))?;
+        Ok(())
+    }
+
+    /// The saved last log entry.
+    pub fn last_log_id(&self) -> LogId {
+        LogId::new(
+            CommittedLeaderId::new(self.header.last_log_term, self.header.last_log_leader),
+            self.header.last_log_index,
+        )
+    }
+}
+
+fn word(bytes: &[u8], at: usize) -> [u8; 4] {
+    [bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]
+}
+
+/// Seeds `data_dir` as member `id` of a new cluster of `members` (every one a voter) holding the
+/// snapshot's state. Refuses a data dir that already has content.
+pub async fn restore(
+    snapshot: &SnapshotFile,
+    data_dir: &Path,
+    id: NodeId,
+    members: &BTreeMap<NodeId, String>,
+) -> anyhow::Result<()> {
+    ensure!(
+        members.contains_key(&id),
+        "the new members must include this node (id {id})"
+    );
+    if data_dir.exists() {
+        let mut entries = std::fs::read_dir(data_dir)
+            .with_context(|| format!("cannot read {}", data_dir.display()))?;
+        if entries.next().is_some() {
+            bail!(
+                "{} is not empty: restore only into a new data dir",
+                data_dir.display()
+            );
+        }
+    }
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("cannot create {}", data_dir.display()))?;
+    let (mut log, mut state_machine) = store::open(&data_dir.join("db"))
+        .with_context(|| format!("cannot create storage in {}", data_dir.display()))?;
+
+    let last = snapshot.last_log_id();
+    let voters: BTreeSet<NodeId> = members.keys().copied().collect();
+    let nodes: BTreeMap<NodeId, BasicNode> = members
+        .iter()
+        .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
+        .collect();
+    let membership = Membership::new(vec![voters], nodes);
+    let meta = SnapshotMeta {
+        last_log_id: Some(last),
+        last_membership: StoredMembership::new(Some(last), membership),
+        snapshot_id: format!("restored-{}-{}", last.leader_id.term, last.index),
+    };
+    // The log: nothing after the saved entry, everything up to it covered by the snapshot.
+    log.save_committed(Some(last)).await?;
+    log.purge(last).await?;
+    // Having voted for itself in the saved term, the node's first election is in the next one.
+    log.save_vote(&Vote::new(last.leader_id.term, id)).await?;
+    state_machine
+        .install_snapshot(&meta, Box::new(Cursor::new(snapshot.state.clone())))
+        .await?;
+    drop((log, state_machine));
+    std::fs::write(data_dir.join("node-id"), format!("{id}\n"))
+        .with_context(|| format!("cannot write the node id in {}", data_dir.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> SnapshotFile {
+        let state = codec::encode(&State::default()).expect("encodes");
+        SnapshotFile {
+            header: SnapshotHeader {
+                format: FILE_FORMAT,
+                state_format: STATE_FORMAT,
+                baton_version: "test".into(),
+                last_log_index: 42,
+                last_log_term: 3,
+                last_log_leader: 2,
+                members: vec![SavedMember {
+                    id: 2,
+                    addr: "127.0.0.1:1".into(),
+                    voter: true,
+                }],
+                served_by: 2,
+                saved_at_ms: 1,
+                state_bytes: state.len() as u64,
+            },
+            state,
+        }
+    }
+
+    #[test]
+    fn a_written_file_reads_back_identical() {
+        let file = sample();
+        let read = SnapshotFile::from_bytes(&file.to_bytes().expect("bytes")).expect("valid");
+        assert_eq!(read.header, file.header);
+        assert_eq!(read.state, file.state);
+    }
+
+    #[test]
+    fn damaged_truncated_or_foreign_files_are_refused_with_the_reason() {
+        let bytes = sample().to_bytes().expect("bytes");
+        let mut flipped = bytes.clone();
+        flipped[20] ^= 1;
+        let error = SnapshotFile::from_bytes(&flipped).expect_err("a flipped bit");
+        assert!(format!("{error:#}").contains("checksum"), "{error:#}");
+        let error = SnapshotFile::from_bytes(&bytes[..bytes.len() - 1]).expect_err("truncated");
+        assert!(format!("{error:#}").contains("checksum"), "{error:#}");
+        let error = SnapshotFile::from_bytes(b"hello, this is not a snapshot at all, not one bit")
+            .expect_err("foreign");
+        assert!(
+            format!("{error:#}").contains("not a Baton snapshot"),
+            "{error:#}"
+        );
+        let mut future = bytes.clone();
+        future[8] = 9;
+        let error = SnapshotFile::from_bytes(&future).expect_err("newer format");
+        assert!(format!("{error:#}").contains("format 9"), "{error:#}");
+    }
+
+    #[tokio::test]
+    async fn restore_refuses_a_used_data_dir_and_a_node_outside_the_members() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let members = BTreeMap::from([(1, "127.0.0.1:1".to_string())]);
+        let error = restore(&sample(), &dir.path().join("a"), 2, &members)
+            .await
+            .expect_err("id 2 is not a member");
+        assert!(format!("{error:#}").contains("include this node"));
+        std::fs::write(dir.path().join("junk"), b"x").expect("write");
+        let error = restore(&sample(), dir.path(), 1, &members)
+            .await
+            .expect_err("not empty");
+        assert!(format!("{error:#}").contains("not empty"));
+        restore(&sample(), &dir.path().join("b"), 1, &members)
+            .await
+            .expect("a fresh dir is seeded");
+    }
+}
