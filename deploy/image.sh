@@ -7,7 +7,8 @@
 # The build context is assembled in a temporary directory: `rootfs/` gets the binary at
 # /usr/local/bin/baton and every library `ldd` resolves for it — the dynamic loader included —
 # at the path the loader will look for it; `data/` becomes the node's data directory. Symlinks
-# are followed, so the image holds the files themselves. A statically linked binary gets no
+# are followed, so the image holds the files themselves. The binary's debug info is stripped when
+# `strip` is installed. A statically linked binary gets no
 # libraries at all. Used by up.sh and by the cluster tests (cluster-test/src/docker.rs).
 set -euo pipefail
 
@@ -29,6 +30,11 @@ context=$(mktemp -d "${TMPDIR:-/tmp}/baton-image.XXXXXX")
 trap 'rm -rf "$context"' EXIT
 mkdir -p "$context/rootfs/usr/local/bin" "$context/data"
 cp "$binary" "$context/rootfs/usr/local/bin/baton"
+# Debug info is most of the file (80 MB -> 20 MB for a release build); the symbol table stays, so
+# a panic's backtrace still names its functions.
+if command -v strip >/dev/null; then
+    strip --strip-debug "$context/rootfs/usr/local/bin/baton"
+fi
 cp "$here/Dockerfile" "$context/Dockerfile"
 
 # `ldd` prints `name => /path (addr)` for libraries, `/path (addr)` for the loader, and no path

@@ -230,13 +230,27 @@ impl DockerCluster {
                 text.push_str(&format!("--- {service}: no container ---\n"));
                 continue;
             };
+            let state = docker(
+                &[
+                    "inspect",
+                    "--format",
+                    "{{.State.Status}}, exit code {{.State.ExitCode}}",
+                    &container,
+                ],
+                QUICK,
+            )
+            .await
+            .unwrap_or_else(|e| format!("unknown state: {e:#}"));
             let log = match exec("docker", &["logs", "--tail", &tail, &container], &[], QUICK).await
             {
                 // Nodes log to stderr; `docker logs` replays both streams.
                 Ok(output) => format!("{}{}", output.stdout, output.stderr),
                 Err(error) => format!("cannot read the log: {error:#}"),
             };
-            text.push_str(&format!("--- {service} log (tail) ---\n{log}"));
+            text.push_str(&format!(
+                "--- {service} ({}) log (tail) ---\n{log}",
+                state.trim()
+            ));
         }
         text
     }
