@@ -12,11 +12,14 @@
 //! - [`proxy`]: one TCP proxy per peer link, cut and healed to partition the cluster.
 //! - [`linearizability`]: a Wing–Gong/Lowe linearizability checker and a handoff ticket model.
 //! - [`robustness`]: fault scenarios under recorded workloads, and the checkers that judge them.
+//! - [`docker`]: the compose cluster of `deploy/` in containers, and container faults (skipped
+//!   where no Docker engine answers).
 #![deny(missing_docs)]
 
 pub mod binary;
 pub mod cli;
 pub mod cluster;
+pub mod docker;
 pub mod history;
 pub mod holder;
 pub mod linearizability;

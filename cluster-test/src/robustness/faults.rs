@@ -3,7 +3,8 @@
 //!
 //! Faults are real: SIGKILL and restart from the data dir, SIGSTOP/SIGCONT, cut TCP proxies
 //! between nodes ([`crate::proxy`]), membership changes through the admin API. The nemesis never
-//! asks a node to misbehave.
+//! asks a node to misbehave. The faults aimed at the leader ([`LeaderFault`]) and the recovery
+//! work on any [`Target`], containers included; the others need node processes.
 //!
 //! When the leader is paused or isolated, the nemesis also probes it: once a new leader was
 //! elected on the other side and acknowledged a fresh ticket, it sends reads and writes straight
@@ -26,6 +27,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::handoff::{self, FROM, TO, TTL_MS};
 use super::history::{Input, Outcome, Output, Recorder};
+use super::target::Target;
 use super::Scenario;
 use crate::cluster::{client_config, Cluster};
 
@@ -33,6 +35,18 @@ use crate::cluster::{client_config, Cluster};
 const PROBE_TIMEOUT: Duration = Duration::from_secs(8);
 /// How long the majority side may take to elect a new leader.
 const ELECTION_LIMIT: Duration = Duration::from_secs(20);
+
+/// A fault aimed at the current leader, the kind every [`Target`] can inflict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaderFault {
+    /// Kill the leader (SIGKILL) and restart it from its data ([`Scenario::LeaderKill`]).
+    Kill,
+    /// Freeze the leader past the election timeout, probe it, let it go on
+    /// ([`Scenario::LeaderPause`]).
+    Pause,
+    /// Cut the leader off from its peers, probe it, heal ([`Scenario::IsolateLeader`]).
+    Isolate,
+}
 
 /// Injects faults and remembers what it did.
 pub struct Nemesis {
@@ -105,14 +119,34 @@ impl Nemesis {
         Ok(())
     }
 
+    /// Runs `faults` in turn, one per round, for about `duration` and at least once each (the
+    /// fault in progress is finished).
+    pub async fn run_leader_faults<T: Target>(
+        &mut self,
+        faults: &[LeaderFault],
+        cluster: &mut T,
+        duration: Duration,
+    ) -> anyhow::Result<()> {
+        let until = Instant::now() + duration;
+        for (round, fault) in faults.iter().cycle().enumerate() {
+            if round >= faults.len() && Instant::now() >= until {
+                break;
+            }
+            match fault {
+                LeaderFault::Kill => self.leader_kill(cluster).await?,
+                LeaderFault::Pause => self.leader_pause(cluster).await?,
+                LeaderFault::Isolate => self.isolate_leader(cluster).await?,
+            }
+        }
+        Ok(())
+    }
+
     /// Undoes every fault: heals the network, resumes paused nodes, restarts killed members,
     /// and waits until they agree on a leader and have caught up.
-    pub async fn recover(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
-        if let Ok(network) = cluster.network() {
-            network.heal_all();
-        }
+    pub async fn recover<T: Target>(&mut self, cluster: &mut T) -> anyhow::Result<()> {
+        cluster.heal_all().await?;
         for id in std::mem::take(&mut self.paused) {
-            cluster.resume(id)?;
+            cluster.resume(id).await?;
         }
         let running: BTreeSet<u64> = cluster.live_ids().into_iter().collect();
         for id in cluster.ids() {
@@ -151,15 +185,16 @@ impl Nemesis {
         }
     }
 
-    async fn leader_kill(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
+    async fn leader_kill<T: Target>(&mut self, cluster: &mut T) -> anyhow::Result<()> {
         self.sleep_between(1_000, 2_500).await;
         let leader = cluster.leader().await?;
-        cluster.kill(leader)?;
+        let (kill, restart) = cluster.fault_words(LeaderFault::Kill);
+        cluster.kill(leader).await?;
         self.faults += 1;
-        self.note(format!("SIGKILL leader {leader}"));
+        self.note(format!("{kill} leader {leader}"));
         self.sleep_between(300, 2_000).await;
         cluster.restart(leader).await?;
-        self.note(format!("restarted node {leader}"));
+        self.note(format!("{restart} node {leader}"));
         self.read_first(cluster).await?;
         Ok(())
     }
@@ -196,43 +231,45 @@ impl Nemesis {
         Ok(())
     }
 
-    async fn leader_pause(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
+    async fn leader_pause<T: Target>(&mut self, cluster: &mut T) -> anyhow::Result<()> {
         self.sleep_between(1_000, 2_000).await;
         let leader = cluster.leader().await?;
         let term = cluster.node_info(leader).await?.term;
         let hold = Duration::from_millis(self.rng.random_range(2_000..=4_000));
+        let (pause, resume) = cluster.fault_words(LeaderFault::Pause);
         let paused_at = Instant::now();
-        cluster.pause(leader)?;
+        cluster.pause(leader).await?;
         self.paused.insert(leader);
         self.faults += 1;
         self.note(format!(
-            "SIGSTOP leader {leader} (term {term}) for {hold:?}"
+            "{pause} leader {leader} (term {term}) for {hold:?}"
         ));
         let probes = self.probe_old_leader(cluster, leader, term).await?;
         tokio::time::sleep(hold.saturating_sub(paused_at.elapsed())).await;
-        cluster.resume(leader)?;
+        cluster.resume(leader).await?;
         self.paused.remove(&leader);
-        self.note(format!("SIGCONT node {leader}"));
+        self.note(format!("{resume} node {leader}"));
         self.finish_probes(probes).await;
         self.sleep_between(500, 1_000).await;
         Ok(())
     }
 
-    async fn isolate_leader(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
+    async fn isolate_leader<T: Target>(&mut self, cluster: &mut T) -> anyhow::Result<()> {
         self.sleep_between(1_000, 2_000).await;
         let leader = cluster.leader().await?;
         let term = cluster.node_info(leader).await?.term;
         let hold = Duration::from_millis(self.rng.random_range(2_000..=4_000));
+        let (isolate, heal) = cluster.fault_words(LeaderFault::Isolate);
         let cut_at = Instant::now();
-        cluster.network()?.isolate(leader);
+        cluster.isolate(leader).await?;
         self.faults += 1;
         self.note(format!(
-            "isolate leader {leader} (term {term}) for {hold:?}"
+            "{isolate} leader {leader} (term {term}) for {hold:?}"
         ));
         let probes = self.probe_old_leader(cluster, leader, term).await?;
         tokio::time::sleep(hold.saturating_sub(cut_at.elapsed())).await;
-        cluster.network()?.heal_all();
-        self.note("heal".into());
+        cluster.heal_all().await?;
+        self.note(heal.into());
         self.finish_probes(probes).await;
         self.sleep_between(500, 1_000).await;
         Ok(())
@@ -348,7 +385,7 @@ impl Nemesis {
     /// Reads every workload ticket at once, right after a restart, racing the workload's own
     /// (backing-off) retries to be among the first requests a new leader serves: a leader that
     /// answered reads before it knew everything committed before the crash would show it here.
-    async fn read_first(&mut self, cluster: &Cluster) -> anyhow::Result<()> {
+    async fn read_first<T: Target>(&mut self, cluster: &T) -> anyhow::Result<()> {
         let client = Client::new(&cluster.endpoints(), client_config())?;
         let reads = self
             .tickets
@@ -374,9 +411,9 @@ impl Nemesis {
 
     /// With `old` (leader at `term`) cut off: waits for a new leader on the other side, has it
     /// acknowledge a fresh ticket, then sends probes to `old`. Returns the probes in flight.
-    async fn probe_old_leader(
+    async fn probe_old_leader<T: Target>(
         &mut self,
-        cluster: &Cluster,
+        cluster: &T,
         old: u64,
         term: u64,
     ) -> anyhow::Result<Vec<tokio::task::JoinHandle<String>>> {
@@ -391,10 +428,7 @@ impl Nemesis {
         let written = format!("{key}-via-old-leader");
         self.probe_keys.push(key.clone());
         self.probe_keys.push(written.clone());
-        let endpoints: Vec<String> = others
-            .iter()
-            .map(|id| cluster.addr(*id).to_string())
-            .collect();
+        let endpoints: Vec<String> = others.iter().map(|id| cluster.addr(*id)).collect();
         let majority = Client::connect_with(&endpoints, client_config()).await?;
         let offered = handoff::offer(&self.rec, &majority, "nemesis", &key).await;
         self.note(format!(
@@ -470,7 +504,7 @@ async fn current_leader(cluster: &Cluster, ids: &BTreeSet<u64>) -> Option<u64> {
 }
 
 /// Waits until one of `ids` leads at a term above `term`.
-async fn new_leader(cluster: &Cluster, ids: &[u64], term: u64) -> anyhow::Result<u64> {
+async fn new_leader<T: Target>(cluster: &T, ids: &[u64], term: u64) -> anyhow::Result<u64> {
     let started = Instant::now();
     loop {
         for id in ids {

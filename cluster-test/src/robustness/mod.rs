@@ -16,6 +16,10 @@
 //!
 //! Choices (keys, operations, timings, victims) come from one seed, so a failing seed can be
 //! replayed; the interleaving itself is real and not reproducible to the microsecond.
+//!
+//! Steps 2–5 run against any [`target::Target`]: [`run`] drives node processes through every
+//! [`Scenario`], [`run_leader_faults`] drives any target (containers, see [`crate::docker`])
+//! through the faults aimed at the leader.
 
 pub mod board;
 pub mod check;
@@ -24,6 +28,7 @@ pub mod faults;
 pub mod handoff;
 pub mod history;
 pub mod queue;
+pub mod target;
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -40,8 +45,9 @@ use rand::SeedableRng;
 use tokio::task::JoinHandle;
 
 use self::check::Violation;
-use self::faults::Nemesis;
+use self::faults::{LeaderFault, Nemesis};
 use self::history::{Clock, Input, Op, Recorder};
+use self::target::Target;
 use crate::cluster::{client_config, Cluster, Options};
 
 /// A fault scenario.
@@ -179,8 +185,8 @@ impl Default for Settings {
 
 /// What one run found.
 pub struct Report {
-    /// The scenario.
-    pub scenario: Scenario,
+    /// The scenario's name.
+    pub scenario: String,
     /// The seed.
     pub seed: u64,
     /// The finished history.
@@ -197,6 +203,8 @@ pub struct Report {
     pub history_file: Option<PathBuf>,
     /// Where the cluster's data and logs were kept (violations only).
     pub cluster_dir: Option<PathBuf>,
+    /// The command that replays this run.
+    pub replay: String,
 }
 
 impl Report {
@@ -274,10 +282,7 @@ impl Report {
                 dir.display()
             ));
         }
-        text.push_str(&format!(
-            "replay: cargo run --release -p baton-cluster-test --bin robustness -- --scenario {} --seed {}\n",
-            self.scenario, self.seed
-        ));
+        text.push_str(&format!("replay: {}\n", self.replay));
         text
     }
 }
@@ -320,7 +325,7 @@ struct Workloads {
 
 impl Workloads {
     async fn start(
-        cluster: &Cluster,
+        endpoints: &[String],
         rec: &Recorder,
         seed: u64,
         mix: &Mix,
@@ -337,7 +342,7 @@ impl Workloads {
         let tokens = handoff::Tokens::default();
         for i in 0..mix.handoff {
             tasks.push(tokio::spawn(handoff::run(
-                connect(cluster, i).await?,
+                connect(endpoints, i).await?,
                 format!("handoff-{i}"),
                 rec.clone(),
                 tickets.clone(),
@@ -349,7 +354,7 @@ impl Workloads {
         let board_tasks = Arc::new(board::task_ids(mix.tasks));
         for i in 0..mix.board {
             tasks.push(tokio::spawn(board::run(
-                connect(cluster, i).await?,
+                connect(endpoints, i).await?,
                 format!("agent-{i}"),
                 rec.clone(),
                 board_tasks.clone(),
@@ -360,7 +365,7 @@ impl Workloads {
         let resources = Arc::new(effect::resources(mix.resources));
         for i in 0..mix.effect {
             tasks.push(tokio::spawn(effect::run(
-                connect(cluster, i).await?,
+                connect(endpoints, i).await?,
                 format!("holder-{i}"),
                 rec.clone(),
                 resources.clone(),
@@ -370,7 +375,7 @@ impl Workloads {
         }
         let pace = Arc::new(queue::Pace::default());
         tasks.push(tokio::spawn(queue::submit(
-            connect(cluster, 0).await?,
+            connect(endpoints, 0).await?,
             "submitter".into(),
             rec.clone(),
             pace.clone(),
@@ -379,7 +384,7 @@ impl Workloads {
         )));
         for i in 0..mix.workers {
             tasks.push(tokio::spawn(queue::work(
-                connect(cluster, i).await?,
+                connect(endpoints, i).await?,
                 worker_name(i),
                 rec.clone(),
                 pace.clone(),
@@ -407,7 +412,7 @@ impl Workloads {
 /// A client for workload client number `i`: even ones are patient (the harness's usual 10 s
 /// deadline, so they ride out a failover through retries), odd ones give up after 1.5 s, so
 /// operations in flight during a fault end ambiguous — while the store may still apply them.
-async fn connect(cluster: &Cluster, i: usize) -> anyhow::Result<Client> {
+async fn connect(endpoints: &[String], i: usize) -> anyhow::Result<Client> {
     let config = if i.is_multiple_of(2) {
         client_config()
     } else {
@@ -417,7 +422,7 @@ async fn connect(cluster: &Cluster, i: usize) -> anyhow::Result<Client> {
             connect_timeout: Duration::from_millis(300),
         }
     };
-    Ok(Client::connect_with(&cluster.endpoints(), config).await?)
+    Ok(Client::connect_with(endpoints, config).await?)
 }
 
 fn worker_name(i: usize) -> String {
@@ -436,16 +441,89 @@ pub async fn run(scenario: Scenario, seed: u64, settings: &Settings) -> anyhow::
     let mut cluster = Cluster::start(3, options)
         .await
         .context("cannot start the cluster")?;
+    let label = Label {
+        name: scenario.name().to_string(),
+        seed,
+        replay: format!(
+            "cargo run --release -p baton-cluster-test --bin robustness -- --scenario {scenario} --seed {seed}"
+        ),
+        started,
+    };
+    let fault_time = settings.fault_time;
+    drive(
+        &mut cluster,
+        label,
+        settings,
+        async |nemesis: &mut Nemesis, cluster: &mut Cluster| {
+            nemesis.run(scenario, cluster, fault_time).await
+        },
+    )
+    .await
+}
+
+/// Runs `faults` in turn on the leader of a running, initialised `cluster` under the recorded
+/// workloads for about [`Settings::fault_time`] (at least once each), then judges the history.
+/// `name` names the run in its report and `replay` is the command that replays it.
+/// ([`Settings::snapshot_every`] and [`Settings::keep_logs`] are the cluster's business here.)
+pub async fn run_leader_faults<T: Target>(
+    cluster: &mut T,
+    faults: &[LeaderFault],
+    name: &str,
+    seed: u64,
+    replay: &str,
+    settings: &Settings,
+) -> anyhow::Result<Report> {
+    let label = Label {
+        name: name.to_string(),
+        seed,
+        replay: replay.to_string(),
+        started: Instant::now(),
+    };
+    let fault_time = settings.fault_time;
+    drive(
+        cluster,
+        label,
+        settings,
+        async |nemesis: &mut Nemesis, cluster: &mut T| {
+            nemesis.run_leader_faults(faults, cluster, fault_time).await
+        },
+    )
+    .await
+}
+
+/// What a run is called, how to replay it, and when it began.
+struct Label {
+    name: String,
+    seed: u64,
+    replay: String,
+    started: Instant,
+}
+
+/// Steps 2–5 of a run on a started cluster: workloads, `inject` (the faults), recovery, read
+/// back, checkers.
+async fn drive<T: Target>(
+    cluster: &mut T,
+    label: Label,
+    settings: &Settings,
+    inject: impl AsyncFnOnce(&mut Nemesis, &mut T) -> anyhow::Result<()>,
+) -> anyhow::Result<Report> {
+    let Label {
+        name: scenario,
+        seed,
+        replay,
+        started,
+    } = label;
     let rec = Recorder::new(Clock::start());
     let mix = &settings.mix;
+    let endpoints = cluster.endpoints();
 
-    let setup = cluster.client().await?;
+    let setup = Client::connect_with(&endpoints, client_config()).await?;
     board::seed(&setup, &board::task_ids(mix.tasks)).await?;
     let workers: Vec<String> = (0..mix.workers).map(worker_name).collect();
     queue::setup(&setup, &workers).await?;
 
     let tickets: Vec<String> = (0..mix.tickets).map(|i| format!("ticket-{i}")).collect();
-    let workloads = Workloads::start(&cluster, &rec, seed, mix, &tickets).await?;
+    let workloads = Workloads::start(&endpoints, &rec, seed, mix, &tickets).await?;
     let voters: BTreeSet<u64> = cluster.ids().into_iter().collect();
     let mut nemesis = Nemesis::new(
         rec.clone(),
@@ -454,10 +532,8 @@ pub async fn run(scenario: Scenario, seed: u64, settings: &Settings) -> anyhow::
         voters,
     );
     tokio::time::sleep(settings.warmup).await;
-    let faulted = nemesis
-        .run(scenario, &mut cluster, settings.fault_time)
-        .await;
-    let recovered = nemesis.recover(&mut cluster).await;
+    let faulted = inject(&mut nemesis, cluster).await;
+    let recovered = nemesis.recover(cluster).await;
     if let Err(error) = faulted.and(recovered) {
         workloads.stop(Duration::from_secs(15)).await;
         let dir = cluster.keep();
@@ -474,7 +550,7 @@ pub async fn run(scenario: Scenario, seed: u64, settings: &Settings) -> anyhow::
     let final_from = rec.clock().now();
     let mut keys = tickets.clone();
     keys.extend(nemesis.probe_keys.iter().cloned());
-    read_back(&cluster, &rec, &keys, mix).await?;
+    read_back(&endpoints, &rec, &keys, mix).await?;
     let history = rec.finish();
 
     violations.extend(handoff::check(&history, final_from));
@@ -492,6 +568,7 @@ pub async fn run(scenario: Scenario, seed: u64, settings: &Settings) -> anyhow::
         elapsed: started.elapsed(),
         history_file: None,
         cluster_dir: None,
+        replay,
     };
     if !report.violations.is_empty() {
         report.cluster_dir = Some(cluster.keep());
@@ -533,12 +610,12 @@ async fn available_again(rec: &Recorder, since: u64, limit: Duration) -> Vec<Vio
 /// acknowledgements: every ticket, the board, every completed action, every queue task, every
 /// sink.
 async fn read_back(
-    cluster: &Cluster,
+    endpoints: &[String],
     rec: &Recorder,
     tickets: &[String],
     mix: &Mix,
 ) -> anyhow::Result<()> {
-    let client: Client = Client::connect_with(&cluster.endpoints(), client_config()).await?;
+    let client: Client = Client::connect_with(endpoints, client_config()).await?;
     let snapshot = rec.finish();
     let name = "final";
     for key in tickets {
