@@ -8,6 +8,7 @@ mod dev;
 mod effect;
 pub mod exit;
 mod members;
+mod node;
 mod queue;
 mod sink;
 mod ticket;
@@ -18,7 +19,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use baton_node::config::{NodeConfig, RaftTuning, WatchTuning};
+use baton_node::config::{LogFormat, NodeConfig, RaftTuning, WatchTuning};
 use baton_rpc::{Client, ClientConfig};
 use clap::{Args, Parser, Subcommand};
 
@@ -50,8 +51,8 @@ pub struct Cli {
 enum Command {
     /// Run a local three-node cluster in this process (data survives restarts).
     Dev(dev::DevArgs),
-    /// Run one node.
-    Node(NodeArgs),
+    /// Run one node (configured by --config FILE, BATON_* variables and flags).
+    Node(Box<node::NodeArgs>),
     /// Cluster formation.
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
@@ -94,29 +95,6 @@ enum Command {
     Worker(queue::WorkerCommand),
     /// Follow committed changes as they happen: one line per change, in commit order.
     Watch(watch::WatchArgs),
-}
-
-/// Arguments of `baton node`.
-#[derive(Args, Debug)]
-pub struct NodeArgs {
-    /// This node's id (unique in the cluster, fixed for its data dir).
-    #[arg(long)]
-    id: u64,
-    /// Address to listen on for clients and peers.
-    #[arg(long)]
-    listen: SocketAddr,
-    /// Address others reach this node at (default: --listen).
-    #[arg(long)]
-    advertise: Option<String>,
-    /// Directory for this node's data; restarting with the same directory resumes the node.
-    #[arg(long)]
-    data_dir: PathBuf,
-    /// Reach peer ID at ADDR instead of the address in the membership (repeatable), e.g. when
-    /// peers sit behind NAT or a proxy: `--peer-addr 2=10.0.0.7:7001`.
-    #[arg(long = "peer-addr", value_name = "ID=ADDR", value_parser = parse_peer_addr)]
-    peer_addrs: Vec<(u64, String)>,
-    #[command(flatten)]
-    tuning: TuningArgs,
 }
 
 fn parse_peer_addr(value: &str) -> Result<(u64, String), String> {
@@ -176,36 +154,51 @@ impl TuningArgs {
         advertise: Option<String>,
         data_dir: PathBuf,
     ) -> NodeConfig {
-        NodeConfig {
-            id,
-            listen,
-            advertise: advertise.unwrap_or_else(|| listen.to_string()),
-            data_dir,
-            raft: self.raft(),
-            sweep_interval: self.sweep_interval,
-            peer_addrs: Default::default(),
-            watch: WatchTuning::with_history(self.watch_history),
-        }
+        let mut config = NodeConfig::new(id, listen, data_dir);
+        config.advertise = advertise.unwrap_or_else(|| listen.to_string());
+        config.raft = self.raft();
+        config.sweep_interval = self.sweep_interval;
+        config.watch = WatchTuning::with_history(self.watch_history);
+        config
     }
 }
 
-/// Logs go to stderr; servers default to `info`, client commands to `warn`. `RUST_LOG` overrides.
-pub fn init_logging(cli: &Cli) {
-    let default = match cli.command {
-        Command::Dev(_) | Command::Node(_) => "info,openraft=error,sled=warn",
-        _ => "warn",
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
+/// Starts logging to stderr with `filter` (`RUST_LOG` syntax) in `format`.
+pub fn init_logging(filter: &str, format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|e| {
+        eprintln!("baton: bad log filter {filter:?} ({e}); logging at info");
+        tracing_subscriber::EnvFilter::new("info")
+    });
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => logs.json().init(),
+    }
+}
+
+/// The log filter of the commands other than `baton node` (which reads its own from its
+/// configuration): `BATON_LOG`, else `RUST_LOG`, else `default`.
+fn env_log_filter(default: &str) -> String {
+    ["BATON_LOG", "RUST_LOG"]
+        .iter()
+        .find_map(|name| std::env::var(name).ok())
+        .unwrap_or_else(|| default.to_string())
 }
 
 /// Runs the parsed command and returns the process exit code.
 pub async fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Node(args) => return ExitCode::from(node::run(*args).await),
+        Command::Dev(_) => init_logging(
+            &env_log_filter("info,openraft=error,sled=warn"),
+            LogFormat::Text,
+        ),
+        _ => init_logging(&env_log_filter("warn"), LogFormat::Text),
+    }
     let config = client_config(cli.timeout.unwrap_or(DEFAULT_TIMEOUT));
     if let Command::Bench(args) = cli.command {
         return ExitCode::from(bench::run(args, cli.endpoints).await);
@@ -216,7 +209,6 @@ pub async fn run(cli: Cli) -> ExitCode {
     // Commands that run servers or talk to nodes one by one need no leader.
     let command = match cli.command {
         Command::Dev(args) => return ExitCode::from(dev::run(args).await),
-        Command::Node(args) => return ExitCode::from(run_node(args).await),
         Command::Cluster(command) => {
             return ExitCode::from(cluster::run(command, &endpoints, config).await)
         }
@@ -263,20 +255,6 @@ fn client_config(deadline: Duration) -> ClientConfig {
     ClientConfig {
         deadline,
         ..ClientConfig::default()
-    }
-}
-
-async fn run_node(args: NodeArgs) -> u8 {
-    let mut config = args
-        .tuning
-        .node_config(args.id, args.listen, args.advertise, args.data_dir);
-    config.peer_addrs = args.peer_addrs.into_iter().collect();
-    match baton_node::server::run(config, shutdown_signal()).await {
-        Ok(()) => exit::OK,
-        Err(e) => {
-            eprintln!("baton node: {e:#}");
-            exit::FAILURE
-        }
     }
 }
 

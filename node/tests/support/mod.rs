@@ -33,20 +33,14 @@ impl Cluster {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let listen = listener.local_addr().unwrap();
         let addr = listen.to_string();
-        let config = NodeConfig {
-            id: 1,
-            listen,
-            advertise: addr.clone(),
-            data_dir: dir.path().join("node-1"),
-            raft: RaftTuning {
-                heartbeat: Duration::from_millis(50),
-                election_timeout: (Duration::from_millis(150), Duration::from_millis(300)),
-                ..RaftTuning::default()
-            },
-            sweep_interval: Duration::from_millis(200),
-            peer_addrs: Default::default(),
-            watch,
+        let mut config = NodeConfig::new(1, listen, dir.path().join("node-1"));
+        config.raft = RaftTuning {
+            heartbeat: Duration::from_millis(50),
+            election_timeout: (Duration::from_millis(150), Duration::from_millis(300)),
+            ..RaftTuning::default()
         };
+        config.sweep_interval = Duration::from_millis(200);
+        config.watch = watch;
         let (stop, stopped) = oneshot::channel::<()>();
         let server = tokio::spawn(baton_node::server::serve(config, listener, async move {
             let _ = stopped.await;
