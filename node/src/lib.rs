@@ -3,11 +3,18 @@
 
 pub mod codec;
 pub mod config;
+pub mod health;
 pub mod history;
+pub mod http;
+pub mod limits;
+pub mod metered;
+pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod proposer;
 pub mod read_index;
+pub mod readiness;
+pub mod sd_notify;
 pub mod server;
 pub mod service;
 pub mod stamp;

@@ -1,4 +1,5 @@
-//! Running one node: open storage, start Raft, serve gRPC, sweep, and shut down cleanly.
+//! Running one node: open storage, start Raft, serve gRPC (and, when configured, the operator's
+//! HTTP endpoint), sweep, and shut down cleanly.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -15,13 +16,20 @@ use baton_rpc::proto::raft::raft_server::RaftServer;
 use baton_rpc::proto::sink_server::SinkServer;
 use baton_rpc::proto::watch_server::WatchServer;
 use baton_statemachine::Command;
+use openraft::storage::RaftStateMachine;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
+use tonic_health::ServingStatus;
 
 use crate::config::NodeConfig;
+use crate::health::{health_service, reflection_service};
+use crate::limits::AdmissionLayer;
+use crate::metered::{MeteredLog, MeteredStateMachine};
+use crate::metrics::{metrics, StoreStats};
 use crate::network::{Network, MAX_RAFT_MESSAGE_BYTES};
 use crate::node::{Node, NodeRef};
+use crate::readiness::Readiness;
 use crate::service::{
     BoardService, CheckpointService, ClusterService, EffectService, HandoffService, QueueService,
     RaftService, SinkService, WatchService,
@@ -29,9 +37,7 @@ use crate::service::{
 use crate::stamp::wall_clock_ms;
 use crate::store;
 use crate::types::Raft;
-
-/// Largest client request accepted (a 1 MiB payload plus headroom).
-const MAX_CLIENT_MESSAGE_BYTES: usize = 4 << 20;
+use crate::{http, sd_notify};
 
 /// The sweep runs at least this often even with nothing due, to forget idle client sessions.
 const SESSION_SWEEP_EVERY: Duration = Duration::from_secs(60);
@@ -60,12 +66,17 @@ pub async fn serve(
         store::open_with(&config.data_dir.join("db"), config.watch.history)
             .with_context(|| format!("cannot open storage in {}", config.data_dir.display()))?;
     let raft_config = Arc::new(config.raft.to_openraft().context("invalid raft settings")?);
+    let stats = StoreStats::shared();
+    let mut metered_state_machine = MeteredStateMachine::new(state_machine.clone());
+    if let Ok(Some(snapshot)) = metered_state_machine.get_current_snapshot().await {
+        metrics().snapshot_installed(snapshot.snapshot.get_ref().len());
+    }
     let raft = Raft::new(
         config.id,
         raft_config,
         Network::new(config.peer_addrs.clone()),
-        log_store,
-        state_machine.clone(),
+        MeteredLog::new(log_store, stats.clone()),
+        metered_state_machine,
     )
     .await
     .context("cannot start raft")?;
@@ -78,16 +89,31 @@ pub async fn serve(
     tracing::info!(id = config.id, addr = %config.advertise, data_dir = %config.data_dir.display(), "node started");
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let sweeper = tokio::spawn(sweep_loop(node.clone(), config.sweep_interval, stop_rx));
+    let sweeper = tokio::spawn(sweep_loop(
+        node.clone(),
+        config.sweep_interval,
+        stop_rx.clone(),
+    ));
+    let http = match config.http {
+        Some(addr) => Some(start_http(addr, &config, &node, stats, stop_rx).await?),
+        None => None,
+    };
+    let (health, health_server) = health_service();
+    health.set(ServingStatus::Serving).await;
     // Watch streams never end on their own, so they are told when shutdown begins; otherwise the
     // graceful shutdown would wait for them forever.
     let (closing_tx, closing) = watch::channel(false);
     let shutdown = async move {
         shutdown.await;
+        tracing::info!("shutting down");
+        sd_notify::stopping();
+        health.set(ServingStatus::NotServing).await;
         let _ = closing_tx.send(true);
     };
 
-    let served = tonic::transport::Server::builder()
+    let max_request = config.limits.max_request_bytes;
+    let serving = tonic::transport::Server::builder()
+        .layer(AdmissionLayer::new(config.limits))
         .add_service(
             RaftServer::new(RaftService::new(raft.clone()))
                 .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
@@ -95,27 +121,26 @@ pub async fn serve(
         )
         .add_service(
             HandoffServer::new(HandoffService::new(node.clone()))
-                .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES),
+                .max_decoding_message_size(max_request),
         )
         .add_service(
             BoardServer::new(BoardService::new(node.clone()))
-                .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES),
+                .max_decoding_message_size(max_request),
         )
         .add_service(
             EffectServer::new(EffectService::new(node.clone()))
-                .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES),
+                .max_decoding_message_size(max_request),
         )
         .add_service(
-            SinkServer::new(SinkService::new(node.clone()))
-                .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES),
+            SinkServer::new(SinkService::new(node.clone())).max_decoding_message_size(max_request),
         )
         .add_service(
             CheckpointServer::new(CheckpointService::new(node.clone()))
-                .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES),
+                .max_decoding_message_size(max_request),
         )
         .add_service(
             QueueServer::new(QueueService::new(node.clone()))
-                .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES),
+                .max_decoding_message_size(max_request),
         )
         .add_service(ClusterServer::new(ClusterService::new(node.clone())))
         .add_service(WatchServer::new(WatchService::new(
@@ -123,16 +148,56 @@ pub async fn serve(
             config.watch.clone(),
             closing,
         )))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
-        .await;
+        .add_service(health_server)
+        .add_service(reflection_service()?)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown);
+    // The listener is bound, so connections made from here on are served.
+    sd_notify::ready();
+    let served = serving.await;
 
     let _ = stop_tx.send(true);
     let _ = sweeper.await;
+    if let Some(http) = http {
+        let _ = http.await;
+    }
     raft.shutdown()
         .await
         .map_err(|e| anyhow::anyhow!("raft shutdown: {e}"))?;
     tracing::info!(id = config.id, "node stopped");
     served.context("grpc server failed")
+}
+
+/// Binds the operator's HTTP endpoint at `addr` and serves it until `stop` turns true.
+async fn start_http(
+    addr: std::net::SocketAddr,
+    config: &NodeConfig,
+    node: &NodeRef,
+    stats: Arc<StoreStats>,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen for HTTP on {addr}"))?;
+    let endpoint = Arc::new(http::Endpoint {
+        node: node.clone(),
+        stats: stats.clone(),
+        readiness: Readiness::new(
+            node.clone(),
+            stats,
+            config.ready_max_lag,
+            config.raft.election_timeout.1,
+            config.peer_addrs.clone(),
+        ),
+    });
+    tracing::info!(%addr, "serving /metrics, /livez and /readyz");
+    Ok(tokio::spawn(async move {
+        let stopped = async move {
+            let _ = stop.wait_for(|stopped| *stopped).await;
+        };
+        if let Err(e) = http::serve(listener, endpoint, stopped).await {
+            tracing::error!(%addr, "HTTP endpoint failed: {e}");
+        }
+    }))
 }
 
 /// Records the node id in the data dir on first start and refuses to start a data dir that

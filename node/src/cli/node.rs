@@ -178,8 +178,7 @@ pub async fn run(args: NodeArgs) -> u8 {
     match baton_node::server::run(loaded.node, shutdown_signal()).await {
         Ok(()) => exit::OK,
         Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("baton node: {e:#}");
+            tracing::error!("baton node: {e:#}");
             exit::FAILURE
         }
     }
