@@ -454,6 +454,26 @@ mod tests {
     }
 
     #[test]
+    fn the_fixed_limits_the_default_config_describes_are_the_state_machines() {
+        use baton_statemachine::limits::*;
+        assert_eq!(
+            (
+                MAX_PAYLOAD_BYTES,
+                MAX_KEY_BYTES,
+                MAX_AGENT_BYTES,
+                MAX_ADDRESS_BYTES,
+                MAX_TEXT_BYTES,
+                MAX_ARTIFACTS,
+                MAX_DEPENDENCIES
+            ),
+            (1 << 20, 512, 256, 1 << 10, 64 << 10, 256, 256)
+        );
+        assert!(DEFAULT_CONFIG_TOML.contains(
+            "payload 1 MiB, key 512 bytes, agent name 256 bytes,\n# address 1 KiB, receipt text 64 KiB, 256 artifacts per receipt, 256 dependencies per task"
+        ));
+    }
+
+    #[test]
     fn max_backlog_follows_history_unless_given() {
         let mut settings = Settings {
             id: Some(1),
