@@ -37,7 +37,7 @@ use crate::service::{
 use crate::stamp::wall_clock_ms;
 use crate::store;
 use crate::types::Raft;
-use crate::{http, sd_notify};
+use crate::{http, systemd};
 
 /// The sweep runs at least this often even with nothing due, to forget idle client sessions.
 const SESSION_SWEEP_EVERY: Duration = Duration::from_secs(60);
@@ -59,6 +59,16 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    // Everything that can fail without side effects comes before Raft starts.
+    let reflection = reflection_service()?;
+    let http_listener = match config.http {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen for HTTP on {addr}"))?,
+        ),
+        None => None,
+    };
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
     claim_identity(&config)?;
@@ -94,10 +104,7 @@ pub async fn serve(
         config.sweep_interval,
         stop_rx.clone(),
     ));
-    let http = match config.http {
-        Some(addr) => Some(start_http(addr, &config, &node, stats, stop_rx).await?),
-        None => None,
-    };
+    let http = http_listener.map(|listener| start_http(listener, &config, &node, stats, stop_rx));
     let (health, health_server) = health_service();
     health.set(ServingStatus::Serving).await;
     // Watch streams never end on their own, so they are told when shutdown begins; otherwise the
@@ -106,7 +113,7 @@ pub async fn serve(
     let shutdown = async move {
         shutdown.await;
         tracing::info!("shutting down");
-        sd_notify::stopping();
+        systemd::stopping();
         health.set(ServingStatus::NotServing).await;
         let _ = closing_tx.send(true);
     };
@@ -149,10 +156,10 @@ pub async fn serve(
             closing,
         )))
         .add_service(health_server)
-        .add_service(reflection_service()?)
+        .add_service(reflection)
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown);
     // The listener is bound, so connections made from here on are served.
-    sd_notify::ready();
+    systemd::ready();
     let served = serving.await;
 
     let _ = stop_tx.send(true);
@@ -167,17 +174,14 @@ pub async fn serve(
     served.context("grpc server failed")
 }
 
-/// Binds the operator's HTTP endpoint at `addr` and serves it until `stop` turns true.
-async fn start_http(
-    addr: std::net::SocketAddr,
+/// Serves the operator's HTTP endpoint on `listener` until `stop` turns true.
+fn start_http(
+    listener: TcpListener,
     config: &NodeConfig,
     node: &NodeRef,
     stats: Arc<StoreStats>,
     mut stop: watch::Receiver<bool>,
-) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen for HTTP on {addr}"))?;
+) -> tokio::task::JoinHandle<()> {
     let endpoint = Arc::new(http::Endpoint {
         node: node.clone(),
         stats: stats.clone(),
@@ -189,15 +193,16 @@ async fn start_http(
             config.peer_addrs.clone(),
         ),
     });
-    tracing::info!(%addr, "serving /metrics, /livez and /readyz");
-    Ok(tokio::spawn(async move {
+    let addr = listener.local_addr().ok();
+    tracing::info!(addr = ?addr, "serving /metrics, /livez and /readyz");
+    tokio::spawn(async move {
         let stopped = async move {
             let _ = stop.wait_for(|stopped| *stopped).await;
         };
         if let Err(e) = http::serve(listener, endpoint, stopped).await {
-            tracing::error!(%addr, "HTTP endpoint failed: {e}");
+            tracing::error!(addr = ?addr, "HTTP endpoint failed: {e}");
         }
-    }))
+    })
 }
 
 /// Records the node id in the data dir on first start and refuses to start a data dir that
