@@ -8,7 +8,6 @@ mod cli;
 
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
-    cli::init_logging(&args);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {

@@ -57,6 +57,7 @@ impl Node {
     /// refusal / infrastructure failure as a gRPC status.
     pub async fn propose(&self, origin: Option<Origin>, command: Command) -> Result<Reply, Status> {
         let name = command.name();
+        let _timer = crate::metrics::time_proposal(name);
         let (response, index) = match self.prejudged(origin.as_ref(), &command).await? {
             Some(response) => (response, None),
             None => {
@@ -84,6 +85,7 @@ impl Node {
     /// Confirms leadership with a quorum (read index, shared with concurrent reads), waits until
     /// that index is applied, then runs `read` on the applied state. The result is linearizable.
     pub async fn read<T>(&self, read: impl FnOnce(&Applied) -> T) -> Result<T, Status> {
+        let _timer = crate::metrics::time_read();
         self.commit_in_current_term().await?;
         self.read_index.confirm().await?;
         let applied = self.state_machine.read();

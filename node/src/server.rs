@@ -1,4 +1,5 @@
-//! Running one node: open storage, start Raft, serve gRPC, sweep, and shut down cleanly.
+//! Running one node: open storage, start Raft, serve gRPC (and, when configured, the operator's
+//! HTTP endpoint), sweep, and shut down cleanly.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -15,14 +16,21 @@ use baton_rpc::proto::raft::raft_server::RaftServer;
 use baton_rpc::proto::sink_server::SinkServer;
 use baton_rpc::proto::watch_server::WatchServer;
 use baton_statemachine::Command;
+use openraft::storage::RaftStateMachine;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
+use tonic_health::ServingStatus;
 
 use crate::admission::Admission;
 use crate::config::NodeConfig;
+use crate::health::{health_service, reflection_service};
+use crate::limits::AdmissionLayer;
+use crate::metered::{MeteredLog, MeteredStateMachine};
+use crate::metrics::{metrics, StoreStats};
 use crate::network::{Network, MAX_RAFT_MESSAGE_BYTES};
 use crate::node::{Node, NodeRef};
+use crate::readiness::Readiness;
 use crate::security::Security;
 use crate::service::{
     BoardService, CheckpointService, ClusterService, EffectService, HandoffService, QueueService,
@@ -32,9 +40,7 @@ use crate::stamp::wall_clock_ms;
 use crate::store;
 use crate::tls::NodeTls;
 use crate::types::Raft;
-
-/// Largest client request accepted (a 1 MiB payload plus headroom).
-const MAX_CLIENT_MESSAGE_BYTES: usize = 4 << 20;
+use crate::{http, systemd};
 
 /// The sweep runs at least this often even with nothing due, to forget idle client sessions.
 const SESSION_SWEEP_EVERY: Duration = Duration::from_secs(60);
@@ -80,6 +86,16 @@ pub async fn serve_secured(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let tls = security.tls.as_ref().map(NodeTls::load).transpose()?;
+    // Everything that can fail without side effects comes before Raft starts.
+    let reflection = reflection_service()?;
+    let http_listener = match config.http {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen for HTTP on {addr}"))?,
+        ),
+        None => None,
+    };
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
     claim_identity(&config)?;
@@ -92,12 +108,17 @@ pub async fn serve_secured(
         network = network.with_tls(tls.peer_client());
     }
     let admission = Admission::new(security.tokens.clone(), tls.is_some());
+    let stats = StoreStats::shared();
+    let mut metered_state_machine = MeteredStateMachine::new(state_machine.clone());
+    if let Ok(Some(snapshot)) = metered_state_machine.get_current_snapshot().await {
+        metrics().snapshot_installed(snapshot.snapshot.get_ref().len());
+    }
     let raft = Raft::new(
         config.id,
         raft_config,
         network.clone(),
-        log_store,
-        state_machine.clone(),
+        MeteredLog::new(log_store, stats.clone()),
+        metered_state_machine,
     )
     .await
     .context("cannot start raft")?;
@@ -107,20 +128,24 @@ pub async fn serve_secured(
         raft.clone(),
         state_machine,
     ));
-    tracing::info!(id = config.id, addr = %config.advertise, data_dir = %config.data_dir.display(), tls = tls.is_some(), tokens = security.tokens.is_some(), "node started");
+    tracing::info!(id = config.id, addr = %config.advertise, data_dir = %config.data_dir.display(), "node started");
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let sweeper = tokio::spawn(sweep_loop(
         node.clone(),
         admission.clone(),
         config.sweep_interval,
-        stop_rx,
+        stop_rx.clone(),
     ));
+    let http = http_listener.map(|listener| start_http(listener, &config, &node, stats, stop_rx));
+    let (health, health_server) = health_service();
+    health.set(ServingStatus::Serving).await;
     // Watch streams never end on their own, so they are told when shutdown begins; otherwise the
     // graceful shutdown would wait for them forever.
     let (closing_tx, closing) = watch::channel(false);
     let (stop_serving_tx, stop_serving) = tokio::sync::oneshot::channel::<()>();
 
+    let max_request = config.limits.max_request_bytes;
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = &tls {
         builder = builder
@@ -129,6 +154,7 @@ pub async fn serve_secured(
     }
     let router = builder
         .layer(admission.layer())
+        .layer(AdmissionLayer::new(config.limits))
         .add_service(
             RaftServer::new(RaftService::new(raft.clone()))
                 .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
@@ -136,27 +162,26 @@ pub async fn serve_secured(
         )
         .add_service(
             HandoffServer::new(HandoffService::new(node.clone()))
-                .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES),
+                .max_decoding_message_size(max_request),
         )
         .add_service(
             BoardServer::new(BoardService::new(node.clone()))
-                .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES),
+                .max_decoding_message_size(max_request),
         )
         .add_service(
             EffectServer::new(EffectService::new(node.clone()))
-                .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES),
+                .max_decoding_message_size(max_request),
         )
         .add_service(
-            SinkServer::new(SinkService::new(node.clone()))
-                .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES),
+            SinkServer::new(SinkService::new(node.clone())).max_decoding_message_size(max_request),
         )
         .add_service(
             CheckpointServer::new(CheckpointService::new(node.clone()))
-                .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES),
+                .max_decoding_message_size(max_request),
         )
         .add_service(
             QueueServer::new(QueueService::new(node.clone()))
-                .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES),
+                .max_decoding_message_size(max_request),
         )
         .add_service(ClusterServer::new(ClusterService::new(
             node.clone(),
@@ -167,18 +192,25 @@ pub async fn serve_secured(
             node.clone(),
             config.watch.clone(),
             closing,
-        )));
+        )))
+        .add_service(health_server)
+        .add_service(reflection);
     let mut server = tokio::spawn(router.serve_with_incoming_shutdown(
         TcpListenerStream::new(listener),
         async move {
             let _ = stop_serving.await;
         },
     ));
+    // The listener is bound, so connections made from here on are served.
+    systemd::ready();
 
     // Serve until asked to stop (or until serving fails), then leave gracefully while the
     // server still carries Raft traffic for the handover, then close the server.
     let served = tokio::select! {
         () = shutdown => {
+            tracing::info!("shutting down");
+            systemd::stopping();
+            health.set(ServingStatus::NotServing).await;
             let _ = closing_tx.send(true);
             crate::shutdown::leave(&node, &admission, &network).await;
             let _ = stop_serving_tx.send(());
@@ -197,11 +229,45 @@ pub async fn serve_secured(
 
     let _ = stop_tx.send(true);
     let _ = sweeper.await;
+    if let Some(http) = http {
+        let _ = http.await;
+    }
     raft.shutdown()
         .await
         .map_err(|e| anyhow::anyhow!("raft shutdown: {e}"))?;
     tracing::info!(id = config.id, "node stopped");
     served.context("grpc server failed")
+}
+
+/// Serves the operator's HTTP endpoint on `listener` until `stop` turns true.
+fn start_http(
+    listener: TcpListener,
+    config: &NodeConfig,
+    node: &NodeRef,
+    stats: Arc<StoreStats>,
+    mut stop: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let endpoint = Arc::new(http::Endpoint {
+        node: node.clone(),
+        stats: stats.clone(),
+        readiness: Readiness::new(
+            node.clone(),
+            stats,
+            config.ready_max_lag,
+            config.raft.election_timeout.1,
+            config.peer_addrs.clone(),
+        ),
+    });
+    let addr = listener.local_addr().ok();
+    tracing::info!(addr = ?addr, "serving /metrics, /livez and /readyz");
+    tokio::spawn(async move {
+        let stopped = async move {
+            let _ = stop.wait_for(|stopped| *stopped).await;
+        };
+        if let Err(e) = http::serve(listener, endpoint, stopped).await {
+            tracing::error!(addr = ?addr, "HTTP endpoint failed: {e}");
+        }
+    })
 }
 
 /// Records the node id in the data dir on first start and refuses to start a data dir that

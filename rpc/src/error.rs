@@ -37,6 +37,12 @@ pub mod infra {
     pub const SLOW_CONSUMER: &str = "SLOW_CONSUMER";
     /// The node is shutting down; try another one.
     pub const SHUTTING_DOWN: &str = "SHUTTING_DOWN";
+    /// The node is serving as many requests as its limits allow (gRPC `RESOURCE_EXHAUSTED`);
+    /// nothing was done. Retry after a pause.
+    pub const OVERLOADED: &str = "OVERLOADED";
+    /// The request is larger than the node accepts (gRPC `RESOURCE_EXHAUSTED`); nothing was
+    /// done, and sending it again will not help.
+    pub const REQUEST_TOO_LARGE: &str = "REQUEST_TOO_LARGE";
 }
 
 /// The gRPC status code a refusal travels with.
@@ -253,6 +259,8 @@ mod tests {
             infra::COMPACTED,
             infra::SLOW_CONSUMER,
             infra::SHUTTING_DOWN,
+            infra::OVERLOADED,
+            infra::REQUEST_TOO_LARGE,
         ] {
             let status = infra_status(Code::Unavailable, code, "x");
             let detail = detail_of(&status).expect("detail");

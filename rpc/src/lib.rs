@@ -32,4 +32,7 @@ pub mod proto {
     pub mod raft {
         tonic::include_proto!("baton.raft.v1");
     }
+
+    /// The encoded descriptors of every Baton service and message, for gRPC reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("baton_descriptor");
 }

@@ -10,6 +10,7 @@ mod effect;
 pub mod exit;
 mod leader;
 mod members;
+mod node;
 mod queue;
 mod security;
 mod sink;
@@ -22,7 +23,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use baton_node::config::{NodeConfig, RaftTuning, WatchTuning};
+use baton_node::config::{LogFormat, NodeConfig, RaftTuning, WatchTuning};
 use baton_rpc::{Client, ClientConfig};
 use clap::{Args, Parser, Subcommand};
 
@@ -57,8 +58,8 @@ pub struct Cli {
 enum Command {
     /// Run a local three-node cluster in this process (data survives restarts).
     Dev(dev::DevArgs),
-    /// Run one node.
-    Node(NodeArgs),
+    /// Run one node (configured by --config FILE, BATON_* variables and flags).
+    Node(Box<node::NodeArgs>),
     /// Cluster formation.
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
@@ -110,32 +111,6 @@ enum Command {
     /// TLS certificates: a private CA and node/client certificates.
     #[command(subcommand)]
     Certs(certs::CertsCommand),
-}
-
-/// Arguments of `baton node`.
-#[derive(Args, Debug)]
-pub struct NodeArgs {
-    /// This node's id (unique in the cluster, fixed for its data dir).
-    #[arg(long)]
-    id: u64,
-    /// Address to listen on for clients and peers.
-    #[arg(long)]
-    listen: SocketAddr,
-    /// Address others reach this node at (default: --listen).
-    #[arg(long)]
-    advertise: Option<String>,
-    /// Directory for this node's data; restarting with the same directory resumes the node.
-    #[arg(long)]
-    data_dir: PathBuf,
-    /// Reach peer ID at ADDR instead of the address in the membership (repeatable), e.g. when
-    /// peers sit behind NAT or a proxy: `--peer-addr 2=10.0.0.7:7001`.
-    #[arg(long = "peer-addr", value_name = "ID=ADDR", value_parser = parse_peer_addr)]
-    peer_addrs: Vec<(u64, String)>,
-    /// Client tokens, one per line: clients must send one as `authorization: Bearer <token>`.
-    #[arg(long, env = "BATON_AUTH_TOKEN_FILE", value_name = "FILE")]
-    auth_token_file: Option<PathBuf>,
-    #[command(flatten)]
-    tuning: TuningArgs,
 }
 
 fn parse_peer_addr(value: &str) -> Result<(u64, String), String> {
@@ -195,40 +170,54 @@ impl TuningArgs {
         advertise: Option<String>,
         data_dir: PathBuf,
     ) -> NodeConfig {
-        NodeConfig {
-            id,
-            listen,
-            advertise: advertise.unwrap_or_else(|| listen.to_string()),
-            data_dir,
-            raft: self.raft(),
-            sweep_interval: self.sweep_interval,
-            peer_addrs: Default::default(),
-            watch: WatchTuning::with_history(self.watch_history),
-        }
+        let mut config = NodeConfig::new(id, listen, data_dir);
+        config.advertise = advertise.unwrap_or_else(|| listen.to_string());
+        config.raft = self.raft();
+        config.sweep_interval = self.sweep_interval;
+        config.watch = WatchTuning::with_history(self.watch_history);
+        config
     }
 }
 
-/// Logs go to stderr; servers default to `info`, client commands to `warn`. `RUST_LOG` overrides.
-pub fn init_logging(cli: &Cli) {
-    let default = match cli.command {
-        Command::Dev(_) | Command::Node(_) => "info,openraft=error,sled=warn",
-        _ => "warn",
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
+/// Starts logging to stderr with `filter` (`RUST_LOG` syntax) in `format`.
+pub fn init_logging(filter: &str, format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|e| {
+        eprintln!("baton: bad log filter {filter:?} ({e}); logging at info");
+        tracing_subscriber::EnvFilter::new("info")
+    });
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => logs.json().init(),
+    }
+}
+
+/// The log filter of the commands other than `baton node` (which reads its own from its
+/// configuration): `BATON_LOG`, else `RUST_LOG`, else `default`.
+fn env_log_filter(default: &str) -> String {
+    ["BATON_LOG", "RUST_LOG"]
+        .iter()
+        .find_map(|name| std::env::var(name).ok())
+        .unwrap_or_else(|| default.to_string())
 }
 
 /// Runs the parsed command and returns the process exit code.
 pub async fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Node(args) => return ExitCode::from(node::run(*args, &cli.security).await),
+        Command::Dev(_) => init_logging(
+            &env_log_filter("info,openraft=error,sled=warn"),
+            LogFormat::Text,
+        ),
+        _ => init_logging(&env_log_filter("warn"), LogFormat::Text),
+    }
     let config = client_config(cli.timeout.unwrap_or(DEFAULT_TIMEOUT));
     let command = match cli.command {
         Command::Certs(command) => return ExitCode::from(certs::run(command)),
-        Command::Node(args) => return ExitCode::from(run_node(args, &cli.security).await),
         Command::Snapshot(command) => match snapshot::run_offline(&command).await {
             Some(code) => return ExitCode::from(code),
             None => Command::Snapshot(command),
@@ -300,27 +289,6 @@ fn client_config(deadline: Duration) -> ClientConfig {
     ClientConfig {
         deadline,
         ..ClientConfig::default()
-    }
-}
-
-async fn run_node(args: NodeArgs, security: &security::SecurityArgs) -> u8 {
-    let security = match security.node(args.auth_token_file.as_ref()) {
-        Ok(security) => security,
-        Err(e) => {
-            eprintln!("baton node: {e:#}");
-            return exit::USAGE;
-        }
-    };
-    let mut config = args
-        .tuning
-        .node_config(args.id, args.listen, args.advertise, args.data_dir);
-    config.peer_addrs = args.peer_addrs.into_iter().collect();
-    match baton_node::server::run_secured(config, security, shutdown_signal()).await {
-        Ok(()) => exit::OK,
-        Err(e) => {
-            eprintln!("baton node: {e:#}");
-            exit::FAILURE
-        }
     }
 }
 

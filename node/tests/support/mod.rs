@@ -9,6 +9,32 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+/// A free 127.0.0.1 port for a listener the node binds itself (e.g. its HTTP endpoint).
+pub fn free_addr() -> std::net::SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap()
+}
+
+/// `GET path` over HTTP/1.0: the status code and the body.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
 /// One running node on an ephemeral 127.0.0.1 port; its data lives in a temporary directory
 /// removed on drop.
 pub struct Cluster {
@@ -29,24 +55,23 @@ impl Cluster {
 
     /// [`Cluster::start`] with the given watch history and stream limits.
     pub async fn start_with(watch: WatchTuning) -> Cluster {
+        Self::start_custom(|config| config.watch = watch).await
+    }
+
+    /// [`Cluster::start`] with the test settings changed by `custom`.
+    pub async fn start_custom(custom: impl FnOnce(&mut NodeConfig)) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let listen = listener.local_addr().unwrap();
         let addr = listen.to_string();
-        let config = NodeConfig {
-            id: 1,
-            listen,
-            advertise: addr.clone(),
-            data_dir: dir.path().join("node-1"),
-            raft: RaftTuning {
-                heartbeat: Duration::from_millis(50),
-                election_timeout: (Duration::from_millis(150), Duration::from_millis(300)),
-                ..RaftTuning::default()
-            },
-            sweep_interval: Duration::from_millis(200),
-            peer_addrs: Default::default(),
-            watch,
+        let mut config = NodeConfig::new(1, listen, dir.path().join("node-1"));
+        config.raft = RaftTuning {
+            heartbeat: Duration::from_millis(50),
+            election_timeout: (Duration::from_millis(150), Duration::from_millis(300)),
+            ..RaftTuning::default()
         };
+        config.sweep_interval = Duration::from_millis(200);
+        custom(&mut config);
         let (stop, stopped) = oneshot::channel::<()>();
         let server = tokio::spawn(baton_node::server::serve(config, listener, async move {
             let _ = stopped.await;

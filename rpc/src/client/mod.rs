@@ -139,6 +139,8 @@ enum Verdict {
     Redirect(String),
     /// Try again elsewhere after a pause.
     Retry(String),
+    /// The node is overloaded: try it again after a pause (it stays the presumed leader).
+    Backoff(String),
 }
 
 impl Client {
@@ -354,6 +356,7 @@ impl Client {
                                 self.forget_leader(&addr);
                                 format!("{addr}: {reason}")
                             }
+                            Verdict::Backoff(reason) => format!("{addr}: {reason}"),
                         },
                         Err(_) => {
                             self.forget_leader(&addr);
@@ -455,6 +458,7 @@ fn classify(status: &Status) -> Verdict {
         | infra::INTERNAL
         | infra::NOT_INITIALIZED
         | infra::SHUTTING_DOWN => Verdict::Retry(format!("{}: {}", detail.code, status.message())),
+        infra::OVERLOADED => Verdict::Backoff(format!("{}: {}", detail.code, status.message())),
         infra::SESSION_EXPIRED => {
             Verdict::Fail(Error::OutcomeUnknown(status.message().to_string()))
         }
@@ -469,7 +473,7 @@ fn classify(status: &Status) -> Verdict {
 fn final_error(status: &Status) -> Error {
     match classify(status) {
         Verdict::Fail(error) => error,
-        Verdict::Redirect(_) | Verdict::Retry(_) => match detail_of(status) {
+        Verdict::Redirect(_) | Verdict::Retry(_) | Verdict::Backoff(_) => match detail_of(status) {
             Some(detail) => Error::Server {
                 code: detail.code,
                 message: status.message().to_string(),

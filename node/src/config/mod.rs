@@ -1,4 +1,14 @@
 //! A node's configuration: one typed struct with documented defaults.
+//!
+//! [`NodeConfig`] is what a running node uses; `baton dev` and tests build it in code with
+//! [`NodeConfig::new`]. `baton node` reads it from layers instead — a TOML file, `BATON_*`
+//! environment variables and flags — through [`Settings`] (the file's shape) and [`load`].
+
+mod layers;
+mod settings;
+
+pub use layers::{load, ConfigError, Loaded, Origin, Override};
+pub use settings::{Invalid, LogFormat, Settings, DEFAULT_CONFIG_TOML};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -26,6 +36,58 @@ pub struct NodeConfig {
     pub peer_addrs: BTreeMap<u64, String>,
     /// Watch history and stream limits.
     pub watch: WatchTuning,
+    /// Request size and concurrency limits of the client services.
+    pub limits: Limits,
+    /// Where to serve `/metrics`, `/livez` and `/readyz` over HTTP (default: nowhere).
+    pub http: Option<SocketAddr>,
+    /// `/readyz` answers 503 while this node's applied index is more than this many entries
+    /// behind the leader's (default 1,000).
+    pub ready_max_lag: u64,
+}
+
+impl NodeConfig {
+    /// A node with the default settings for everything but its identity, address and data dir.
+    pub fn new(id: u64, listen: SocketAddr, data_dir: PathBuf) -> Self {
+        Self {
+            id,
+            listen,
+            advertise: listen.to_string(),
+            data_dir,
+            raft: RaftTuning::default(),
+            sweep_interval: Duration::from_secs(1),
+            peer_addrs: BTreeMap::new(),
+            watch: WatchTuning::default(),
+            limits: Limits::default(),
+            http: None,
+            ready_max_lag: 1_000,
+        }
+    }
+}
+
+/// What a node accepts from clients before it refuses with `RESOURCE_EXHAUSTED` rather than
+/// queueing without bound. Raft traffic between nodes, watch streams, health checks and
+/// reflection are not counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest client request message (default 4 MiB: the largest payload the state machine
+    /// accepts, 1 MiB, plus headroom). A larger one is refused `REQUEST_TOO_LARGE`.
+    pub max_request_bytes: usize,
+    /// Client requests being served at once on the whole node (default 4,096); one more is
+    /// refused `OVERLOADED`.
+    pub max_in_flight: usize,
+    /// Client requests being served at once on one connection (default 512); one more is
+    /// refused `OVERLOADED`.
+    pub max_in_flight_per_connection: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_request_bytes: 4 << 20,
+            max_in_flight: 4_096,
+            max_in_flight_per_connection: 512,
+        }
+    }
 }
 
 /// How much change history a node keeps for watches, and how its streams behave.

@@ -1,0 +1,493 @@
+//! [`Settings`]: the configuration file's shape, its defaults, and how it becomes a
+//! [`NodeConfig`].
+//!
+//! Every key has a default, so an empty file is a valid one (except that `id` must be given
+//! somewhere). Adding a section is adding a field of a `#[serde(default)]` struct here, its keys
+//! to `default.toml`, and its conversion in [`Settings::to_node_config`]; the environment
+//! variables and `--set` follow from the key names by themselves.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Limits, NodeConfig, RaftTuning, WatchTuning};
+use crate::history::HistoryLimits;
+
+/// The commented default configuration `baton node --print-default-config` prints. It parses
+/// back to [`Settings::default`] (tested), and names every key (tested).
+pub const DEFAULT_CONFIG_TOML: &str = include_str!("default.toml");
+
+/// A node's settings as the TOML file spells them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// This node's id: unique in the cluster and fixed for the life of its data dir. Required.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<u64>,
+    /// Where to listen for clients and peers.
+    pub listen: SocketAddr,
+    /// The address others reach this node at (default: `listen`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub advertise: Option<String>,
+    /// Where the node keeps its data.
+    pub data_dir: PathBuf,
+    /// Where to serve `/metrics`, `/livez` and `/readyz` (default: not served).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http: Option<SocketAddr>,
+    /// `/readyz` fails while this node is more than this many entries behind the leader.
+    pub ready_max_lag: u64,
+    /// How often the leader checks for due expiries to sweep.
+    #[serde(with = "humantime_serde")]
+    pub sweep_interval: Duration,
+    /// Raft timings and snapshot policy.
+    pub raft: RaftSettings,
+    /// Watch history and stream limits.
+    pub watch: WatchSettings,
+    /// Client request limits.
+    pub limits: LimitSettings,
+    /// Logging.
+    pub log: LogSettings,
+    /// Peers to reach at another address than the one in the membership: node id -> address.
+    pub peer_addrs: BTreeMap<String, String>,
+}
+
+/// `[raft]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RaftSettings {
+    /// Leader heartbeat interval.
+    #[serde(with = "humantime_serde")]
+    pub heartbeat: Duration,
+    /// Minimum election timeout; the maximum is twice this.
+    #[serde(with = "humantime_serde")]
+    pub election_timeout: Duration,
+    /// Build a snapshot after this many log entries since the last one.
+    pub snapshot_every: u64,
+    /// Log entries kept behind a snapshot.
+    pub keep_logs: u64,
+}
+
+/// `[watch]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WatchSettings {
+    /// Changes kept in memory for watches.
+    pub history: usize,
+    /// Bytes of changes kept in memory for watches (approximately).
+    pub history_bytes: usize,
+    /// A stream this many changes behind is cut `SLOW_CONSUMER` (default: half of `history`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_backlog: Option<usize>,
+    /// Changes buffered per stream.
+    pub stream_buffer: usize,
+    /// How often an idle stream reports its progress.
+    #[serde(with = "humantime_serde")]
+    pub progress_every: Duration,
+    /// A node without a leader for this long ends its streams `NO_LEADER`.
+    #[serde(with = "humantime_serde")]
+    pub leaderless_cutoff: Duration,
+}
+
+/// `[limits]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitSettings {
+    /// Largest client request message in bytes.
+    pub max_request_bytes: usize,
+    /// Client requests served at once on the node.
+    pub max_in_flight: usize,
+    /// Client requests served at once on one connection.
+    pub max_in_flight_per_connection: usize,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSettings {
+    /// `text` or `json` (one object per line).
+    pub format: LogFormat,
+    /// Which events to log, in `RUST_LOG` syntax.
+    pub filter: String,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        let defaults = NodeConfig::new(
+            0,
+            SocketAddr::from(([127, 0, 0, 1], 7001)),
+            PathBuf::from("baton-data"),
+        );
+        Self {
+            id: None,
+            listen: defaults.listen,
+            advertise: None,
+            data_dir: defaults.data_dir,
+            http: defaults.http,
+            ready_max_lag: defaults.ready_max_lag,
+            sweep_interval: defaults.sweep_interval,
+            raft: RaftSettings::default(),
+            watch: WatchSettings::default(),
+            limits: LimitSettings::default(),
+            log: LogSettings::default(),
+            peer_addrs: BTreeMap::new(),
+        }
+    }
+}
+
+impl Default for RaftSettings {
+    fn default() -> Self {
+        let tuning = RaftTuning::default();
+        Self {
+            heartbeat: tuning.heartbeat,
+            election_timeout: tuning.election_timeout.0,
+            snapshot_every: tuning.snapshot_every,
+            keep_logs: tuning.keep_logs,
+        }
+    }
+}
+
+impl Default for WatchSettings {
+    fn default() -> Self {
+        let tuning = WatchTuning::default();
+        Self {
+            history: tuning.history.events,
+            history_bytes: tuning.history.bytes,
+            max_backlog: None,
+            stream_buffer: tuning.stream_buffer,
+            progress_every: tuning.progress_every,
+            leaderless_cutoff: tuning.leaderless_cutoff,
+        }
+    }
+}
+
+impl Default for LimitSettings {
+    fn default() -> Self {
+        let limits = Limits::default();
+        Self {
+            max_request_bytes: limits.max_request_bytes,
+            max_in_flight: limits.max_in_flight,
+            max_in_flight_per_connection: limits.max_in_flight_per_connection,
+        }
+    }
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            filter: "info,openraft=error,sled=warn".into(),
+        }
+    }
+}
+
+/// A setting that cannot be used: the key (as the file spells it) and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    /// The key, e.g. `raft.heartbeat`.
+    pub key: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+fn invalid(key: &str, reason: impl Into<String>) -> Invalid {
+    Invalid {
+        key: key.into(),
+        reason: reason.into(),
+    }
+}
+
+/// `value` must be at least 1.
+fn positive(key: &str, value: u64) -> Result<(), Invalid> {
+    if value == 0 {
+        return Err(invalid(key, "must be at least 1"));
+    }
+    Ok(())
+}
+
+/// `value` must be longer than zero.
+fn nonzero(key: &str, value: Duration) -> Result<(), Invalid> {
+    if value.is_zero() {
+        return Err(invalid(key, "must be longer than 0"));
+    }
+    Ok(())
+}
+
+impl Settings {
+    /// Settings with every optional key given, so that serializing them names every key
+    /// (`peer_addrs` stands for its whole table with one made-up entry).
+    pub(super) fn with_every_key() -> Self {
+        let mut settings = Self {
+            id: Some(1),
+            advertise: Some(String::new()),
+            http: Some(SocketAddr::from(([127, 0, 0, 1], 9090))),
+            ..Self::default()
+        };
+        settings.watch.max_backlog = Some(1);
+        settings.peer_addrs.insert("1".into(), String::new());
+        settings
+    }
+
+    /// The node configuration these settings describe, or the first key that cannot be used.
+    pub fn to_node_config(&self) -> Result<NodeConfig, Invalid> {
+        let id = self.id.ok_or_else(|| {
+            invalid(
+                "id",
+                "is required (set `id` in the config file, BATON_ID or --id)",
+            )
+        })?;
+        let advertise = match &self.advertise {
+            Some(advertise) if advertise.trim().is_empty() => {
+                return Err(invalid("advertise", "is empty"))
+            }
+            Some(advertise) => advertise.trim().to_string(),
+            None if self.listen.ip().is_unspecified() => {
+                return Err(invalid(
+                    "advertise",
+                    format!(
+                        "is required when listen is {} (nobody can reach an unspecified address)",
+                        self.listen
+                    ),
+                ))
+            }
+            None => self.listen.to_string(),
+        };
+        if self.data_dir.as_os_str().is_empty() {
+            return Err(invalid("data_dir", "is empty"));
+        }
+        nonzero("sweep_interval", self.sweep_interval)?;
+        tracing_subscriber::EnvFilter::try_new(&self.log.filter)
+            .map_err(|e| invalid("log.filter", e.to_string()))?;
+        let mut config = NodeConfig::new(id, self.listen, self.data_dir.clone());
+        config.advertise = advertise;
+        config.http = self.http;
+        config.ready_max_lag = self.ready_max_lag;
+        config.sweep_interval = self.sweep_interval;
+        config.raft = self.raft.to_tuning()?;
+        config.watch = self.watch.to_tuning()?;
+        config.limits = self.limits.to_limits()?;
+        config.peer_addrs = self.peer_addrs()?;
+        Ok(config)
+    }
+
+    fn peer_addrs(&self) -> Result<BTreeMap<u64, String>, Invalid> {
+        let mut peers = BTreeMap::new();
+        for (id, addr) in &self.peer_addrs {
+            let key = format!("peer_addrs.{id}");
+            let id = id
+                .trim()
+                .parse()
+                .map_err(|_| invalid(&key, "is not a node id (a number)"))?;
+            if addr.trim().is_empty() {
+                return Err(invalid(&key, "the address is empty"));
+            }
+            peers.insert(id, addr.trim().to_string());
+        }
+        Ok(peers)
+    }
+}
+
+impl RaftSettings {
+    fn to_tuning(&self) -> Result<RaftTuning, Invalid> {
+        nonzero("raft.heartbeat", self.heartbeat)?;
+        if self.election_timeout <= self.heartbeat {
+            return Err(invalid(
+                "raft.election_timeout",
+                format!(
+                    "must be longer than raft.heartbeat ({})",
+                    humantime::format_duration(self.heartbeat)
+                ),
+            ));
+        }
+        positive("raft.snapshot_every", self.snapshot_every)?;
+        let tuning = RaftTuning {
+            heartbeat: self.heartbeat,
+            election_timeout: (self.election_timeout, self.election_timeout * 2),
+            snapshot_every: self.snapshot_every,
+            keep_logs: self.keep_logs,
+        };
+        tuning
+            .to_openraft()
+            .map_err(|e| invalid("raft", e.to_string()))?;
+        Ok(tuning)
+    }
+}
+
+impl WatchSettings {
+    fn to_tuning(&self) -> Result<WatchTuning, Invalid> {
+        positive("watch.history", self.history as u64)?;
+        positive("watch.history_bytes", self.history_bytes as u64)?;
+        positive("watch.stream_buffer", self.stream_buffer as u64)?;
+        nonzero("watch.progress_every", self.progress_every)?;
+        nonzero("watch.leaderless_cutoff", self.leaderless_cutoff)?;
+        let max_backlog = self.max_backlog.unwrap_or((self.history / 2).max(1));
+        positive("watch.max_backlog", max_backlog as u64)?;
+        Ok(WatchTuning {
+            history: HistoryLimits {
+                events: self.history,
+                bytes: self.history_bytes,
+            },
+            max_backlog,
+            stream_buffer: self.stream_buffer,
+            progress_every: self.progress_every,
+            leaderless_cutoff: self.leaderless_cutoff,
+        })
+    }
+}
+
+impl LimitSettings {
+    fn to_limits(&self) -> Result<Limits, Invalid> {
+        positive("limits.max_request_bytes", self.max_request_bytes as u64)?;
+        positive("limits.max_in_flight", self.max_in_flight as u64)?;
+        positive(
+            "limits.max_in_flight_per_connection",
+            self.max_in_flight_per_connection as u64,
+        )?;
+        Ok(Limits {
+            max_request_bytes: self.max_request_bytes,
+            max_in_flight: self.max_in_flight,
+            max_in_flight_per_connection: self.max_in_flight_per_connection,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_printed_default_config_parses_back_to_the_defaults() {
+        let parsed: Settings = toml::from_str(DEFAULT_CONFIG_TOML).expect("default.toml parses");
+        assert_eq!(parsed, Settings::default());
+    }
+
+    #[test]
+    fn the_printed_default_config_names_every_key() {
+        let every = toml::Table::try_from(Settings::with_every_key()).expect("serializes");
+        let text = DEFAULT_CONFIG_TOML;
+        for (key, value) in &every {
+            match value {
+                toml::Value::Table(section) if key != "peer_addrs" => {
+                    assert!(text.contains(&format!("[{key}]")), "no [{key}] section");
+                    for inner in section.keys() {
+                        assert!(
+                            mentions(text, inner),
+                            "default.toml does not mention {key}.{inner}"
+                        );
+                    }
+                }
+                _ => assert!(mentions(text, key), "default.toml does not mention {key}"),
+            }
+        }
+    }
+
+    /// Whether `key` is set or shown commented out (`# key = ...`) at the start of a line.
+    fn mentions(text: &str, key: &str) -> bool {
+        text.lines().any(|line| {
+            let line = line.trim_start_matches('#').trim_start();
+            line.starts_with(&format!("{key} =")) || line.starts_with(&format!("[{key}]"))
+        })
+    }
+
+    #[test]
+    fn defaults_make_the_same_node_as_node_config_new() {
+        let settings = Settings {
+            id: Some(3),
+            ..Settings::default()
+        };
+        let config = settings.to_node_config().expect("valid");
+        let direct = NodeConfig::new(3, settings.listen, settings.data_dir.clone());
+        assert_eq!(format!("{config:?}"), format!("{direct:?}"));
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let base = Settings {
+            id: Some(1),
+            ..Settings::default()
+        };
+        type Breaker = Box<dyn Fn(&mut Settings)>;
+        let cases: Vec<(&str, Breaker)> = vec![
+            ("id", Box::new(|s| s.id = None)),
+            (
+                "advertise",
+                Box::new(|s| s.listen = "0.0.0.0:7001".parse().expect("addr")),
+            ),
+            (
+                "raft.election_timeout",
+                Box::new(|s| s.raft.election_timeout = s.raft.heartbeat),
+            ),
+            (
+                "raft.snapshot_every",
+                Box::new(|s| s.raft.snapshot_every = 0),
+            ),
+            ("watch.history", Box::new(|s| s.watch.history = 0)),
+            (
+                "limits.max_in_flight",
+                Box::new(|s| s.limits.max_in_flight = 0),
+            ),
+            (
+                "peer_addrs.x",
+                Box::new(|s| {
+                    s.peer_addrs.insert("x".into(), "h:1".into());
+                }),
+            ),
+        ];
+        for (key, break_it) in cases {
+            let mut settings = base.clone();
+            break_it(&mut settings);
+            let error = settings.to_node_config().expect_err(key);
+            assert_eq!(error.key, key, "{error:?}");
+        }
+    }
+
+    #[test]
+    fn the_fixed_limits_the_default_config_describes_are_the_state_machines() {
+        use baton_statemachine::limits::*;
+        assert_eq!(
+            (
+                MAX_PAYLOAD_BYTES,
+                MAX_KEY_BYTES,
+                MAX_AGENT_BYTES,
+                MAX_ADDRESS_BYTES,
+                MAX_TEXT_BYTES,
+                MAX_ARTIFACTS,
+                MAX_DEPENDENCIES
+            ),
+            (1 << 20, 512, 256, 1 << 10, 64 << 10, 256, 256)
+        );
+        assert!(DEFAULT_CONFIG_TOML.contains(
+            "payload 1 MiB, key 512 bytes, agent name 256 bytes,\n# address 1 KiB, receipt text 64 KiB, 256 artifacts per receipt, 256 dependencies per task"
+        ));
+    }
+
+    #[test]
+    fn max_backlog_follows_history_unless_given() {
+        let mut settings = Settings {
+            id: Some(1),
+            ..Settings::default()
+        };
+        settings.watch.history = 1_000;
+        assert_eq!(
+            settings.to_node_config().expect("valid").watch.max_backlog,
+            500
+        );
+        settings.watch.max_backlog = Some(10);
+        assert_eq!(
+            settings.to_node_config().expect("valid").watch.max_backlog,
+            10
+        );
+    }
+}

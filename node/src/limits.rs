@@ -1,0 +1,333 @@
+//! The front door of client requests: admission under the in-flight limits, and the account of
+//! every request's outcome in the metrics.
+//!
+//! A node under more load than it can serve must say so at once rather than queue without
+//! bound: a client request that would exceed [`Limits::max_in_flight`] on the node, or
+//! [`Limits::max_in_flight_per_connection`] on its connection, is answered `RESOURCE_EXHAUSTED`
+//! with the code `OVERLOADED`, which the client library retries with back-off. (tonic's own
+//! per-connection limit queues instead.) A request larger than [`Limits::max_request_bytes`] is
+//! refused by tonic while decoding; this layer gives that refusal the code `REQUEST_TOO_LARGE`
+//! so that it is not mistaken for a transport failure and retried.
+//!
+//! Only the client services pass through the limits. Raft traffic between nodes, watch streams
+//! (long-lived by design, bounded by their own settings), health checks and reflection are never
+//! refused here; cluster administration is counted but not limited, so that an operator can
+//! still look at an overloaded node.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use baton_rpc::error::{detail_of, infra, infra_status};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tonic::transport::server::TcpConnectInfo;
+use tonic::{Code, Status};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::config::Limits;
+use crate::metrics::metrics;
+
+/// How a request is treated, by its gRPC path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Door {
+    /// A client call: limited and counted.
+    Client,
+    /// Cluster administration: counted, never refused.
+    Admin,
+    /// Everything else: passed through untouched.
+    Open,
+}
+
+fn door(path: &str) -> Door {
+    if path.starts_with("/baton.v1.Cluster/") {
+        Door::Admin
+    } else if path.starts_with("/baton.v1.") && !path.starts_with("/baton.v1.Watch/") {
+        Door::Client
+    } else {
+        Door::Open
+    }
+}
+
+/// The tower layer that puts [`Admission`] in front of a node's gRPC services.
+#[derive(Clone)]
+pub struct AdmissionLayer {
+    gate: Arc<Gate>,
+}
+
+impl AdmissionLayer {
+    /// Admits client requests within `limits`.
+    pub fn new(limits: Limits) -> Self {
+        Self {
+            gate: Arc::new(Gate {
+                node: Arc::new(Semaphore::new(limits.max_in_flight)),
+                connections: Mutex::default(),
+                limits,
+            }),
+        }
+    }
+}
+
+impl<S> Layer<S> for AdmissionLayer {
+    type Service = Admission<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Admission {
+            inner,
+            gate: self.gate.clone(),
+        }
+    }
+}
+
+/// The in-flight counts the limits apply to.
+struct Gate {
+    limits: Limits,
+    node: Arc<Semaphore>,
+    /// Requests in flight per connection (by the client's address); an entry goes when its
+    /// count returns to zero.
+    connections: Mutex<HashMap<SocketAddr, usize>>,
+}
+
+/// One admitted request's place in the counts; dropping it gives the place back.
+struct Ticket {
+    _node: OwnedSemaphorePermit,
+    connection: Option<(Arc<Gate>, SocketAddr)>,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if let Some((gate, remote)) = self.connection.take() {
+            let mut connections = gate.connections();
+            if let Some(count) = connections.get_mut(&remote) {
+                *count -= 1;
+                if *count == 0 {
+                    connections.remove(&remote);
+                }
+            }
+        }
+    }
+}
+
+impl Gate {
+    fn connections(&self) -> std::sync::MutexGuard<'_, HashMap<SocketAddr, usize>> {
+        self.connections
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A place for one more request from `remote`, or the `OVERLOADED` answer.
+    fn admit(self: &Arc<Self>, remote: Option<SocketAddr>) -> Result<Ticket, Status> {
+        let node = self.node.clone().try_acquire_owned().map_err(|_| {
+            overloaded(format!(
+                "this node is serving its limit of {} client requests (limits.max_in_flight); \
+                 retry with back-off or use another node",
+                self.limits.max_in_flight
+            ))
+        })?;
+        let Some(remote) = remote else {
+            return Ok(Ticket {
+                _node: node,
+                connection: None,
+            });
+        };
+        let mut connections = self.connections();
+        let count = connections.entry(remote).or_insert(0);
+        if *count >= self.limits.max_in_flight_per_connection {
+            return Err(overloaded(format!(
+                "this connection has its limit of {} requests in flight \
+                 (limits.max_in_flight_per_connection); retry with back-off",
+                self.limits.max_in_flight_per_connection
+            )));
+        }
+        *count += 1;
+        Ok(Ticket {
+            _node: node,
+            connection: Some((self.clone(), remote)),
+        })
+    }
+}
+
+fn overloaded(message: String) -> Status {
+    infra_status(Code::ResourceExhausted, infra::OVERLOADED, message)
+}
+
+/// When `status` is tonic's refusal of an oversized message (`OUT_OF_RANGE` without a Baton
+/// detail — Baton's own `OUT_OF_RANGE` answers always carry one): the same refusal with its code
+/// and the setting to change.
+fn too_large(status: &Status, limits: &Limits) -> Option<Status> {
+    if status.code() != Code::OutOfRange || detail_of(status).is_some() {
+        return None;
+    }
+    Some(infra_status(
+        Code::ResourceExhausted,
+        infra::REQUEST_TOO_LARGE,
+        format!(
+            "the request is larger than this node accepts (limits.max_request_bytes = {}): {}",
+            limits.max_request_bytes,
+            status.message()
+        ),
+    ))
+}
+
+/// The service [`AdmissionLayer`] makes.
+#[derive(Clone)]
+pub struct Admission<S> {
+    inner: S,
+    gate: Arc<Gate>,
+}
+
+type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+impl<S, B, R> Service<http::Request<B>> for Admission<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<R>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    R: Default + Send + 'static,
+{
+    type Response = http::Response<R>;
+    type Error = S::Error;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        // The clone that was not polled ready stays behind (the usual tower pattern).
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let path = request.uri().path();
+        let door = door(path);
+        if door == Door::Open {
+            return Box::pin(inner.call(request));
+        }
+        let method = path.trim_start_matches('/').to_string();
+        let in_flight = metrics().request_started(&method);
+        let ticket = match door {
+            Door::Client => {
+                let remote = request
+                    .extensions()
+                    .get::<TcpConnectInfo>()
+                    .and_then(|info| info.remote_addr());
+                match self.gate.admit(remote) {
+                    Ok(ticket) => Some(ticket),
+                    Err(status) => {
+                        metrics().request_failed(&method, &status);
+                        return Box::pin(std::future::ready(Ok(status.into_http())));
+                    }
+                }
+            }
+            Door::Admin | Door::Open => None,
+        };
+        let limits = self.gate.limits;
+        let answer = inner.call(request);
+        Box::pin(async move {
+            let response = answer.await?;
+            drop(ticket);
+            drop(in_flight);
+            // A unary call that failed carries its status in the headers (trailers-only).
+            let Some(status) = Status::from_header_map(response.headers()) else {
+                return Ok(response);
+            };
+            if status.code() == Code::Ok {
+                return Ok(response);
+            }
+            match too_large(&status, &limits) {
+                Some(explained) => {
+                    metrics().request_failed(&method, &explained);
+                    Ok(explained.into_http())
+                }
+                None => {
+                    metrics().request_failed(&method, &status);
+                    Ok(response)
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gate(node: usize, per_connection: usize) -> Arc<Gate> {
+        AdmissionLayer::new(Limits {
+            max_request_bytes: 1024,
+            max_in_flight: node,
+            max_in_flight_per_connection: per_connection,
+        })
+        .gate
+    }
+
+    fn addr(port: u16) -> Option<SocketAddr> {
+        Some(SocketAddr::from(([127, 0, 0, 1], port)))
+    }
+
+    fn code_of(status: &Status) -> String {
+        detail_of(status).map(|d| d.code).unwrap_or_default()
+    }
+
+    #[test]
+    fn the_connection_limit_refuses_the_extra_request_and_frees_its_place() {
+        let gate = gate(10, 2);
+        let a = gate.admit(addr(1)).expect("first");
+        let _b = gate.admit(addr(1)).expect("second");
+        let refused = gate
+            .admit(addr(1))
+            .err()
+            .expect("third on the same connection");
+        assert_eq!(refused.code(), Code::ResourceExhausted);
+        assert_eq!(code_of(&refused), infra::OVERLOADED);
+        assert!(refused.message().contains("max_in_flight_per_connection"));
+        gate.admit(addr(2))
+            .expect("another connection has its own places");
+        drop(a);
+        gate.admit(addr(1)).expect("a place was given back");
+    }
+
+    #[test]
+    fn the_node_limit_counts_every_connection() {
+        let gate = gate(2, 10);
+        let _a = gate.admit(addr(1)).expect("first");
+        let b = gate.admit(addr(2)).expect("second");
+        let refused = gate.admit(addr(3)).err().expect("over the node's limit");
+        assert!(refused.message().contains("limits.max_in_flight"));
+        drop(b);
+        gate.admit(None).expect("a place was given back");
+        assert!(
+            gate.connections().len() <= 2,
+            "finished connections are forgotten"
+        );
+    }
+
+    #[test]
+    fn only_client_services_pass_the_limits() {
+        assert_eq!(door("/baton.v1.Handoff/Offer"), Door::Client);
+        assert_eq!(door("/baton.v1.Queue/Lease"), Door::Client);
+        assert_eq!(door("/baton.v1.Cluster/NodeInfo"), Door::Admin);
+        assert_eq!(door("/baton.v1.Watch/Watch"), Door::Open);
+        assert_eq!(door("/baton.raft.v1.Raft/AppendEntries"), Door::Open);
+        assert_eq!(door("/grpc.health.v1.Health/Check"), Door::Open);
+    }
+
+    #[test]
+    fn tonic_size_refusals_get_their_code_and_others_are_left_alone() {
+        let limits = Limits::default();
+        let explained = too_large(
+            &Status::out_of_range("Error, decoded message length too large: found 9 bytes"),
+            &limits,
+        )
+        .expect("tonic's refusal is recognised");
+        assert_eq!(explained.code(), Code::ResourceExhausted);
+        assert_eq!(code_of(&explained), infra::REQUEST_TOO_LARGE);
+        assert!(explained.message().contains("limits.max_request_bytes"));
+
+        let compacted = baton_rpc::error::compacted_status(1, 5);
+        assert!(too_large(&compacted, &limits).is_none());
+        assert!(too_large(&Status::not_found("x"), &limits).is_none());
+    }
+}

@@ -1,0 +1,291 @@
+//! What an operator sees of a node: `/metrics` moves with the work done, `/livez` and `/readyz`
+//! answer, gRPC health checking says SERVING and reflection lists the services. A node cut off
+//! from its cluster stops being ready.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use baton_node::config::{NodeConfig, RaftTuning};
+use baton_rpc::{Client, ClientConfig, Error};
+use baton_statemachine::handoff::OfferArgs;
+use baton_statemachine::Refusal;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+mod support;
+use support::{free_addr, http_get, Cluster};
+
+fn offer(key: &str) -> OfferArgs {
+    OfferArgs {
+        key: key.into(),
+        from: "a".into(),
+        to: "b".into(),
+        payload: b"x".to_vec(),
+        reply_to: "a@inbox".into(),
+        ttl_ms: 60_000,
+    }
+}
+
+/// The value of the sample `name{labels}` (exactly as exported), or 0 when absent.
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| {
+            let (name, value) = line.rsplit_once(' ')?;
+            (name == series).then(|| value.parse().unwrap())
+        })
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_move_with_the_work_done() {
+    let http = free_addr();
+    let cluster = Cluster::start_custom(|config| config.http = Some(http)).await;
+    let c = &cluster.client;
+    c.offer(offer("warm-up")).await.unwrap();
+
+    let (status, before) = http_get(http, "/metrics").await;
+    assert_eq!(status, 200);
+    for key in ["k1", "k2", "k3"] {
+        c.offer(offer(key)).await.unwrap();
+    }
+    c.take("k1", "b").await.unwrap();
+    assert_eq!(
+        c.take("nope", "b").await.unwrap_err().refusal(),
+        Some(&Refusal::UnknownKey)
+    );
+    c.tickets().await.unwrap();
+    let (_, after) = http_get(http, "/metrics").await;
+
+    let moved = |series: &str| sample(&after, series) - sample(&before, series);
+    assert_eq!(moved(r#"baton_commands_total{command="offer"}"#), 3.0);
+    assert_eq!(moved(r#"baton_commands_total{command="take"}"#), 2.0);
+    assert_eq!(
+        moved(r#"baton_proposal_duration_seconds_count{command="offer"}"#),
+        3.0
+    );
+    assert!(moved("baton_read_duration_seconds_count") >= 1.0);
+    assert!(moved("baton_apply_duration_seconds_count") >= 1.0);
+    assert!(moved("baton_applied_entries_total") >= 5.0);
+    assert!(moved("baton_raft_applied_index") >= 5.0);
+    assert_eq!(
+        moved(r#"baton_grpc_errors_total{method="baton.v1.Handoff/Take",code="UNKNOWN_KEY"}"#),
+        1.0,
+        "{after}"
+    );
+    assert_eq!(
+        moved(r#"baton_grpc_requests_total{method="baton.v1.Handoff/Offer"}"#),
+        3.0
+    );
+
+    assert_eq!(sample(&after, "baton_raft_is_leader"), 1.0);
+    assert_eq!(sample(&after, "baton_raft_leader_id"), 1.0);
+    assert!(sample(&after, "baton_raft_term") >= 1.0);
+    assert!(
+        sample(&after, "baton_raft_commit_index") >= sample(&after, "baton_raft_applied_index")
+    );
+    assert_eq!(
+        sample(&after, "baton_tickets_live"),
+        4.0,
+        "k1 accepted, 3 offered"
+    );
+    assert_eq!(sample(&after, "baton_grpc_in_flight_requests"), 0.0);
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_node_leader_is_live_ready_and_serving() {
+    let http = free_addr();
+    let cluster = Cluster::start_custom(|config| config.http = Some(http)).await;
+
+    let (status, body) = http_get(http, "/livez").await;
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    let (status, body) = http_get(http, "/readyz").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.starts_with("ready: leader"), "{body}");
+    assert_eq!(http_get(http, "/nope").await.0, 404);
+
+    let mut health = HealthClient::new(channel(&cluster.addr).await);
+    for service in ["", "baton.v1.Handoff", "baton.v1.Queue", "baton.v1.Watch"] {
+        let status = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
+        assert_eq!(status, ServingStatus::Serving as i32, "{service:?}");
+    }
+    let unknown = health
+        .check(HealthCheckRequest {
+            service: "baton.v1.Nope".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+
+    assert!(reflected_services(&cluster.addr)
+        .await
+        .contains(&"baton.v1.Handoff".to_string()));
+    cluster.stop().await;
+}
+
+async fn channel(addr: &str) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// The services gRPC reflection lists.
+async fn reflected_services(addr: &str) -> Vec<String> {
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+
+    let mut client = ServerReflectionClient::new(channel(addr).await);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut answers = client
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let answer = answers.message().await.unwrap().unwrap();
+    match answer.message_response {
+        Some(MessageResponse::ListServicesResponse(list)) => {
+            list.service.into_iter().map(|s| s.name).collect()
+        }
+        other => panic!("unexpected reflection answer {other:?}"),
+    }
+}
+
+/// Three nodes in this process, each with its HTTP endpoint.
+struct Three {
+    http: Vec<std::net::SocketAddr>,
+    stops: Vec<Option<tokio::sync::oneshot::Sender<()>>>,
+    servers: Vec<Option<tokio::task::JoinHandle<anyhow::Result<()>>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Three {
+    async fn start() -> Three {
+        let dir = tempfile::tempdir().unwrap();
+        let mut listeners = Vec::new();
+        let mut members = Vec::new();
+        for id in 1..=3u64 {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            members.push((id, listener.local_addr().unwrap().to_string()));
+            listeners.push(listener);
+        }
+        let mut three = Three {
+            http: Vec::new(),
+            stops: Vec::new(),
+            servers: Vec::new(),
+            _dir: dir,
+        };
+        for ((id, _), listener) in members.iter().zip(listeners) {
+            let http = free_addr();
+            let mut config = NodeConfig::new(
+                *id,
+                listener.local_addr().unwrap(),
+                three._dir.path().join(format!("node-{id}")),
+            );
+            config.raft = RaftTuning {
+                heartbeat: Duration::from_millis(50),
+                election_timeout: (Duration::from_millis(200), Duration::from_millis(400)),
+                ..RaftTuning::default()
+            };
+            config.http = Some(http);
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            three.http.push(http);
+            three.stops.push(Some(stop));
+            three
+                .servers
+                .push(Some(tokio::spawn(baton_node::server::serve(
+                    config,
+                    listener,
+                    async move {
+                        let _ = stopped.await;
+                    },
+                ))));
+        }
+        let endpoints: Vec<&str> = members.iter().map(|(_, addr)| addr.as_str()).collect();
+        let config = ClientConfig {
+            deadline: Duration::from_secs(10),
+            ..ClientConfig::default()
+        };
+        let client = Client::new(&endpoints, config.clone()).unwrap();
+        client.initialize(endpoints[0], &members).await.unwrap();
+        client.discover_leader().await.unwrap();
+        three
+    }
+
+    async fn stop(&mut self, node: usize) {
+        let _ = self.stops[node].take().unwrap().send(());
+        self.servers[node].take().unwrap().await.unwrap().unwrap();
+    }
+}
+
+/// Polls `/readyz` of `http` until `want(status)` or about ten seconds pass; the last answer.
+async fn readyz_until(http: std::net::SocketAddr, want: impl Fn(u16) -> bool) -> (u16, String) {
+    let mut last = (0, String::new());
+    for _ in 0..100 {
+        last = http_get(http, "/readyz").await;
+        if want(last.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    last
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_are_ready_until_cut_off_from_the_cluster() {
+    let mut three = Three::start().await;
+    let mut roles = Vec::new();
+    for http in three.http.clone() {
+        let (status, body) = readyz_until(http, |status| status == 200).await;
+        assert_eq!(status, 200, "{body}");
+        roles.push(body);
+    }
+    assert_eq!(
+        roles
+            .iter()
+            .filter(|body| body.starts_with("ready: follower"))
+            .count(),
+        2,
+        "{roles:?}"
+    );
+
+    // Node 3 alone knows no leader once the others are gone, and says so.
+    three.stop(0).await;
+    three.stop(1).await;
+    let (status, body) = readyz_until(three.http[2], |status| status == 503).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.starts_with("not ready: "), "{body}");
+    three.stop(2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_write_is_counted_by_its_code_not_as_an_outage() {
+    let http = free_addr();
+    let cluster = Cluster::start_custom(|config| config.http = Some(http)).await;
+    let err = cluster.client.load("never-saved").await.unwrap_err();
+    assert!(matches!(err, Error::Refused(Refusal::NotFound)), "{err:?}");
+    let (_, text) = http_get(http, "/metrics").await;
+    assert_eq!(
+        sample(
+            &text,
+            r#"baton_grpc_errors_total{method="baton.v1.Checkpoint/Load",code="NOT_FOUND"}"#
+        ),
+        1.0,
+        "{text}"
+    );
+    cluster.stop().await;
+}

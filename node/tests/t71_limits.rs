@@ -1,0 +1,179 @@
+//! Protection: an oversized request is refused with a clear error and changes nothing, and a
+//! request beyond the in-flight limits is answered RESOURCE_EXHAUSTED (`OVERLOADED`) at once —
+//! never queued — while the places already taken are served.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use baton_rpc::error::{detail_of, infra};
+use baton_rpc::proto::checkpoint_client::CheckpointClient;
+use baton_rpc::proto::queue_client::QueueClient;
+use baton_rpc::proto::{LeaseRequest, LoadCheckpointRequest, RequestHeader};
+use baton_rpc::{Client, ClientConfig, Error};
+use baton_statemachine::handoff::OfferArgs;
+use baton_statemachine::Refusal;
+use tonic::transport::{Channel, Endpoint};
+use tonic::Code;
+
+mod support;
+use support::Cluster;
+
+fn offer(key: &str, payload: Vec<u8>) -> OfferArgs {
+    OfferArgs {
+        key: key.into(),
+        from: "a".into(),
+        to: "b".into(),
+        payload,
+        reply_to: "a@inbox".into(),
+        ttl_ms: 60_000,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_request_is_refused_clearly_and_changes_nothing() {
+    let cluster = Cluster::start_custom(|config| config.limits.max_request_bytes = 64 << 10).await;
+    let c = &cluster.client;
+
+    let refused = c.offer(offer("big", vec![7; 100 << 10])).await.unwrap_err();
+    match &refused {
+        Error::Server { code, message } => {
+            assert_eq!(code, infra::REQUEST_TOO_LARGE);
+            assert!(
+                message.contains("limits.max_request_bytes = 65536"),
+                "{message}"
+            );
+        }
+        other => panic!("want REQUEST_TOO_LARGE, got {other:?}"),
+    }
+    assert!(refused.is_infrastructure(), "not a contract refusal");
+    assert_eq!(
+        c.ticket("big").await.unwrap_err().refusal(),
+        Some(&Refusal::UnknownKey),
+        "nothing was offered"
+    );
+    c.offer(offer("small", vec![7; 1 << 10])).await.unwrap();
+    cluster.stop().await;
+}
+
+async fn channel(addr: &str) -> Channel {
+    Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// Starts a long-poll lease on `channel` that holds its request for `wait` (no task is ever
+/// leasable), after creating the queue and the worker it needs.
+async fn hold_a_request(
+    cluster: &Cluster,
+    channel: Channel,
+    wait: Duration,
+) -> tokio::task::JoinHandle<Result<(), tonic::Status>> {
+    cluster.client.create_queue("q", "ns").await.unwrap();
+    cluster.client.register_worker("w", false).await.unwrap();
+    tokio::spawn(async move {
+        let request = LeaseRequest {
+            header: Some(RequestHeader {
+                client_id: 77,
+                seq: 1,
+                acked_below: 1,
+            }),
+            worker_id: "w".into(),
+            queues: vec!["q".into()],
+            limit: 1,
+            lease_ttl_ms: 10_000,
+            wait_ms: wait.as_millis() as u64,
+        };
+        QueueClient::new(channel).lease(request).await.map(|_| ())
+    })
+}
+
+/// Loads a checkpoint on `channel` until the answer is OVERLOADED (at most ~5 s of tries, as the
+/// held request may not have arrived yet); returns the last status.
+async fn load_until_overloaded(channel: &Channel) -> tonic::Status {
+    let mut last = None;
+    for _ in 0..250 {
+        let status = CheckpointClient::new(channel.clone())
+            .load(LoadCheckpointRequest { run: "r".into() })
+            .await
+            .unwrap_err();
+        let overloaded = detail_of(&status).is_some_and(|d| d.code == infra::OVERLOADED);
+        last = Some(status);
+        if overloaded {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    last.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beyond_the_node_limit_requests_are_refused_overloaded_not_queued() {
+    let cluster = Cluster::start_custom(|config| config.limits.max_in_flight = 1).await;
+    let held = hold_a_request(
+        &cluster,
+        channel(&cluster.addr).await,
+        Duration::from_secs(3),
+    )
+    .await;
+
+    let status = load_until_overloaded(&channel(&cluster.addr).await).await;
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains("limits.max_in_flight"),
+        "{status:?}"
+    );
+
+    // The client library treats it as a transient failure: it backs off and retries until its
+    // deadline, then reports the cluster unavailable (never a contract refusal).
+    let impatient = Client::new(
+        &[cluster.addr.as_str()],
+        ClientConfig {
+            deadline: Duration::from_millis(300),
+            ..ClientConfig::default()
+        },
+    )
+    .unwrap();
+    match impatient.load("r").await {
+        Err(Error::Unavailable { last, .. }) => assert!(last.contains("OVERLOADED"), "{last}"),
+        other => panic!("want Unavailable after retries, got {other:?}"),
+    }
+
+    held.await.unwrap().unwrap();
+    assert_eq!(
+        cluster.client.load("r").await.unwrap_err().refusal(),
+        Some(&Refusal::NotFound),
+        "the held place was given back"
+    );
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connection_limit_refuses_only_the_busy_connection() {
+    let cluster =
+        Cluster::start_custom(|config| config.limits.max_in_flight_per_connection = 1).await;
+    let busy = channel(&cluster.addr).await;
+    let held = hold_a_request(&cluster, busy.clone(), Duration::from_secs(3)).await;
+
+    let status = load_until_overloaded(&busy).await;
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("limits.max_in_flight_per_connection"),
+        "{status:?}"
+    );
+    let other = CheckpointClient::new(channel(&cluster.addr).await)
+        .load(LoadCheckpointRequest { run: "r".into() })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        other.code(),
+        Code::NotFound,
+        "another connection is served: {other:?}"
+    );
+
+    held.await.unwrap().unwrap();
+    cluster.stop().await;
+}
