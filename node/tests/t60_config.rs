@@ -174,3 +174,17 @@ fn bad_configuration_names_the_key_and_exits_2() {
         );
     }
 }
+
+#[test]
+fn the_example_config_shipped_in_deploy_is_valid() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/baton.example.toml");
+    let checked = baton_node(&["--check-config", "--config", example], &[]);
+    assert!(
+        checked.status.success(),
+        "deploy/baton.example.toml is refused: {}",
+        stderr(&checked)
+    );
+    let settings = effective(&checked);
+    assert_eq!(get(&settings, "id").as_integer(), Some(1));
+    assert_eq!(get(&settings, "data_dir").as_str(), Some("/var/lib/baton"));
+}
