@@ -248,36 +248,7 @@ impl Cluster {
     /// Waits until the running nodes agree on one leader: it says it leads, and every other
     /// running node names it at the same term. Returns its id.
     pub async fn leader(&self) -> anyhow::Result<u64> {
-        let live = self.live_ids();
-        wait::until(
-            "a leader every running node agrees on",
-            self.options.timeout,
-            || {
-                let live = live.clone();
-                async move {
-                    let mut infos = Vec::new();
-                    for id in live {
-                        match self.node_info(id).await {
-                            Ok(info) => infos.push(info),
-                            Err(error) => return Err(format!("node {id}: {error}")),
-                        }
-                    }
-                    let leader = infos
-                        .iter()
-                        .find(|info| info.role == "leader")
-                        .ok_or_else(|| format!("no node leads yet: {}", describe(&infos)))?;
-                    let agreed = infos
-                        .iter()
-                        .all(|info| info.leader_id == Some(leader.id) && info.term == leader.term);
-                    if agreed {
-                        Ok(leader.id)
-                    } else {
-                        Err(format!("no agreement yet: {}", describe(&infos)))
-                    }
-                }
-            },
-        )
-        .await
+        crate::robustness::target::Target::leader(self).await
     }
 
     /// Kills node `id` with SIGKILL (no graceful shutdown) and reaps it.
@@ -610,10 +581,3 @@ fn free_port(taken: &BTreeSet<u16>) -> anyhow::Result<u16> {
     bail!("no free port found in 20000..32000")
 }
 
-fn describe(infos: &[NodeInfoResponse]) -> String {
-    infos
-        .iter()
-        .map(|i| format!("{}:{}@t{}(leader {:?})", i.id, i.role, i.term, i.leader_id))
-        .collect::<Vec<_>>()
-        .join(" ")
-}

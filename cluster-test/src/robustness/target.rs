@@ -182,10 +182,6 @@ impl Target for Cluster {
         Cluster::keep(self)
     }
 
-    async fn leader(&self) -> anyhow::Result<u64> {
-        Cluster::leader(self).await
-    }
-
     async fn wait_all_caught_up(&self) -> anyhow::Result<u64> {
         Cluster::wait_all_caught_up(self).await
     }
