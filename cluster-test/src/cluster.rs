@@ -580,4 +580,3 @@ fn free_port(taken: &BTreeSet<u16>) -> anyhow::Result<u16> {
     }
     bail!("no free port found in 20000..32000")
 }
-

@@ -36,6 +36,28 @@ fn offer(index: u64, key: &str) -> Entry<TypeConfig> {
     }
 }
 
+/// Opens the stores again in the same process. sled releases its file lock when the last handle
+/// to the database drops, and a flush that just completed may still hold one on sled's thread
+/// pool for a moment; a restarted process never sees this, a same-process reopen can.
+async fn reopen(
+    path: &std::path::Path,
+) -> (
+    baton_node::store::LogStore,
+    baton_node::store::StateMachineStore,
+) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match store::open(path) {
+            Ok(stores) => return stores,
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("reopen: {e}; retrying");
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("cannot reopen the stores: {e}"),
+        }
+    }
+}
+
 #[tokio::test]
 async fn vote_log_and_snapshot_survive_reopen() {
     let dir = tempfile::tempdir().unwrap();
@@ -65,7 +87,7 @@ async fn vote_log_and_snapshot_survive_reopen() {
         };
     }
 
-    let (mut log, mut sm) = store::open(dir.path()).unwrap();
+    let (mut log, mut sm) = reopen(dir.path()).await;
     assert_eq!(log.read_vote().await.unwrap(), Some(vote));
     let state = log.get_log_state().await.unwrap();
     assert_eq!(state.last_log_id.map(|id| id.index), Some(5));
@@ -100,7 +122,7 @@ async fn purge_and_truncate_leave_no_hole() {
     drop(log);
     drop(_sm);
 
-    let (mut log, _sm) = store::open(dir.path()).unwrap();
+    let (mut log, _sm) = reopen(dir.path()).await;
     let state = log.get_log_state().await.unwrap();
     assert_eq!(state.last_purged_log_id.map(|id| id.index), Some(4));
     assert_eq!(state.last_log_id.map(|id| id.index), Some(7));
