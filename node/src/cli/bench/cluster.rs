@@ -156,6 +156,14 @@ impl OwnCluster {
         self.proc_status("VmRSS:")
     }
 
+    /// Each running node's CPU time so far (user + system), in ms, read from /proc.
+    pub fn cpu_ms(&self) -> Vec<u64> {
+        self.members
+            .iter()
+            .map(|member| proc_cpu_ms(member.child.id()).unwrap_or(0))
+            .collect()
+    }
+
     fn proc_status(&self, field: &str) -> Vec<u64> {
         self.members
             .iter()
@@ -181,6 +189,18 @@ pub fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
         .find(|line| line.starts_with(field))
         .and_then(|line| line.split_whitespace().nth(1))
         .and_then(|kib| kib.parse().ok())
+}
+
+/// A process's user + system CPU time in ms, from `/proc/<pid>/stat` (fields 14 and 15, in clock
+/// ticks of 10 ms: Linux's `USER_HZ` is 100 on every mainstream architecture).
+fn proc_cpu_ms(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces; the fields after it are plain numbers.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    let mut fields = after_name.split_whitespace().skip(11);
+    let user: u64 = fields.next()?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
+    Some((user + system) * 10)
 }
 
 fn spawn_node(

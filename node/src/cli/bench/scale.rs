@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use baton_rpc::proto::board_client::BoardClient;
-use baton_rpc::proto::{ListTasksRequest, NodeInfoResponse};
+use baton_rpc::proto::ListTasksRequest;
 use baton_rpc::{Client, ClientConfig, Error};
 use baton_statemachine::board::{TaskSpec, MAX_SEED_TASKS};
 use serde_json::json;
@@ -144,8 +144,16 @@ async fn measure(args: &BenchArgs) -> Result<Figures, Failure> {
             wait.as_secs_f64()
         ),
     );
+    let term_before = highest_term(&client, &nodes_of(&cluster)).await;
     tokio::time::sleep(wait).await;
-    let expiry = expire(&client, &cluster, &load, live).await?;
+    let cpu_before = cluster.cpu_ms();
+    let expiry = expire(&client, &cluster, &load, live, term_before).await?;
+    let expiry_cpu_ms: Vec<u64> = cluster
+        .cpu_ms()
+        .iter()
+        .zip(&cpu_before)
+        .map(|(after, before)| after.saturating_sub(*before))
+        .collect();
     let left = count_claimed(&client).await?;
     Ok(Figures {
         leases: n,
@@ -158,6 +166,7 @@ async fn measure(args: &BenchArgs) -> Result<Figures, Failure> {
         snapshots,
         learner,
         expiry,
+        expiry_cpu_ms,
         left,
         peak_end_kib: cluster.peak_rss_kib(),
     })
@@ -627,117 +636,101 @@ struct Expiry {
     /// When each node's applied index reached the leader's after that sweep (ms after the last
     /// deadline), in node order.
     applied_ms: Vec<(u64, Option<i64>)>,
-    /// The Raft term when the polling began, and every later term seen, with when (ms after the
-    /// last deadline): a new term means an election happened during the expiry.
-    term_at_start: u64,
-    new_terms: Vec<(i64, u64)>,
+    /// The Raft term before the leases fell due and after the expiry: a higher term means an
+    /// election happened meanwhile.
+    term_before: u64,
+    term_after: u64,
 }
 
+/// The highest term any of `nodes` reports.
+async fn highest_term(client: &Client, nodes: &[(u64, String)]) -> u64 {
+    let mut term = 0;
+    for (_, addr) in nodes {
+        if let Ok(info) = client.node_info(addr).await {
+            term = term.max(info.term);
+        }
+    }
+    term
+}
+
+/// The nodes still running, as `(id, address)`.
+fn nodes_of(cluster: &OwnCluster) -> Vec<(u64, String)> {
+    cluster
+        .running_ids()
+        .into_iter()
+        .filter_map(|id| cluster.addr_of(id).map(|addr| (id, addr.to_string())))
+        .collect()
+}
+
+/// Times the expiry. Until the sweeps are done it only reads the nodes' logs and sends them no
+/// request: a node applying a huge sweep holds its state and watch-history locks for seconds,
+/// and a status request waiting for them would take one of its two runtime threads away (see
+/// docs/benchmarks.md), so polling would perturb what it measures.
 async fn expire(
     client: &Client,
     cluster: &OwnCluster,
     load: &Load,
     live: usize,
+    term_before: u64,
 ) -> Result<Expiry, Failure> {
     let due = load.due_last_ms;
-    let nodes: Vec<(u64, String)> = cluster
-        .running_ids()
-        .into_iter()
-        .filter_map(|id| cluster.addr_of(id).map(|addr| (id, addr.to_string())))
-        .collect();
-    // Each node's applied index over time, to tell when the last sweep reached it.
-    let mut timeline: Vec<Vec<(u64, u64)>> = vec![Vec::new(); nodes.len()];
-    let mut swept: Vec<Sweep> = Vec::new();
-    let mut done_at: Option<u64> = None;
-    let mut term_at_start = 0;
-    let mut new_terms: Vec<(u64, u64)> = Vec::new();
+    let relative = |at: u64| at as i64 - due as i64;
+    let nodes = nodes_of(cluster);
     let deadline = Instant::now() + EXPIRY_BOUND;
+    let mut swept: Vec<(u64, Sweep)> = Vec::new();
+    let mut done = false;
     while Instant::now() < deadline {
-        for (slot, (_, addr)) in nodes.iter().enumerate() {
-            if let Ok(NodeInfoResponse {
-                applied_index,
-                term,
-                ..
-            }) = client.node_info(addr).await
-            {
-                let now = unix_ms();
-                if term_at_start == 0 {
-                    term_at_start = term;
-                } else if term > new_terms.last().map_or(term_at_start, |t: &(u64, u64)| t.1) {
-                    new_terms.push((now, term));
-                }
-                if timeline[slot]
-                    .last()
-                    .is_none_or(|(_, i)| *i != applied_index)
-                {
-                    timeline[slot].push((now, applied_index));
-                }
-            }
-        }
-        if done_at.is_none() {
-            swept = nodes
-                .iter()
-                .flat_map(|(id, _)| {
-                    let text = std::fs::read_to_string(cluster.log_path(*id)).unwrap_or_default();
-                    sweeps_in(&text)
-                })
-                .filter(|sweep| sweep.at_ms + 1 >= load.due_first_ms && sweep.expired > 0)
-                .collect();
-            swept.sort_by_key(|sweep| sweep.at_ms);
-            let total: u64 = swept.iter().map(|sweep| sweep.expired).sum();
-            if total >= live as u64 {
-                done_at = swept.last().map(|sweep| sweep.at_ms);
-            }
-        }
-        if let Some(done) = done_at {
-            // Done once every node has applied what the leader had applied by then.
-            let target = timeline
-                .iter()
-                .filter_map(|points| points.iter().find(|(at, _)| *at >= done).map(|p| p.1))
-                .max();
-            if let Some(target) = target {
-                if timeline
-                    .iter()
-                    .all(|points| points.last().is_some_and(|(_, i)| *i >= target))
-                {
-                    break;
-                }
-            }
+        swept = nodes
+            .iter()
+            .flat_map(|(id, _)| {
+                let text = std::fs::read_to_string(cluster.log_path(*id)).unwrap_or_default();
+                sweeps_in(&text).into_iter().map(move |sweep| (*id, sweep))
+            })
+            .filter(|(_, sweep)| sweep.at_ms + 1 >= load.due_first_ms && sweep.expired > 0)
+            .collect();
+        swept.sort_by_key(|(_, sweep)| sweep.at_ms);
+        let total: u64 = swept.iter().map(|(_, sweep)| sweep.expired).sum();
+        if total >= live as u64 {
+            done = true;
+            break;
         }
         tokio::time::sleep(POLL_EVERY).await;
     }
-    let relative = |at: u64| at as i64 - due as i64;
-    let target = done_at.and_then(|done| {
-        timeline
+    let last = swept.last().filter(|_| done).copied();
+    let mut applied_ms: Vec<(u64, Option<i64>)> = nodes.iter().map(|(id, _)| (*id, None)).collect();
+    if let Some((leader, sweep)) = last {
+        // The leader logs a sweep once it has applied it, so its index now covers the sweep.
+        let leader_addr = nodes
             .iter()
-            .filter_map(|points| points.iter().find(|(at, _)| *at >= done).map(|p| p.1))
-            .max()
-    });
-    let applied_ms = nodes
-        .iter()
-        .zip(&timeline)
-        .map(|((id, _), points)| {
-            let reached = target.and_then(|target| {
-                points
-                    .iter()
-                    .find(|(_, index)| *index >= target)
-                    .map(|(at, _)| relative(*at))
-            });
-            (*id, reached)
-        })
-        .collect();
+            .find(|(id, _)| *id == leader)
+            .map(|(_, addr)| addr.clone())
+            .unwrap_or_default();
+        let target = client.node_info(&leader_addr).await?.applied_index;
+        for (slot, (id, addr)) in nodes.iter().enumerate() {
+            if *id == leader {
+                applied_ms[slot].1 = Some(relative(sweep.at_ms));
+                continue;
+            }
+            while Instant::now() < deadline {
+                if let Ok(info) = client.node_info(addr).await {
+                    if info.applied_index >= target {
+                        applied_ms[slot].1 = Some(relative(unix_ms()));
+                        break;
+                    }
+                }
+                tokio::time::sleep(POLL_EVERY).await;
+            }
+        }
+    }
     Ok(Expiry {
         sweeps: swept
             .iter()
-            .map(|sweep| (relative(sweep.at_ms), sweep.expired))
+            .map(|(_, sweep)| (relative(sweep.at_ms), sweep.expired))
             .collect(),
-        swept_ms: done_at.map(relative),
+        swept_ms: last.map(|(_, sweep)| relative(sweep.at_ms)),
         applied_ms,
-        term_at_start,
-        new_terms: new_terms
-            .iter()
-            .map(|(at, term)| (relative(*at), *term))
-            .collect(),
+        term_before,
+        term_after: highest_term(client, &nodes).await,
     })
 }
 
@@ -753,6 +746,8 @@ struct Figures {
     snapshots: Vec<SnapshotLog>,
     learner: Learner,
     expiry: Expiry,
+    /// CPU time each node spent from the last deadline until the expiry was applied everywhere.
+    expiry_cpu_ms: Vec<u64>,
     left: usize,
     peak_end_kib: Vec<u64>,
 }
@@ -811,8 +806,9 @@ impl Figures {
                     "swept_ms": expiry.swept_ms,
                     "applied_ms": expiry.applied_ms.iter().map(|(id, at)| json!({"node": id, "at_ms": at})).collect::<Vec<_>>(),
                     "leases_left": self.left,
-                    "term_at_expiry": expiry.term_at_start,
-                    "new_terms": expiry.new_terms.iter().map(|(at, term)| json!({"at_ms": at, "term": term})).collect::<Vec<_>>(),
+                    "expiry_node_cpu_ms": self.expiry_cpu_ms,
+                    "term_before_expiry": expiry.term_before,
+                    "term_after_expiry": expiry.term_after,
                 })
             );
             return;
@@ -902,10 +898,18 @@ impl Figures {
                 .join(", "),
             self.left,
         );
-        if !expiry.new_terms.is_empty() {
+        println!(
+            "  expiry: CPU time per node meanwhile {} ms",
+            self.expiry_cpu_ms
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join("/")
+        );
+        if expiry.term_after != expiry.term_before {
             println!(
-                "  expiry: leader elections during it (ms after the last deadline: new term, from {}) {:?}",
-                expiry.term_at_start, expiry.new_terms
+                "  expiry: a leader election happened meanwhile (term {} -> {})",
+                expiry.term_before, expiry.term_after
             );
         }
         println!(
