@@ -75,7 +75,8 @@ pub enum Workload {
     MixedRead,
     /// Permit-uniform pairs while the leader is SIGKILLed halfway: the write gap it causes.
     Failover,
-    /// Load `--leases` live leases, then time a snapshot to a new learner and their mass expiry.
+    /// Load `--leases` live leases, then time a snapshot to a new learner and their mass expiry
+    /// (`--duration` and `--warmup` do not apply: the run takes as long as its phases).
     Scale,
 }
 
