@@ -4,10 +4,15 @@
 //! Without `--endpoints` it starts its own three-node cluster (three `baton node` processes in a
 //! temporary directory, every write fsynced on a quorum), so a newcomer gets a figure with one
 //! command. Every run is bounded by `--warmup + --duration` plus set-up.
+//!
+//! Two workloads measure robustness rather than throughput and always run on the bench's own
+//! cluster: `failover` kills the leader under load ([`failover`]), `scale` loads many live leases
+//! and measures a snapshot to a new learner and their mass expiry ([`scale`]).
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+mod cluster;
+mod failover;
+mod scale;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,6 +27,7 @@ use hdrhistogram::Histogram;
 use rand::Rng;
 use serde_json::json;
 
+use self::cluster::{OwnCluster, QUIET_LOGS};
 use super::exit;
 
 /// Arguments of `baton bench`.
@@ -42,6 +48,13 @@ pub struct BenchArgs {
     /// Tasks submitted up front for `queue-claim`.
     #[arg(long, default_value_t = 100_000)]
     queue_tasks: usize,
+    /// Live leases `scale` loads.
+    #[arg(long, default_value_t = 100_000)]
+    leases: usize,
+    /// A flag appended to every `baton node` the bench starts (repeatable), e.g.
+    /// `--node-arg=--election-timeout=300ms`.
+    #[arg(long = "node-arg", value_name = "FLAG", allow_hyphen_values = true)]
+    node_args: Vec<String>,
     /// Print one JSON object instead of a line.
     #[arg(long)]
     json: bool,
@@ -60,6 +73,11 @@ pub enum Workload {
     QueueClaim,
     /// 90% linearizable reads of one ticket, 10% permit-uniform pairs.
     MixedRead,
+    /// Permit-uniform pairs while the leader is SIGKILLed halfway: the write gap it causes.
+    Failover,
+    /// Load `--leases` live leases, then time a snapshot to a new learner and their mass expiry
+    /// (`--duration` and `--warmup` do not apply: the run takes as long as its phases).
+    Scale,
 }
 
 impl Workload {
@@ -70,6 +88,8 @@ impl Workload {
             Workload::Handoff => "handoff",
             Workload::QueueClaim => "queue-claim",
             Workload::MixedRead => "mixed-read",
+            Workload::Failover => "failover",
+            Workload::Scale => "scale",
         }
     }
 
@@ -88,6 +108,9 @@ struct Tally {
     requests: u64,
     errors: u64,
     latency_us: Histogram<u64>,
+    /// When each successful request was answered, kept only where the timeline matters
+    /// (`failover`).
+    acks: Option<Vec<Instant>>,
 }
 
 impl Tally {
@@ -99,6 +122,15 @@ impl Tally {
             errors: 0,
             latency_us: Histogram::new_with_bounds(1, 60_000_000, 3)
                 .expect("valid histogram bounds"),
+            acks: None,
+        }
+    }
+
+    /// A tally that also keeps the time of every successful request.
+    fn with_acks() -> Self {
+        Self {
+            acks: Some(Vec::new()),
+            ..Self::new()
         }
     }
 
@@ -108,6 +140,9 @@ impl Tally {
         self.requests += other.requests;
         self.errors += other.errors;
         let _ = self.latency_us.add(&other.latency_us);
+        if let (Some(mine), Some(theirs)) = (&mut self.acks, &other.acks) {
+            mine.extend_from_slice(theirs);
+        }
     }
 }
 
@@ -117,9 +152,23 @@ pub async fn run(args: BenchArgs, endpoints: Option<Vec<String>>) -> u8 {
         eprintln!("baton bench: --clients must be at least 1");
         return exit::USAGE;
     }
+    if matches!(args.workload, Workload::Failover | Workload::Scale) {
+        if endpoints.is_some() {
+            eprintln!(
+                "baton bench: --workload {} kills or adds nodes, so it runs only on its own \
+                 cluster: leave out --endpoints",
+                args.workload.name()
+            );
+            return exit::USAGE;
+        }
+        return match args.workload {
+            Workload::Scale => scale::run(&args).await,
+            _ => failover::run(&args).await,
+        };
+    }
     let own = match endpoints {
         Some(_) => None,
-        None => match OwnCluster::start().await {
+        None => match OwnCluster::start(&args.node_args, QUIET_LOGS).await {
             Ok(cluster) => Some(cluster),
             Err(why) => {
                 eprintln!("baton bench: cannot start a local cluster: {why}");
@@ -132,11 +181,7 @@ pub async fn run(args: BenchArgs, endpoints: Option<Vec<String>>) -> u8 {
             .map(|c| c.endpoints.clone())
             .unwrap_or_default()
     });
-    let config = ClientConfig {
-        deadline: Duration::from_secs(30),
-        ..ClientConfig::default()
-    };
-    let client = match Client::connect_with(&endpoints, config).await {
+    let client = match bench_client(&endpoints).await {
         Ok(client) => client,
         Err(error) => return exit::report(&error),
     };
@@ -146,34 +191,84 @@ pub async fn run(args: BenchArgs, endpoints: Option<Vec<String>>) -> u8 {
         return exit::report(&error);
     }
 
-    let measuring = Arc::new(AtomicBool::new(false));
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
-    for index in 0..args.clients {
-        let (client, measuring, stop) = (client.clone(), measuring.clone(), stop.clone());
-        let workload = args.workload;
-        tasks.push(tokio::spawn(async move {
-            client_loop(client, workload, run_id, index, measuring, stop).await
-        }));
-    }
+    let drivers = Drivers::start(&client, args.workload, run_id, args.clients);
     tokio::time::sleep(args.warmup).await;
-    measuring.store(true, Ordering::Relaxed);
+    drivers.measure();
     let started = Instant::now();
     tokio::time::sleep(args.duration).await;
-    stop.store(true, Ordering::Relaxed);
+    drivers.stop();
     let elapsed = started.elapsed().as_secs_f64();
-    let mut total = Tally::new();
-    for task in tasks {
-        if let Ok(tally) = task.await {
-            total.merge(&tally);
-        }
-    }
+    let total = drivers.collect().await;
     let rss = own
         .as_ref()
         .map(OwnCluster::peak_rss_kib)
         .unwrap_or_default();
     report(&args, &total, elapsed, &rss);
     exit::OK
+}
+
+/// A client for the bench's requests: a generous deadline, so a request that meets a leader
+/// change is retried rather than counted as an error.
+async fn bench_client(endpoints: &[String]) -> Result<Client, Error> {
+    let config = ClientConfig {
+        deadline: Duration::from_secs(30),
+        ..ClientConfig::default()
+    };
+    Client::connect_with(endpoints, config).await
+}
+
+/// The closed-loop clients of one run: they start unmeasured (warm-up) and count once told to.
+struct Drivers {
+    workload: Workload,
+    measuring: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<Tally>>,
+}
+
+impl Drivers {
+    /// Starts `clients` loops of `workload`, sharing `client`'s connections.
+    fn start(client: &Client, workload: Workload, run_id: u32, clients: usize) -> Self {
+        let measuring = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let tasks = (0..clients)
+            .map(|index| {
+                let (client, measuring, stop) = (client.clone(), measuring.clone(), stop.clone());
+                tokio::spawn(async move {
+                    client_loop(client, workload, run_id, index, measuring, stop).await
+                })
+            })
+            .collect();
+        Self {
+            workload,
+            measuring,
+            stop,
+            tasks,
+        }
+    }
+
+    /// Ends the warm-up: from now on the loops count.
+    fn measure(&self) {
+        self.measuring.store(true, Ordering::Relaxed);
+    }
+
+    /// Tells the loops to stop after their current operation.
+    fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// Waits for the stopped loops and adds up what they counted.
+    async fn collect(self) -> Tally {
+        let mut total = match self.workload {
+            Workload::Failover => Tally::with_acks(),
+            _ => Tally::new(),
+        };
+        for task in self.tasks {
+            if let Ok(tally) = task.await {
+                total.merge(&tally);
+            }
+        }
+        total
+    }
 }
 
 fn report(args: &BenchArgs, total: &Tally, elapsed: f64, rss_kib: &[u64]) {
@@ -234,7 +329,10 @@ fn queue_name(run_id: u32) -> String {
 
 async fn setup(client: &Client, args: &BenchArgs, run_id: u32) -> Result<(), Error> {
     match args.workload {
-        Workload::PermitUniform | Workload::PermitHot | Workload::MixedRead => {
+        Workload::PermitUniform
+        | Workload::PermitHot
+        | Workload::MixedRead
+        | Workload::Failover => {
             let ids: Vec<usize> = (0..args.workload.tasks()).collect();
             for chunk in ids.chunks(1_000) {
                 let specs: Vec<BoardTask> = chunk
@@ -253,7 +351,7 @@ async fn setup(client: &Client, args: &BenchArgs, run_id: u32) -> Result<(), Err
             }
             Ok(())
         }
-        Workload::Handoff => Ok(()),
+        Workload::Handoff | Workload::Scale => Ok(()),
         Workload::QueueClaim => {
             let queue = queue_name(run_id);
             client.create_queue(&queue, "bench").await?;
@@ -329,6 +427,9 @@ async fn timed<T>(
         if matches!(&result, Err(e) if e.is_infrastructure()) {
             tally.errors += 1;
         }
+        if let (Ok(_), Some(acks)) = (&result, &mut tally.acks) {
+            acks.push(Instant::now());
+        }
     }
     result
 }
@@ -341,13 +442,16 @@ async fn client_loop(
     measuring: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
 ) -> Tally {
-    let mut tally = Tally::new();
+    let mut tally = match workload {
+        Workload::Failover => Tally::with_acks(),
+        _ => Tally::new(),
+    };
     let agent = format!("bench-client-{index}");
     let mut sequence = 0usize;
     while !stop.load(Ordering::Relaxed) {
         let measure = measuring.load(Ordering::Relaxed);
         let done = match workload {
-            Workload::PermitUniform | Workload::PermitHot => {
+            Workload::PermitUniform | Workload::PermitHot | Workload::Failover => {
                 permit_pair(&client, &mut tally, measure, run_id, workload, &agent).await
             }
             Workload::MixedRead => {
@@ -367,6 +471,8 @@ async fn client_loop(
                 handoff(&client, &mut tally, measure, args).await
             }
             Workload::QueueClaim => queue_claim(&client, &mut tally, measure, run_id).await,
+            // Never driven by this loop: `run` hands it to its own module.
+            Workload::Scale => break,
         };
         if done && measure {
             tally.ops += 1;
@@ -452,119 +558,4 @@ async fn queue_claim(client: &Client, tally: &mut Tally, measure: bool, run_id: 
     )
     .await
     .is_ok()
-}
-
-/// Three `baton node` processes of this very binary in a temporary directory.
-struct OwnCluster {
-    endpoints: Vec<String>,
-    children: Vec<Child>,
-    _dir: tempfile::TempDir,
-}
-
-impl OwnCluster {
-    async fn start() -> Result<Self, String> {
-        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let bin = std::env::current_exe().map_err(|e| e.to_string())?;
-        let mut endpoints = Vec::new();
-        let mut children = Vec::new();
-        for id in 1..=3u64 {
-            let port = free_port().map_err(|e| e.to_string())?;
-            let addr = format!("127.0.0.1:{port}");
-            let data = dir.path().join(format!("node-{id}"));
-            let log = std::fs::File::create(dir.path().join(format!("node-{id}.log")))
-                .map_err(|e| e.to_string())?;
-            let child = spawn_node(&bin, id, &addr, &data, log).map_err(|e| e.to_string())?;
-            children.push(child);
-            endpoints.push(addr);
-        }
-        let mut cluster = OwnCluster {
-            endpoints,
-            children,
-            _dir: dir,
-        };
-        cluster.initialize().await?;
-        Ok(cluster)
-    }
-
-    async fn initialize(&mut self) -> Result<(), String> {
-        let client =
-            Client::new(&self.endpoints, ClientConfig::default()).map_err(|e| e.to_string())?;
-        let mut members = Vec::new();
-        for endpoint in &self.endpoints {
-            let mut answered = None;
-            for _ in 0..100 {
-                if let Ok(info) = client.node_info(endpoint).await {
-                    answered = Some(info);
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            let info = answered.ok_or_else(|| format!("node at {endpoint} did not start"))?;
-            members.push((info.id, info.addr));
-        }
-        client
-            .initialize(&self.endpoints[0], &members)
-            .await
-            .map_err(|e| e.to_string())?;
-        client.discover_leader().await.map_err(|e| e.to_string())?;
-        Ok(())
-    }
-
-    /// Each node's peak resident set (VmHWM) in KiB, read from /proc.
-    fn peak_rss_kib(&self) -> Vec<u64> {
-        self.children
-            .iter()
-            .map(|child| {
-                std::fs::read_to_string(format!("/proc/{}/status", child.id()))
-                    .ok()
-                    .and_then(|status| {
-                        status
-                            .lines()
-                            .find(|line| line.starts_with("VmHWM:"))
-                            .and_then(|line| line.split_whitespace().nth(1))
-                            .and_then(|kib| kib.parse().ok())
-                    })
-                    .unwrap_or(0)
-            })
-            .collect()
-    }
-}
-
-impl Drop for OwnCluster {
-    fn drop(&mut self) {
-        for child in &mut self.children {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn spawn_node(
-    bin: &Path,
-    id: u64,
-    addr: &str,
-    data: &Path,
-    log: std::fs::File,
-) -> std::io::Result<Child> {
-    let err = log.try_clone()?;
-    Command::new(bin)
-        .args([
-            "node",
-            "--id",
-            &id.to_string(),
-            "--listen",
-            addr,
-            "--data-dir",
-        ])
-        .arg(data)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(err)
-        .spawn()
-}
-
-fn free_port() -> std::io::Result<u16> {
-    let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?;
-    Ok(listener.local_addr()?.port())
 }

@@ -1,0 +1,24 @@
+//! `baton bench --workload failover` SIGKILLs a leader and `--workload scale` adds and removes a
+//! member: they must never do that to a cluster named by `--endpoints` (someone's real cluster).
+//! They refuse it as a usage error before contacting anything. The workloads themselves are
+//! benchmarks and never run in the test command.
+#![allow(clippy::unwrap_used)]
+
+use std::process::Command;
+
+#[test]
+fn robustness_workloads_refuse_an_external_cluster() {
+    for workload in ["failover", "scale"] {
+        let output = Command::new(env!("CARGO_BIN_EXE_baton"))
+            .args(["bench", "--workload", workload, "--duration", "1s"])
+            .args(["--endpoints", "127.0.0.1:9"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{workload}: {stderr}");
+        assert!(
+            stderr.contains("only on its own cluster"),
+            "{workload}: {stderr}"
+        );
+    }
+}
