@@ -42,6 +42,20 @@ use crate::proto::cluster_client::ClusterClient;
 use crate::proto::{self, RequestHeader};
 use security::Credentials;
 
+/// The first pause before retrying a failed attempt; it doubles up to [`MAX_RETRY_PAUSE`].
+const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(20);
+/// The longest pause between attempts. A failover is retried through: after a leader dies, every
+/// client's attempts fail at once, and a long cap (it was 500 ms) left writes waiting for the next
+/// retry well after the new leader was elected (`baton bench --workload failover`).
+const MAX_RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// Half the pause plus a random part of the other half, so that clients that failed together do
+/// not all retry at the same instant.
+fn jittered(pause: Duration) -> Duration {
+    let half = pause / 2;
+    half + half.mul_f64(rand::random::<f64>())
+}
+
 /// A connection to one node, presenting the client's credentials on every call.
 pub(crate) type Conn = InterceptedService<Channel, Credentials>;
 
@@ -334,7 +348,7 @@ impl Client {
         };
         let started = Instant::now();
         let mut tried: BTreeSet<String> = BTreeSet::new();
-        let mut pause = Duration::from_millis(20);
+        let mut pause = FIRST_RETRY_PAUSE;
         let mut redirects = 0;
         loop {
             let addr = self.target();
@@ -375,8 +389,8 @@ impl Client {
                 });
             }
             tracing::debug!(%last, ?pause, "retrying");
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(500));
+            tokio::time::sleep(jittered(pause)).await;
+            pause = (pause * 2).min(MAX_RETRY_PAUSE);
         }
     }
 
