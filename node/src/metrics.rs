@@ -272,6 +272,11 @@ impl Metrics {
         InFlight(self.in_flight.clone())
     }
 
+    /// How many client requests this process is serving right now.
+    pub fn requests_in_flight(&self) -> i64 {
+        self.in_flight.get()
+    }
+
     /// A client request to `method` ended with `status` (a gRPC status as in its response).
     pub fn request_failed(&self, method: &str, status: &tonic::Status) {
         let code = detail_of(status)

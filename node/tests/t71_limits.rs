@@ -64,7 +64,9 @@ async fn channel(addr: &str) -> Channel {
 }
 
 /// Starts a long-poll lease on `channel` that holds its request for `wait` (no task is ever
-/// leasable), after creating the queue and the worker it needs.
+/// leasable), after creating the queue and the worker it needs, and returns once the node is
+/// serving it: a request sent earlier could otherwise take the only place and leave the lease
+/// refused.
 async fn hold_a_request(
     cluster: &Cluster,
     channel: Channel,
@@ -72,7 +74,7 @@ async fn hold_a_request(
 ) -> tokio::task::JoinHandle<Result<(), tonic::Status>> {
     cluster.client.create_queue("q", "ns").await.unwrap();
     cluster.client.register_worker("w", false).await.unwrap();
-    tokio::spawn(async move {
+    let held = tokio::spawn(async move {
         let request = LeaseRequest {
             header: Some(RequestHeader {
                 client_id: 77,
@@ -86,7 +88,20 @@ async fn hold_a_request(
             wait_ms: wait.as_millis() as u64,
         };
         QueueClient::new(channel).lease(request).await.map(|_| ())
-    })
+    });
+    let metrics = baton_node::metrics::metrics();
+    for _ in 0..500 {
+        if metrics.requests_in_flight() > 0 {
+            return held;
+        }
+        assert!(
+            !held.is_finished(),
+            "the held lease ended early: {:?}",
+            held.await
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the held lease never reached the node");
 }
 
 /// Loads a checkpoint on `channel` until the answer is OVERLOADED (at most ~5 s of tries, as the
