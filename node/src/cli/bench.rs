@@ -193,17 +193,19 @@ pub async fn run(args: BenchArgs, endpoints: Option<Vec<String>>) -> u8 {
 
     let drivers = Drivers::start(&client, args.workload, run_id, args.clients);
     tokio::time::sleep(args.warmup).await;
+    let cpu_before = CpuUse::now(own.as_ref());
     drivers.measure();
     let started = Instant::now();
     tokio::time::sleep(args.duration).await;
     drivers.stop();
     let elapsed = started.elapsed().as_secs_f64();
+    let cpu = CpuUse::now(own.as_ref()).since(&cpu_before);
     let total = drivers.collect().await;
     let rss = own
         .as_ref()
         .map(OwnCluster::peak_rss_kib)
         .unwrap_or_default();
-    report(&args, &total, elapsed, &rss);
+    report(&args, &total, elapsed, &rss, &cpu);
     exit::OK
 }
 
@@ -271,7 +273,41 @@ impl Drivers {
     }
 }
 
-fn report(args: &BenchArgs, total: &Tally, elapsed: f64, rss_kib: &[u64]) {
+/// CPU time spent so far by the bench process and the nodes it started, in ms: with every
+/// process sharing a small machine, CPU per operation is a steadier figure than ops/s.
+struct CpuUse {
+    bench_ms: u64,
+    nodes_ms: Option<u64>,
+}
+
+impl CpuUse {
+    fn now(own: Option<&OwnCluster>) -> Self {
+        Self {
+            bench_ms: cluster::proc_cpu_ms(std::process::id()).unwrap_or(0),
+            nodes_ms: own.map(|cluster| cluster.cpu_ms().iter().sum()),
+        }
+    }
+
+    fn since(&self, earlier: &Self) -> Self {
+        Self {
+            bench_ms: self.bench_ms.saturating_sub(earlier.bench_ms),
+            nodes_ms: self
+                .nodes_ms
+                .zip(earlier.nodes_ms)
+                .map(|(now, then)| now.saturating_sub(then)),
+        }
+    }
+
+    /// Microseconds of CPU per operation: the nodes' (if they are the bench's own) and the
+    /// bench's own.
+    fn per_op_us(&self, ops: u64) -> (Option<f64>, f64) {
+        let per_op = |ms: u64| ms as f64 * 1000.0 / ops.max(1) as f64;
+        (self.nodes_ms.map(per_op), per_op(self.bench_ms))
+    }
+}
+
+fn report(args: &BenchArgs, total: &Tally, elapsed: f64, rss_kib: &[u64], cpu: &CpuUse) {
+    let (nodes_cpu_us, bench_cpu_us) = cpu.per_op_us(total.ops);
     let per_s = |n: u64| n as f64 / elapsed;
     let ms = |q: f64| total.latency_us.value_at_quantile(q) as f64 / 1000.0;
     let rss_mib: Vec<f64> = rss_kib.iter().map(|k| *k as f64 / 1024.0).collect();
@@ -291,6 +327,8 @@ fn report(args: &BenchArgs, total: &Tally, elapsed: f64, rss_kib: &[u64]) {
                 "p99_ms": ms(0.99),
                 "p999_ms": ms(0.999),
                 "node_peak_rss_mib": rss_mib,
+                "nodes_cpu_us_per_op": nodes_cpu_us,
+                "bench_cpu_us_per_op": bench_cpu_us,
             })
         );
         return;
@@ -306,7 +344,7 @@ fn report(args: &BenchArgs, total: &Tally, elapsed: f64, rss_kib: &[u64]) {
             + " MiB"
     };
     println!(
-        "workload={} clients={} ops/s={:.0} contended/s={:.0} requests/s={:.0} p50={:.2}ms p99={:.2}ms p999={:.2}ms errors={} node_peak_rss={rss}",
+        "workload={} clients={} ops/s={:.0} contended/s={:.0} requests/s={:.0} p50={:.2}ms p99={:.2}ms p999={:.2}ms errors={} node_peak_rss={rss} cpu_per_op={}",
         args.workload.name(),
         args.clients,
         per_s(total.ops),
@@ -316,6 +354,10 @@ fn report(args: &BenchArgs, total: &Tally, elapsed: f64, rss_kib: &[u64]) {
         ms(0.99),
         ms(0.999),
         total.errors,
+        match nodes_cpu_us {
+            Some(nodes) => format!("{nodes:.0}us(nodes)+{bench_cpu_us:.0}us(bench)"),
+            None => format!("{bench_cpu_us:.0}us(bench)"),
+        },
     );
 }
 

@@ -193,7 +193,7 @@ pub fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
 
 /// A process's user + system CPU time in ms, from `/proc/<pid>/stat` (fields 14 and 15, in clock
 /// ticks of 10 ms: Linux's `USER_HZ` is 100 on every mainstream architecture).
-fn proc_cpu_ms(pid: u32) -> Option<u64> {
+pub fn proc_cpu_ms(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may hold spaces; the fields after it are plain numbers.
     let after_name = &stat[stat.rfind(')')? + 1..];
