@@ -272,6 +272,15 @@ impl Metrics {
         InFlight(self.in_flight.clone())
     }
 
+    /// How many client requests to `method` (e.g. `baton.v1.Board/Claim`) began so far.
+    pub fn requests_of(&self, method: &str) -> u64 {
+        self.requests
+            .get_or_create(&MethodLabels {
+                method: method.to_string(),
+            })
+            .get()
+    }
+
     /// How many client requests this process is serving right now.
     pub fn requests_in_flight(&self) -> i64 {
         self.in_flight.get()

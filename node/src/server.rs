@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use baton_rpc::proto::batch_server::BatchServer;
 use baton_rpc::proto::board_server::BoardServer;
 use baton_rpc::proto::checkpoint_server::CheckpointServer;
 use baton_rpc::proto::cluster_server::ClusterServer;
@@ -34,8 +35,8 @@ use crate::node::{Node, NodeRef};
 use crate::readiness::Readiness;
 use crate::security::Security;
 use crate::service::{
-    BoardService, CheckpointService, ClusterService, EffectService, HandoffService, QueueService,
-    RaftService, SinkService, WatchService,
+    BatchService, BoardService, CheckpointService, ClusterService, EffectService, HandoffService,
+    QueueService, RaftService, SinkService, WatchService,
 };
 use crate::stamp::wall_clock_ms;
 use crate::store;
@@ -167,6 +168,10 @@ pub async fn serve_secured(
         )
         .add_service(
             BoardServer::new(BoardService::new(node.clone()))
+                .max_decoding_message_size(max_request),
+        )
+        .add_service(
+            BatchServer::new(BatchService::new(node.clone()))
                 .max_decoding_message_size(max_request),
         )
         .add_service(

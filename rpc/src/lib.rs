@@ -2,6 +2,7 @@
 //!
 //! - [`proto`]: the generated gRPC messages and services (client API and Raft transport).
 //! - [`convert`]: protobuf <-> state-machine types.
+//! - [`batch`]: the calls that may travel together in one `Batch.Call`.
 //! - [`error`]: the one place where codes map to gRPC statuses and back.
 //! - [`Client`]: leader discovery, redirects, retries with the same `(client_id, seq)`, typed
 //!   errors, and [`Client::watch`]: every committed change matching a filter, in commit order,
@@ -11,6 +12,7 @@
 //!   protocol checks, graceful draining).
 #![deny(missing_docs)]
 
+pub mod batch;
 mod client;
 pub mod convert;
 pub mod error;

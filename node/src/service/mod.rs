@@ -1,5 +1,6 @@
 //! The gRPC services a node serves. Handlers are thin: decode, propose or read, encode.
 
+mod batch;
 mod board;
 mod checkpoint;
 mod cluster;
@@ -10,6 +11,7 @@ mod raft;
 mod sink;
 mod watch;
 
+pub use batch::BatchService;
 pub use board::BoardService;
 pub use checkpoint::CheckpointService;
 pub use cluster::ClusterService;

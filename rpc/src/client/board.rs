@@ -3,6 +3,7 @@
 use baton_statemachine::board::{Task, TaskSpec};
 
 use super::{answered, Client};
+use crate::batch;
 use crate::convert;
 use crate::error::Error;
 use crate::proto;
@@ -47,7 +48,7 @@ impl Client {
                     agent: agent.to_string(),
                     ttl_ms,
                 };
-                async move { BoardClient::new(channel).claim(request).await }
+                channel.unary(batch::BOARD_CLAIM, request)
             })
             .await?;
         answered(reply.task, "claim", "a task").map(convert::task_from_proto)
@@ -61,7 +62,7 @@ impl Client {
                 id: id.to_string(),
                 token: token.to_string(),
             };
-            async move { BoardClient::new(channel).release(request).await }
+            channel.unary(batch::BOARD_RELEASE, request)
         })
         .await
         .map(|_| ())
@@ -75,7 +76,7 @@ impl Client {
                 id: id.to_string(),
                 token: token.to_string(),
             };
-            async move { BoardClient::new(channel).complete(request).await }
+            channel.unary(batch::BOARD_COMPLETE, request)
         })
         .await
         .map(|_| ())
@@ -91,7 +92,7 @@ impl Client {
                     token: token.to_string(),
                     ttl_ms,
                 };
-                async move { BoardClient::new(channel).renew(request).await }
+                channel.unary(batch::BOARD_RENEW, request)
             })
             .await?;
         answered(reply.task, "renew", "a task").map(convert::task_from_proto)

@@ -3,6 +3,7 @@
 use baton_statemachine::handoff::{Handle, OfferArgs, Receipt, Ticket};
 
 use super::Client;
+use crate::batch;
 use crate::convert;
 use crate::error::Error;
 use crate::proto;
@@ -33,7 +34,7 @@ impl Client {
                     reply_to: args.reply_to.clone(),
                     ttl_ms: args.ttl_ms,
                 };
-                async move { HandoffClient::new(channel).offer(request).await }
+                channel.unary(batch::HANDOFF_OFFER, request)
             })
             .await?;
         reply
@@ -51,7 +52,7 @@ impl Client {
                     key: key.to_string(),
                     to: to.to_string(),
                 };
-                async move { HandoffClient::new(channel).take(request).await }
+                channel.unary(batch::HANDOFF_TAKE, request)
             })
             .await?;
         reply
@@ -69,7 +70,7 @@ impl Client {
                 token: token.to_string(),
                 receipt: Some(convert::receipt_to_proto(receipt)),
             };
-            async move { HandoffClient::new(channel).reply(request).await }
+            channel.unary(batch::HANDOFF_REPLY, request)
         })
         .await
         .map(|_| ())
@@ -83,7 +84,7 @@ impl Client {
                 key: key.to_string(),
                 by: by.to_string(),
             };
-            async move { HandoffClient::new(channel).cancel(request).await }
+            channel.unary(batch::HANDOFF_CANCEL, request)
         })
         .await
         .map(|_| ())
@@ -116,7 +117,7 @@ impl Client {
                 let request = proto::GetTicketRequest {
                     key: key.to_string(),
                 };
-                async move { HandoffClient::new(channel).get(request).await }
+                channel.unary(batch::HANDOFF_GET, request)
             })
             .await?;
         reply

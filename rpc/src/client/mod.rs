@@ -9,6 +9,7 @@
 //! This module holds the plumbing and the cluster calls; each primitive's typed calls live in
 //! their own file.
 
+mod batcher;
 mod board;
 mod checkpoint;
 mod cluster;
@@ -34,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use baton_statemachine::Refusal;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 use tonic::{Code, Status};
 
 use crate::error::{detail_of, infra, refusal_of, Error};
@@ -56,8 +57,7 @@ fn jittered(pause: Duration) -> Duration {
     half + half.mul_f64(rand::random::<f64>())
 }
 
-/// A connection to one node, presenting the client's credentials on every call.
-pub(crate) type Conn = InterceptedService<Channel, Credentials>;
+pub(crate) use batcher::Conn;
 
 /// Timeouts of a [`Client`].
 #[derive(Debug, Clone)]
@@ -427,8 +427,10 @@ impl Client {
                 .tls_config(tls.config())
                 .map_err(|e| Error::Config(format!("bad TLS settings: {e}")))?;
         }
-        let channel =
-            InterceptedService::new(endpoint.connect_lazy(), self.inner.credentials.clone());
+        let channel = Conn::new(
+            InterceptedService::new(endpoint.connect_lazy(), self.inner.credentials.clone()),
+            self.inner.config.attempt_timeout,
+        );
         channels.insert(addr.to_string(), channel.clone());
         Ok(channel)
     }

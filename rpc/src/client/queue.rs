@@ -11,6 +11,7 @@ use baton_statemachine::queue::{
 };
 
 use super::{answered, decoded, Client};
+use crate::batch;
 use crate::convert;
 use crate::error::Error;
 use crate::proto;
@@ -97,7 +98,7 @@ impl Client {
         let reply = self
             .write(|header, channel| {
                 let request = convert::submit_to_proto(header, spec);
-                async move { QueueClient::new(channel).submit(request).await }
+                channel.unary(batch::QUEUE_SUBMIT, request)
             })
             .await?;
         Ok(SubmitReceipt {
@@ -109,11 +110,7 @@ impl Client {
     /// Linearizable read of one queue task with its attempts (`UnknownTask` when there is none).
     pub async fn queue_task(&self, id: u64) -> Result<Task, Error> {
         let reply = self
-            .call(|channel| async move {
-                QueueClient::new(channel)
-                    .get_task(proto::GetQueueTaskRequest { id })
-                    .await
-            })
+            .call(|channel| channel.unary(batch::QUEUE_GET_TASK, proto::GetQueueTaskRequest { id }))
             .await?;
         task_of(reply.task, "get_task")
     }
@@ -234,7 +231,7 @@ impl Client {
                     attempt,
                     worker_id: worker.to_string(),
                 };
-                async move { QueueClient::new(channel).start(request).await }
+                channel.unary(batch::QUEUE_START, request)
             })
             .await?;
         task_of(reply.task, "start")
@@ -258,7 +255,7 @@ impl Client {
                     worker_id: worker.to_string(),
                     lease_ttl_ms,
                 };
-                async move { QueueClient::new(channel).renew(request).await }
+                channel.unary(batch::QUEUE_RENEW, request)
             })
             .await?;
         task_of(reply.task, "renew")
@@ -282,7 +279,7 @@ impl Client {
                     worker_id: worker.to_string(),
                     result: result.to_vec(),
                 };
-                async move { QueueClient::new(channel).complete(request).await }
+                channel.unary(batch::QUEUE_COMPLETE, request)
             })
             .await?;
         task_of(reply.task, "complete")
@@ -308,7 +305,7 @@ impl Client {
                     error: error.to_string(),
                     retryable,
                 };
-                async move { QueueClient::new(channel).fail(request).await }
+                channel.unary(batch::QUEUE_FAIL, request)
             })
             .await?;
         task_of(reply.task, "fail")

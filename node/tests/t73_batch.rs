@@ -1,0 +1,242 @@
+//! `Batch.Call`: the client library sends concurrent calls to one node together, every item gets
+//! exactly the answer it would have got alone, a bad item is refused alone and changes nothing,
+//! and a client facing a node without the batch service falls back to direct calls.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_rpc::batch;
+use baton_rpc::error::{detail_of, refusal_of};
+use baton_rpc::proto::batch_client::BatchClient;
+use baton_rpc::proto::batch_result::Outcome;
+use baton_rpc::proto::board_server::{Board, BoardServer};
+use baton_rpc::proto::{self, BatchItem, BatchRequest, RequestHeader};
+use baton_rpc::{Client, ClientConfig, Error};
+use baton_statemachine::board::TaskSpec;
+use baton_statemachine::Refusal;
+use prost::Message;
+use tonic::transport::{Endpoint, Server};
+use tonic::{Code, Request, Response, Status};
+
+mod support;
+use support::Cluster;
+
+fn specs(n: usize) -> Vec<TaskSpec> {
+    (0..n)
+        .map(|i| TaskSpec {
+            id: format!("t{i}"),
+            deps: vec![],
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_share_batches_and_each_gets_its_own_answer() {
+    let cluster = Cluster::start().await;
+    let client = cluster.client.clone();
+    client.seed(&specs(32)).await.unwrap();
+    let batches_before = baton_node::metrics::metrics().requests_of("baton.v1.Batch/Call");
+
+    // Two claimers per task and a few claims of tasks that do not exist, all at once.
+    let claims: Vec<_> = (0..72)
+        .map(|i| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let id = format!("t{}", i % 36);
+                let outcome = client.claim(&id, &format!("agent-{i}"), 30_000).await;
+                (id, outcome)
+            })
+        })
+        .collect();
+    let mut winners = std::collections::BTreeMap::<String, usize>::new();
+    for claim in claims {
+        let (id, outcome) = claim.await.unwrap();
+        match outcome {
+            Ok(task) => {
+                assert_eq!(task.id, id);
+                assert!(task.lease.is_some(), "a won claim carries its lease");
+                *winners.entry(id).or_default() += 1;
+            }
+            Err(error) if id[1..].parse::<usize>().unwrap() >= 32 => {
+                assert_eq!(
+                    error.refusal(),
+                    Some(&Refusal::UnknownTask),
+                    "{id}: {error:?}"
+                );
+            }
+            Err(error) => assert_eq!(error.refusal(), Some(&Refusal::Taken), "{id}: {error:?}"),
+        }
+    }
+    assert_eq!(
+        winners.len(),
+        32,
+        "every seeded task was won once: {winners:?}"
+    );
+    assert!(winners.values().all(|n| *n == 1), "{winners:?}");
+
+    let batches =
+        baton_node::metrics::metrics().requests_of("baton.v1.Batch/Call") - batches_before;
+    assert!(batches >= 1, "the calls travelled in batches");
+    assert!(
+        batches < 72,
+        "72 concurrent calls should share batches, but took {batches}"
+    );
+    cluster.stop().await;
+}
+
+fn claim_item(id: &str, seq: u64) -> BatchItem {
+    let request = proto::ClaimTaskRequest {
+        header: Some(RequestHeader {
+            client_id: 4242,
+            seq,
+            acked_below: 1,
+        }),
+        id: id.into(),
+        agent: "raw".into(),
+        ttl_ms: 30_000,
+    };
+    BatchItem {
+        method: batch::BOARD_CLAIM.path.into(),
+        request: request.encode_to_vec(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_item_is_refused_alone_and_changes_nothing() {
+    let cluster = Cluster::start().await;
+    cluster.client.seed(&specs(2)).await.unwrap();
+    let channel = Endpoint::from_shared(format!("http://{}", cluster.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let garbage = BatchItem {
+        method: batch::BOARD_CLAIM.path.into(),
+        request: vec![0xff; 7],
+    };
+    let not_batchable = BatchItem {
+        method: "/baton.v1.Board/Seed".into(),
+        request: vec![],
+    };
+    let answer = BatchClient::new(channel)
+        .call(BatchRequest {
+            items: vec![
+                claim_item("t0", 1),
+                garbage,
+                not_batchable,
+                claim_item("t0", 2),
+            ],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.results.len(), 4, "one result per item, in order");
+    let outcomes: Vec<Outcome> = answer
+        .results
+        .into_iter()
+        .map(|r| r.outcome.unwrap())
+        .collect();
+
+    // Items run concurrently: exactly one of the two claims of t0 wins, the other is TAKEN.
+    let claim_answers = [&outcomes[0], &outcomes[3]];
+    let won = claim_answers
+        .iter()
+        .filter(|o| matches!(o, Outcome::Response(_)))
+        .count();
+    assert_eq!(won, 1, "{claim_answers:?}");
+    for outcome in claim_answers {
+        if let Outcome::Status(status) = outcome {
+            let status = batch::status_from_wire(status.clone());
+            let detail = detail_of(&status).unwrap();
+            assert_eq!(refusal_of(&detail), Some(Refusal::Taken), "{status:?}");
+        }
+    }
+    let Outcome::Status(garbage) = &outcomes[1] else {
+        panic!("garbage bytes were accepted: {:?}", outcomes[1]);
+    };
+    let garbage = batch::status_from_wire(garbage.clone());
+    assert_eq!(garbage.code(), Code::InvalidArgument, "{garbage:?}");
+    assert!(garbage.message().contains("Board/Claim"), "{garbage:?}");
+    let Outcome::Status(seed) = &outcomes[2] else {
+        panic!("a seed was run from a batch: {:?}", outcomes[2]);
+    };
+    assert_eq!(seed.code, Code::Unimplemented as i32, "{seed:?}");
+
+    // Nothing but the one winning claim happened: t1 is free.
+    cluster.client.claim("t1", "someone", 30_000).await.unwrap();
+    cluster.stop().await;
+}
+
+/// A node of an older version: a board that knows Claim (it counts them) but no batch service.
+struct OldBoard(Arc<AtomicUsize>);
+
+#[tonic::async_trait]
+impl Board for OldBoard {
+    async fn seed(
+        &self,
+        _: Request<proto::SeedTasksRequest>,
+    ) -> Result<Response<proto::SeedTasksResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
+    async fn claim(
+        &self,
+        _: Request<proto::ClaimTaskRequest>,
+    ) -> Result<Response<proto::ClaimTaskResponse>, Status> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Err(baton_rpc::error::refusal_status(&Refusal::Blocked))
+    }
+    async fn release(
+        &self,
+        _: Request<proto::ReleaseTaskRequest>,
+    ) -> Result<Response<proto::ReleaseTaskResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
+    async fn complete(
+        &self,
+        _: Request<proto::CompleteTaskRequest>,
+    ) -> Result<Response<proto::CompleteTaskResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
+    async fn renew(
+        &self,
+        _: Request<proto::RenewTaskRequest>,
+    ) -> Result<Response<proto::RenewTaskResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
+    async fn list(
+        &self,
+        _: Request<proto::ListTasksRequest>,
+    ) -> Result<Response<proto::ListTasksResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_the_batch_service_is_called_directly() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let claims = Arc::new(AtomicUsize::new(0));
+    let server = tokio::spawn(
+        Server::builder()
+            .add_service(BoardServer::new(OldBoard(claims.clone())))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let client = Client::new(
+        &[addr.to_string()],
+        ClientConfig {
+            deadline: Duration::from_secs(5),
+            ..ClientConfig::default()
+        },
+    )
+    .unwrap();
+    for round in 0..2 {
+        match client.claim("x", "a", 1_000).await {
+            Err(Error::Refused(Refusal::Blocked)) => {}
+            other => panic!("round {round}: want the old node's own answer, got {other:?}"),
+        }
+        assert_eq!(claims.load(Ordering::SeqCst), round + 1, "served directly");
+    }
+    server.abort();
+}
