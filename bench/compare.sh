@@ -152,6 +152,8 @@ install_missing() {
     elif has mariadb || has postgres; then
         command -v protoc >/dev/null || missing+=(protobuf-compiler) # the driver links etcd-client
     fi
+    # etcd-client's protos import Google's well-known types, which protoc alone does not ship.
+    [[ -e /usr/include/google/protobuf/descriptor.proto ]] || missing+=(libprotobuf-dev)
     command -v python3 >/dev/null || missing+=(python3)
     ((${#missing[@]})) || return 0
     log "installing from Debian's packages: ${missing[*]}"
