@@ -146,7 +146,8 @@ impl History {
     /// storing them and evicting, the oldest available revision moves past them, but no change of
     /// theirs is wrapped or counted, and they are dropped after the history is unlocked.
     pub fn record(&self, mut entries: Vec<(u64, Vec<Change>)>, applied: u64) {
-        let kept = entries.split_off(self.first_kept(&entries));
+        let (first_kept, mut sizes) = self.first_kept(&entries);
+        let kept = entries.split_off(first_kept);
         let mut evicted = VecDeque::new();
         {
             let mut ring = self.ring();
@@ -159,7 +160,7 @@ impl History {
             }
             for (revision, changes) in kept {
                 for (index, change) in changes.into_iter().enumerate() {
-                    let bytes = change.approx_bytes();
+                    let bytes = sizes.pop().unwrap_or_else(|| change.approx_bytes());
                     ring.bytes += bytes;
                     ring.events.push_back(Arc::new(Recorded {
                         position: WatchPosition {
@@ -182,17 +183,21 @@ impl History {
     /// The first of `entries` whose changes survive eviction: every later entry's too. Eviction
     /// keeps the longest run of newest whole revisions that fits the limits, so walking back
     /// from the newest entry, the first that does not fit is evicted with everything before it.
-    fn first_kept(&self, entries: &[(u64, Vec<Change>)]) -> usize {
+    /// Also returns the sizes of the kept changes, newest first, so each is computed once.
+    fn first_kept(&self, entries: &[(u64, Vec<Change>)]) -> (usize, Vec<usize>) {
         let limits = self.inner.limits;
-        let (mut events, mut bytes) = (0usize, 0usize);
+        let mut sizes = Vec::with_capacity(entries.iter().map(|(_, c)| c.len()).sum());
+        let mut bytes = 0usize;
         for (at, (_, changes)) in entries.iter().enumerate().rev() {
-            events += changes.len();
-            bytes += changes.iter().map(Change::approx_bytes).sum::<usize>();
-            if events > limits.events || bytes > limits.bytes {
-                return at + 1;
+            let kept = sizes.len();
+            sizes.extend(changes.iter().rev().map(Change::approx_bytes));
+            bytes += sizes[kept..].iter().sum::<usize>();
+            if sizes.len() > limits.events || bytes > limits.bytes {
+                sizes.truncate(kept);
+                return (at + 1, sizes);
             }
         }
-        0
+        (0, sizes)
     }
 
     /// Forgets everything: the state jumped to `applied` (a snapshot was installed), so the

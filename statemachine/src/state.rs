@@ -115,14 +115,24 @@ fn execute(
 ) -> Result<Reply, Refusal> {
     let answer = run(state, stamp, command);
     // Only the sweep touches more than one primitive, and it runs them in this order.
-    changes.extend(state.handoff.take_changes());
-    changes.extend(state.board.take_changes());
-    changes.extend(state.effects.take_changes());
-    changes.extend(state.queue.take_changes());
+    append(changes, state.handoff.take_changes());
+    append(changes, state.board.take_changes());
+    append(changes, state.effects.take_changes());
+    append(changes, state.queue.take_changes());
     if answer.is_ok() {
         changes.extend(written(state, command));
     }
     answer
+}
+
+/// Appends `more` to `changes`, taking the vector as it is when `changes` is empty (a sweep's
+/// tens of thousands of changes are not copied once more).
+fn append(changes: &mut Vec<Change>, more: Vec<Change>) {
+    if changes.is_empty() {
+        *changes = more;
+    } else {
+        changes.extend(more);
+    }
 }
 
 /// The change an accepted sink write or checkpoint save made (the other primitives record their
