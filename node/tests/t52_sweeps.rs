@@ -16,7 +16,10 @@ mod support;
 use support::Cluster;
 
 /// Long enough that a sweep on the interval's tick could not pass for a prompt one.
-const TICK: Duration = Duration::from_secs(10);
+const TICK: Duration = Duration::from_secs(30);
+/// How late a prompt sweep may be heard: generous, so a loaded machine cannot fail the test, and
+/// still far from what waiting for the tick would take.
+const PROMPT: u64 = 10_000;
 
 fn unix_ms() -> u64 {
     SystemTime::now()
@@ -26,9 +29,9 @@ fn unix_ms() -> u64 {
 }
 
 async fn next(events: &mut BoxStream<'static, Result<Event, Error>>) -> Event {
-    tokio::time::timeout(Duration::from_secs(15), events.next())
+    tokio::time::timeout(Duration::from_secs(45), events.next())
         .await
-        .expect("an event within 15 s")
+        .expect("an event within 45 s")
         .expect("the watch goes on")
         .expect("an event, not an error")
 }
@@ -64,7 +67,7 @@ async fn a_lease_is_swept_soon_after_its_deadline_not_at_the_next_tick() {
         );
         let after = heard.saturating_sub(lease.until_ms);
         assert!(
-            after < 1_000,
+            after < PROMPT,
             "{id}: swept {after} ms after its deadline (the sweep interval is {TICK:?})"
         );
     }
