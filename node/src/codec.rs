@@ -31,3 +31,36 @@ pub fn encoded_len<T: Serialize>(value: &T) -> usize {
         Err(_) => usize::MAX,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use baton_statemachine::{Command, Envelope, Stamp};
+
+    use super::*;
+
+    /// bincode writes an enum variant as its index: a log written before `SweepAtMost` existed
+    /// holds `Sweep` as variant 6, and must still read as `Sweep` (so variants are only ever
+    /// appended). The bytes of a sweep entry are pinned here.
+    #[test]
+    fn the_sweep_commands_keep_their_encodings() {
+        let envelope = |command| Envelope {
+            stamp: Stamp {
+                now_ms: 5,
+                entropy: 7,
+            },
+            origin: None,
+            command,
+        };
+        let sweep = encode(&envelope(Command::Sweep)).unwrap();
+        assert_eq!(sweep, [5, 7, 0, 6]);
+        assert_eq!(decode::<Envelope>(&sweep).unwrap().command, Command::Sweep);
+        let bounded = encode(&envelope(Command::SweepAtMost { expiries: 200 })).unwrap();
+        assert_eq!(bounded, [5, 7, 0, 7, 200]);
+        assert_eq!(
+            decode::<Envelope>(&bounded).unwrap().command,
+            Command::SweepAtMost { expiries: 200 }
+        );
+    }
+}

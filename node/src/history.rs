@@ -140,12 +140,27 @@ impl History {
 
     /// Appends the changes of applied entries (`(revision, changes)` in log order) and moves the
     /// head to `applied`, the last index applied (entries without changes move it too).
-    pub fn record(&self, entries: Vec<(u64, Vec<Change>)>, applied: u64) {
+    ///
+    /// Entries whose changes the limits would evict at once (a long run of sweeps applied in one
+    /// go, or one entry bigger than the history) are never stored: the outcome is exactly that of
+    /// storing them and evicting, the oldest available revision moves past them, but no change of
+    /// theirs is wrapped or counted, and they are dropped after the history is unlocked.
+    pub fn record(&self, mut entries: Vec<(u64, Vec<Change>)>, applied: u64) {
+        let (first_kept, mut sizes) = self.first_kept(&entries);
+        let kept = entries.split_off(first_kept);
+        let mut evicted = VecDeque::new();
         {
             let mut ring = self.ring();
-            for (revision, changes) in entries {
+            if let Some((skipped, _)) = entries.last() {
+                // Together with everything held: a whole-revision suffix that holds a revision of
+                // the history would also hold every skipped entry, and so exceed the limits.
+                evicted = std::mem::take(&mut ring.events);
+                ring.bytes = 0;
+                ring.oldest = ring.oldest.max(skipped + 1);
+            }
+            for (revision, changes) in kept {
                 for (index, change) in changes.into_iter().enumerate() {
-                    let bytes = change.approx_bytes();
+                    let bytes = sizes.pop().unwrap_or_else(|| change.approx_bytes());
                     ring.bytes += bytes;
                     ring.events.push_back(Arc::new(Recorded {
                         position: WatchPosition {
@@ -161,6 +176,28 @@ impl History {
             self.evict(&mut ring);
         }
         self.inner.head.send_replace(applied);
+        drop(evicted);
+        drop(entries);
+    }
+
+    /// The first of `entries` whose changes survive eviction: every later entry's too. Eviction
+    /// keeps the longest run of newest whole revisions that fits the limits, so walking back
+    /// from the newest entry, the first that does not fit is evicted with everything before it.
+    /// Also returns the sizes of the kept changes, newest first, so each is computed once.
+    fn first_kept(&self, entries: &[(u64, Vec<Change>)]) -> (usize, Vec<usize>) {
+        let limits = self.inner.limits;
+        let mut sizes = Vec::with_capacity(entries.iter().map(|(_, c)| c.len()).sum());
+        let mut bytes = 0usize;
+        for (at, (_, changes)) in entries.iter().enumerate().rev() {
+            let kept = sizes.len();
+            sizes.extend(changes.iter().rev().map(Change::approx_bytes));
+            bytes += sizes[kept..].iter().sum::<usize>();
+            if sizes.len() > limits.events || bytes > limits.bytes {
+                sizes.truncate(kept);
+                return (at + 1, sizes);
+            }
+        }
+        (0, sizes)
     }
 
     /// Forgets everything: the state jumped to `applied` (a snapshot was installed), so the
@@ -361,6 +398,121 @@ mod tests {
         assert!(stats.bytes <= one * 10, "{stats:?}");
         assert_eq!(stats.events, 10);
         assert_eq!(stats.oldest, 91);
+    }
+
+    #[test]
+    fn entries_the_limits_would_evict_at_once_are_never_stored() {
+        let limits = HistoryLimits {
+            events: 5,
+            bytes: usize::MAX,
+        };
+        let history = History::new(limits, 0);
+        history.record(vec![(1, vec![change("held")])], 1);
+        // Revisions 3 and 4 fit (5 changes); 2 would be evicted at once, and revision 1 with it.
+        let entries = vec![
+            (2, vec![change("a"), change("b")]),
+            (3, vec![change("c"), change("d"), change("e")]),
+            (4, vec![change("f"), change("g")]),
+        ];
+        history.record(entries, 4);
+        assert_eq!(history.oldest(), 3);
+        assert_eq!(history.read(at(2, 1), 10).unwrap_err(), 3);
+        assert_eq!(history.check_start(at(2, 0)).unwrap_err(), 3);
+        assert_eq!(
+            positions(&history.read(at(3, 0), 10).unwrap()),
+            vec![(3, 0), (3, 1), (3, 2), (4, 0), (4, 1)]
+        );
+        // One entry bigger than the whole history: nothing of it (or before it) stays.
+        history.record(vec![(6, (0..6).map(|_| change("x")).collect())], 7);
+        let stats = history.stats();
+        assert_eq!((stats.oldest, stats.events, stats.bytes), (7, 0, 0));
+        assert_eq!(history.read(at(6, 5), 10).unwrap_err(), 7);
+        let batch = history.read(at(7, 0), 10).unwrap();
+        assert!(batch.events.is_empty() && batch.caught_up && batch.head == 7);
+    }
+
+    /// The history as it was before entries could be skipped: store every change, then evict a
+    /// change at a time, finishing the revision of the last one evicted.
+    struct Model {
+        held: VecDeque<(u64, u32, usize)>,
+        bytes: usize,
+        oldest: u64,
+    }
+
+    impl Model {
+        fn record(&mut self, entries: &[(u64, Vec<Change>)], limits: HistoryLimits) {
+            for (revision, changes) in entries {
+                for (index, change) in changes.iter().enumerate() {
+                    let bytes = change.approx_bytes();
+                    self.bytes += bytes;
+                    self.held.push_back((*revision, index as u32, bytes));
+                }
+            }
+            while self.held.len() > limits.events || self.bytes > limits.bytes {
+                let (revision, _, bytes) = self.held.pop_front().unwrap();
+                self.bytes -= bytes;
+                self.oldest = self.oldest.max(revision + 1);
+                while self.held.front().is_some_and(|e| e.0 < self.oldest) {
+                    self.bytes -= self.held.pop_front().unwrap().2;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn skipping_entries_keeps_exactly_what_storing_and_evicting_them_kept() {
+        let one = change("k").approx_bytes();
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = |below: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % below
+        };
+        for round in 0..200 {
+            let limits = HistoryLimits {
+                events: 1 + next(12) as usize,
+                bytes: if round % 2 == 0 {
+                    usize::MAX
+                } else {
+                    one * (1 + next(15) as usize)
+                },
+            };
+            let history = History::new(limits, 0);
+            let mut model = Model {
+                held: VecDeque::new(),
+                bytes: 0,
+                oldest: 1,
+            };
+            let mut revision = 0;
+            for _ in 0..30 {
+                let entries: Vec<(u64, Vec<Change>)> = (0..next(5))
+                    .map(|_| {
+                        revision += 1 + next(2);
+                        let key = "k".repeat(1 + next(3) as usize);
+                        (revision, (0..1 + next(8)).map(|_| change(&key)).collect())
+                    })
+                    .collect();
+                revision += next(2);
+                model.record(&entries, limits);
+                history.record(entries, revision);
+                let stats = history.stats();
+                let context = format!("round {round}, limits {limits:?}");
+                assert_eq!(stats.oldest, model.oldest, "{context}");
+                assert_eq!(stats.bytes, model.bytes, "{context}");
+                let held = history.read(at(model.oldest, 0), usize::MAX).unwrap();
+                let expected: Vec<(u64, u32)> =
+                    model.held.iter().map(|(r, i, _)| (*r, *i)).collect();
+                assert_eq!(positions(&held), expected, "{context}");
+                if model.oldest > 1 {
+                    assert_eq!(
+                        history.check_start(at(model.oldest - 1, 0)),
+                        Err(model.oldest),
+                        "{context}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub mod shutdown;
 pub mod snapshot_file;
 pub mod stamp;
 pub mod store;
+pub mod sweeper;
 pub mod systemd;
 pub mod tls;
 pub mod types;

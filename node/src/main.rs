@@ -6,6 +6,12 @@ use clap::Parser;
 
 mod cli;
 
+/// mimalloc instead of the system allocator: a mass expiry frees and allocates millions of
+/// small change records, and glibc's malloc spent most of the nodes' CPU consolidating its free
+/// lists (docs/benchmarks.md, "State scale").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
     let runtime = match tokio::runtime::Runtime::new() {

@@ -129,7 +129,7 @@ impl Node {
         let sweep = Envelope {
             stamp: stamp::stamp(),
             origin: None,
-            command: Command::Sweep,
+            command: crate::sweeper::sweep_command(),
         };
         let written = self
             .raft

@@ -16,7 +16,6 @@ use baton_rpc::proto::queue_server::QueueServer;
 use baton_rpc::proto::raft::raft_server::RaftServer;
 use baton_rpc::proto::sink_server::SinkServer;
 use baton_rpc::proto::watch_server::WatchServer;
-use baton_statemachine::Command;
 use openraft::storage::RaftStateMachine;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -38,14 +37,10 @@ use crate::service::{
     BatchService, BoardService, CheckpointService, ClusterService, EffectService, HandoffService,
     QueueService, RaftService, SinkService, WatchService,
 };
-use crate::stamp::wall_clock_ms;
 use crate::store;
 use crate::tls::NodeTls;
 use crate::types::Raft;
-use crate::{http, systemd};
-
-/// The sweep runs at least this often even with nothing due, to forget idle client sessions.
-const SESSION_SWEEP_EVERY: Duration = Duration::from_secs(60);
+use crate::{http, sweeper, systemd};
 
 /// How long the gRPC server may take to close its connections once a shutdown has drained.
 const CLOSE_LIMIT: Duration = Duration::from_secs(5);
@@ -133,7 +128,7 @@ pub async fn serve_secured(
     tracing::info!(id = config.id, addr = %config.advertise, data_dir = %config.data_dir.display(), "node started");
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let sweeper = tokio::spawn(sweep_loop(
+    let sweeper = tokio::spawn(sweeper::run(
         node.clone(),
         admission.clone(),
         config.sweep_interval,
@@ -311,36 +306,5 @@ fn claim_identity(config: &NodeConfig) -> anyhow::Result<()> {
                 .with_context(|| format!("cannot write {}", path.display()))
         }
         Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
-    }
-}
-
-/// While this node leads, proposes a sweep whenever an expiry is due (and at least every
-/// [`SESSION_SWEEP_EVERY`]), so expiries are materialised in the log and snapshots.
-async fn sweep_loop(
-    node: NodeRef,
-    admission: Admission,
-    every: Duration,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut last_sweep = tokio::time::Instant::now();
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(every) => {}
-            _ = stop.changed() => return,
-        }
-        let leading = node.raft.metrics().borrow().current_leader == Some(node.id);
-        // A leader handing over or shutting down must not propose.
-        if !leading || admission.is_closed() {
-            continue;
-        }
-        let due = node.state_machine.read().state.sweep_due(wall_clock_ms());
-        if !due && last_sweep.elapsed() < SESSION_SWEEP_EVERY {
-            continue;
-        }
-        match node.propose(None, Command::Sweep).await {
-            Ok(reply) => tracing::debug!(?reply, "swept"),
-            Err(status) => tracing::debug!(%status, "sweep not applied"),
-        }
-        last_sweep = tokio::time::Instant::now();
     }
 }

@@ -1,20 +1,23 @@
 //! What a million live leases cost the state machine alone, with no network, Raft or disk.
 //!
 //! ```sh
-//! cargo run --release -p baton-statemachine --example scale -- --leases 1000000
+//! cargo run --release -p baton-statemachine --example scale -- --leases 1000000 [--batch 20000]
 //! ```
 //!
 //! Builds the state a node holds after `baton bench --workload scale` (N seeded board tasks, each
 //! claimed through `apply` with a lease ending at one common moment), then times what a node does
 //! with it: a snapshot encode and decode (bincode's standard configuration through serde, as the
-//! node's codec does), and the one `Command::Sweep` that expires all N at once. It prints the
-//! process's resident memory after each step. Figures only, never assertions.
+//! node's codec does), the one `Command::Sweep` that expired all N at once before the leader's
+//! sweeps were bounded, and the `Command::SweepAtMost` series a leader now proposes (`--batch`
+//! expiries each, [`SWEEP_BATCH`] by default). It prints the process's resident memory after each
+//! step. Figures only, never assertions.
 
 use std::time::{Duration, Instant};
 
 use baton_statemachine::board::{self, TaskSpec, MAX_SEED_TASKS};
+use baton_statemachine::sweep::SWEEP_BATCH;
 use baton_statemachine::{
-    apply, apply_with_changes, Command, Envelope, Origin, Reply, Response, Stamp, State,
+    apply, apply_with_changes, Change, Command, Envelope, Origin, Reply, Response, Stamp, State,
 };
 
 /// Clients whose requests the loaded commands pretend to be (the session table keeps one entry
@@ -26,14 +29,14 @@ const START_MS: u64 = 1_800_000_000_000;
 const CLAIMS_PER_MS: u64 = 10;
 
 fn main() {
-    let leases = match leases_arg() {
-        Ok(leases) => leases,
+    let (leases, batch) = match args() {
+        Ok(args) => args,
         Err(why) => {
-            eprintln!("scale: {why}\nusage: scale [--leases N]");
+            eprintln!("scale: {why}\nusage: scale [--leases N] [--batch N]");
             std::process::exit(2);
         }
     };
-    println!("leases={leases}");
+    println!("leases={leases} batch={batch}");
     let mut state = State::default();
     let mut seq = 0u64;
     let mut envelope = |now_ms: u64, entropy: u128, command: Command| {
@@ -110,24 +113,13 @@ fn main() {
     );
     drop(decoded);
     drop(image);
+    let mut bounded = state.clone();
 
     let started = Instant::now();
-    let sweep = Envelope {
-        stamp: Stamp {
-            now_ms: due,
-            entropy: 0,
-        },
-        origin: None,
-        command: Command::Sweep,
-    };
-    let (response, changes) = apply_with_changes(&mut state, &sweep);
+    let (expired, changes) = sweep(&mut state, due, Command::Sweep);
     let swept = started.elapsed();
-    let expired = match response {
-        Response::Answer(Ok(Reply::Swept { expired })) => expired,
-        other => fail(&format!("sweep answered {other:?}")),
-    };
     println!(
-        "sweep: expired {expired} leases in {:.3} s ({} changes recorded for watches); live leases left={}",
+        "one unbounded sweep: expired {expired} leases in {:.3} s ({} changes recorded for watches); live leases left={}",
         swept.as_secs_f64(),
         changes.len(),
         state.board.leases()
@@ -139,28 +131,75 @@ fn main() {
         started.elapsed().as_secs_f64(),
         rss_mib()
     );
+    drop(state);
+
+    // What a leader does now: bounded sweeps back to back while more is due; each sweep's changes
+    // are dropped before the next, as a node's watch history forgets all but the newest.
+    let started = Instant::now();
+    let (mut sweeps, mut total, mut slowest) = (0, 0, Duration::ZERO);
+    loop {
+        let one = Instant::now();
+        let (expired, changes) = sweep(&mut bounded, due, Command::SweepAtMost { expiries: batch });
+        drop(changes);
+        slowest = slowest.max(one.elapsed());
+        sweeps += 1;
+        total += expired;
+        if expired < u64::from(batch) {
+            break;
+        }
+    }
+    println!(
+        "bounded sweeps: expired {total} leases in {sweeps} sweeps of at most {batch} in {:.3} s (changes dropped included; slowest sweep {:.1} ms); live leases left={}; rss={} MiB",
+        started.elapsed().as_secs_f64(),
+        slowest.as_secs_f64() * 1e3,
+        bounded.board.leases(),
+        rss_mib()
+    );
+}
+
+/// Applies a leader's sweep command at store time `now_ms`; returns how many it expired and its
+/// changes.
+fn sweep(state: &mut State, now_ms: u64, command: Command) -> (u64, Vec<Change>) {
+    let envelope = Envelope {
+        stamp: Stamp { now_ms, entropy: 0 },
+        origin: None,
+        command,
+    };
+    match apply_with_changes(state, &envelope) {
+        (Response::Answer(Ok(Reply::Swept { expired })), changes) => (expired, changes),
+        (other, _) => fail(&format!("sweep answered {other:?}")),
+    }
 }
 
 fn task_id(n: usize) -> String {
     format!("scale-00000000-{n}")
 }
 
-fn leases_arg() -> Result<usize, String> {
+/// `--leases N` (1,000,000) and `--batch N` ([`SWEEP_BATCH`]).
+fn args() -> Result<(usize, u32), String> {
     let mut args = std::env::args().skip(1);
     let mut leases = 1_000_000;
+    let mut batch = SWEEP_BATCH;
     while let Some(arg) = args.next() {
+        let mut number = |name: &str| -> Result<u64, String> {
+            let value = args.next().ok_or(format!("{name} needs a value"))?;
+            value
+                .replace(['_', ','], "")
+                .parse()
+                .map_err(|_| format!("{name}: not a number: {value}"))
+        };
         match arg.as_str() {
-            "--leases" => {
-                let value = args.next().ok_or("--leases needs a value")?;
-                leases = value
-                    .replace(['_', ','], "")
-                    .parse()
-                    .map_err(|_| format!("--leases: not a number: {value}"))?;
+            "--leases" => leases = number("--leases")? as usize,
+            "--batch" => {
+                batch = u32::try_from(number("--batch")?)
+                    .ok()
+                    .filter(|batch| *batch > 0)
+                    .ok_or("--batch: must be 1 to 2^32 - 1")?;
             }
             other => return Err(format!("unknown argument {other}")),
         }
     }
-    Ok(leases)
+    Ok((leases, batch))
 }
 
 fn expect_ok(response: Response, what: &str) {

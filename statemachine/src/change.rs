@@ -273,12 +273,33 @@ impl ChangeValue {
         ChangeValue::Task(Box::new(task))
     }
 
-    /// A queue task as changes carry it: without payload and result.
+    /// A queue task as changes carry it: without payload and result (never copied: a payload
+    /// may be a megabyte, and a task reports several changes in its life).
     pub fn queue_task(task: &queue::Task) -> Self {
-        let mut summary = task.clone();
-        summary.spec.payload = Vec::new();
-        summary.result = Vec::new();
-        ChangeValue::QueueTask(Box::new(summary))
+        let spec = &task.spec;
+        ChangeValue::QueueTask(Box::new(queue::Task {
+            id: task.id,
+            namespace: task.namespace.clone(),
+            spec: queue::TaskSpec {
+                queue: spec.queue.clone(),
+                idempotency_key: spec.idempotency_key.clone(),
+                handler: spec.handler.clone(),
+                handler_version: spec.handler_version.clone(),
+                payload_version: spec.payload_version.clone(),
+                payload: Vec::new(),
+                concurrency_key: spec.concurrency_key.clone(),
+                business_key: spec.business_key.clone(),
+                max_attempts: spec.max_attempts,
+                ttl_ms: spec.ttl_ms,
+            },
+            state: task.state,
+            attempts: task.attempts.clone(),
+            submitted_at_ms: task.submitted_at_ms,
+            deadline_ms: task.deadline_ms,
+            retry_at_ms: task.retry_at_ms,
+            result: Vec::new(),
+            last_error: task.last_error.clone(),
+        }))
     }
 }
 

@@ -28,7 +28,7 @@ impl Command {
             Command::Sink(command) => command.name(),
             Command::Checkpoint(command) => command.name(),
             Command::Queue(command) => command.name(),
-            Command::Sweep => "sweep",
+            Command::Sweep | Command::SweepAtMost { .. } => "sweep",
         }
     }
 }
@@ -82,8 +82,19 @@ pub enum Command {
     /// A task-queue command.
     Queue(queue::Command),
     /// Materialise every expiry that is due at the store clock and forget idle client sessions.
-    /// Proposed periodically by the leader so snapshots carry no overdue leftovers.
+    /// Leaders no longer propose it (a mass expiry made it one huge apply); it stays so that logs
+    /// and snapshots written before [`Command::SweepAtMost`] existed still apply the same.
     Sweep,
+    /// Materialise the `expiries` expiries due at the store clock that fell due first (fewer when
+    /// fewer are due; see the `sweep` module for the order) and forget idle client sessions.
+    /// Proposed by the leader when something is due, back to back while more is, so snapshots
+    /// carry no overdue leftovers and no single apply grows with the number of expiries.
+    ///
+    /// Appended last: bincode encodes the variant's index, so the variants before it keep theirs.
+    SweepAtMost {
+        /// The most expiries this sweep materialises.
+        expiries: u32,
+    },
 }
 
 /// A successful command's result.

@@ -22,6 +22,7 @@ pub mod queue;
 mod session;
 pub mod sink;
 mod state;
+pub mod sweep;
 mod time;
 mod validate;
 

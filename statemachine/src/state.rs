@@ -12,6 +12,7 @@ use crate::handoff::{self, Desk};
 use crate::queue::{self, TaskQueue};
 use crate::session::{SessionLookup, Sessions};
 use crate::sink::{self, Sink};
+use crate::sweep::Plan;
 
 /// Everything the store knows. Snapshots are this, serialized.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,14 +115,24 @@ fn execute(
 ) -> Result<Reply, Refusal> {
     let answer = run(state, stamp, command);
     // Only the sweep touches more than one primitive, and it runs them in this order.
-    changes.extend(state.handoff.take_changes());
-    changes.extend(state.board.take_changes());
-    changes.extend(state.effects.take_changes());
-    changes.extend(state.queue.take_changes());
+    append(changes, state.handoff.take_changes());
+    append(changes, state.board.take_changes());
+    append(changes, state.effects.take_changes());
+    append(changes, state.queue.take_changes());
     if answer.is_ok() {
         changes.extend(written(state, command));
     }
     answer
+}
+
+/// Appends `more` to `changes`, taking the vector as it is when `changes` is empty (a sweep's
+/// tens of thousands of changes are not copied once more).
+fn append(changes: &mut Vec<Change>, more: Vec<Change>) {
+    if changes.is_empty() {
+        *changes = more;
+    } else {
+        changes.extend(more);
+    }
 }
 
 /// The change an accepted sink write or checkpoint save made (the other primitives record their
@@ -183,6 +194,18 @@ fn run(state: &mut State, stamp: &Stamp, command: &Command) -> Result<Reply, Ref
                 + state.board.sweep(clock)
                 + state.effects.sweep(clock)
                 + state.queue.sweep(clock);
+            Ok(Reply::Swept { expired })
+        }
+        Command::SweepAtMost { expiries } => {
+            state.sessions.expire_idle(clock);
+            let max = usize::try_from(*expiries).unwrap_or(usize::MAX);
+            let plan = Plan::first_due(state, clock, max);
+            let expired = state.handoff.sweep_first(clock, plan.tickets)
+                + state.board.sweep_first(clock, plan.claims)
+                + state.effects.sweep_first(clock, plan.intents, plan.holds)
+                + state
+                    .queue
+                    .sweep_first(clock, plan.leases, plan.retries, plan.deadlines);
             Ok(Reply::Swept { expired })
         }
     }
@@ -347,5 +370,26 @@ impl State {
             || self.board.has_overdue(now)
             || self.effects.has_overdue(now)
             || self.queue.has_overdue(now)
+    }
+
+    /// The earliest time (Unix ms) at which [`State::sweep_due`] turns true if no command comes
+    /// in between — the earliest deadline, back-off end or total deadline the sweep watches;
+    /// `None` when nothing has one. The leader sleeps until then. It may be in the past: then a
+    /// sweep is due now.
+    pub fn next_due_ms(&self) -> Option<u64> {
+        // Everything is due at the end of time, so each source's first due time is its earliest.
+        let end = u64::MAX;
+        [
+            self.handoff.due(end).next(),
+            self.board.due(end).next(),
+            self.effects.due_intents(end).next(),
+            self.effects.due_holds(end).next(),
+            self.queue.due_leases(end).next(),
+            self.queue.due_retries(end).next(),
+            self.queue.due_deadlines(end).next(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 }

@@ -143,7 +143,8 @@ pub struct TuningArgs {
     /// Log entries kept behind a snapshot.
     #[arg(long, default_value_t = 1_000)]
     keep_logs: u64,
-    /// How often the leader sweeps due expiries.
+    /// The longest the leader goes without looking for due expiries; it sweeps as soon as a
+    /// deadline passes anyway.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     sweep_interval: Duration,
     /// Changes kept in memory for watches; a watch from an older revision is refused COMPACTED,

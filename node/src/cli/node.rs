@@ -58,7 +58,8 @@ pub struct NodeArgs {
     /// Log entries kept behind a snapshot [key: raft.keep_logs].
     #[arg(long)]
     keep_logs: Option<String>,
-    /// How often the leader sweeps due expiries [key: sweep_interval].
+    /// The longest the leader goes without looking for due expiries; it sweeps as soon as a
+    /// deadline passes anyway [key: sweep_interval].
     #[arg(long)]
     sweep_interval: Option<String>,
     /// Changes kept in memory for watches [key: watch.history].

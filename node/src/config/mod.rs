@@ -30,7 +30,8 @@ pub struct NodeConfig {
     pub data_dir: PathBuf,
     /// Raft timing and snapshot policy.
     pub raft: RaftTuning,
-    /// How often the leader checks for due expiries to sweep (default 1 s).
+    /// The longest the leader goes without looking for due expiries (default 1 s); it sweeps as
+    /// soon as a deadline passes anyway (see [`crate::sweeper`]).
     pub sweep_interval: Duration,
     /// Peers to reach at another address than the one in the membership (default: none).
     pub peer_addrs: BTreeMap<u64, String>,

@@ -39,7 +39,8 @@ pub struct Settings {
     pub http: Option<SocketAddr>,
     /// `/readyz` fails while this node is more than this many entries behind the leader.
     pub ready_max_lag: u64,
-    /// How often the leader checks for due expiries to sweep.
+    /// The longest the leader goes without looking for due expiries (it sweeps as soon as a
+    /// deadline passes anyway).
     #[serde(with = "humantime_serde")]
     pub sweep_interval: Duration,
     /// Raft timings and snapshot policy.

@@ -225,7 +225,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     let mut entry_changes = Vec::new();
                     for envelope in &envelopes {
                         let (response, changes) = apply_with_changes(&mut applied.state, envelope);
-                        entry_changes.extend(changes);
+                        if entry_changes.is_empty() {
+                            // A lone sweep's changes move as they are, uncopied.
+                            entry_changes = changes;
+                        } else {
+                            entry_changes.extend(changes);
+                        }
                         answers.push(response);
                     }
                     tracing::trace!(

@@ -308,20 +308,37 @@ impl Board {
 
     /// Frees every lease whose time is up; returns how many.
     pub fn sweep(&mut self, clock_ms: u64) -> u64 {
+        self.sweep_first(clock_ms, usize::MAX)
+    }
+
+    /// Frees the `max` leases that fell due first (fewer when fewer are due), in deadline order
+    /// (then task id); returns how many.
+    pub(crate) fn sweep_first(&mut self, clock_ms: u64, max: usize) -> u64 {
         let mut expired = 0;
-        while let Some((until, id)) = self.lease_deadlines.first().cloned() {
-            if !is_overdue(until, clock_ms) {
+        for _ in 0..max {
+            if !self.has_overdue(clock_ms) {
                 break;
             }
-            self.lease_deadlines.pop_first();
+            let Some((_, id)) = self.lease_deadlines.pop_first() else {
+                break;
+            };
             if let Some(task) = self.tasks.get_mut(&id) {
-                if let Some(lost) = expire(task) {
+                if let Some(lost) = expire(task, id) {
                     self.journal.push(lost);
                 }
                 expired += 1;
             }
         }
         expired
+    }
+
+    /// The deadlines of the leases due at `clock_ms`, earliest first (what [`Board::sweep_first`]
+    /// takes in turn).
+    pub(crate) fn due(&self, clock_ms: u64) -> impl Iterator<Item = u64> + '_ {
+        self.lease_deadlines
+            .iter()
+            .map(|(until, _)| *until)
+            .take_while(move |until| is_overdue(*until, clock_ms))
     }
 
     /// Whether some lease is due for the sweep.
@@ -422,7 +439,7 @@ impl Board {
             if is_overdue(lease.until_ms, clock_ms) {
                 self.lease_deadlines
                     .remove(&(lease.until_ms, id.to_string()));
-                if let Some(lost) = expire(task) {
+                if let Some(lost) = expire(task, id.to_string()) {
                     self.journal.push(lost);
                 }
             }
@@ -441,11 +458,20 @@ fn validate_claim(id: &str, agent: &str, ttl_ms: i64) -> Result<(), Refusal> {
     validate::ttl(ttl_ms)
 }
 
-/// Ends a claim whose time is up: the task is open again and the claimer lost its lease.
-fn expire(task: &mut Task) -> Option<Change> {
+/// Ends a claim whose time is up: the task is open again and the claimer lost its lease. `id`
+/// is the task's id (the caller's own copy, taken off the deadline index, becomes the change's
+/// key, and the lease's agent its holder: a mass expiry allocates no more than it must).
+fn expire(task: &mut Task, id: String) -> Option<Change> {
     let lease = task.lease.take()?;
     task.state = TaskState::Open;
-    Some(change(ChangeKind::Lost, &lease.agent, lease.fence, task))
+    Some(Change {
+        primitive: Primitive::Board,
+        key: id,
+        kind: ChangeKind::Lost,
+        holder: lease.agent,
+        fence: lease.fence,
+        value: ChangeValue::board_task(task),
+    })
 }
 
 /// A change naming the task's current claim as holder and fence.

@@ -379,12 +379,21 @@ impl Gate {
     /// Materialises every due expiry: intents turn their keys uncertain, holds are freed.
     /// Returns how many expiries it materialised.
     pub fn sweep(&mut self, clock_ms: u64) -> u64 {
+        self.sweep_first(clock_ms, usize::MAX, usize::MAX)
+    }
+
+    /// Materialises the first `intents` due execution intents, then the first `holds` due
+    /// resource holds (fewer when fewer are due), each in deadline order (then key or resource);
+    /// returns how many expiries it materialised.
+    pub(crate) fn sweep_first(&mut self, clock_ms: u64, intents: usize, holds: usize) -> u64 {
         let mut expired = 0;
-        while let Some((until, key)) = self.intent_deadlines.first().cloned() {
-            if !is_overdue(until, clock_ms) {
+        for _ in 0..intents {
+            if !first_due(&self.intent_deadlines, clock_ms) {
                 break;
             }
-            self.intent_deadlines.pop_first();
+            let Some((_, key)) = self.intent_deadlines.pop_first() else {
+                break;
+            };
             if let Some(record) = self.keys.get_mut(&key) {
                 let lost = mark_intent_expired(record);
                 if let Some((holder, fence)) = lost {
@@ -393,11 +402,13 @@ impl Gate {
                 expired += 1;
             }
         }
-        while let Some((until, resource)) = self.hold_deadlines.first().cloned() {
-            if !is_overdue(until, clock_ms) {
+        for _ in 0..holds {
+            if !first_due(&self.hold_deadlines, clock_ms) {
                 break;
             }
-            self.hold_deadlines.pop_first();
+            let Some((_, resource)) = self.hold_deadlines.pop_first() else {
+                break;
+            };
             if let Some(record) = self.resources.get_mut(&resource) {
                 if let Some(hold) = record.hold.take() {
                     let fence = record.max_fence;
@@ -409,13 +420,19 @@ impl Gate {
         expired
     }
 
+    /// The deadlines of the intents due at `clock_ms`, earliest first.
+    pub(crate) fn due_intents(&self, clock_ms: u64) -> impl Iterator<Item = u64> + '_ {
+        due_in(&self.intent_deadlines, clock_ms)
+    }
+
+    /// The deadlines of the resource holds due at `clock_ms`, earliest first.
+    pub(crate) fn due_holds(&self, clock_ms: u64) -> impl Iterator<Item = u64> + '_ {
+        due_in(&self.hold_deadlines, clock_ms)
+    }
+
     /// Whether an intent or a hold is due for the sweep.
     pub fn has_overdue(&self, clock_ms: u64) -> bool {
-        let due = |set: &BTreeSet<(u64, String)>| {
-            set.first()
-                .is_some_and(|(until, _)| is_overdue(*until, clock_ms))
-        };
-        due(&self.intent_deadlines) || due(&self.hold_deadlines)
+        first_due(&self.intent_deadlines, clock_ms) || first_due(&self.hold_deadlines, clock_ms)
     }
 
     /// How one key stands.
@@ -551,6 +568,19 @@ impl Gate {
     pub(crate) fn take_changes(&mut self) -> Vec<Change> {
         self.journal.take()
     }
+}
+
+/// Whether the earliest deadline in `set` has passed at `clock_ms`.
+fn first_due(set: &BTreeSet<(u64, String)>, clock_ms: u64) -> bool {
+    set.first()
+        .is_some_and(|(until, _)| is_overdue(*until, clock_ms))
+}
+
+/// The deadlines in `set` that have passed at `clock_ms`, earliest first.
+fn due_in(set: &BTreeSet<(u64, String)>, clock_ms: u64) -> impl Iterator<Item = u64> + '_ {
+    set.iter()
+        .map(|(until, _)| *until)
+        .take_while(move |until| is_overdue(*until, clock_ms))
 }
 
 /// An intent that ran out unresolved: nobody knows whether the effect happened. Returns the

@@ -183,18 +183,35 @@ impl Desk {
 
     /// Expires every live ticket whose deadline has passed at `clock_ms`; returns how many.
     pub fn sweep(&mut self, clock_ms: u64) -> u64 {
+        self.sweep_first(clock_ms, usize::MAX)
+    }
+
+    /// Expires the `max` live tickets that fell due first (fewer when fewer are due), in deadline
+    /// order (then key); returns how many.
+    pub(crate) fn sweep_first(&mut self, clock_ms: u64, max: usize) -> u64 {
         let mut expired = 0;
-        while let Some((deadline, key)) = self.live_deadlines.first().cloned() {
-            if !is_overdue(deadline, clock_ms) {
+        for _ in 0..max {
+            if !self.has_overdue(clock_ms) {
                 break;
             }
-            self.live_deadlines.pop_first();
+            let Some((_, key)) = self.live_deadlines.pop_first() else {
+                break;
+            };
             if let Some(record) = self.records.get_mut(&key) {
                 self.journal.push(expire(record));
                 expired += 1;
             }
         }
         expired
+    }
+
+    /// The deadlines of the live tickets due at `clock_ms`, earliest first (what
+    /// [`Desk::sweep_first`] takes in turn).
+    pub(crate) fn due(&self, clock_ms: u64) -> impl Iterator<Item = u64> + '_ {
+        self.live_deadlines
+            .iter()
+            .map(|(deadline, _)| *deadline)
+            .take_while(move |deadline| is_overdue(*deadline, clock_ms))
     }
 
     /// Whether a sweep at `clock_ms` would expire anything.

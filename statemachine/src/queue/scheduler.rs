@@ -410,8 +410,24 @@ impl TaskQueue {
     /// Materialises everything due at `clock_ms`: expired leases (their permits are freed),
     /// back-offs that ended, and total deadlines of tasks not running. Returns how many.
     pub fn sweep(&mut self, clock_ms: u64) -> u64 {
+        self.sweep_first(clock_ms, usize::MAX, usize::MAX, usize::MAX)
+    }
+
+    /// [`TaskQueue::sweep`] bounded: at most the first `leases` expired leases, then the first
+    /// `retries` ended back-offs, then the first `deadlines` passed total deadlines of tasks not
+    /// running, each in time order (then task id). Returns how many it materialised.
+    pub(crate) fn sweep_first(
+        &mut self,
+        clock_ms: u64,
+        leases: usize,
+        retries: usize,
+        deadlines: usize,
+    ) -> u64 {
         let mut changed = 0;
-        while let Some(&(until, id)) = self.leases.first() {
+        for _ in 0..leases {
+            let Some(&(until, id)) = self.leases.first() else {
+                break;
+            };
             if !is_overdue(until, clock_ms) {
                 break;
             }
@@ -421,7 +437,10 @@ impl TaskQueue {
             self.expire_lease(clock_ms, id);
             changed += 1;
         }
-        while let Some(&(at, id)) = self.retries.first() {
+        for _ in 0..retries {
+            let Some(&(at, id)) = self.retries.first() else {
+                break;
+            };
             if at > clock_ms {
                 break;
             }
@@ -444,6 +463,7 @@ impl TaskQueue {
             .take_while(|(deadline, _)| is_overdue(*deadline, clock_ms))
             .map(|&(_, id)| id)
             .filter(|id| self.tasks.get(id).is_some_and(|t| !t.state.is_active()))
+            .take(deadlines)
             .collect();
         for id in overdue {
             if self.fail_past_deadline(id) {
@@ -451,6 +471,31 @@ impl TaskQueue {
             }
         }
         changed
+    }
+
+    /// The times of the expired leases at `clock_ms`, earliest first.
+    pub(crate) fn due_leases(&self, clock_ms: u64) -> impl Iterator<Item = u64> + '_ {
+        self.leases
+            .iter()
+            .map(|(until, _)| *until)
+            .take_while(move |until| is_overdue(*until, clock_ms))
+    }
+
+    /// The times of the back-offs ended at `clock_ms`, earliest first.
+    pub(crate) fn due_retries(&self, clock_ms: u64) -> impl Iterator<Item = u64> + '_ {
+        self.retries
+            .iter()
+            .map(|(at, _)| *at)
+            .take_while(move |at| *at <= clock_ms)
+    }
+
+    /// The passed total deadlines, at `clock_ms`, of tasks not running, earliest first.
+    pub(crate) fn due_deadlines(&self, clock_ms: u64) -> impl Iterator<Item = u64> + '_ {
+        self.deadlines
+            .iter()
+            .take_while(move |(deadline, _)| is_overdue(*deadline, clock_ms))
+            .filter(|(_, id)| self.tasks.get(id).is_some_and(|t| !t.state.is_active()))
+            .map(|(deadline, _)| *deadline)
     }
 
     /// Whether a sweep at `clock_ms` has something to do.

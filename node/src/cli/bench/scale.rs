@@ -36,7 +36,7 @@ use super::cluster::OwnCluster;
 use super::{bench_client, exit, BenchArgs, Tally};
 
 /// Node logs: snapshot builds and installs (info) and each sweep's count (debug) are read back.
-const SCALE_LOGS: &str = "warn,baton_node::store=info,baton_node::server=debug";
+const SCALE_LOGS: &str = "warn,baton_node::store=info,baton_node::sweeper=debug";
 /// Seeds sent at once.
 const SEEDERS: usize = 4;
 /// Lease length of the calibration claims (renewed to the common deadline later).
@@ -925,7 +925,7 @@ mod tests {
 
     #[test]
     fn sweeps_are_read_from_a_node_log() {
-        let log = "2026-11-30T10:00:00.250000Z DEBUG baton_node::server: swept reply=Swept { expired: 1000000 }\n\
+        let log = "2026-11-30T10:00:00.250000Z DEBUG baton_node::sweeper: swept reply=Swept { expired: 1000000 }\n\
                    2026-11-30T10:00:00.300000Z  INFO baton_node::store::state_machine: built snapshot snapshot=1-2-3 bytes=42\n";
         let sweeps = sweeps_in(log);
         assert_eq!(sweeps.len(), 1);

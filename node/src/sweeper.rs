@@ -1,0 +1,219 @@
+//! The leader's sweeps: expiries materialised in the log as soon as they fall due.
+//!
+//! Deadlines are judged lazily at apply time, so no command ever acts on a lapsed lease; the
+//! sweep writes the expiries down (and reports them to watches as `lost` / `expired`) so that
+//! holders hear of them promptly and snapshots carry no overdue leftovers. While this node leads
+//! it sleeps until the earliest thing the state watches falls due
+//! ([`baton_statemachine::State::next_due_ms`]) and
+//! proposes a [`Command::SweepAtMost`] of at most [`SWEEP_BATCH`] expiries. A sweep that hit its
+//! bound is followed by the next at once; otherwise the next waits at least [`SWEEP_SPACING`],
+//! so leases that fall due one by one cost at most a few sweep entries a second. With nothing due
+//! nothing is proposed, except a sweep every [`SESSION_SWEEP_EVERY`] to forget idle client
+//! sessions: an idle cluster stays idle.
+//!
+//! A command applied meanwhile may bring an earlier deadline, so a leading sweeper also wakes
+//! whenever the applied state changes; every sweeper wakes when the node's role or leader
+//! changes, and at least every `sweep_interval`.
+
+use std::time::Duration;
+
+use baton_statemachine::sweep::SWEEP_BATCH;
+use baton_statemachine::{Command, Reply};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::admission::Admission;
+use crate::node::NodeRef;
+use crate::stamp::wall_clock_ms;
+
+/// The sweep runs at least this often even with nothing due, to forget idle client sessions.
+pub const SESSION_SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// The shortest time between the starts of two sweeps unless the first hit its bound (or the
+/// `sweep_interval`, when that is shorter): at most 20 sweep entries a second while expiries
+/// trickle in, and a lease is swept at most this long after it falls due.
+pub const SWEEP_SPACING: Duration = Duration::from_millis(50);
+
+/// The command a leader proposes to sweep: bounded, so no apply grows with the number due.
+pub fn sweep_command() -> Command {
+    Command::SweepAtMost {
+        expiries: SWEEP_BATCH,
+    }
+}
+
+/// What the sweeper knows when it decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Situation {
+    /// Whether this node leads and may propose.
+    leading: bool,
+    /// The state's [`baton_statemachine::State::next_due_ms`].
+    next_due_ms: Option<u64>,
+    /// The time a sweep proposed now would be judged at: the wall clock, or the store clock when
+    /// that is ahead (Unix ms).
+    now_ms: u64,
+    /// Since the last sweep started.
+    since_last: Duration,
+    /// Whether the last sweep hit its bound (more is probably due).
+    backlog: bool,
+}
+
+/// What to do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
+    /// Propose a sweep now.
+    Sweep,
+    /// Look again after this long (or when the state changes).
+    Wait(Duration),
+}
+
+/// Decides when to sweep next; `every` is the `sweep_interval`.
+fn next(situation: Situation, every: Duration) -> Next {
+    if !situation.leading {
+        return Next::Wait(every);
+    }
+    let spacing = if situation.backlog {
+        Duration::ZERO
+    } else {
+        SWEEP_SPACING
+            .min(every)
+            .saturating_sub(situation.since_last)
+    };
+    let sessions_in = SESSION_SWEEP_EVERY.saturating_sub(situation.since_last);
+    let due_in = situation
+        .next_due_ms
+        .map_or(Duration::MAX, |due| {
+            Duration::from_millis(due.saturating_sub(situation.now_ms))
+        })
+        .min(sessions_in);
+    match due_in.max(spacing) {
+        Duration::ZERO => Next::Sweep,
+        wait => Next::Wait(wait.min(every)),
+    }
+}
+
+/// Runs the sweeps while this node leads, until `stop` turns true.
+pub async fn run(
+    node: NodeRef,
+    admission: Admission,
+    every: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut applied = node.state_machine.subscribe();
+    let mut server = node.raft.server_metrics();
+    let (mut watching, mut watching_server) = (true, true);
+    let mut last_sweep = Instant::now();
+    let mut backlog = false;
+    loop {
+        // Seen from here on: a change applied after this wakes the wait below.
+        applied.borrow_and_update();
+        let situation = {
+            let leading = server.borrow_and_update().current_leader == Some(node.id);
+            // A leader handing over or shutting down must not propose.
+            let leading = leading && !admission.is_closed();
+            let (next_due_ms, clock_ms) = {
+                let applied = node.state_machine.read();
+                (applied.state.next_due_ms(), applied.state.clock_ms)
+            };
+            Situation {
+                leading,
+                next_due_ms,
+                now_ms: wall_clock_ms().max(clock_ms),
+                since_last: last_sweep.elapsed(),
+                backlog,
+            }
+        };
+        match next(situation, every) {
+            Next::Wait(wait) => {
+                // Only a leader cares when a new deadline arrives.
+                let wake_on_change = watching && situation.leading;
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    changed = applied.changed(), if wake_on_change => watching = changed.is_ok(),
+                    changed = server.changed(), if watching_server => {
+                        watching_server = changed.is_ok();
+                    }
+                    _ = stop.changed() => return,
+                }
+            }
+            Next::Sweep => {
+                last_sweep = Instant::now();
+                backlog = false;
+                match node.propose(None, sweep_command()).await {
+                    Ok(reply) => {
+                        tracing::debug!(?reply, "swept");
+                        backlog = matches!(reply, Reply::Swept { expired } if expired >= u64::from(SWEEP_BATCH));
+                    }
+                    Err(status) => tracing::debug!(%status, "sweep not applied"),
+                }
+                if *stop.borrow() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EVERY: Duration = Duration::from_secs(1);
+    const NOW: u64 = 1_000_000;
+
+    fn leader(next_due_ms: Option<u64>, since_last_ms: u64, backlog: bool) -> Situation {
+        Situation {
+            leading: true,
+            next_due_ms,
+            now_ms: NOW,
+            since_last: Duration::from_millis(since_last_ms),
+            backlog,
+        }
+    }
+
+    fn wait(ms: u64) -> Next {
+        Next::Wait(Duration::from_millis(ms))
+    }
+
+    #[test]
+    fn a_leader_sleeps_until_the_earliest_deadline_not_a_fixed_tick() {
+        assert_eq!(
+            next(leader(Some(NOW + 230), 5_000, false), EVERY),
+            wait(230)
+        );
+        assert_eq!(next(leader(Some(NOW), 5_000, false), EVERY), Next::Sweep);
+        assert_eq!(
+            next(leader(Some(NOW - 10), 5_000, false), EVERY),
+            Next::Sweep
+        );
+    }
+
+    #[test]
+    fn an_idle_leader_proposes_nothing_but_the_session_sweep() {
+        assert_eq!(next(leader(None, 5_000, false), EVERY), Next::Wait(EVERY));
+        assert_eq!(
+            next(leader(Some(NOW + 90_000), 5_000, false), EVERY),
+            Next::Wait(EVERY)
+        );
+        assert_eq!(next(leader(None, 59_700, false), EVERY), wait(300));
+        assert_eq!(next(leader(None, 60_000, false), EVERY), Next::Sweep);
+    }
+
+    #[test]
+    fn sweeps_are_spaced_unless_the_last_one_hit_its_bound() {
+        assert_eq!(next(leader(Some(NOW - 10), 20, false), EVERY), wait(30));
+        assert_eq!(next(leader(Some(NOW - 10), 20, true), EVERY), Next::Sweep);
+        assert_eq!(next(leader(Some(NOW - 10), 0, true), EVERY), Next::Sweep);
+        // A sweep interval shorter than the spacing shortens it.
+        let short = Duration::from_millis(10);
+        assert_eq!(next(leader(Some(NOW - 10), 4, false), short), wait(6));
+    }
+
+    #[test]
+    fn a_follower_only_looks_again_every_interval() {
+        let follower = Situation {
+            leading: false,
+            ..leader(Some(NOW - 10), 5_000, true)
+        };
+        assert_eq!(next(follower, EVERY), Next::Wait(EVERY));
+    }
+}

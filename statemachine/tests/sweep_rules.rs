@@ -1,0 +1,454 @@
+//! The bounded sweep (`Command::SweepAtMost`, docs/design.md "Expiry"): one sweep materialises at
+//! most its bound of expiries, the ones that fell due first across every primitive (equal times in
+//! the sweep's primitive order, then by key), and leaves the rest to the next sweep; a series of
+//! bounded sweeps ends exactly where one unbounded `Command::Sweep` does, and an unbounded
+//! `SweepAtMost` is that `Sweep`. `State::next_due_ms` is the moment a sweep becomes due.
+#![allow(clippy::unwrap_used)]
+
+use baton_statemachine::board::{self, TaskSpec as BoardSpec};
+use baton_statemachine::effect::{self, Action, RetrySafety};
+use baton_statemachine::handoff::{self, OfferArgs};
+use baton_statemachine::queue::{self, Queue, TaskSpec, Worker};
+use baton_statemachine::{
+    apply, apply_with_changes, Change, ChangeKind, Command, Envelope, Origin, Primitive, Reply,
+    Response, Stamp, State,
+};
+use proptest::prelude::*;
+
+const T0: u64 = 1_000_000;
+
+/// A store and one client numbering its requests 1, 2, 3, ...
+struct World {
+    state: State,
+    seq: u64,
+}
+
+impl World {
+    fn new() -> Self {
+        let mut world = World {
+            state: State::default(),
+            seq: 0,
+        };
+        let tasks = (0..8)
+            .map(|n| BoardSpec {
+                id: format!("b{n}"),
+                deps: vec![],
+            })
+            .collect();
+        world.send(T0, Command::Board(board::Command::Seed(tasks)));
+        world.send(
+            T0,
+            Command::Queue(queue::Command::CreateQueue(Queue {
+                name: "q".into(),
+                namespace: "ns".into(),
+            })),
+        );
+        world.send(
+            T0,
+            Command::Queue(queue::Command::RegisterWorker(Worker {
+                id: "w".into(),
+                concurrency_keys: true,
+            })),
+        );
+        world
+    }
+
+    /// Applies a client command (refusals are fine: they change nothing).
+    fn send(&mut self, now_ms: u64, command: Command) -> Response {
+        self.seq += 1;
+        let envelope = Envelope {
+            stamp: Stamp {
+                now_ms,
+                entropy: u128::from(self.seq) << 64 | 0x5eed,
+            },
+            origin: Some(Origin {
+                client_id: 7,
+                seq: self.seq,
+                acked_below: self.seq,
+            }),
+            command,
+        };
+        apply(&mut self.state, &envelope)
+    }
+
+    fn claim(&mut self, now_ms: u64, id: &str, ttl_ms: i64) {
+        let claim = board::Command::Claim {
+            id: id.into(),
+            agent: format!("agent-{id}"),
+            ttl_ms,
+        };
+        ok(self.send(now_ms, Command::Board(claim)));
+    }
+
+    fn offer(&mut self, now_ms: u64, key: &str, ttl_ms: i64) {
+        ok(self.send(now_ms, offer(key, ttl_ms)));
+    }
+
+    fn acquire(&mut self, now_ms: u64, key: &str, resource: &str, ttl_ms: i64) {
+        ok(self.send(now_ms, acquire(key, resource, ttl_ms)));
+    }
+
+    fn submit_and_lease(&mut self, now_ms: u64, key: &str, lease_ttl_ms: i64) {
+        ok(self.send(now_ms, submit(key, "", 60_000, 1)));
+        ok(self.send(now_ms, lease(1, lease_ttl_ms)));
+    }
+}
+
+fn ok(response: Response) {
+    assert!(
+        matches!(response, Response::Answer(Ok(_))),
+        "refused: {response:?}"
+    );
+}
+
+fn offer(key: &str, ttl_ms: i64) -> Command {
+    Command::Handoff(handoff::Command::Offer(OfferArgs {
+        key: key.into(),
+        from: "a".into(),
+        to: "b".into(),
+        payload: vec![],
+        reply_to: "inbox".into(),
+        ttl_ms,
+    }))
+}
+
+fn take(key: &str) -> Command {
+    Command::Handoff(handoff::Command::Take {
+        key: key.into(),
+        to: "b".into(),
+    })
+}
+
+fn acquire(key: &str, resource: &str, ttl_ms: i64) -> Command {
+    Command::Effect(effect::Command::Acquire {
+        action: Action {
+            key: key.into(),
+            resource: resource.into(),
+            safety: RetrySafety::Safe,
+        },
+        ttl_ms,
+    })
+}
+
+fn submit(key: &str, concurrency_key: &str, ttl_ms: i64, max_attempts: u32) -> Command {
+    Command::Queue(queue::Command::Submit(TaskSpec {
+        queue: "q".into(),
+        idempotency_key: key.into(),
+        handler: "h".into(),
+        handler_version: String::new(),
+        payload_version: String::new(),
+        payload: b"payload".to_vec(),
+        concurrency_key: concurrency_key.into(),
+        business_key: String::new(),
+        max_attempts,
+        ttl_ms,
+    }))
+}
+
+fn lease(limit: u32, lease_ttl_ms: i64) -> Command {
+    Command::Queue(queue::Command::Lease {
+        worker: "w".into(),
+        queues: vec![],
+        limit,
+        lease_ttl_ms,
+    })
+}
+
+/// Runs a leader-proposed command (no origin) at `now_ms`; returns how many it expired and the
+/// changes it made.
+fn leader(state: &mut State, now_ms: u64, command: Command) -> (u64, Vec<Change>) {
+    let envelope = Envelope {
+        stamp: Stamp { now_ms, entropy: 0 },
+        origin: None,
+        command,
+    };
+    match apply_with_changes(state, &envelope) {
+        (Response::Answer(Ok(Reply::Swept { expired })), changes) => (expired, changes),
+        (other, _) => panic!("sweep answered {other:?}"),
+    }
+}
+
+fn sweep_at_most(state: &mut State, now_ms: u64, expiries: u32) -> (u64, Vec<Change>) {
+    leader(state, now_ms, Command::SweepAtMost { expiries })
+}
+
+/// `(primitive, kind, key)` of each change.
+fn summary(changes: &[Change]) -> Vec<(Primitive, ChangeKind, String)> {
+    changes
+        .iter()
+        .map(|c| (c.primitive, c.kind, c.key.clone()))
+        .collect()
+}
+
+fn s(primitive: Primitive, kind: ChangeKind, key: &str) -> (Primitive, ChangeKind, String) {
+    (primitive, kind, key.to_string())
+}
+
+#[test]
+fn a_bounded_sweep_takes_the_oldest_due_first_and_leaves_the_rest_to_the_next() {
+    let mut w = World::new();
+    w.claim(T0, "b1", 50);
+    w.claim(T0, "b2", 10);
+    w.claim(T0, "b3", 30);
+    w.claim(T0, "b4", 40);
+    w.claim(T0, "b5", 1_000);
+    w.offer(T0, "h1", 20);
+    // One acquire: an execution intent and a resource hold, both ending at 25.
+    w.acquire(T0, "e1", "r1", 25);
+    // Queue task 1's attempt: its lease ends at 35.
+    w.submit_and_lease(T0, "t1", 35);
+    let now = T0 + 60;
+    assert_eq!(w.state.next_due_ms(), Some(T0 + 10));
+
+    // Due, oldest first: b2 (10), h1 (20), intent e1 (25), hold r1 (25), b3 (30), task 1's
+    // lease (35), b4 (40), b1 (50). Each sweep reports its changes in the sweep's primitive order.
+    let (expired, changes) = sweep_at_most(&mut w.state, now, 3);
+    assert_eq!(expired, 3);
+    assert_eq!(
+        summary(&changes),
+        vec![
+            s(Primitive::Handoff, ChangeKind::Expired, "h1"),
+            s(Primitive::Board, ChangeKind::Lost, "b2"),
+            s(Primitive::Effect, ChangeKind::Lost, "e1"),
+        ]
+    );
+    assert!(w.state.sweep_due(now), "more is due");
+
+    let (expired, changes) = sweep_at_most(&mut w.state, now, 3);
+    assert_eq!(expired, 3);
+    assert_eq!(
+        summary(&changes),
+        vec![
+            s(Primitive::Board, ChangeKind::Lost, "b3"),
+            s(Primitive::Effect, ChangeKind::HoldExpired, "e1"),
+            s(Primitive::Queue, ChangeKind::Lost, "1"),
+            s(Primitive::Queue, ChangeKind::Leasable, "1"),
+        ]
+    );
+
+    let (expired, changes) = sweep_at_most(&mut w.state, now, 3);
+    assert_eq!(expired, 2, "only two were left");
+    assert_eq!(
+        summary(&changes),
+        vec![
+            s(Primitive::Board, ChangeKind::Lost, "b4"),
+            s(Primitive::Board, ChangeKind::Lost, "b1"),
+        ]
+    );
+    assert!(!w.state.sweep_due(now));
+    assert_eq!(sweep_at_most(&mut w.state, now, 3), (0, vec![]));
+    assert_eq!(
+        w.state.board.get("b5").unwrap().state,
+        board::TaskState::Claimed,
+        "a lease not due yet is left alone"
+    );
+    assert_eq!(w.state.next_due_ms(), Some(T0 + 1_000));
+}
+
+#[test]
+fn equal_deadlines_go_in_the_sweep_order_then_by_key() {
+    let mut w = World::new();
+    w.claim(T0, "b2", 10);
+    w.claim(T0, "b1", 10);
+    w.offer(T0, "h9", 10);
+    let now = T0 + 10;
+    let keys =
+        |changes: &[Change]| -> Vec<String> { changes.iter().map(|c| c.key.clone()).collect() };
+    assert_eq!(keys(&sweep_at_most(&mut w.state, now, 1).1), ["h9"]);
+    assert_eq!(keys(&sweep_at_most(&mut w.state, now, 1).1), ["b1"]);
+    assert_eq!(keys(&sweep_at_most(&mut w.state, now, 1).1), ["b2"]);
+    assert_eq!(sweep_at_most(&mut w.state, now, 1).0, 0);
+}
+
+#[test]
+fn a_bounded_sweep_of_nothing_due_changes_only_the_clock() {
+    let mut w = World::new();
+    w.claim(T0, "b1", 100);
+    let mut before = w.state.clone();
+    let (expired, changes) = sweep_at_most(&mut w.state, T0 + 99, 10);
+    assert_eq!((expired, changes.len()), (0, 0));
+    before.clock_ms = T0 + 99;
+    assert_eq!(w.state, before);
+}
+
+#[test]
+fn the_next_due_time_is_the_earliest_thing_the_sweep_watches() {
+    let mut w = World::new();
+    assert_eq!(w.state.next_due_ms(), None);
+    w.claim(T0, "b1", 500);
+    w.acquire(T0, "e1", "r1", 300);
+    assert_eq!(w.state.next_due_ms(), Some(T0 + 300));
+    w.offer(T0 + 10, "h1", 100);
+    assert_eq!(w.state.next_due_ms(), Some(T0 + 110));
+    assert!(!w.state.sweep_due(T0 + 109));
+    assert!(w.state.sweep_due(T0 + 110));
+    // A waiting queue task's total deadline counts; a running attempt's is judged when its
+    // lease ends, so only the lease counts for it.
+    ok(w.send(T0 + 10, submit("t1", "", 50, 1)));
+    assert_eq!(w.state.next_due_ms(), Some(T0 + 60));
+    ok(w.send(T0 + 10, lease(1, 70)));
+    assert_eq!(w.state.next_due_ms(), Some(T0 + 80));
+}
+
+/// One step of a random history: a time step and a command that sets up something to expire.
+#[derive(Debug, Clone)]
+enum Op {
+    Claim {
+        task: u8,
+        ttl: u16,
+    },
+    Offer {
+        key: u8,
+        ttl: u16,
+    },
+    Take {
+        key: u8,
+    },
+    Acquire {
+        key: u8,
+        resource: u8,
+        ttl: u16,
+    },
+    Submit {
+        key: u8,
+        keyed: u8,
+        ttl: u16,
+        attempts: u8,
+    },
+    Lease {
+        limit: u8,
+        ttl: u16,
+    },
+    Start {
+        task: u8,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0..8u8, 1..200u16).prop_map(|(task, ttl)| Op::Claim { task, ttl }),
+        (0..6u8, 1..200u16).prop_map(|(key, ttl)| Op::Offer { key, ttl }),
+        (0..6u8).prop_map(|key| Op::Take { key }),
+        (0..6u8, 0..3u8, 1..200u16).prop_map(|(key, resource, ttl)| Op::Acquire {
+            key,
+            resource,
+            ttl
+        }),
+        (0..12u8, 0..3u8, 1..400u16, 1..3u8).prop_map(|(key, keyed, ttl, attempts)| {
+            Op::Submit {
+                key,
+                keyed,
+                ttl,
+                attempts,
+            }
+        }),
+        (1..4u8, 1..200u16).prop_map(|(limit, ttl)| Op::Lease { limit, ttl }),
+        (1..12u8).prop_map(|task| Op::Start { task }),
+    ]
+}
+
+fn command(op: &Op) -> Command {
+    match op {
+        Op::Claim { task, ttl } => Command::Board(board::Command::Claim {
+            id: format!("b{task}"),
+            agent: format!("agent-{}", task % 3),
+            ttl_ms: i64::from(*ttl),
+        }),
+        Op::Offer { key, ttl } => offer(&format!("h{key}"), i64::from(*ttl)),
+        Op::Take { key } => take(&format!("h{key}")),
+        Op::Acquire { key, resource, ttl } => {
+            acquire(&format!("e{key}"), &format!("r{resource}"), i64::from(*ttl))
+        }
+        Op::Submit {
+            key,
+            keyed,
+            ttl,
+            attempts,
+        } => {
+            let concurrency_key = ["", "k1", "k2"][usize::from(*keyed)];
+            submit(
+                &format!("t{key}"),
+                concurrency_key,
+                i64::from(*ttl),
+                u32::from(*attempts),
+            )
+        }
+        Op::Lease { limit, ttl } => lease(u32::from(*limit), i64::from(*ttl)),
+        Op::Start { task } => Command::Queue(queue::Command::Start {
+            task_id: u64::from(*task),
+            attempt: 1,
+            worker: "w".into(),
+        }),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// Whatever is due across the primitives: bounded sweeps repeated at one store time leave the
+    /// same state as one unbounded sweep, with the same changes (but for a task that failed on
+    /// its total deadline, see below); every bounded sweep but the last takes exactly its bound;
+    /// an unbounded `SweepAtMost` is the old `Sweep`.
+    #[test]
+    fn bounded_sweeps_end_where_one_full_sweep_does(
+        ops in prop::collection::vec((0..40u64, op()), 1..60),
+        later in 0..300u64,
+        bound in 1..6u32,
+    ) {
+        let mut w = World::new();
+        let mut now = T0;
+        for (dt, op) in &ops {
+            now += dt;
+            w.send(now, command(op));
+        }
+        let now = w.state.clock_ms + later;
+        if let Some(due) = w.state.next_due_ms() {
+            if due > w.state.clock_ms {
+                prop_assert!(!w.state.sweep_due(due - 1));
+            }
+            prop_assert!(w.state.sweep_due(due));
+        }
+
+        let mut full = w.state.clone();
+        let (all, full_changes) = leader(&mut full, now, Command::Sweep);
+        let mut unbounded = w.state.clone();
+        let (same, same_changes) = sweep_at_most(&mut unbounded, now, u32::MAX);
+        prop_assert_eq!(same, all);
+        prop_assert_eq!(&same_changes, &full_changes);
+        prop_assert_eq!(&unbounded, &full);
+
+        let mut bounded = w.state.clone();
+        let mut total = 0;
+        let mut changes = Vec::new();
+        loop {
+            let (expired, more) = sweep_at_most(&mut bounded, now, bound);
+            prop_assert!(expired <= u64::from(bound));
+            total += expired;
+            changes.extend(more);
+            if expired < u64::from(bound) {
+                break;
+            }
+        }
+        prop_assert!(!bounded.sweep_due(now));
+        prop_assert_eq!(&bounded, &full);
+        // The one difference: a queue task whose back-off and total deadline both passed. The
+        // full sweep requeues it (back-offs run before deadlines) and fails it at once; the
+        // bounded one takes the earlier of the two first, the deadline, and only fails it.
+        prop_assert!(total <= all);
+        let mut expected = summary(&full_changes);
+        for change in summary(&changes) {
+            let found = expected.iter().position(|c| *c == change);
+            prop_assert!(found.is_some(), "{:?} only in the bounded sweeps", change);
+            expected.swap_remove(found.unwrap_or_default());
+        }
+        for (primitive, kind, key) in &expected {
+            prop_assert!(
+                *primitive == Primitive::Queue
+                    && matches!(kind, ChangeKind::Requeued | ChangeKind::Leasable)
+                    && full.queue.get(key.parse().unwrap()).unwrap().state
+                        == queue::TaskState::Failed,
+                "{:?} {:?} {} missing from the bounded sweeps", primitive, kind, key
+            );
+        }
+    }
+}
