@@ -17,9 +17,11 @@ use crate::state::State;
 
 /// How many expiries a leader's sweep takes at most: the bound it writes into
 /// [`crate::Command::SweepAtMost`]. Replicas read the bound from the command, never from here,
-/// so changing it changes no replay. About 20 ms of apply for board leases on the benchmark
-/// machine (docs/benchmarks.md), well inside a heartbeat interval.
-pub const SWEEP_BATCH: u32 = 20_000;
+/// so changing it changes no replay. About 60 ms of apply per node for board leases on the
+/// benchmark machine with a million live leases (docs/benchmarks.md): short enough for client
+/// commands to interleave and far inside an election timeout; half of it was measurably slower
+/// in all (each sweep also costs a log round trip).
+pub const SWEEP_BATCH: u32 = 40_000;
 
 /// How many due expiries of each kind one bounded sweep materialises.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
