@@ -4,10 +4,10 @@
 //! sweep writes the expiries down (and reports them to watches as `lost` / `expired`) so that
 //! holders hear of them promptly and snapshots carry no overdue leftovers. While this node leads
 //! it sleeps until the earliest thing the state watches falls due
-//! ([`baton_statemachine::State::next_due_ms`]) and
-//! proposes a [`Command::SweepAtMost`] of at most [`SWEEP_BATCH`] expiries. A sweep that hit its
-//! bound is followed by the next at once; otherwise the next waits at least [`SWEEP_SPACING`],
-//! so leases that fall due one by one cost at most a few sweep entries a second. With nothing due
+//! ([`baton_statemachine::State::next_due_ms`]) and proposes a [`Command::SweepAtMost`] of at
+//! most [`SWEEP_BATCH`] expiries. A sweep that hit its bound is followed by the next at once;
+//! otherwise the next waits at least [`SWEEP_SPACING`], so leases that fall due one by one cost
+//! at most a few sweep entries a second. With nothing due
 //! nothing is proposed, except a sweep every [`SESSION_SWEEP_EVERY`] to forget idle client
 //! sessions: an idle cluster stays idle.
 //!
@@ -31,7 +31,7 @@ pub const SESSION_SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 /// The shortest time between the starts of two sweeps unless the first hit its bound (or the
 /// `sweep_interval`, when that is shorter): at most 20 sweep entries a second while expiries
-/// trickle in, and a lease is swept at most this long after it falls due.
+/// trickle in, and a lease waits at most this long (plus the sweep's commit) once it falls due.
 pub const SWEEP_SPACING: Duration = Duration::from_millis(50);
 
 /// The command a leader proposes to sweep: bounded, so no apply grows with the number due.
