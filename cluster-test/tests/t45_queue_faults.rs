@@ -6,7 +6,7 @@
 //! retrying infrastructure failures with the same idempotency key (their client gives up after
 //! 500 ms, so a failover turns into such retries, some of them replays of a submission that was
 //! applied). Four `baton worker run` processes lease from all three queues with concurrency keys
-//! on, four slots each and a 3 s lease; the command they run per task sleeps 0-90 ms (10 s on the
+//! on, four slots each and a 3 s lease; the command they run per task sleeps 0-90 ms (3 s on the
 //! worker that will be killed) and prints the key and token it was handed. A quarter into the
 //! submissions that worker process is SIGKILLed while it runs attempts; at 60 % the leader is
 //! SIGKILLed, and restarted once the new leader has finished 50 more tasks.
@@ -62,10 +62,10 @@ const RUN_LIMIT: Duration = Duration::from_secs(150);
 const VICTIM: &str = "w4";
 /// How long the command sleeps per task: 0-90 ms by task id, so the run stays cheap.
 const SLEEP: &str = "0.0$((BATON_TASK_ID % 10))";
-/// The victim's command takes ten seconds, so it surely dies with attempts in the middle of their
+/// The victim's command takes three seconds, so it surely dies with attempts in the middle of their
 /// command rather than with their completions already on the way: with one second, two attempts
 /// seen running could both finish between the listing and the kill (it happened once).
-const VICTIM_SLEEP: &str = "10";
+const VICTIM_SLEEP: &str = "3";
 
 /// What a worker runs per task: a sleep, then it prints the key and the token it was handed; the
 /// output becomes the task's result.
