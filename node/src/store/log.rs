@@ -1,10 +1,11 @@
 //! The Raft log and vote on sled.
 //!
-//! Durability rule: openraft is told that a vote or an entry is stored only after sled has
-//! flushed it (fsync). An append writes its entries as one sled batch and returns; its callback
-//! is queued to the flusher task, which fsyncs once for every callback waiting and then completes
-//! them in order. So the Raft core never waits for the disk, and one fsync commits every client
-//! command that arrived meanwhile (group commit). Votes, truncations and purges flush inline.
+//! Durability rule: openraft is told that a vote or an entry is stored only after it is on disk
+//! (sled flushed, then fdatasync: see [`super::disk`]). An append writes its entries as one sled
+//! batch and returns; its callback is queued to the flusher thread, which syncs once for every
+//! callback waiting and then completes them in order. So the Raft core never waits for the disk,
+//! and one sync commits every client command that arrived meanwhile (group commit). Votes,
+//! truncations and purges sync inline.
 
 use std::fmt::Debug;
 use std::ops::RangeBounds;
@@ -13,6 +14,7 @@ use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{Entry, ErrorSubject, ErrorVerb, LogState, RaftLogReader, Vote};
 use tokio::sync::mpsc;
 
+use super::disk::Disk;
 use super::io_error;
 use crate::codec;
 use crate::types::{LogId, NodeId, StorageError, TypeConfig};
@@ -24,47 +26,48 @@ const LAST_PURGED: &[u8] = b"last_purged";
 /// The log store: entries in the `log` tree keyed by big-endian index, pointers in `meta`.
 #[derive(Clone)]
 pub struct LogStore {
-    db: sled::Db,
+    disk: Disk,
     log: sled::Tree,
     meta: sled::Tree,
     flusher: mpsc::UnboundedSender<PendingFlush>,
 }
 
-/// An append waiting to be reported durable, with the database to flush for it.
-type PendingFlush = (sled::Db, LogFlushed<TypeConfig>);
+/// An append waiting to be reported durable, with the disk to sync for it.
+type PendingFlush = (Disk, LogFlushed<TypeConfig>);
 
-/// Completes append callbacks in order, each after an fsync that began after its entries were
-/// written. It holds the database only while a flush is pending, so closing the store releases
-/// sled's lock as soon as the last append is reported; it exits when the last [`LogStore`] clone
-/// is dropped.
-async fn flush_loop(mut queue: mpsc::UnboundedReceiver<PendingFlush>) {
-    while let Some((db, first)) = queue.recv().await {
+/// Completes append callbacks in order, each after a sync that began after its entries were
+/// written. A thread of its own, because a sync blocks (and handing each one to a pool would add
+/// a hop to every write's latency). It holds the database only while a sync is pending, so
+/// closing the store releases sled's lock as soon as the last append is reported; it exits when
+/// the last [`LogStore`] clone is dropped.
+fn flush_loop(mut queue: mpsc::UnboundedReceiver<PendingFlush>) {
+    while let Some((disk, first)) = queue.blocking_recv() {
         let mut waiting = vec![first];
         while let Ok((_, next)) = queue.try_recv() {
             waiting.push(next);
         }
-        let flushed = db
-            .flush_async()
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string());
-        drop(db);
+        let synced = disk.sync_blocking().map_err(|e| e.to_string());
+        drop(disk);
         for callback in waiting {
-            callback.log_io_completed(flushed.clone().map_err(std::io::Error::other));
+            callback.log_io_completed(synced.clone().map_err(std::io::Error::other));
         }
     }
 }
 
 impl LogStore {
-    pub(super) fn new(db: &sled::Db) -> Result<Self, StorageError> {
+    pub(super) fn new(disk: &Disk) -> Result<Self, StorageError> {
         let open = |name: &str| {
-            db.open_tree(name)
+            disk.db()
+                .open_tree(name)
                 .map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Read, e))
         };
         let (flusher, queue) = mpsc::unbounded_channel();
-        tokio::spawn(flush_loop(queue));
+        std::thread::Builder::new()
+            .name("baton-log-sync".into())
+            .spawn(move || flush_loop(queue))
+            .map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Write, e))?;
         Ok(Self {
-            db: db.clone(),
+            disk: disk.clone(),
             log: open("log")?,
             meta: open("meta")?,
             flusher,
@@ -103,10 +106,9 @@ impl LogStore {
     }
 
     async fn flush(&self, subject: ErrorSubject<NodeId>) -> Result<(), StorageError> {
-        self.db
-            .flush_async()
+        self.disk
+            .sync()
             .await
-            .map(|_| ())
             .map_err(|e| io_error(subject, ErrorVerb::Write, e))
     }
 
@@ -220,19 +222,22 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
-        let mut batch = sled::Batch::default();
+        // Plain inserts, not a `sled::Batch`: sled writes out its IO buffer before and after a
+        // batch's manifest (two extra disk writes, each through its thread pool, per append),
+        // and atomicity is not needed here. sled recovers a prefix of its writes in order, and
+        // nothing is reported durable before the sync below, so a crash can only lose a suffix
+        // of unacknowledged entries, which Raft allows.
         for entry in entries {
             let bytes = codec::encode(&entry)
                 .map_err(|e| io_error(ErrorSubject::Log(entry.log_id), ErrorVerb::Write, e))?;
-            batch.insert(&index_key(entry.log_id.index), bytes);
+            self.log
+                .insert(index_key(entry.log_id.index), bytes)
+                .map_err(|e| io_error(ErrorSubject::Log(entry.log_id), ErrorVerb::Write, e))?;
         }
-        self.log
-            .apply_batch(batch)
-            .map_err(|e| io_error(ErrorSubject::Logs, ErrorVerb::Write, e))?;
-        // The entries are readable now; they are reported durable once the flusher has fsynced
-        // after this write. A later vote or truncation flushes inline, which covers these too.
+        // The entries are readable now; they are reported durable once the flusher has synced
+        // after this write. A later vote or truncation syncs inline, which covers these too.
         self.flusher
-            .send((self.db.clone(), callback))
+            .send((self.disk.clone(), callback))
             .map_err(|_| {
                 io_error(
                     ErrorSubject::Logs,

@@ -6,6 +6,7 @@
 //! machine itself lives in memory; its durable image is the latest snapshot plus the log suffix,
 //! which openraft re-applies on start-up up to the saved committed index.
 
+mod disk;
 mod log;
 mod state_machine;
 
@@ -32,7 +33,12 @@ pub fn open_with(
         .path(path)
         .open()
         .map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Read, e))?;
-    Ok((LogStore::new(&db)?, StateMachineStore::new(&db, limits)?))
+    let disk =
+        disk::Disk::new(db, path).map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Read, e))?;
+    Ok((
+        LogStore::new(&disk)?,
+        StateMachineStore::new(&disk, limits)?,
+    ))
 }
 
 /// Wraps any storage failure as openraft's storage error.

@@ -22,6 +22,7 @@ use openraft::{
 
 use tokio::sync::watch;
 
+use super::disk::Disk;
 use super::io_error;
 use crate::codec;
 use crate::history::{History, HistoryLimits};
@@ -50,20 +51,21 @@ pub struct StateMachineStore {
     applied_index: Arc<watch::Sender<u64>>,
     /// The changes of the most recently applied entries, for watches.
     history: History,
-    db: sled::Db,
+    disk: Disk,
     snapshots: sled::Tree,
 }
 
 impl StateMachineStore {
-    pub(super) fn new(db: &sled::Db, limits: HistoryLimits) -> Result<Self, StorageError> {
-        let snapshots = db
+    pub(super) fn new(disk: &Disk, limits: HistoryLimits) -> Result<Self, StorageError> {
+        let snapshots = disk
+            .db()
             .open_tree("snapshot")
             .map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Read, e))?;
         let store = Self {
             applied: Arc::default(),
             applied_index: Arc::new(watch::Sender::new(0)),
             history: History::new(limits, 0),
-            db: db.clone(),
+            disk: disk.clone(),
             snapshots,
         };
         if let Some(snapshot) = store.load_snapshot()? {
@@ -142,8 +144,8 @@ impl StateMachineStore {
         self.snapshots
             .apply_batch(batch)
             .map_err(|e| io_error(subject(), ErrorVerb::Write, e))?;
-        self.db
-            .flush_async()
+        self.disk
+            .sync()
             .await
             .map_err(|e| io_error(subject(), ErrorVerb::Write, e))?;
         Ok(())
