@@ -60,7 +60,7 @@ fn the_printed_default_config_is_accepted_as_a_config_file() {
         &[],
     );
     let settings = effective(&checked);
-    assert_eq!(get(&settings, "raft.heartbeat").as_str(), Some("100ms"));
+    assert_eq!(get(&settings, "raft.heartbeat").as_str(), Some("50ms"));
     assert_eq!(
         get(&settings, "limits.max_request_bytes").as_integer(),
         Some(4 << 20)

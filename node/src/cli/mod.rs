@@ -132,10 +132,10 @@ fn parse_peer_addr(value: &str) -> Result<(u64, String), String> {
 #[derive(Args, Debug, Clone)]
 pub struct TuningArgs {
     /// Leader heartbeat interval.
-    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
     heartbeat: Duration,
     /// Minimum election timeout (the maximum is twice this).
-    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "200ms", value_parser = humantime::parse_duration)]
     election_timeout: Duration,
     /// Build a snapshot every this many log entries.
     #[arg(long, default_value_t = 10_000)]
