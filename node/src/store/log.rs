@@ -9,6 +9,7 @@
 
 use std::fmt::Debug;
 use std::ops::RangeBounds;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{Entry, ErrorSubject, ErrorVerb, LogState, RaftLogReader, Vote};
@@ -16,6 +17,7 @@ use tokio::sync::mpsc;
 
 use super::disk::Disk;
 use super::io_error;
+use super::recent::Recent;
 use crate::codec;
 use crate::types::{LogId, NodeId, StorageError, TypeConfig};
 
@@ -30,6 +32,8 @@ pub struct LogStore {
     log: sled::Tree,
     meta: sled::Tree,
     flusher: mpsc::UnboundedSender<PendingFlush>,
+    /// The newest entries, decoded, for the reads that follow an append.
+    recent: Arc<Mutex<Recent>>,
 }
 
 /// An append waiting to be reported durable, with the disk to sync for it.
@@ -71,7 +75,12 @@ impl LogStore {
             log: open("log")?,
             meta: open("meta")?,
             flusher,
+            recent: Arc::default(),
         })
+    }
+
+    fn recent(&self) -> MutexGuard<'_, Recent> {
+        self.recent.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn read_meta<T: serde::de::DeserializeOwned>(
@@ -157,6 +166,9 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry<TypeConfig>>, StorageError> {
+        if let Some(entries) = self.recent().get(&range) {
+            return Ok(entries);
+        }
         let range = (
             encode_bound(range.start_bound()),
             encode_bound(range.end_bound()),
@@ -227,13 +239,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // and atomicity is not needed here. sled recovers a prefix of its writes in order, and
         // nothing is reported durable before the sync below, so a crash can only lose a suffix
         // of unacknowledged entries, which Raft allows.
+        let mut recent = self.recent();
         for entry in entries {
             let bytes = codec::encode(&entry)
                 .map_err(|e| io_error(ErrorSubject::Log(entry.log_id), ErrorVerb::Write, e))?;
+            let size = bytes.len();
             self.log
                 .insert(index_key(entry.log_id.index), bytes)
                 .map_err(|e| io_error(ErrorSubject::Log(entry.log_id), ErrorVerb::Write, e))?;
+            recent.push(entry, size);
         }
+        drop(recent);
         // The entries are readable now; they are reported durable once the flusher has synced
         // after this write. A later vote or truncation syncs inline, which covers these too.
         self.flusher
@@ -249,6 +265,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        self.recent().truncate(log_id.index);
         self.remove_range(index_key(log_id.index)..)?;
         self.flush(ErrorSubject::Logs).await
     }
@@ -257,6 +274,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Record the purge point first: a crash in between leaves extra entries, never a hole.
         self.write_meta(LAST_PURGED, &log_id, ErrorSubject::Logs)
             .await?;
+        self.recent().purge(log_id.index);
         self.remove_range(..=index_key(log_id.index))?;
         Ok(())
     }

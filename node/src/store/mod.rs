@@ -8,6 +8,7 @@
 
 mod disk;
 mod log;
+mod recent;
 mod state_machine;
 
 pub use log::LogStore;
