@@ -6,16 +6,22 @@
 //!   works over the peers' TLS links;
 //! - a plaintext client gets no answer at all;
 //! - the Raft service refuses a caller without a node certificate (none, or a client
-//!   certificate) as UNAUTHENTICATED, and lets a node certificate through.
+//!   certificate) as UNAUTHENTICATED, and lets a node certificate through;
+//! - the per-connection in-flight limit applies to TLS connections too.
 #![allow(clippy::unwrap_used)]
 
 mod admin_support;
 
 use std::path::Path;
+use std::time::Duration;
 
 use admin_support::{config, show, Procs};
+use baton_rpc::error::{detail_of, infra};
+use baton_rpc::proto::checkpoint_client::CheckpointClient;
+use baton_rpc::proto::queue_client::QueueClient;
 use baton_rpc::proto::raft::raft_client::RaftClient;
 use baton_rpc::proto::raft::RaftRequest;
+use baton_rpc::proto::{LeaseRequest, LoadCheckpointRequest, RequestHeader};
 use baton_rpc::{Client, ClientTls, Security};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 use tonic::Code;
@@ -35,8 +41,12 @@ fn tls(certs: &Path, identity: Option<&str>) -> Security {
     }
 }
 
-/// Calls the Raft service of `addr` over TLS presenting `identity` (or no certificate).
-async fn raft_vote(addr: &str, certs: &Path, identity: Option<&str>) -> tonic::Status {
+/// A new TLS connection to `addr`, presenting `identity` (or no certificate).
+async fn tls_channel(
+    addr: &str,
+    certs: &Path,
+    identity: Option<&str>,
+) -> tonic::transport::Channel {
     let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(
         std::fs::read(certs.join("ca.pem")).unwrap(),
     ));
@@ -46,14 +56,47 @@ async fn raft_vote(addr: &str, certs: &Path, identity: Option<&str>) -> tonic::S
             std::fs::read(certs.join(format!("{name}-key.pem"))).unwrap(),
         ));
     }
-    let channel = Endpoint::from_shared(format!("https://{addr}"))
+    Endpoint::from_shared(format!("https://{addr}"))
         .unwrap()
         .tls_config(config)
         .unwrap()
         .connect()
         .await
-        .unwrap();
-    RaftClient::new(channel)
+        .unwrap()
+}
+
+/// Generates a CA, a node certificate for 127.0.0.1 and a client certificate `ops` in `certs`.
+fn generate_certs(certs: &Path) {
+    let bin = baton_cluster_test::binary::baton_bin().unwrap();
+    for args in [
+        vec!["--name", "node", "--hosts", "127.0.0.1,localhost"],
+        vec!["--name", "ops", "--client"],
+    ] {
+        let output = std::process::Command::new(&bin)
+            .args(["certs", "generate", "--out"])
+            .arg(certs)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", show(&output));
+    }
+}
+
+/// `baton node` flags for TLS with the certificates in `certs`.
+fn tls_flags(certs: &Path) -> Vec<String> {
+    [
+        ("--tls-cert", "node.pem"),
+        ("--tls-key", "node-key.pem"),
+        ("--tls-ca", "ca.pem"),
+    ]
+    .iter()
+    .flat_map(|(flag, file)| [flag.to_string(), certs.join(file).display().to_string()])
+    .collect()
+}
+
+/// Calls the Raft service of `addr` over TLS presenting `identity` (or no certificate).
+async fn raft_vote(addr: &str, certs: &Path, identity: Option<&str>) -> tonic::Status {
+    RaftClient::new(tls_channel(addr, certs, identity).await)
         .vote(RaftRequest {
             body: b"not a vote".to_vec(),
         })
@@ -65,29 +108,10 @@ async fn raft_vote(addr: &str, certs: &Path, identity: Option<&str>) -> tonic::S
 async fn a_tls_cluster_serves_tls_clients_and_refuses_plaintext() {
     let dir = tempfile::tempdir().unwrap();
     let certs = dir.path().join("certs");
-    let bin = baton_cluster_test::binary::baton_bin().unwrap();
-    for args in [
-        vec!["--name", "node", "--hosts", "127.0.0.1,localhost"],
-        vec!["--name", "ops", "--client"],
-    ] {
-        let output = std::process::Command::new(&bin)
-            .args(["certs", "generate", "--out"])
-            .arg(&certs)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(output.status.success(), "{}", show(&output));
-    }
+    generate_certs(&certs);
 
     let mut procs = Procs::new(tls(&certs, None)).unwrap();
-    let flags: Vec<String> = [
-        ("--tls-cert", "node.pem"),
-        ("--tls-key", "node-key.pem"),
-        ("--tls-ca", "ca.pem"),
-    ]
-    .iter()
-    .flat_map(|(flag, file)| [flag.to_string(), certs.join(file).display().to_string()])
-    .collect();
+    let flags = tls_flags(&certs);
     for id in 1..=3 {
         procs.declare(id, &flags).unwrap();
     }
@@ -165,5 +189,79 @@ async fn a_tls_cluster_serves_tls_clients_and_refuses_plaintext() {
         raft_vote(&addr, &certs, Some("node")).await.code(),
         Code::InvalidArgument,
         "a node certificate passes the gate (the body is garbage)"
+    );
+}
+
+/// Loads a checkpoint over `channel`: the status of the refusal (nothing is ever saved here).
+async fn load(channel: &tonic::transport::Channel) -> tonic::Status {
+    CheckpointClient::new(channel.clone())
+        .load(LoadCheckpointRequest { run: "r".into() })
+        .await
+        .unwrap_err()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connection_limit_applies_to_tls_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    generate_certs(&certs);
+    let mut procs = Procs::new(tls(&certs, None)).unwrap();
+    let mut flags = tls_flags(&certs);
+    flags.extend([
+        "--max-in-flight-per-connection".to_string(),
+        "1".to_string(),
+    ]);
+    procs.declare(1, &flags).unwrap();
+    procs.start(1).await.unwrap();
+    procs.initialize(1).await.unwrap();
+    let client = procs.client(tls(&certs, None)).await.unwrap();
+    client.create_queue("q", "ns").await.unwrap();
+    client.register_worker("w", false).await.unwrap();
+    let addr = procs.addr(1);
+
+    // One connection holds its only place with a long-poll lease (nothing is ever leasable);
+    // then every other call on that connection is refused at once, while another connection is
+    // served. A load that reaches the node before the lease takes the place first: then the
+    // lease is the one refused, and the round starts again.
+    let busy = tls_channel(&addr, &certs, None).await;
+    let mut refused = None;
+    for round in 0..20 {
+        let channel = busy.clone();
+        let held = tokio::spawn(async move {
+            let request = LeaseRequest {
+                header: Some(RequestHeader {
+                    client_id: 77,
+                    seq: round + 1,
+                    acked_below: round + 1,
+                }),
+                worker_id: "w".into(),
+                queues: vec!["q".into()],
+                limit: 1,
+                lease_ttl_ms: 10_000,
+                wait_ms: 2_000,
+            };
+            QueueClient::new(channel).lease(request).await.map(|_| ())
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let status = load(&busy).await;
+        if detail_of(&status).is_some_and(|d| d.code == infra::OVERLOADED) {
+            assert!(!held.is_finished(), "the held lease is still waiting");
+            refused = Some(status);
+            let other = load(&tls_channel(&addr, &certs, None).await).await;
+            assert_eq!(
+                other.code(),
+                Code::NotFound,
+                "another connection is served: {other:?}"
+            );
+            held.await.unwrap().unwrap();
+            break;
+        }
+        let _ = held.await;
+    }
+    let status = refused.expect("a second call on the busy TLS connection was refused");
+    let names_the_limit = status.message().contains("max_in_flight_per_connection");
+    assert!(
+        status.code() == Code::ResourceExhausted && names_the_limit,
+        "{status:?}"
     );
 }
