@@ -1,9 +1,9 @@
 //! The Raft log and vote on sled.
 //!
 //! Durability rule: openraft is told that a vote or an entry is stored only after it is on disk
-//! (sled flushed, then fdatasync: see [`super::disk`]). An append writes its entries as one sled
-//! batch and returns; its callback is queued to the flusher thread, which syncs once for every
-//! callback waiting and then completes them in order. So the Raft core never waits for the disk,
+//! (sled flushed, then fdatasync: see [`super::disk`]). An append inserts its entries and
+//! returns; its callback is queued to the flusher thread, which syncs once for every callback
+//! waiting and then completes them in order. So the Raft core never waits for the disk,
 //! and one sync commits every client command that arrived meanwhile (group commit). Votes,
 //! truncations and purges sync inline.
 
