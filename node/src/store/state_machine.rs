@@ -130,6 +130,28 @@ impl StateMachineStore {
         Ok(())
     }
 
+    /// The applied state's snapshot image and its meta.
+    fn encode_snapshot(&self) -> Result<(Vec<u8>, SnapshotMeta<NodeId, BasicNode>), StorageError> {
+        let applied = self.read();
+        let data = codec::encode(&applied.state)
+            .map_err(|e| io_error(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))?;
+        let snapshot_id = match applied.last_applied {
+            Some(id) => format!(
+                "{}-{}-{:016x}",
+                id.leader_id.term,
+                id.index,
+                rand::random::<u64>()
+            ),
+            None => format!("empty-{:016x}", rand::random::<u64>()),
+        };
+        let meta = SnapshotMeta {
+            last_log_id: applied.last_applied,
+            last_membership: applied.membership.clone(),
+            snapshot_id,
+        };
+        Ok((data, meta))
+    }
+
     async fn save_snapshot(
         &self,
         meta: &SnapshotMeta<NodeId, BasicNode>,
@@ -141,8 +163,11 @@ impl StateMachineStore {
         let mut batch = sled::Batch::default();
         batch.insert(SNAPSHOT_META, meta_bytes);
         batch.insert(SNAPSHOT_DATA, data);
-        self.snapshots
-            .apply_batch(batch)
+        // sled writes a value this large to a file of its own, synchronously: not on a worker.
+        let snapshots = self.snapshots.clone();
+        tokio::task::spawn_blocking(move || snapshots.apply_batch(batch))
+            .await
+            .map_err(|e| io_error(subject(), ErrorVerb::Write, e))?
             .map_err(|e| io_error(subject(), ErrorVerb::Write, e))?;
         self.disk
             .sync()
@@ -171,26 +196,14 @@ impl StateMachineStore {
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        let (data, meta) = {
-            let applied = self.read();
-            let data = codec::encode(&applied.state)
-                .map_err(|e| io_error(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))?;
-            let snapshot_id = match applied.last_applied {
-                Some(id) => format!(
-                    "{}-{}-{:016x}",
-                    id.leader_id.term,
-                    id.index,
-                    rand::random::<u64>()
-                ),
-                None => format!("empty-{:016x}", rand::random::<u64>()),
-            };
-            let meta = SnapshotMeta {
-                last_log_id: applied.last_applied,
-                last_membership: applied.membership.clone(),
-                snapshot_id,
-            };
-            (data, meta)
-        };
+        // Encoding a large state takes a while (~0.3 s per million leases) under the read lock.
+        // On a blocking thread it holds up only the applies waiting for that lock, not also one
+        // of the runtime's two workers (which froze the whole node while loading a million
+        // leases: docs/benchmarks.md, "State scale").
+        let store = self.clone();
+        let (data, meta) = tokio::task::spawn_blocking(move || store.encode_snapshot())
+            .await
+            .map_err(|e| io_error(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))??;
         self.save_snapshot(&meta, &data).await?;
         tracing::info!(snapshot = %meta.snapshot_id, bytes = data.len(), "built snapshot");
         Ok(Snapshot {
