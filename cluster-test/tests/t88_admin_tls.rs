@@ -12,7 +12,7 @@
 
 mod admin_support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use admin_support::{config, show, Procs};
@@ -82,16 +82,26 @@ fn generate_certs(certs: &Path) {
     }
 }
 
-/// `baton node` flags for TLS with the certificates in `certs`.
-fn tls_flags(certs: &Path) -> Vec<String> {
-    [
+/// Fresh certificates in a temporary directory (kept while it lives) and `count` nodes declared
+/// to run TLS with them, with `extra` flags; the harness's own calls use TLS too.
+fn tls_nodes(count: u64, extra: &[&str]) -> (tempfile::TempDir, PathBuf, Procs) {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    generate_certs(&certs);
+    let mut flags: Vec<String> = [
         ("--tls-cert", "node.pem"),
         ("--tls-key", "node-key.pem"),
         ("--tls-ca", "ca.pem"),
     ]
     .iter()
     .flat_map(|(flag, file)| [flag.to_string(), certs.join(file).display().to_string()])
-    .collect()
+    .collect();
+    flags.extend(extra.iter().map(|arg| arg.to_string()));
+    let mut procs = Procs::new(tls(&certs, None)).unwrap();
+    for id in 1..=count {
+        procs.declare(id, &flags).unwrap();
+    }
+    (dir, certs, procs)
 }
 
 /// Calls the Raft service of `addr` over TLS presenting `identity` (or no certificate).
@@ -106,15 +116,7 @@ async fn raft_vote(addr: &str, certs: &Path, identity: Option<&str>) -> tonic::S
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_cluster_serves_tls_clients_and_refuses_plaintext() {
-    let dir = tempfile::tempdir().unwrap();
-    let certs = dir.path().join("certs");
-    generate_certs(&certs);
-
-    let mut procs = Procs::new(tls(&certs, None)).unwrap();
-    let flags = tls_flags(&certs);
-    for id in 1..=3 {
-        procs.declare(id, &flags).unwrap();
-    }
+    let (_dir, certs, mut procs) = tls_nodes(3, &[]);
     for id in 1..=3 {
         procs.start(id).await.unwrap();
     }
@@ -202,16 +204,7 @@ async fn load(channel: &tonic::transport::Channel) -> tonic::Status {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_connection_limit_applies_to_tls_connections() {
-    let dir = tempfile::tempdir().unwrap();
-    let certs = dir.path().join("certs");
-    generate_certs(&certs);
-    let mut procs = Procs::new(tls(&certs, None)).unwrap();
-    let mut flags = tls_flags(&certs);
-    flags.extend([
-        "--max-in-flight-per-connection".to_string(),
-        "1".to_string(),
-    ]);
-    procs.declare(1, &flags).unwrap();
+    let (_dir, certs, mut procs) = tls_nodes(1, &["--max-in-flight-per-connection", "1"]);
     procs.start(1).await.unwrap();
     procs.initialize(1).await.unwrap();
     let client = procs.client(tls(&certs, None)).await.unwrap();

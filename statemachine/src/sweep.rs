@@ -19,8 +19,8 @@ use crate::state::State;
 /// [`crate::Command::SweepAtMost`]. Replicas read the bound from the command, never from here,
 /// so changing it changes no replay. About 60 ms of apply per node for board leases on the
 /// benchmark machine with a million live leases (docs/benchmarks.md): short enough for client
-/// commands to interleave and far inside an election timeout; half of it was measurably slower
-/// in all (each sweep also costs a log round trip).
+/// commands to interleave and well inside the default 200 ms minimum election timeout; half of
+/// it was measurably slower in all (each sweep also costs a log round trip).
 pub const SWEEP_BATCH: u32 = 40_000;
 
 /// How many due expiries of each kind one bounded sweep materialises.
