@@ -3,7 +3,8 @@
 //! them — and afterwards it is a full member: with the original leader killed, the restarted node
 //! is half of the only possible quorum, and every acknowledged operation is still readable.
 //! And a SIGKILL of every node at once (a power cut) loses no acknowledged operation: what was
-//! acknowledged was durable on a quorum's disks.
+//! acknowledged was durable on a quorum's disks. And the members build their snapshots at
+//! staggered points of the log, never all at once.
 #![allow(clippy::unwrap_used)]
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -245,4 +246,86 @@ async fn t32_sigkill_of_every_node_under_load_loses_no_acknowledged_operation() 
         "t32: all 3 nodes SIGKILLed after {acked_before} acks; restarted, node {leader} leads after {back_after:?}; \
          all {acks} acked ops readable ({ambiguous} ambiguous)"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t34_members_build_snapshots_at_staggered_points() {
+    // Members 1, 2 and 3 build at 0, 150 and 300 past each multiple of 450
+    // (node/src/snapshot_schedule.rs). Under a shared policy all three would build at about
+    // the same multiple of 450 and two of them would fail the check below.
+    const EVERY: u64 = 450;
+    let cluster = Cluster::start(
+        3,
+        Options {
+            snapshot_every: EVERY,
+            ..Options::default()
+        },
+    )
+    .await
+    .unwrap();
+    let leader = cluster.leader().await.unwrap();
+    let target = 5 * EVERY;
+    let mut writers = Vec::new();
+    for writer in 0..2 {
+        let client = cluster.client().await.unwrap();
+        writers.push(tokio::spawn(async move {
+            // Bounded: stopped once the target is applied, long before the last of these.
+            for n in 0..10 * EVERY {
+                client
+                    .offer(OfferArgs {
+                        key: format!("t32-{writer}-{n}"),
+                        from: "a".into(),
+                        to: "b".into(),
+                        payload: Vec::new(),
+                        reply_to: "a".into(),
+                        ttl_ms: 60_000,
+                    })
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    let started = Instant::now();
+    loop {
+        let info = cluster.node_info(leader).await.unwrap();
+        if info.applied_index >= target {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the cluster applied only {} of {target} entries in 2 minutes",
+            info.applied_index
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for writer in &writers {
+        writer.abort();
+    }
+    // Let every member notice its last point (it checks every 100 ms) and finish the build.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let mut ids = cluster.live_ids();
+    ids.sort_unstable();
+    assert_eq!(ids, vec![1, 2, 3]);
+    let mut report = Vec::new();
+    for (rank, id) in ids.iter().enumerate() {
+        let info = cluster.node_info(*id).await.unwrap();
+        let phase = EVERY * rank as u64 / 3;
+        let past_point = (info.snapshot_index + EVERY - phase) % EVERY;
+        report.push(format!(
+            "node {id}: snapshot at {} (its points are {phase} + k*{EVERY}; {past_point} past one)",
+            info.snapshot_index
+        ));
+        assert!(
+            info.snapshot_index >= EVERY,
+            "node {id} built no snapshot: {report:?}"
+        );
+        // A build starts up to one check (100 ms) after the point: far less than the 150
+        // entries between two members' points at this rate.
+        assert!(
+            past_point < EVERY / 3,
+            "node {id} built off its own points: {report:?}"
+        );
+    }
+    println!("t34: {}", report.join("; "));
 }

@@ -22,6 +22,7 @@ pub mod server;
 pub mod service;
 pub mod shutdown;
 pub mod snapshot_file;
+pub mod snapshot_schedule;
 pub mod stamp;
 pub mod store;
 pub mod sweeper;

@@ -40,7 +40,7 @@ use crate::service::{
 use crate::store;
 use crate::tls::NodeTls;
 use crate::types::Raft;
-use crate::{http, sweeper, systemd};
+use crate::{http, snapshot_schedule, sweeper, systemd};
 
 /// How long the gRPC server may take to close its connections once a shutdown has drained.
 const CLOSE_LIMIT: Duration = Duration::from_secs(5);
@@ -132,6 +132,12 @@ pub async fn serve_secured(
         node.clone(),
         admission.clone(),
         config.sweep_interval,
+        stop_rx.clone(),
+    ));
+    let snapshots = tokio::spawn(snapshot_schedule::run(
+        raft.clone(),
+        config.id,
+        config.raft.snapshot_every,
         stop_rx.clone(),
     ));
     let http = http_listener.map(|listener| start_http(listener, &config, &node, stats, stop_rx));
@@ -230,6 +236,7 @@ pub async fn serve_secured(
 
     let _ = stop_tx.send(true);
     let _ = sweeper.await;
+    let _ = snapshots.await;
     if let Some(http) = http {
         let _ = http.await;
     }

@@ -141,7 +141,8 @@ pub struct RaftTuning {
     /// for its lease (the maximum) plus a random time in this range starts an election, so a
     /// dead leader is replaced ~0.7 s later (the failover target is 1 s; docs/benchmarks.md).
     pub election_timeout: (Duration, Duration),
-    /// Build a snapshot after this many log entries since the last one (default 10,000).
+    /// Build a snapshot about every this many log entries (default 10,000), at points offset
+    /// from the other members' ([`crate::snapshot_schedule`]).
     pub snapshot_every: u64,
     /// Keep this many entries behind a snapshot so slightly lagging followers catch up from
     /// the log rather than by snapshot (default 1,000).
@@ -167,7 +168,8 @@ impl RaftTuning {
             heartbeat_interval: self.heartbeat.as_millis() as u64,
             election_timeout_min: self.election_timeout.0.as_millis() as u64,
             election_timeout_max: self.election_timeout.1.as_millis() as u64,
-            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_every),
+            // Builds are scheduled by crate::snapshot_schedule, staggered across the members.
+            snapshot_policy: openraft::SnapshotPolicy::Never,
             max_in_snapshot_log_to_keep: self.keep_logs,
             install_snapshot_timeout: 10_000,
             max_payload_entries: 64,

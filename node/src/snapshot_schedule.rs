@@ -1,0 +1,194 @@
+//! When this node builds its snapshots: at log points of its own, offset from its peers'.
+//!
+//! openraft's `LogsSinceLast(n)` policy makes every member build when its applied index reaches
+//! the same multiple of `n`, so all of them build at once. A build holds the state lock while it
+//! encodes (~0.3 s per million leases, during which applies wait) and then writes a large image
+//! through the same sled as the log, so with all members building together no quorum is free and
+//! every in-flight write stalls (docs/benchmarks.md, "State scale"). Here each member builds at
+//! `phase + k * every`, where the phase spreads the members evenly over one interval by their
+//! rank among the voters: with three members the builds are a third of an interval apart, and
+//! the two members not building still form a quorum.
+//!
+//! openraft is told never to snapshot on its own (`SnapshotPolicy::Never`); [`run`] checks the
+//! applied index a few times a second and asks openraft to build when a point has passed.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::types::{NodeId, Raft};
+
+/// How often [`run`] looks at the applied index. A build starts at most this late after its
+/// point: negligible against an interval of thousands of entries, and cheaper than waking on
+/// every applied entry.
+pub const CHECK_EVERY: Duration = Duration::from_millis(100);
+
+/// Where this member's snapshot points lie within each interval of `every` entries: its rank
+/// among the cluster's members (this node counted even while it is a learner) times an equal
+/// share of the interval.
+pub fn phase(id: NodeId, voters: &BTreeSet<NodeId>, every: u64) -> u64 {
+    let mut members = voters.clone();
+    members.insert(id);
+    let rank = members.iter().position(|m| *m == id).unwrap_or(0) as u64;
+    let count = members.len() as u64;
+    // Widened so that a large `every` cannot overflow the product.
+    ((every as u128 * rank as u128) / count as u128) as u64
+}
+
+/// Whether a member whose points are `phase + k * every` should build a snapshot now, having
+/// applied up to `applied` with its latest snapshot at `snapshot` (None: none yet).
+///
+/// A point counts only if it lies at least half an interval past the latest snapshot, so builds
+/// are between half an interval and one and a half intervals apart even when a snapshot was
+/// installed from the leader at an arbitrary index, and the member drifts back to its own phase.
+pub fn due(applied: u64, snapshot: Option<u64>, every: u64, phase: u64) -> bool {
+    let every = every.max(1);
+    let phase = phase % every;
+    let earliest = match snapshot {
+        Some(index) => index.saturating_add(every / 2).saturating_add(1),
+        None => every / 2 + 1,
+    };
+    // The first point at or after `earliest`.
+    let point = if earliest <= phase {
+        phase
+    } else {
+        let steps = (earliest - phase).div_ceil(every);
+        phase.saturating_add(steps.saturating_mul(every))
+    };
+    applied >= point
+}
+
+/// Asks openraft to build a snapshot whenever this member's next point has been applied, until
+/// `stop` turns true.
+pub async fn run(raft: Raft, id: NodeId, every: u64, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(CHECK_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => {}
+        }
+        if *stop.borrow() {
+            return;
+        }
+        let (applied, snapshot, voters) = {
+            let metrics = raft.metrics();
+            let metrics = metrics.borrow();
+            let voters: BTreeSet<NodeId> =
+                metrics.membership_config.membership().voter_ids().collect();
+            (
+                metrics.last_applied.map(|id| id.index),
+                metrics.snapshot.map(|id| id.index),
+                voters,
+            )
+        };
+        let Some(applied) = applied else { continue };
+        if due(applied, snapshot, every, phase(id, &voters, every)) {
+            tracing::debug!(applied, ?snapshot, "snapshot point reached");
+            // openraft ignores the request while a build is under way; an error means Raft
+            // has stopped, which the server notices on its own.
+            if raft.trigger().snapshot().await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn voters(ids: &[NodeId]) -> BTreeSet<NodeId> {
+        ids.iter().copied().collect()
+    }
+
+    #[test]
+    fn three_members_get_phases_a_third_apart() {
+        let v = voters(&[1, 2, 3]);
+        assert_eq!(phase(1, &v, 9_000), 0);
+        assert_eq!(phase(2, &v, 9_000), 3_000);
+        assert_eq!(phase(3, &v, 9_000), 6_000);
+        // Ids need not be 1..=n.
+        let v = voters(&[10, 42, 7]);
+        let phases: BTreeSet<u64> = [7, 10, 42].iter().map(|id| phase(*id, &v, 9_000)).collect();
+        assert_eq!(phases, BTreeSet::from([0, 3_000, 6_000]));
+    }
+
+    #[test]
+    fn a_learner_takes_a_slot_of_its_own() {
+        let v = voters(&[1, 2, 3]);
+        assert_eq!(phase(4, &v, 8_000), 6_000);
+        assert_eq!(phase(1, &v, 8_000), 0);
+        assert_eq!(phase(1, &BTreeSet::new(), 8_000), 0);
+    }
+
+    #[test]
+    fn a_huge_interval_does_not_overflow() {
+        let v = voters(&[1, 2, 3]);
+        assert_eq!(phase(3, &v, u64::MAX), u64::MAX / 3 * 2);
+        assert!(!due(5, None, u64::MAX, u64::MAX / 3));
+    }
+
+    /// The indexes at which a member applying one entry at a time builds, starting from `start`.
+    fn builds(every: u64, phase: u64, start: Option<u64>, until: u64) -> Vec<u64> {
+        let mut snapshot = start;
+        let mut built = Vec::new();
+        for applied in 1..=until {
+            if due(applied, snapshot, every, phase) {
+                built.push(applied);
+                snapshot = Some(applied);
+            }
+        }
+        built
+    }
+
+    #[test]
+    fn each_member_builds_at_its_own_points() {
+        assert_eq!(builds(100, 0, None, 450), vec![100, 200, 300, 400]);
+        assert_eq!(builds(100, 33, None, 450), vec![133, 233, 333, 433]);
+        assert_eq!(builds(100, 66, None, 450), vec![66, 166, 266, 366]);
+    }
+
+    #[test]
+    fn members_never_build_at_the_same_index() {
+        let v = voters(&[1, 2, 3]);
+        let all: Vec<Vec<u64>> = [1, 2, 3]
+            .iter()
+            .map(|id| builds(1_000, phase(*id, &v, 1_000), None, 20_000))
+            .collect();
+        for (i, a) in all.iter().enumerate() {
+            for b in &all[i + 1..] {
+                for x in a {
+                    for y in b {
+                        assert!(x.abs_diff(*y) >= 333, "builds at {x} and {y} are too close");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn after_an_installed_snapshot_the_member_returns_to_its_phase() {
+        // This member's points are 1_050, 2_050, ...; a snapshot installed from the leader at
+        // 1_290 moves its next build to its own next point, 2_050.
+        assert_eq!(builds(1_000, 50, Some(1_290), 4_000), vec![2_050, 3_050]);
+        // Installed less than half an interval before its point: that point is skipped.
+        assert_eq!(builds(1_000, 50, Some(1_600), 4_000), vec![3_050]);
+    }
+
+    #[test]
+    fn a_late_check_builds_once_not_once_per_missed_point() {
+        // Checked only at 5_000 with the last snapshot at 1_000: one build, and the next point
+        // after it is at least half an interval on.
+        assert!(due(5_000, Some(1_000), 1_000, 0));
+        assert!(!due(5_400, Some(5_000), 1_000, 0));
+        assert!(due(6_000, Some(5_000), 1_000, 0));
+    }
+
+    #[test]
+    fn an_interval_of_one_builds_at_most_every_entry() {
+        assert_eq!(builds(1, 0, None, 4), vec![1, 2, 3, 4]);
+        assert!(!due(0, None, 1, 0));
+    }
+}
