@@ -135,3 +135,82 @@ async fn purge_and_truncate_leave_no_hole() {
         .collect();
     assert_eq!(indexes, vec![5, 6, 7]);
 }
+
+/// Opens a raw sled database, retrying while a just-dropped handle still holds its lock.
+async fn raw_sled(path: &std::path::Path) -> sled::Db {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match sled::open(path) {
+            Ok(db) => return db,
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("raw open: {e}; retrying");
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("cannot open {}: {e}", path.display()),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_snapshot_an_older_version_kept_in_the_log_database_is_moved_and_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let images_dir = dir.path().join(store::SNAPSHOT_STORE);
+    let tickets_in_snapshot = {
+        let (mut log, mut sm) = store::open(dir.path()).unwrap();
+        let entries: Vec<_> = (1..=4).map(|i| offer(i, &format!("k{i}"))).collect();
+        log.blocking_append(entries.clone()).await.unwrap();
+        sm.apply(entries[..3].to_vec()).await.unwrap();
+        sm.get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        let tickets: Vec<_> = sm.read().state.handoff.tickets().cloned().collect();
+        assert_eq!(tickets.len(), 3);
+        tickets
+    };
+
+    // Rewrite the data dir into the older layout: the snapshot in the log database's `snapshot`
+    // tree and no snapshot store.
+    let (meta, data) = {
+        let images = raw_sled(&images_dir).await;
+        (
+            images.get(b"meta").unwrap().unwrap(),
+            images.get(b"data").unwrap().unwrap(),
+        )
+    };
+    std::fs::remove_dir_all(&images_dir).unwrap();
+    {
+        let db = raw_sled(dir.path()).await;
+        let legacy = db.open_tree(b"snapshot").unwrap();
+        legacy.insert(b"meta", meta).unwrap();
+        legacy.insert(b"data", data).unwrap();
+        db.flush().unwrap();
+    }
+
+    {
+        let (_log, mut sm) = reopen(dir.path()).await;
+        let (applied, _) = sm.applied_state().await.unwrap();
+        assert_eq!(
+            applied.map(|id| id.index),
+            Some(3),
+            "resumes from the moved snapshot"
+        );
+        let tickets: Vec<_> = sm.read().state.handoff.tickets().cloned().collect();
+        assert_eq!(tickets, tickets_in_snapshot);
+        let current = sm.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(current.meta.last_log_id.map(|id| id.index), Some(3));
+    }
+
+    // Moved, not copied: the log database no longer has the tree; the snapshot store has it.
+    let db = raw_sled(dir.path()).await;
+    assert!(
+        !db.tree_names()
+            .iter()
+            .any(|name| name.as_ref() == b"snapshot"),
+        "the old tree is gone from the log database"
+    );
+    drop(db);
+    let images = raw_sled(&images_dir).await;
+    assert!(images.get(b"meta").unwrap().is_some());
+}

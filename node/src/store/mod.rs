@@ -1,10 +1,14 @@
 //! Durable storage on sled: the Raft log and vote ([`LogStore`]) and the state machine with its
 //! snapshots ([`StateMachineStore`]).
 //!
-//! One sled database per node holds three trees: `log` (entries by index), `meta` (vote,
-//! committed, last purged) and `snapshot` (the latest snapshot's meta and bytes). The state
-//! machine itself lives in memory; its durable image is the latest snapshot plus the log suffix,
-//! which openraft re-applies on start-up up to the saved committed index.
+//! Two sled databases per node. The log's (at `path`) holds the trees `log` (entries by index)
+//! and `meta` (vote, committed, last purged). The snapshot store's (at `path/snapshot-store`)
+//! holds the latest snapshot's meta and bytes: writing a snapshot image of ~100 MB takes sled's
+//! database-wide batch lock and holds a writer on its current IO buffer while the image goes to
+//! a blob file, so in the log's database it stalled every log append and sync of that node for
+//! the whole write (docs/benchmarks.md, "State scale"). The state machine itself lives in memory;
+//! its durable image is the latest snapshot plus the log suffix, which openraft re-applies on
+//! start-up up to the saved committed index.
 
 mod disk;
 mod log;
@@ -30,16 +34,33 @@ pub fn open_with(
     path: &std::path::Path,
     limits: HistoryLimits,
 ) -> Result<(LogStore, StateMachineStore), StorageError> {
-    let db = sled::Config::new()
-        .path(path)
+    let log = open_disk(sled::Config::new().path(path), path)?;
+    let images_path = path.join(SNAPSHOT_STORE);
+    // Snapshot images are read once at start-up and written whole: no cache worth the memory.
+    let images = open_disk(
+        sled::Config::new()
+            .path(&images_path)
+            .cache_capacity(SNAPSHOT_STORE_CACHE),
+        &images_path,
+    )?;
+    Ok((
+        LogStore::new(&log)?,
+        StateMachineStore::new(&log, &images, limits)?,
+    ))
+}
+
+/// The snapshot store's sled directory inside the log's (sled ignores entries it does not know;
+/// its own snapshot files start with `snap.`).
+pub const SNAPSHOT_STORE: &str = "snapshot-store";
+
+/// sled's page cache for the snapshot store (bytes).
+const SNAPSHOT_STORE_CACHE: u64 = 16 << 20;
+
+fn open_disk(config: sled::Config, path: &std::path::Path) -> Result<disk::Disk, StorageError> {
+    let db = config
         .open()
         .map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Read, e))?;
-    let disk =
-        disk::Disk::new(db, path).map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Read, e))?;
-    Ok((
-        LogStore::new(&disk)?,
-        StateMachineStore::new(&disk, limits)?,
-    ))
+    disk::Disk::new(db, path).map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Read, e))
 }
 
 /// Wraps any storage failure as openraft's storage error.

@@ -51,22 +51,25 @@ pub struct StateMachineStore {
     applied_index: Arc<watch::Sender<u64>>,
     /// The changes of the most recently applied entries, for watches.
     history: History,
-    disk: Disk,
-    snapshots: sled::Tree,
+    /// The snapshot store (its own sled database, not the log's).
+    images: Disk,
 }
 
 impl StateMachineStore {
-    pub(super) fn new(disk: &Disk, limits: HistoryLimits) -> Result<Self, StorageError> {
-        let snapshots = disk
-            .db()
-            .open_tree("snapshot")
-            .map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Read, e))?;
+    /// The store over `images`, first moving a snapshot that an older version kept in the
+    /// log's database (`log`) over to it.
+    pub(super) fn new(
+        log: &Disk,
+        images: &Disk,
+        limits: HistoryLimits,
+    ) -> Result<Self, StorageError> {
+        move_legacy_snapshot(log, images)
+            .map_err(|e| io_error(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))?;
         let store = Self {
             applied: Arc::default(),
             applied_index: Arc::new(watch::Sender::new(0)),
             history: History::new(limits, 0),
-            disk: disk.clone(),
-            snapshots,
+            images: images.clone(),
         };
         if let Some(snapshot) = store.load_snapshot()? {
             store.restore(&snapshot.meta, snapshot.snapshot.get_ref())?;
@@ -164,12 +167,12 @@ impl StateMachineStore {
         batch.insert(SNAPSHOT_META, meta_bytes);
         batch.insert(SNAPSHOT_DATA, data);
         // sled writes a value this large to a file of its own, synchronously: not on a worker.
-        let snapshots = self.snapshots.clone();
-        tokio::task::spawn_blocking(move || snapshots.apply_batch(batch))
+        let images = self.images.clone();
+        tokio::task::spawn_blocking(move || images.db().apply_batch(batch))
             .await
             .map_err(|e| io_error(subject(), ErrorVerb::Write, e))?
             .map_err(|e| io_error(subject(), ErrorVerb::Write, e))?;
-        self.disk
+        self.images
             .sync()
             .await
             .map_err(|e| io_error(subject(), ErrorVerb::Write, e))?;
@@ -178,7 +181,8 @@ impl StateMachineStore {
 
     fn load_snapshot(&self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
         let read = |key| {
-            self.snapshots
+            self.images
+                .db()
                 .get(key)
                 .map_err(|e| io_error(ErrorSubject::Snapshot(None), ErrorVerb::Read, e))
         };
@@ -192,6 +196,50 @@ impl StateMachineStore {
             snapshot: Box::new(Cursor::new(data.to_vec())),
         }))
     }
+}
+
+/// The tree in which versions before the separate snapshot store kept the snapshot, in the
+/// log's database.
+const LEGACY_SNAPSHOT_TREE: &[u8] = b"snapshot";
+
+/// Moves a snapshot kept in the log's database by an older version into the snapshot store:
+/// copied and synced first, then dropped from the log's database and synced, so a crash in
+/// between leaves it in both places (and the next start drops the old copy).
+fn move_legacy_snapshot(log: &Disk, images: &Disk) -> std::io::Result<()> {
+    let has_legacy = log
+        .db()
+        .tree_names()
+        .iter()
+        .any(|name| name.as_ref() == LEGACY_SNAPSHOT_TREE);
+    if !has_legacy {
+        return Ok(());
+    }
+    let legacy = log
+        .db()
+        .open_tree(LEGACY_SNAPSHOT_TREE)
+        .map_err(std::io::Error::other)?;
+    let meta = legacy.get(SNAPSHOT_META).map_err(std::io::Error::other)?;
+    let data = legacy.get(SNAPSHOT_DATA).map_err(std::io::Error::other)?;
+    let moved = images
+        .db()
+        .get(SNAPSHOT_META)
+        .map_err(std::io::Error::other)?
+        .is_some();
+    if let (Some(meta), Some(data), false) = (meta, data, moved) {
+        let mut batch = sled::Batch::default();
+        batch.insert(SNAPSHOT_META, meta);
+        batch.insert(SNAPSHOT_DATA, data);
+        images
+            .db()
+            .apply_batch(batch)
+            .map_err(std::io::Error::other)?;
+        images.sync_blocking()?;
+        tracing::info!("moved the snapshot from the log's database to the snapshot store");
+    }
+    log.db()
+        .drop_tree(LEGACY_SNAPSHOT_TREE)
+        .map_err(std::io::Error::other)?;
+    log.sync_blocking()
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
