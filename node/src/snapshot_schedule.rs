@@ -36,32 +36,33 @@ pub fn phase(id: NodeId, voters: &BTreeSet<NodeId>, every: u64) -> u64 {
     ((every as u128 * rank as u128) / count as u128) as u64
 }
 
-/// Whether a member whose points are `phase + k * every` should build a snapshot now, having
-/// applied up to `applied` with its latest snapshot at `snapshot` (None: none yet).
+/// The log index at which a member whose points are `phase + k * every` builds its next
+/// snapshot, its latest being at `snapshot` (None: none yet).
 ///
 /// A point counts only if it lies at least half an interval past the latest snapshot, so builds
 /// are between half an interval and one and a half intervals apart even when a snapshot was
 /// installed from the leader at an arbitrary index, and the member drifts back to its own phase.
-pub fn due(applied: u64, snapshot: Option<u64>, every: u64, phase: u64) -> bool {
+pub fn next_point(snapshot: Option<u64>, every: u64, phase: u64) -> u64 {
     let every = every.max(1);
     let phase = phase % every;
     let earliest = match snapshot {
         Some(index) => index.saturating_add(every / 2).saturating_add(1),
         None => every / 2 + 1,
     };
-    // The first point at or after `earliest`.
-    let point = if earliest <= phase {
+    if earliest <= phase {
         phase
     } else {
         let steps = (earliest - phase).div_ceil(every);
         phase.saturating_add(steps.saturating_mul(every))
-    };
-    applied >= point
+    }
 }
 
 /// Asks openraft to build a snapshot whenever this member's next point has been applied, until
 /// `stop` turns true.
 pub async fn run(raft: Raft, id: NodeId, every: u64, mut stop: watch::Receiver<bool>) {
+    // The point asked for last: the snapshot metric may still show the previous snapshot while
+    // that build finishes, and asking again would start a second build right after it.
+    let mut asked_for = None;
     let mut tick = tokio::time::interval(CHECK_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -84,8 +85,10 @@ pub async fn run(raft: Raft, id: NodeId, every: u64, mut stop: watch::Receiver<b
             )
         };
         let Some(applied) = applied else { continue };
-        if due(applied, snapshot, every, phase(id, &voters, every)) {
-            tracing::debug!(applied, ?snapshot, "snapshot point reached");
+        let point = next_point(snapshot, every, phase(id, &voters, every));
+        if applied >= point && asked_for != Some(point) {
+            asked_for = Some(point);
+            tracing::debug!(applied, point, ?snapshot, "snapshot point reached");
             // openraft ignores the request while a build is under way; an error means Raft
             // has stopped, which the server notices on its own.
             if raft.trigger().snapshot().await.is_err() {
@@ -127,7 +130,7 @@ mod tests {
     fn a_huge_interval_does_not_overflow() {
         let v = voters(&[1, 2, 3]);
         assert_eq!(phase(3, &v, u64::MAX), u64::MAX / 3 * 2);
-        assert!(!due(5, None, u64::MAX, u64::MAX / 3));
+        assert_eq!(next_point(None, u64::MAX, u64::MAX / 3), u64::MAX);
     }
 
     /// The indexes at which a member applying one entry at a time builds, starting from `start`.
@@ -135,7 +138,7 @@ mod tests {
         let mut snapshot = start;
         let mut built = Vec::new();
         for applied in 1..=until {
-            if due(applied, snapshot, every, phase) {
+            if applied >= next_point(snapshot, every, phase) {
                 built.push(applied);
                 snapshot = Some(applied);
             }
@@ -178,17 +181,16 @@ mod tests {
     }
 
     #[test]
-    fn a_late_check_builds_once_not_once_per_missed_point() {
-        // Checked only at 5_000 with the last snapshot at 1_000: one build, and the next point
-        // after it is at least half an interval on.
-        assert!(due(5_000, Some(1_000), 1_000, 0));
-        assert!(!due(5_400, Some(5_000), 1_000, 0));
-        assert!(due(6_000, Some(5_000), 1_000, 0));
+    fn a_late_build_moves_the_next_point_past_it() {
+        // With the last snapshot at 1_000 the next point is 2_000; a build that ran late, at
+        // 5_000, moves it to 6_000: one build, not one per point missed.
+        assert_eq!(next_point(Some(1_000), 1_000, 0), 2_000);
+        assert_eq!(next_point(Some(5_000), 1_000, 0), 6_000);
     }
 
     #[test]
     fn an_interval_of_one_builds_at_most_every_entry() {
         assert_eq!(builds(1, 0, None, 4), vec![1, 2, 3, 4]);
-        assert!(!due(0, None, 1, 0));
+        assert_eq!(next_point(None, 1, 0), 1);
     }
 }

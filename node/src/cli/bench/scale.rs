@@ -492,6 +492,8 @@ async fn list_board(leader: &str) -> Result<Vec<baton_rpc::proto::Task>, String>
 #[derive(Debug, Default)]
 struct SnapshotLog {
     built: usize,
+    /// Snapshots installed from the leader (a follower that fell behind its purged log).
+    installed: usize,
     /// The log index and size of the last snapshot built.
     last_built_index: Option<u64>,
     last_built_bytes: Option<u64>,
@@ -509,6 +511,7 @@ impl SnapshotLog {
                 log.last_built_bytes = bytes;
                 log.last_built_index = snapshot_index(line);
             } else if line.contains("installed snapshot") {
+                log.installed += 1;
                 log.installed_bytes = bytes;
             }
         }
@@ -640,6 +643,23 @@ struct Expiry {
     /// election happened meanwhile.
     term_before: u64,
     term_after: u64,
+}
+
+impl Expiry {
+    /// Expiries per second while every lease was due: the sweeps applied after the last deadline
+    /// (all back to back, each ending at its time), counted from the end of the first of them.
+    /// The time from the last deadline alone flatters: how early sweeping could start depends
+    /// on how far the load spread the deadlines, so this rate also says how long a million
+    /// falling due at one instant would take.
+    fn backlog_rate(&self) -> Option<f64> {
+        let after: Vec<&(i64, u64)> = self.sweeps.iter().filter(|(at, _)| *at >= 0).collect();
+        let span = after.last()?.0 - after.first()?.0;
+        if span <= 0 {
+            return None;
+        }
+        let expired: u64 = after[1..].iter().map(|(_, n)| n).sum();
+        Some(expired as f64 * 1000.0 / span as f64)
+    }
 }
 
 /// The highest term any of `nodes` reports.
@@ -793,6 +813,7 @@ impl Figures {
                     "node_peak_rss_mib_loaded": mib(&self.peak_loaded_kib),
                     "node_peak_rss_mib": mib(&self.peak_end_kib),
                     "snapshots_built": self.snapshots.iter().map(|s| s.built).collect::<Vec<_>>(),
+                    "snapshots_installed": self.snapshots.iter().map(|s| s.installed).collect::<Vec<_>>(),
                     "snapshot_bytes": self.snapshots.iter().map(|s| s.last_built_bytes).collect::<Vec<_>>(),
                     "snapshot_index": self.snapshots.iter().map(|s| s.last_built_index).collect::<Vec<_>>(),
                     "learner_target_index": learner.target_index,
@@ -804,6 +825,7 @@ impl Figures {
                     "due_spread_ms": load.due_last_ms - load.due_first_ms,
                     "sweeps": expiry.sweeps.iter().map(|(at, n)| json!({"at_ms": at, "expired": n})).collect::<Vec<_>>(),
                     "swept_ms": expiry.swept_ms,
+                    "backlog_expiries_per_s": expiry.backlog_rate().map(f64::round),
                     "applied_ms": expiry.applied_ms.iter().map(|(id, at)| json!({"node": id, "at_ms": at})).collect::<Vec<_>>(),
                     "leases_left": self.left,
                     "expiry_node_cpu_ms": self.expiry_cpu_ms,
@@ -855,14 +877,15 @@ impl Figures {
         );
         for (id, snapshot) in (1..).zip(&self.snapshots) {
             println!(
-                "  node {id}: {} snapshots built while loading, the last at log index {} ({} bytes)",
+                "  node {id}: {} snapshots built while loading, the last at log index {} ({} bytes); {} installed from the leader",
                 snapshot.built,
                 snapshot
                     .last_built_index
                     .map_or("n/a".to_string(), |i| i.to_string()),
                 snapshot
                     .last_built_bytes
-                    .map_or("n/a".to_string(), |b| b.to_string())
+                    .map_or("n/a".to_string(), |b| b.to_string()),
+                snapshot.installed,
             );
         }
         println!(
@@ -898,6 +921,12 @@ impl Figures {
                 .join(", "),
             self.left,
         );
+        if let Some(rate) = expiry.backlog_rate() {
+            println!(
+                "  expiry: {rate:.0} expiries/s once every lease was due: a million falling due at one instant would take ~{:.1} s",
+                1_000_000.0 / rate
+            );
+        }
         println!(
             "  expiry: CPU time per node meanwhile {} ms",
             self.expiry_cpu_ms
@@ -922,6 +951,51 @@ impl Figures {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_backlog_rate_counts_only_sweeps_after_the_last_deadline() {
+        let expiry = |sweeps: Vec<(i64, u64)>| Expiry {
+            sweeps,
+            swept_ms: None,
+            applied_ms: Vec::new(),
+            term_before: 1,
+            term_after: 1,
+        };
+        // Sweeps before the last deadline are paced by what is due, not by the sweeper; the
+        // first sweep after it ends the span's start, so its own expiries are not counted.
+        let e = expiry(vec![
+            (-500, 10),
+            (-100, 40_000),
+            (100, 40_000),
+            (300, 40_000),
+            (500, 20_000),
+        ]);
+        assert_eq!(e.backlog_rate(), Some(60_000.0 * 1000.0 / 400.0));
+        assert_eq!(expiry(vec![(-5, 10), (50, 40_000)]).backlog_rate(), None);
+        assert_eq!(expiry(Vec::new()).backlog_rate(), None);
+    }
+
+    #[test]
+    fn a_node_log_tells_snapshots_built_from_installed() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("node.log");
+        let line = |what: &str, index: u64, bytes: u64| {
+            format!("2026-11-30T10:00:00Z  INFO baton_node::store::state_machine: {what} snapshot=1-{index}-ab bytes={bytes}\n")
+        };
+        let text = [
+            line("built snapshot", 100, 10),
+            line("installed snapshot", 250, 25),
+            line("built snapshot", 400, 40),
+            line("installed snapshot", 500, 50),
+        ]
+        .concat();
+        std::fs::write(&path, text).unwrap_or_else(|e| panic!("{e}"));
+        let log = SnapshotLog::read(&path);
+        assert_eq!((log.built, log.installed), (2, 2));
+        assert_eq!(log.last_built_index, Some(400));
+        assert_eq!(log.last_built_bytes, Some(40));
+        assert_eq!(log.installed_bytes, Some(50));
+    }
 
     #[test]
     fn sweeps_are_read_from_a_node_log() {
