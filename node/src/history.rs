@@ -39,21 +39,38 @@ impl Default for HistoryLimits {
     }
 }
 
-/// One change at its position.
+/// The changes of one applied entry, held together: one allocation per entry rather than one
+/// per change (a sweep entry carries tens of thousands; docs/benchmarks.md, "State scale").
 #[derive(Debug)]
+struct Revision {
+    revision: u64,
+    changes: Vec<Change>,
+    bytes: usize,
+    /// How many changes the history recorded before this entry's first (counts only grow), so
+    /// the number held after any position is a subtraction.
+    seq: u64,
+}
+
+/// One change at its position (a handle on its entry's changes).
+#[derive(Debug, Clone)]
 pub struct Recorded {
     /// Its position.
     pub position: WatchPosition,
+    revision: Arc<Revision>,
+}
+
+impl Recorded {
     /// The change.
-    pub change: Change,
-    bytes: usize,
+    pub fn change(&self) -> &Change {
+        &self.revision.changes[self.position.index as usize]
+    }
 }
 
 /// Changes read from the history.
 #[derive(Debug)]
 pub struct Batch {
     /// Consecutive changes from the position asked for.
-    pub events: Vec<Arc<Recorded>>,
+    pub events: Vec<Recorded>,
     /// Whether the batch reaches the newest change (nothing more to read right now).
     pub caught_up: bool,
     /// The last applied revision when the batch was read; when caught up, every change up to
@@ -78,8 +95,13 @@ pub struct HistoryStats {
 
 #[derive(Debug)]
 struct Ring {
-    events: VecDeque<Arc<Recorded>>,
+    /// The held entries with changes, oldest first.
+    revisions: VecDeque<Arc<Revision>>,
+    /// Changes held.
+    events: usize,
     bytes: usize,
+    /// Changes recorded since the history began (held or evicted).
+    recorded: u64,
     /// Every change of a revision at or above this is held (or not applied yet).
     oldest: u64,
     /// The last applied revision.
@@ -119,8 +141,10 @@ impl History {
         History {
             inner: Arc::new(Shared {
                 ring: Mutex::new(Ring {
-                    events: VecDeque::new(),
+                    revisions: VecDeque::new(),
+                    events: 0,
                     bytes: 0,
+                    recorded: 0,
                     oldest: applied + 1,
                     head: applied,
                 }),
@@ -154,28 +178,32 @@ impl History {
             if let Some((skipped, _)) = entries.last() {
                 // Together with everything held: a whole-revision suffix that holds a revision of
                 // the history would also hold every skipped entry, and so exceed the limits.
-                evicted = std::mem::take(&mut ring.events);
+                evicted = std::mem::take(&mut ring.revisions);
+                ring.events = 0;
                 ring.bytes = 0;
                 ring.oldest = ring.oldest.max(skipped + 1);
             }
             for (revision, changes) in kept {
-                for (index, change) in changes.into_iter().enumerate() {
-                    let bytes = sizes.pop().unwrap_or_else(|| change.approx_bytes());
-                    ring.bytes += bytes;
-                    ring.events.push_back(Arc::new(Recorded {
-                        position: WatchPosition {
-                            revision,
-                            index: u32::try_from(index).unwrap_or(u32::MAX),
-                        },
-                        change,
-                        bytes,
-                    }));
+                let bytes = sizes.pop().unwrap_or(0);
+                if changes.is_empty() {
+                    continue;
                 }
+                let seq = ring.recorded;
+                ring.recorded += changes.len() as u64;
+                ring.events += changes.len();
+                ring.bytes += bytes;
+                ring.revisions.push_back(Arc::new(Revision {
+                    revision,
+                    changes,
+                    bytes,
+                    seq,
+                }));
             }
             ring.head = ring.head.max(applied);
-            self.evict(&mut ring);
+            evicted.extend(self.evict(&mut ring));
         }
         self.inner.head.send_replace(applied);
+        // Freeing tens of thousands of changes takes a while: not under the lock.
         drop(evicted);
         drop(entries);
     }
@@ -183,19 +211,19 @@ impl History {
     /// The first of `entries` whose changes survive eviction: every later entry's too. Eviction
     /// keeps the longest run of newest whole revisions that fits the limits, so walking back
     /// from the newest entry, the first that does not fit is evicted with everything before it.
-    /// Also returns the sizes of the kept changes, newest first, so each is computed once.
+    /// Also returns the byte sizes of the kept entries, newest first, so each is computed once.
     fn first_kept(&self, entries: &[(u64, Vec<Change>)]) -> (usize, Vec<usize>) {
         let limits = self.inner.limits;
-        let mut sizes = Vec::with_capacity(entries.iter().map(|(_, c)| c.len()).sum());
-        let mut bytes = 0usize;
+        let mut sizes = Vec::with_capacity(entries.len());
+        let (mut events, mut bytes) = (0usize, 0usize);
         for (at, (_, changes)) in entries.iter().enumerate().rev() {
-            let kept = sizes.len();
-            sizes.extend(changes.iter().rev().map(Change::approx_bytes));
-            bytes += sizes[kept..].iter().sum::<usize>();
-            if sizes.len() > limits.events || bytes > limits.bytes {
-                sizes.truncate(kept);
+            let size: usize = changes.iter().map(Change::approx_bytes).sum();
+            events += changes.len();
+            bytes += size;
+            if events > limits.events || bytes > limits.bytes {
                 return (at + 1, sizes);
             }
+            sizes.push(size);
         }
         (0, sizes)
     }
@@ -205,7 +233,8 @@ impl History {
     pub fn reset(&self, applied: u64) {
         {
             let mut ring = self.ring();
-            ring.events.clear();
+            ring.revisions.clear();
+            ring.events = 0;
             ring.bytes = 0;
             ring.oldest = applied + 1;
             ring.head = applied;
@@ -213,25 +242,36 @@ impl History {
         self.inner.head.send_replace(applied);
     }
 
-    /// Drops the oldest changes, a whole revision at a time, until the limits hold.
-    fn evict(&self, ring: &mut Ring) {
+    /// Takes out the oldest revisions until the limits hold; the caller frees them unlocked.
+    fn evict(&self, ring: &mut Ring) -> Vec<Arc<Revision>> {
         let limits = self.inner.limits;
-        while ring.events.len() > limits.events || ring.bytes > limits.bytes {
-            let Some(first) = ring.events.pop_front() else {
+        let mut evicted = Vec::new();
+        while ring.events > limits.events || ring.bytes > limits.bytes {
+            let Some(first) = ring.revisions.pop_front() else {
                 break;
             };
+            ring.events -= first.changes.len();
             ring.bytes -= first.bytes;
-            ring.oldest = ring.oldest.max(first.position.revision + 1);
-            while ring
-                .events
-                .front()
-                .is_some_and(|e| e.position.revision < ring.oldest)
-            {
-                if let Some(rest) = ring.events.pop_front() {
-                    ring.bytes -= rest.bytes;
-                }
-            }
+            ring.oldest = ring.oldest.max(first.revision + 1);
+            evicted.push(first);
         }
+        evicted
+    }
+
+    /// The index of the first held revision at or after `from`'s, and the position's change
+    /// sequence number (`recorded` when nothing held is at or after it).
+    fn locate(ring: &Ring, from: WatchPosition) -> (usize, u64) {
+        let at = ring
+            .revisions
+            .partition_point(|r| r.revision < from.revision);
+        let seq = match ring.revisions.get(at) {
+            Some(r) if r.revision == from.revision => {
+                r.seq + (from.index as u64).min(r.changes.len() as u64)
+            }
+            Some(r) => r.seq,
+            None => ring.recorded,
+        };
+        (at, seq)
     }
 
     /// Up to `max` changes from `from` on, or `Err(oldest)` when `from` is older than the history
@@ -241,11 +281,32 @@ impl History {
         if from.revision < ring.oldest {
             return Err(ring.oldest);
         }
-        let start = ring.events.partition_point(|e| e.position < from);
-        let end = ring.events.len().min(start + max);
+        let (at, _) = Self::locate(&ring, from);
+        let mut events = Vec::new();
+        let mut caught_up = true;
+        'revisions: for revision in ring.revisions.range(at..) {
+            let first = if revision.revision == from.revision {
+                from.index as usize
+            } else {
+                0
+            };
+            for index in first..revision.changes.len() {
+                if events.len() == max {
+                    caught_up = false;
+                    break 'revisions;
+                }
+                events.push(Recorded {
+                    position: WatchPosition {
+                        revision: revision.revision,
+                        index: u32::try_from(index).unwrap_or(u32::MAX),
+                    },
+                    revision: revision.clone(),
+                });
+            }
+        }
         Ok(Batch {
-            events: ring.events.range(start..end).cloned().collect(),
-            caught_up: end == ring.events.len(),
+            events,
+            caught_up,
             head: ring.head,
         })
     }
@@ -256,7 +317,8 @@ impl History {
         if from.revision < ring.oldest {
             return None;
         }
-        Some(ring.events.len() - ring.events.partition_point(|e| e.position < from))
+        let (_, seq) = Self::locate(&ring, from);
+        Some((ring.recorded - seq) as usize)
     }
 
     /// Whether a watch may start at `from`: `Err(oldest)` when it is older than the history holds.
@@ -297,7 +359,7 @@ impl History {
         HistoryStats {
             oldest: ring.oldest,
             head: ring.head,
-            events: ring.events.len(),
+            events: ring.events,
             bytes: ring.bytes,
             streams: self.inner.streams.load(Ordering::Relaxed),
         }
@@ -504,6 +566,11 @@ mod tests {
                 let expected: Vec<(u64, u32)> =
                     model.held.iter().map(|(r, i, _)| (*r, *i)).collect();
                 assert_eq!(positions(&held), expected, "{context}");
+                for (i, (r, index, _)) in model.held.iter().enumerate() {
+                    let backlog = history.backlog(at(*r, *index));
+                    assert_eq!(backlog, Some(model.held.len() - i), "{context}");
+                }
+                assert_eq!(history.backlog(at(revision + 1, 0)), Some(0), "{context}");
                 if model.oldest > 1 {
                     assert_eq!(
                         history.check_start(at(model.oldest - 1, 0)),

@@ -178,11 +178,11 @@ impl Pump {
                     revision: position.revision,
                     index: position.index.saturating_add(1),
                 };
-                if self.filter.matches(&recorded.change) {
+                if self.filter.matches(recorded.change()) {
                     let event = convert::change_to_proto(
                         position.revision,
                         position.index,
-                        &recorded.change,
+                        recorded.change(),
                     );
                     let response = WatchResponse {
                         item: Some(Item::Event(event)),
