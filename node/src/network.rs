@@ -181,13 +181,73 @@ enum Kind {
     Snapshot,
 }
 
+/// The most entry bytes one AppendEntries carries (its first entry goes even when larger).
+///
+/// openraft 0.9 gives an AppendEntries the heartbeat interval (50 ms by default) to be answered,
+/// backs off 500 ms after a timeout and then resends from the same place. A follower behind by a
+/// run of large entries (board seeds of 10,000 tasks, ~300 KB each, up to 64 per message, each a
+/// sled blob file to write and sync) could not answer in time, again and again: it fell behind
+/// the leader's purged log and, hearing nothing meanwhile, stood for election over and over,
+/// unseating the leader (docs/benchmarks.md, "State scale"). openraft lets the transport send a
+/// prefix of the entries and answer `PartialSuccess`, which bounds every message.
+pub const APPEND_BUDGET_BYTES: usize = 512 << 10;
+
+/// How many of the entries whose encoded sizes are `sizes` (in log order) one AppendEntries
+/// carries: as many as fit in `budget`, and at least one.
+fn entries_within(sizes: impl IntoIterator<Item = usize>, budget: usize) -> usize {
+    let (mut count, mut total) = (0, 0usize);
+    for size in sizes {
+        total = total.saturating_add(size);
+        if count > 0 && total > budget {
+            break;
+        }
+        count += 1;
+    }
+    count
+}
+
+/// How long replication to a peer waits before each retry after a failed call: 20 ms, doubling to
+/// at most 500 ms; a successful call starts the sequence over.
+///
+/// openraft 0.9's default is 500 ms from the first failure, and since an AppendEntries fails when
+/// it is not answered within the heartbeat interval (50 ms), one slow answer (a follower writing
+/// a snapshot image, say) silenced the leader towards that follower for 550 ms; a second in a row
+/// outlasted its election timer (600–800 ms by default), and the follower stood for election and
+/// unseated a healthy leader (docs/benchmarks.md, "State scale"). A peer that is really gone is
+/// still retried only every 500 ms after the first ~0.6 s.
+fn retry_delays() -> impl Iterator<Item = std::time::Duration> + Send + 'static {
+    (0u32..).map(|attempt| std::time::Duration::from_millis((20u64 << attempt.min(5)).min(500)))
+}
+
 impl RaftNetwork<TypeConfig> for Peer {
+    fn backoff(&self) -> openraft::network::Backoff {
+        openraft::network::Backoff::new(retry_delays())
+    }
+
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
-        self.send(Kind::Append, &rpc, &option).await
+        let all = rpc.entries.len();
+        let keep = if all > 1 {
+            entries_within(
+                rpc.entries.iter().map(codec::encoded_len),
+                APPEND_BUDGET_BYTES,
+            )
+        } else {
+            all
+        };
+        if keep == all {
+            return self.send(Kind::Append, &rpc, &option).await;
+        }
+        rpc.entries.truncate(keep);
+        let last_sent = rpc.entries.last().map(|entry| entry.log_id);
+        let response = self.send(Kind::Append, &rpc, &option).await?;
+        Ok(match response {
+            AppendEntriesResponse::Success => AppendEntriesResponse::PartialSuccess(last_sent),
+            other => other,
+        })
     }
 
     async fn install_snapshot(
@@ -204,5 +264,33 @@ impl RaftNetwork<TypeConfig> for Peer {
         option: RPCOption,
     ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
         self.send(Kind::Vote, &rpc, &option).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_append_carries_what_fits_the_budget_and_at_least_one_entry() {
+        assert_eq!(entries_within([100, 100, 100], 250), 2);
+        assert_eq!(entries_within([100, 100, 100], 300), 3);
+        assert_eq!(
+            entries_within([400, 100], 250),
+            1,
+            "a large first entry goes alone"
+        );
+        assert_eq!(entries_within([100, 400, 100], 250), 1);
+        assert_eq!(entries_within(std::iter::empty(), 250), 0);
+        assert_eq!(entries_within([usize::MAX, 1], 250), 1);
+    }
+
+    #[test]
+    fn retries_start_soon_and_back_off_to_half_a_second() {
+        let delays: Vec<u64> = retry_delays()
+            .take(8)
+            .map(|d| d.as_millis() as u64)
+            .collect();
+        assert_eq!(delays, [20, 40, 80, 160, 320, 500, 500, 500]);
     }
 }
