@@ -11,7 +11,8 @@
 //! [`History`] that watch streams read; installing a snapshot restarts the history after it.
 
 use std::io::Cursor;
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
 use baton_statemachine::{apply_with_changes, State};
 use openraft::storage::{RaftStateMachine, Snapshot};
@@ -27,6 +28,18 @@ use super::io_error;
 use crate::codec;
 use crate::history::{History, HistoryLimits};
 use crate::types::{Batch, LogId, NodeId, Responses, StorageError, TypeConfig};
+
+/// How often an apply waiting for a snapshot encode checks the lock.
+const ENCODE_POLL: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Clears the encoding flag when the encode ends, however it ends.
+struct EncodingDone<'a>(&'a AtomicBool);
+
+impl Drop for EncodingDone<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
 
 const SNAPSHOT_META: &[u8] = b"meta";
 const SNAPSHOT_DATA: &[u8] = b"data";
@@ -46,6 +59,8 @@ pub struct Applied {
 #[derive(Clone)]
 pub struct StateMachineStore {
     applied: Arc<RwLock<Applied>>,
+    /// Set while a snapshot encode holds the read lock (~0.3 s per million leases).
+    encoding: Arc<AtomicBool>,
     /// The last applied log index (0 before anything), bumped after every apply batch and every
     /// snapshot install.
     applied_index: Arc<watch::Sender<u64>>,
@@ -67,6 +82,7 @@ impl StateMachineStore {
             .map_err(|e| io_error(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))?;
         let store = Self {
             applied: Arc::default(),
+            encoding: Arc::default(),
             applied_index: Arc::new(watch::Sender::new(0)),
             history: History::new(limits, 0),
             images: images.clone(),
@@ -108,6 +124,27 @@ impl StateMachineStore {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// The write lock for an apply, waited for without blocking a runtime worker while a
+    /// snapshot encode holds the read lock. A blocked `write()` there held one of the node's
+    /// two workers for the whole encode, and every reader arriving meanwhile queued behind the
+    /// waiting writer on the other: the node froze, its heartbeats stopped, and a follower stood
+    /// for election against a healthy leader (docs/benchmarks.md, "State scale").
+    async fn write_for_apply(&self) -> RwLockWriteGuard<'_, Applied> {
+        loop {
+            if !self.encoding.load(Ordering::Acquire) {
+                return self.write();
+            }
+            {
+                match self.applied.try_write() {
+                    Ok(guard) => return guard,
+                    Err(TryLockError::Poisoned(poisoned)) => return poisoned.into_inner(),
+                    Err(TryLockError::WouldBlock) => {}
+                }
+            }
+            tokio::time::sleep(ENCODE_POLL).await;
+        }
+    }
+
     /// Replaces the in-memory state with a snapshot's.
     fn restore(
         &self,
@@ -135,6 +172,8 @@ impl StateMachineStore {
 
     /// The applied state's snapshot image and its meta.
     fn encode_snapshot(&self) -> Result<(Vec<u8>, SnapshotMeta<NodeId, BasicNode>), StorageError> {
+        self.encoding.store(true, Ordering::Release);
+        let _done = EncodingDone(&self.encoding);
         let applied = self.read();
         let data = codec::encode(&applied.state)
             .map_err(|e| io_error(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))?;
@@ -276,7 +315,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
-        let mut applied = self.write();
+        let mut applied = self.write_for_apply().await;
         let mut responses = Vec::new();
         let mut changed = Vec::new();
         let before = applied.last_applied;
@@ -346,5 +385,65 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
         self.load_snapshot()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
+
+    use openraft::{CommittedLeaderId, LogId};
+
+    use super::*;
+
+    /// An apply that waits for a snapshot encode leaves the runtime's thread free: on a
+    /// single-threaded runtime, another task keeps running meanwhile (a blocking `write()`
+    /// would stop it for the whole encode).
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_apply_waiting_for_an_encode_does_not_block_the_runtime() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_log, mut sm) = crate::store::open(dir.path()).unwrap();
+
+        // Stand in for an encode: the flag set and the read lock held on another thread.
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let encoder = {
+            let sm = sm.clone();
+            std::thread::spawn(move || {
+                sm.encoding.store(true, Ordering::Release);
+                let _done = EncodingDone(&sm.encoding);
+                let _guard = sm.read();
+                held_tx.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(300));
+            })
+        };
+        held_rx.recv().unwrap();
+
+        let ticks = Arc::new(AtomicUsize::new(0));
+        let ticker = {
+            let ticks = ticks.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    ticks.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        };
+        let blank = Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), 1),
+            payload: EntryPayload::Blank,
+        };
+        sm.apply(vec![blank]).await.unwrap();
+        ticker.abort();
+        encoder.join().unwrap();
+
+        assert_eq!(sm.read().last_applied.map(|id| id.index), Some(1));
+        let ticked = ticks.load(Ordering::Relaxed);
+        assert!(
+            ticked >= 10,
+            "the runtime ran only {ticked} ticks while the apply waited"
+        );
     }
 }
