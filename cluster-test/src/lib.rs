@@ -48,3 +48,16 @@ pub fn first<T: std::fmt::Debug>(items: &[T], n: usize) -> String {
         format!("[{}]", shown.join(", "))
     }
 }
+
+/// An offer of an empty ticket from "a" to "b" under `key`, alive for ten minutes: what a fault
+/// test writes when only whether the write survives matters, not who takes it.
+pub fn offer_a_to_b(key: impl Into<String>) -> baton_statemachine::handoff::OfferArgs {
+    baton_statemachine::handoff::OfferArgs {
+        key: key.into(),
+        from: "a".into(),
+        to: "b".into(),
+        payload: Vec::new(),
+        reply_to: "a".into(),
+        ttl_ms: 600_000,
+    }
+}

@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 
 use baton_cluster_test::history::{lock, verify_live, SharedHistory};
 use baton_cluster_test::workload::{self, Workload};
-use baton_cluster_test::{wait, Cluster, Options};
-use baton_statemachine::handoff::OfferArgs;
+use baton_cluster_test::{offer_a_to_b, wait, Cluster, Options};
 
 /// Runs `tasks` workload tasks of `chains` chains each to completion.
 async fn write(
@@ -55,17 +54,7 @@ async fn write(
 async fn assert_all_readable(cluster: &Cluster, history: &SharedHistory) -> usize {
     let client = cluster.client().await.unwrap();
     let verified = verify_live(&client, history).await.unwrap();
-    client
-        .offer(OfferArgs {
-            key: "after-failover".into(),
-            from: "a".into(),
-            to: "b".into(),
-            payload: Vec::new(),
-            reply_to: "a".into(),
-            ttl_ms: 60_000,
-        })
-        .await
-        .unwrap();
+    client.offer(offer_a_to_b("after-failover")).await.unwrap();
     verified.acks
 }
 
@@ -272,14 +261,7 @@ async fn t34_members_build_snapshots_at_staggered_points() {
             // Bounded: stopped once the target is applied, long before the last of these.
             for n in 0..10 * EVERY {
                 client
-                    .offer(OfferArgs {
-                        key: format!("t32-{writer}-{n}"),
-                        from: "a".into(),
-                        to: "b".into(),
-                        payload: Vec::new(),
-                        reply_to: "a".into(),
-                        ttl_ms: 60_000,
-                    })
+                    .offer(offer_a_to_b(format!("t32-{writer}-{n}")))
                     .await
                     .unwrap();
             }

@@ -5,9 +5,8 @@
 //! before serving reads, so the first read after the restart sees every acknowledged write.
 #![allow(clippy::unwrap_used)]
 
-use baton_cluster_test::{client_config, Cluster, Options};
+use baton_cluster_test::{client_config, offer_a_to_b, Cluster, Options};
 use baton_rpc::Client;
-use baton_statemachine::handoff::OfferArgs;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t33_first_read_after_power_loss_sees_every_acknowledged_write() {
@@ -17,17 +16,7 @@ async fn t33_first_read_after_power_loss_sees_every_acknowledged_write() {
             .await
             .unwrap();
         let key = format!("power-loss-{round}");
-        let offered = client
-            .offer(OfferArgs {
-                key: key.clone(),
-                from: "a".into(),
-                to: "b".into(),
-                payload: vec![],
-                reply_to: "a".into(),
-                ttl_ms: 600_000,
-            })
-            .await
-            .unwrap();
+        let offered = client.offer(offer_a_to_b(key.clone())).await.unwrap();
         // Power loss right after the acknowledgement: no node gets to save anything more.
         let ids = cluster.live_ids();
         for &id in &ids {

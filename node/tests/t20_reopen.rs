@@ -36,26 +36,31 @@ fn offer(index: u64, key: &str) -> Entry<TypeConfig> {
     }
 }
 
-/// Opens the stores again in the same process. sled releases its file lock when the last handle
-/// to the database drops, and a flush that just completed may still hold one on sled's thread
-/// pool for a moment; a restarted process never sees this, a same-process reopen can.
+/// Runs `open` until it succeeds, for at most 5 s. sled releases its file lock when the last
+/// handle to the database drops, and a flush that just completed may still hold one on sled's
+/// thread pool for a moment; a restarted process never sees this, a same-process reopen can.
+async fn retry_open<T, E: std::fmt::Display>(what: &str, open: impl Fn() -> Result<T, E>) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match open() {
+            Ok(opened) => return opened,
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("{what}: {e}; retrying");
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
+}
+
+/// Opens the stores again in the same process.
 async fn reopen(
     path: &std::path::Path,
 ) -> (
     baton_node::store::LogStore,
     baton_node::store::StateMachineStore,
 ) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
-        match store::open(path) {
-            Ok(stores) => return stores,
-            Err(e) if std::time::Instant::now() < deadline => {
-                eprintln!("reopen: {e}; retrying");
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
-            Err(e) => panic!("cannot reopen the stores: {e}"),
-        }
-    }
+    retry_open("reopen the stores", || store::open(path)).await
 }
 
 #[tokio::test]
@@ -138,17 +143,7 @@ async fn purge_and_truncate_leave_no_hole() {
 
 /// Opens a raw sled database, retrying while a just-dropped handle still holds its lock.
 async fn raw_sled(path: &std::path::Path) -> sled::Db {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
-        match sled::open(path) {
-            Ok(db) => return db,
-            Err(e) if std::time::Instant::now() < deadline => {
-                eprintln!("raw open: {e}; retrying");
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
-            Err(e) => panic!("cannot open {}: {e}", path.display()),
-        }
-    }
+    retry_open(&format!("open {}", path.display()), || sled::open(path)).await
 }
 
 #[tokio::test]
