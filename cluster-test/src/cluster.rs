@@ -38,6 +38,9 @@ pub struct Options {
     pub heartbeat: Duration,
     /// `--election-timeout` (the minimum; the node uses twice this as the maximum).
     pub election_timeout: Duration,
+    /// `--election-timeout` of particular nodes, overriding `election_timeout` for them (to make
+    /// one node slow or eager to stand).
+    pub election_timeouts: BTreeMap<u64, Duration>,
     /// `--snapshot-every`.
     pub snapshot_every: u64,
     /// `--keep-logs`.
@@ -57,6 +60,7 @@ impl Default for Options {
         Self {
             heartbeat: Duration::from_millis(50),
             election_timeout: Duration::from_millis(300),
+            election_timeouts: BTreeMap::new(),
             snapshot_every: 10_000,
             keep_logs: 1_000,
             sweep_interval: Duration::from_secs(1),
@@ -498,6 +502,7 @@ impl Cluster {
             .with_context(|| format!("cannot open {}", node.log.display()))?;
         writeln!(log, "{START_MARKER} {id} at {} ===", node.addr)?;
         let o = &self.options;
+        let election_timeout = *o.election_timeouts.get(&id).unwrap_or(&o.election_timeout);
         let routes: Vec<String> = match &self.network {
             Some(network) => network
                 .routes(id)
@@ -513,7 +518,7 @@ impl Cluster {
             .arg("--data-dir")
             .arg(&node.data_dir)
             .args(["--heartbeat", &ms(o.heartbeat)])
-            .args(["--election-timeout", &ms(o.election_timeout)])
+            .args(["--election-timeout", &ms(election_timeout)])
             .args(["--snapshot-every", &o.snapshot_every.to_string()])
             .args(["--keep-logs", &o.keep_logs.to_string()])
             .args(["--sweep-interval", &ms(o.sweep_interval)])

@@ -13,6 +13,7 @@ pub mod limits;
 pub mod metered;
 pub mod metrics;
 pub mod network;
+pub mod newer_log_stands;
 pub mod node;
 pub mod proposer;
 pub mod read_index;

@@ -2,12 +2,14 @@
 
 use baton_rpc::proto::raft::raft_server;
 use baton_rpc::proto::raft::{raft_reply, RaftReply, RaftRequest};
+use openraft::raft::VoteRequest;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::{Request, Response, Status};
 
 use crate::codec;
-use crate::types::Raft;
+use crate::newer_log_stands;
+use crate::types::{NodeId, Raft};
 
 /// Hands peer messages to the local Raft instance.
 pub struct RaftService {
@@ -47,7 +49,17 @@ impl raft_server::Raft for RaftService {
     }
 
     async fn vote(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
-        reply(self.raft.vote(decode(request)?).await)
+        let request: VoteRequest<NodeId> = decode(request)?;
+        let result = self.raft.vote(request.clone()).await;
+        if let Ok(response) = &result {
+            if newer_log_stands::should_stand(&request, response) {
+                let (raft, response) = (self.raft.clone(), response.clone());
+                tokio::spawn(async move {
+                    newer_log_stands::after_vote(&raft, &request, &response).await;
+                });
+            }
+        }
+        reply(result)
     }
 
     async fn install_snapshot(

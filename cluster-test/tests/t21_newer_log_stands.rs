@@ -1,0 +1,93 @@
+//! Claim: after the leader dies, a survivor that refuses a candidate because its own log is newer
+//! stands for election at once instead of waiting out its own election timer
+//! (`node/src/newer_log_stands.rs`; the failover target of issue 6, "writes resume within 1 s").
+//!
+//! Three nodes; node 3 is given a long election timeout (4 s: a leader lease of 8 s and its own
+//! timer at 12–16 s after it last heard from a leader), node 2 the default. Node 2 is frozen
+//! (SIGSTOP) while more offers are acknowledged by nodes 1 and 3, so node 2's log is older. Then
+//! the leader is killed and, once node 3's lease has run out, node 2 is thawed: it stands first,
+//! and only node 3 can win (its vote is needed and its log is newer). Without the rule node 3
+//! would campaign only when its own timer fires, at least 12 s after the kill; with it, node 3
+//! stands as soon as node 2 asks for its vote. (Run without the rule, node 3 did not lead within
+//! 24 s at all: node 2, with its shorter timer, stood again in ever higher terms, and node 3's
+//! own candidacies came too late each time, a livelock.) The offers acknowledged while node 2 was frozen
+//! must all be readable through the new leader.
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use baton_cluster_test::{offer_a_to_b, wait, Cluster, Options};
+
+/// Node 3's `--election-timeout` (its maximum and leader lease are twice this).
+const SLOW: Duration = Duration::from_secs(4);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t21_the_survivor_with_the_newer_log_stands_when_refusing_a_candidate() {
+    let options = Options {
+        election_timeouts: [(3, SLOW)].into_iter().collect(),
+        timeout: Duration::from_secs(30),
+        ..Options::default()
+    };
+    let mut cluster = Cluster::start(3, options).await.unwrap();
+    let client = cluster.client().await.unwrap();
+    if cluster.leader().await.unwrap() != 1 {
+        client.transfer_leader(Some(1)).await.unwrap();
+    }
+    assert_eq!(cluster.leader().await.unwrap(), 1, "node 1 must lead");
+    for n in 0..5 {
+        client
+            .offer(offer_a_to_b(format!("t21-before-{n}")))
+            .await
+            .unwrap();
+    }
+    cluster.wait_all_caught_up().await.unwrap();
+
+    cluster.pause(2).unwrap();
+    for n in 0..20 {
+        client
+            .offer(offer_a_to_b(format!("t21-frozen-{n}")))
+            .await
+            .unwrap();
+    }
+    let leader_log = cluster.node_info(1).await.unwrap().last_log_index;
+    cluster.wait_caught_up(3, leader_log).await.unwrap();
+
+    cluster.kill(1).unwrap();
+    let killed_at = Instant::now();
+    // Node 3 refuses every vote while its lease (twice SLOW since it last heard from node 1)
+    // runs; thaw node 2 once it has run out, so node 2's candidacy is refused for its log only.
+    tokio::time::sleep(SLOW * 2 + Duration::from_millis(500)).await;
+    cluster.resume(2).unwrap();
+    let resumed_at = killed_at.elapsed();
+
+    let own_timer = SLOW * 3;
+    let info = wait::until("node 3 to lead", own_timer * 2, || async {
+        match cluster.node_info(3).await {
+            Ok(info) if info.role == "leader" => Ok(info),
+            Ok(info) => Err(format!("node 3 is {} in term {}", info.role, info.term)),
+            Err(error) => Err(error.to_string()),
+        }
+    })
+    .await
+    .unwrap();
+    let led_after = killed_at.elapsed();
+    eprintln!(
+        "node 2 thawed {resumed_at:?} and node 3 led {led_after:?} after the kill (term {})",
+        info.term
+    );
+    // Node 3's own timer cannot fire before 3 x SLOW after its last word from node 1, which
+    // came just before the kill; node 2 stood by then with plenty of margin (it waits at most
+    // its own lease and timeout, 1.2 s, after it thaws).
+    assert!(
+        led_after < own_timer - Duration::from_millis(500),
+        "node 3 led {led_after:?} after the kill: it waited for its own timer ({own_timer:?}) \
+         instead of standing when it refused node 2"
+    );
+
+    for n in 0..20 {
+        let key = format!("t21-frozen-{n}");
+        let ticket = client.ticket(&key).await.unwrap();
+        assert_eq!(ticket.key, key);
+    }
+    client.offer(offer_a_to_b("t21-after")).await.unwrap();
+}
