@@ -54,8 +54,11 @@ pub(super) async fn run(args: &BenchArgs) -> u8 {
     let end = started + args.duration;
     tokio::time::sleep(args.duration / 2).await;
 
-    let old_leader = match client.discover_leader().await {
-        Ok(addr) => cluster.id_at(&addr),
+    let (old_leader, old_term) = match client.discover_leader().await {
+        Ok(addr) => (
+            cluster.id_at(&addr),
+            client.node_info(&addr).await.ok().map(|info| info.term),
+        ),
         Err(error) => return exit::report(&error),
     };
     let Some(old_leader) = old_leader else {
@@ -84,24 +87,26 @@ pub(super) async fn run(args: &BenchArgs) -> u8 {
         started,
         killed_at,
         old_leader,
-        elected: elected.map(|at| at.saturating_duration_since(killed_at)),
+        old_term,
+        elected: elected.map(|(at, term)| (at.saturating_duration_since(killed_at), term)),
         rss_kib: cluster.peak_rss_kib(),
     };
     figures.print(args);
     exit::OK
 }
 
-/// When a survivor first reports itself leader (polled until `end`); `None` if none did.
+/// When a survivor first reports itself leader (polled until `end`), and its term; `None` if
+/// none did.
 async fn first_new_leader(
     client: &baton_rpc::Client,
     survivors: &[String],
     end: Instant,
-) -> Option<Instant> {
+) -> Option<(Instant, u64)> {
     while Instant::now() < end {
         for addr in survivors {
             if let Ok(info) = client.node_info(addr).await {
                 if info.role == "leader" {
-                    return Some(Instant::now());
+                    return Some((Instant::now(), info.term));
                 }
             }
         }
@@ -138,8 +143,11 @@ struct Figures<'a> {
     started: Instant,
     killed_at: Instant,
     old_leader: u64,
-    /// How long after the kill a survivor first called itself leader.
-    elected: Option<Duration>,
+    /// The old leader's term, if it answered before the kill.
+    old_term: Option<u64>,
+    /// How long after the kill a survivor first called itself leader, and in which term (more
+    /// than one term past the old leader's means an election round failed).
+    elected: Option<(Duration, u64)>,
     /// The survivors' peak RSS.
     rss_kib: Vec<u64>,
 }
@@ -167,7 +175,8 @@ impl Figures<'_> {
             .max(1e-9);
         let elapsed = self.elapsed.as_secs_f64();
         let ms = |q: f64| total.latency_us.value_at_quantile(q) as f64 / 1000.0;
-        let elected_ms = self.elected.map(|d| d.as_secs_f64() * 1000.0);
+        let elected_ms = self.elected.map(|(d, _)| d.as_secs_f64() * 1000.0);
+        let new_term = self.elected.map(|(_, term)| term);
         let rss_mib: Vec<f64> = self.rss_kib.iter().map(|k| *k as f64 / 1024.0).collect();
         if args.json {
             println!(
@@ -186,6 +195,8 @@ impl Figures<'_> {
                     "node_args": args.node_args,
                     "killed_node": self.old_leader,
                     "new_leader_after_ms": elected_ms,
+                    "old_term": self.old_term,
+                    "new_term": new_term,
                     "longest_gap_ms": outage.as_ref().map(|o| o.gap.as_secs_f64() * 1000.0),
                     "gap_from_ms": outage.as_ref().map(|o| o.from_ms),
                     "first_write_after_kill_ms": outage.as_ref().map(|o| o.to_ms),
@@ -210,8 +221,12 @@ impl Figures<'_> {
             ms(0.999),
             total.errors,
         );
+        let terms = match (self.old_term, new_term) {
+            (Some(old), Some(new)) => format!(" (term {old} -> {new})"),
+            _ => String::new(),
+        };
         println!(
-            "  killed leader node {} (SIGKILL) {:.1} s into the run; a survivor called itself leader after {}",
+            "  killed leader node {} (SIGKILL) {:.1} s into the run; a survivor called itself leader after {}{terms}",
             self.old_leader,
             before_s,
             show(elected_ms),
