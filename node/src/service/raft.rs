@@ -52,12 +52,11 @@ impl raft_server::Raft for RaftService {
         let request: VoteRequest<NodeId> = decode(request)?;
         let result = self.raft.vote(request.clone()).await;
         if let Ok(response) = &result {
-            if newer_log_stands::should_stand(&request, response) {
-                let (raft, response) = (self.raft.clone(), response.clone());
-                tokio::spawn(async move {
-                    newer_log_stands::after_vote(&raft, &request, &response).await;
-                });
-            }
+            // Votes are rare (elections only); the rule decides inside whether to act.
+            let (raft, response) = (self.raft.clone(), response.clone());
+            tokio::spawn(async move {
+                newer_log_stands::after_vote(&raft, &request, &response).await;
+            });
         }
         reply(result)
     }

@@ -134,12 +134,10 @@ impl StateMachineStore {
             if !self.encoding.load(Ordering::Acquire) {
                 return self.write();
             }
-            {
-                match self.applied.try_write() {
-                    Ok(guard) => return guard,
-                    Err(TryLockError::Poisoned(poisoned)) => return poisoned.into_inner(),
-                    Err(TryLockError::WouldBlock) => {}
-                }
+            match self.applied.try_write() {
+                Ok(guard) => return guard,
+                Err(TryLockError::Poisoned(poisoned)) => return poisoned.into_inner(),
+                Err(TryLockError::WouldBlock) => {}
             }
             tokio::time::sleep(ENCODE_POLL).await;
         }
