@@ -4,7 +4,7 @@
 
 use baton_node::store;
 use baton_node::types::{Batch, TypeConfig};
-use baton_statemachine::handoff::{Command as Handoff, OfferArgs};
+use baton_statemachine::handoff::{Command as Handoff, OfferArgs, Ticket};
 use baton_statemachine::{Command, Envelope, Origin, Stamp};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::{
@@ -141,6 +141,23 @@ async fn purge_and_truncate_leave_no_hole() {
     assert_eq!(indexes, vec![5, 6, 7]);
 }
 
+/// Stores four offers in a fresh data dir at `path` and applies the first three, with a snapshot
+/// of them; returns the tickets in that snapshot.
+async fn four_offers_three_in_a_snapshot(path: &std::path::Path) -> Vec<Ticket> {
+    let (mut log, mut sm) = store::open(path).unwrap();
+    let entries: Vec<_> = (1..=4).map(|i| offer(i, &format!("k{i}"))).collect();
+    log.blocking_append(entries.clone()).await.unwrap();
+    sm.apply(entries[..3].to_vec()).await.unwrap();
+    sm.get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    let tickets: Vec<_> = sm.read().state.handoff.tickets().cloned().collect();
+    assert_eq!(tickets.len(), 3);
+    tickets
+}
+
 /// Opens a raw sled database, retrying while a just-dropped handle still holds its lock.
 async fn raw_sled(path: &std::path::Path) -> sled::Db {
     retry_open(&format!("open {}", path.display()), || sled::open(path)).await
@@ -150,30 +167,11 @@ async fn raw_sled(path: &std::path::Path) -> sled::Db {
 async fn a_snapshot_an_older_version_kept_in_the_log_database_is_moved_and_used() {
     let dir = tempfile::tempdir().unwrap();
     let images_dir = dir.path().join(store::SNAPSHOT_STORE);
-    let tickets_in_snapshot = {
-        let (mut log, mut sm) = store::open(dir.path()).unwrap();
-        let entries: Vec<_> = (1..=4).map(|i| offer(i, &format!("k{i}"))).collect();
-        log.blocking_append(entries.clone()).await.unwrap();
-        sm.apply(entries[..3].to_vec()).await.unwrap();
-        sm.get_snapshot_builder()
-            .await
-            .build_snapshot()
-            .await
-            .unwrap();
-        let tickets: Vec<_> = sm.read().state.handoff.tickets().cloned().collect();
-        assert_eq!(tickets.len(), 3);
-        tickets
-    };
+    let tickets_in_snapshot = four_offers_three_in_a_snapshot(dir.path()).await;
 
     // Rewrite the data dir into the older layout: the snapshot in the log database's `snapshot`
     // tree and no snapshot store.
-    let (meta, data) = {
-        let images = raw_sled(&images_dir).await;
-        (
-            images.get(b"meta").unwrap().unwrap(),
-            images.get(b"data").unwrap().unwrap(),
-        )
-    };
+    let (meta, data) = split_image(&raw_sled(&images_dir).await);
     std::fs::remove_dir_all(&images_dir).unwrap();
     {
         let db = raw_sled(dir.path()).await;
@@ -207,5 +205,62 @@ async fn a_snapshot_an_older_version_kept_in_the_log_database_is_moved_and_used(
     );
     drop(db);
     let images = raw_sled(&images_dir).await;
-    assert!(images.get(b"meta").unwrap().is_some());
+    assert!(images.get(b"image").unwrap().is_some());
+}
+
+/// The snapshot store's image split into its encoded meta and its data: an 8-byte little-endian
+/// length of the meta, the meta, then the data.
+fn split_image(images: &sled::Db) -> (Vec<u8>, Vec<u8>) {
+    let image = images.get(b"image").unwrap().expect("a snapshot image");
+    let (len, rest) = image.split_at(8);
+    let len = u64::from_le_bytes(len.try_into().unwrap()) as usize;
+    let (meta, data) = rest.split_at(len);
+    (meta.to_vec(), data.to_vec())
+}
+
+/// A data dir from the version that kept the snapshot's meta and data under two keys of the
+/// snapshot store resumes from that snapshot; the next snapshot replaces both keys.
+#[tokio::test]
+async fn a_snapshot_kept_under_separate_meta_and_data_keys_is_still_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let images_dir = dir.path().join(store::SNAPSHOT_STORE);
+    let tickets_in_snapshot = four_offers_three_in_a_snapshot(dir.path()).await;
+    {
+        let images = raw_sled(&images_dir).await;
+        let (meta, data) = split_image(&images);
+        images.remove(b"image").unwrap();
+        images.insert(b"meta", meta).unwrap();
+        images.insert(b"data", data).unwrap();
+        images.flush().unwrap();
+    }
+
+    {
+        let (_log, mut sm) = reopen(dir.path()).await;
+        let (applied, _) = sm.applied_state().await.unwrap();
+        assert_eq!(applied.map(|id| id.index), Some(3));
+        let tickets: Vec<_> = sm.read().state.handoff.tickets().cloned().collect();
+        assert_eq!(tickets, tickets_in_snapshot);
+        let current = sm.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(current.meta.last_log_id.map(|id| id.index), Some(3));
+
+        sm.apply(vec![offer(4, "k4")]).await.unwrap();
+        let rebuilt = sm
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        assert_eq!(rebuilt.meta.last_log_id.map(|id| id.index), Some(4));
+    }
+
+    let images = raw_sled(&images_dir).await;
+    assert!(
+        images.get(b"meta").unwrap().is_none(),
+        "old meta key removed"
+    );
+    assert!(
+        images.get(b"data").unwrap().is_none(),
+        "old data key removed"
+    );
+    assert!(images.get(b"image").unwrap().is_some());
 }

@@ -5,7 +5,8 @@
 //! returns; its callback is queued to the flusher thread, which syncs once for every callback
 //! waiting and then completes them in order. So the Raft core never waits for the disk,
 //! and one sync commits every client command that arrived meanwhile (group commit). Votes,
-//! truncations and purges sync inline.
+//! truncations and purge points sync inline. Nothing here uses a `sled::Batch` (see
+//! [`LogStore::remove_range`]).
 
 use std::fmt::Debug;
 use std::ops::RangeBounds;
@@ -136,17 +137,38 @@ impl LogStore {
         }
     }
 
-    /// Removes every entry with an index in `range`, as one batch.
-    fn remove_range(&self, range: impl RangeBounds<[u8; 8]>) -> Result<(), StorageError> {
-        let mut batch = sled::Batch::default();
-        for key in self.log.range(range).keys() {
-            let key = key.map_err(|e| io_error(ErrorSubject::Logs, ErrorVerb::Delete, e))?;
-            batch.remove(key);
+    /// Removes every entry with an index in `range`, one plain remove at a time, in `order`.
+    ///
+    /// Not a `sled::Batch`: sled 0.34 runs every batch under a lock shared by all its databases
+    /// in the process, and from the first batch on every other sled call (every append, every
+    /// read for replication) waits on that lock too (see `StateMachineStore::save_snapshot`).
+    /// Atomicity is not needed: sled recovers a prefix of its writes in order, so removing from
+    /// the right end leaves a contiguous log after any crash.
+    fn remove_range(
+        &self,
+        range: impl RangeBounds<[u8; 8]>,
+        order: Removal,
+    ) -> Result<(), StorageError> {
+        let error = |e| io_error(ErrorSubject::Logs, ErrorVerb::Delete, e);
+        let keys = self.log.range(range).keys();
+        let keys: Box<dyn Iterator<Item = sled::Result<sled::IVec>>> = match order {
+            Removal::OldestFirst => Box::new(keys),
+            Removal::NewestFirst => Box::new(keys.rev()),
+        };
+        for key in keys {
+            self.log.remove(key.map_err(error)?).map_err(error)?;
         }
-        self.log
-            .apply_batch(batch)
-            .map_err(|e| io_error(ErrorSubject::Logs, ErrorVerb::Delete, e))
+        Ok(())
     }
+}
+
+/// The end of the log a removal starts from, so that it never leaves a hole.
+#[derive(Clone, Copy)]
+enum Removal {
+    /// A purge: the log's head goes first.
+    OldestFirst,
+    /// A truncation: the log's tail goes first.
+    NewestFirst,
 }
 
 fn index_key(index: u64) -> [u8; 8] {
@@ -266,7 +288,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
         self.recent().truncate(log_id.index);
-        self.remove_range(index_key(log_id.index)..)?;
+        self.remove_range(index_key(log_id.index).., Removal::NewestFirst)?;
         self.flush(ErrorSubject::Logs).await
     }
 
@@ -275,7 +297,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.write_meta(LAST_PURGED, &log_id, ErrorSubject::Logs)
             .await?;
         self.recent().purge(log_id.index);
-        self.remove_range(..=index_key(log_id.index))?;
+        self.remove_range(..=index_key(log_id.index), Removal::OldestFirst)?;
         Ok(())
     }
 }

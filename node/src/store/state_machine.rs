@@ -41,8 +41,34 @@ impl Drop for EncodingDone<'_> {
     }
 }
 
+/// The key of the snapshot image: its meta and its data packed in one value ([`pack_image`]), so
+/// that one plain insert replaces both at once.
+const SNAPSHOT_IMAGE: &[u8] = b"image";
+/// The keys under which versions before [`SNAPSHOT_IMAGE`] kept the meta and the data apart
+/// (written together by a `sled::Batch`); read when no image exists, removed once one does.
 const SNAPSHOT_META: &[u8] = b"meta";
 const SNAPSHOT_DATA: &[u8] = b"data";
+
+/// How many bytes the meta's length takes at the front of a packed image.
+const META_LEN_BYTES: usize = 8;
+
+/// One value holding a snapshot's encoded meta and its data: the meta's length (8 bytes, little
+/// endian), the meta, the data.
+fn pack_image(meta: &[u8], data: &[u8]) -> Vec<u8> {
+    let mut image = Vec::with_capacity(META_LEN_BYTES + meta.len() + data.len());
+    image.extend_from_slice(&(meta.len() as u64).to_le_bytes());
+    image.extend_from_slice(meta);
+    image.extend_from_slice(data);
+    image
+}
+
+/// The meta and the data of a [`pack_image`] value; None if it is too short for what its
+/// length prefix says.
+fn unpack_image(image: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (len, rest) = image.split_first_chunk::<META_LEN_BYTES>()?;
+    let len = usize::try_from(u64::from_le_bytes(*len)).ok()?;
+    (len <= rest.len()).then(|| rest.split_at(len))
+}
 
 /// The applied state and the Raft pointers that describe it.
 #[derive(Debug, Default)]
@@ -192,6 +218,13 @@ impl StateMachineStore {
         Ok((data, meta))
     }
 
+    /// Makes `meta` and `data` the durable snapshot.
+    ///
+    /// One plain insert of one value, never a `sled::Batch`: sled 0.34 runs every batch under a
+    /// lock shared by all its databases in the process, and from the first batch on every other
+    /// sled call waits on that lock too. Writing a 100 MB image that way held up the Raft log's
+    /// appends and reads for the whole write (~0.5 s): a leader sent no heartbeats meanwhile and
+    /// its followers stood for election (docs/benchmarks.md, "State scale").
     async fn save_snapshot(
         &self,
         meta: &SnapshotMeta<NodeId, BasicNode>,
@@ -200,12 +233,10 @@ impl StateMachineStore {
         let subject = || ErrorSubject::Snapshot(Some(meta.signature()));
         let meta_bytes =
             codec::encode(meta).map_err(|e| io_error(subject(), ErrorVerb::Write, e))?;
-        let mut batch = sled::Batch::default();
-        batch.insert(SNAPSHOT_META, meta_bytes);
-        batch.insert(SNAPSHOT_DATA, data);
+        let image = pack_image(&meta_bytes, data);
         // sled writes a value this large to a file of its own, synchronously: not on a worker.
         let images = self.images.clone();
-        tokio::task::spawn_blocking(move || images.db().apply_batch(batch))
+        tokio::task::spawn_blocking(move || write_image(images.db(), image))
             .await
             .map_err(|e| io_error(subject(), ErrorVerb::Write, e))?
             .map_err(|e| io_error(subject(), ErrorVerb::Write, e))?;
@@ -217,22 +248,42 @@ impl StateMachineStore {
     }
 
     fn load_snapshot(&self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        let read = |key| {
-            self.images
-                .db()
-                .get(key)
-                .map_err(|e| io_error(ErrorSubject::Snapshot(None), ErrorVerb::Read, e))
+        fn read_error(e: impl std::error::Error + Send + Sync + 'static) -> StorageError {
+            io_error(ErrorSubject::Snapshot(None), ErrorVerb::Read, e)
+        }
+        let db = self.images.db();
+        let (meta, data) = match db.get(SNAPSHOT_IMAGE).map_err(read_error)? {
+            Some(image) => {
+                let Some((meta, data)) = unpack_image(&image) else {
+                    return Err(read_error(std::io::Error::other(
+                        "the snapshot image is shorter than its header says",
+                    )));
+                };
+                (meta.to_vec(), data.to_vec())
+            }
+            None => match (
+                db.get(SNAPSHOT_META).map_err(read_error)?,
+                db.get(SNAPSHOT_DATA).map_err(read_error)?,
+            ) {
+                (Some(meta), Some(data)) => (meta.to_vec(), data.to_vec()),
+                _ => return Ok(None),
+            },
         };
-        let (Some(meta), Some(data)) = (read(SNAPSHOT_META)?, read(SNAPSHOT_DATA)?) else {
-            return Ok(None);
-        };
-        let meta: SnapshotMeta<NodeId, BasicNode> = codec::decode(&meta)
-            .map_err(|e| io_error(ErrorSubject::Snapshot(None), ErrorVerb::Read, e))?;
+        let meta: SnapshotMeta<NodeId, BasicNode> = codec::decode(&meta).map_err(read_error)?;
         Ok(Some(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(data.to_vec())),
+            snapshot: Box::new(Cursor::new(data)),
         }))
     }
+}
+
+/// Stores `image` as the snapshot and then drops the older layout's keys (the image is read
+/// first, so a crash in between leaves them unused).
+fn write_image(db: &sled::Db, image: Vec<u8>) -> sled::Result<()> {
+    db.insert(SNAPSHOT_IMAGE, image)?;
+    db.remove(SNAPSHOT_META)?;
+    db.remove(SNAPSHOT_DATA)?;
+    Ok(())
 }
 
 /// The tree in which versions before the separate snapshot store kept the snapshot, in the
@@ -257,19 +308,10 @@ fn move_legacy_snapshot(log: &Disk, images: &Disk) -> std::io::Result<()> {
         .map_err(std::io::Error::other)?;
     let meta = legacy.get(SNAPSHOT_META).map_err(std::io::Error::other)?;
     let data = legacy.get(SNAPSHOT_DATA).map_err(std::io::Error::other)?;
-    let moved = images
-        .db()
-        .get(SNAPSHOT_META)
-        .map_err(std::io::Error::other)?
-        .is_some();
+    let stored = |key| images.db().contains_key(key).map_err(std::io::Error::other);
+    let moved = stored(SNAPSHOT_IMAGE)? || stored(SNAPSHOT_META)?;
     if let (Some(meta), Some(data), false) = (meta, data, moved) {
-        let mut batch = sled::Batch::default();
-        batch.insert(SNAPSHOT_META, meta);
-        batch.insert(SNAPSHOT_DATA, data);
-        images
-            .db()
-            .apply_batch(batch)
-            .map_err(std::io::Error::other)?;
+        write_image(images.db(), pack_image(&meta, &data)).map_err(std::io::Error::other)?;
         images.sync_blocking()?;
         tracing::info!("moved the snapshot from the log's database to the snapshot store");
     }
@@ -396,6 +438,25 @@ mod tests {
     use openraft::{CommittedLeaderId, LogId};
 
     use super::*;
+
+    #[test]
+    fn a_packed_image_unpacks_to_its_meta_and_data() {
+        let image = pack_image(b"meta-bytes", b"the data");
+        assert_eq!(
+            unpack_image(&image),
+            Some((&b"meta-bytes"[..], &b"the data"[..]))
+        );
+        let empty = pack_image(b"", b"");
+        assert_eq!(unpack_image(&empty), Some((&b""[..], &b""[..])));
+    }
+
+    #[test]
+    fn a_truncated_image_is_refused() {
+        let image = pack_image(b"meta-bytes", b"");
+        assert_eq!(unpack_image(&image[..image.len() - 1]), None);
+        assert_eq!(unpack_image(&image[..7]), None);
+        assert_eq!(unpack_image(&u64::MAX.to_le_bytes()), None);
+    }
 
     /// An apply that waits for a snapshot encode leaves the runtime's thread free: on a
     /// single-threaded runtime, another task keeps running meanwhile (a blocking `write()`
