@@ -662,7 +662,7 @@ pub fn change_from_proto(event: proto::WatchEvent) -> Result<(u64, u32, Change),
         .ok_or_else(|| Refusal::invalid("event.value", "is required"))?
     {
         EventValue::Ticket(ticket) => ChangeValue::Ticket(Box::new(ticket_from_proto(ticket))),
-        EventValue::Task(task) => ChangeValue::Task(Box::new(task_from_proto(task))),
+        EventValue::Task(task) => ChangeValue::Task(std::sync::Arc::new(task_from_proto(task))),
         EventValue::Action(view) => ChangeValue::Action(Box::new(action_view_from_proto(view)?)),
         EventValue::Sink(sink) => ChangeValue::Sink(SinkValue {
             seen_fence: sink.seen_fence,

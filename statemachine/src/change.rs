@@ -12,6 +12,8 @@
 //! the same changes, in the same order, for the same log entry. A command refused without
 //! changing anything, and a retry answered from the session table, report none.
 
+use std::sync::Arc;
+
 use crate::board;
 use crate::checkpoint::Checkpoint;
 use crate::effect::ActionView;
@@ -245,8 +247,9 @@ pub struct Permit {
 pub enum ChangeValue {
     /// A handoff ticket (its token is never part of it).
     Ticket(Box<Ticket>),
-    /// A board task; the lease token is withheld (empty), as in listings.
-    Task(Box<board::Task>),
+    /// A board task; the lease token is withheld (empty), as in listings. Shared with the board
+    /// while the task holds no lease.
+    Task(Arc<board::Task>),
     /// A side-effect action key as `show` presents it.
     Action(Box<ActionView>),
     /// A fenced-sink resource.
@@ -264,13 +267,23 @@ pub enum ChangeValue {
 }
 
 impl ChangeValue {
-    /// A board task as changes carry it: the claim's token withheld.
+    /// A board task as changes carry it: a copy, the claim's token withheld.
     pub fn board_task(task: &board::Task) -> Self {
         let mut task = task.clone();
         if let Some(lease) = task.lease.as_mut() {
             lease.token.clear();
         }
-        ChangeValue::Task(Box::new(task))
+        ChangeValue::Task(Arc::new(task))
+    }
+
+    /// [`ChangeValue::board_task`] for a task the board shares: without a lease there is no
+    /// token to withhold, so the change shares the task instead of copying it.
+    pub fn shared_board_task(task: &Arc<board::Task>) -> Self {
+        if task.lease.is_none() {
+            ChangeValue::Task(Arc::clone(task))
+        } else {
+            Self::board_task(task)
+        }
     }
 
     /// A queue task as changes carry it: without payload and result (never copied: a payload

@@ -388,6 +388,48 @@ fn a_board_claim_that_runs_out_or_is_re_seeded_is_lost_by_its_agent() {
     );
 }
 
+/// The task a board change carries.
+fn task_in(change: &Change) -> &board::Task {
+    match &change.value {
+        ChangeValue::Task(task) => task,
+        other => panic!("want a task, got {other:?}"),
+    }
+}
+
+/// A change shares the task with the board while it holds no lease; a later claim, release or
+/// expiry must never show through in a change reported earlier.
+#[test]
+fn a_reported_board_change_keeps_the_task_as_it_was() {
+    let mut w = World::new();
+    let (_, seeded) = w.ok(T0, seed(&["a"]));
+    let (reply, claimed) = w.ok(T0, claim("a", "ann", 1_000));
+    let token = claim_token(reply);
+    let expired = w.sweep(T0 + 1_000);
+    w.ok(T0 + 2_000, claim("a", "bob", 60_000));
+    let release = Command::Board(board::Command::Release {
+        id: "a".into(),
+        token,
+    });
+    assert_eq!(w.refused(T0 + 2_001, release).0, Refusal::LeaseLost);
+
+    let seeded = task_in(&seeded[0]);
+    assert_eq!(seeded.state, board::TaskState::Open);
+    assert!(seeded.lease.is_none());
+    assert_eq!(seeded.max_fence, 0);
+    let claimed = task_in(&claimed[0]);
+    assert_eq!(claimed.state, board::TaskState::Claimed);
+    assert_eq!(claimed.lease.as_ref().unwrap().agent, "ann");
+    assert_eq!(claimed.max_fence, 1);
+    let lost = task_in(&expired[0]);
+    assert_eq!(lost.state, board::TaskState::Open);
+    assert!(lost.lease.is_none(), "bob's later claim does not show");
+    assert_eq!(lost.max_fence, 1);
+
+    let now = w.state.board.get("a").unwrap();
+    assert_eq!(now.lease.as_ref().unwrap().agent, "bob");
+    assert_eq!(now.max_fence, 2);
+}
+
 // ---------------------------------------------------------------- side-effect gate
 
 fn action(key: &str, resource: &str) -> Action {

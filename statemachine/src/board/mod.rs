@@ -10,6 +10,7 @@
 mod check;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -152,9 +153,13 @@ impl Command {
 pub const MAX_SEED_TASKS: usize = 10_000;
 
 /// Every task, and an index of live lease deadlines for the sweep.
+///
+/// Tasks are shared (`Arc`) with the change records that report them without a lease (seeded,
+/// released, completed, lost): such a record takes no copy, and the task is copied only if it
+/// changes again while a record still holds it. A mass expiry thus allocates no task copies.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Board {
-    tasks: BTreeMap<String, Task>,
+    tasks: BTreeMap<String, Arc<Task>>,
     lease_deadlines: BTreeSet<(u64, String)>,
     /// Changes of the command being applied (transient).
     #[serde(skip)]
@@ -200,7 +205,7 @@ impl Board {
             let done = previous
                 .as_ref()
                 .is_some_and(|task| task.state == TaskState::Done);
-            let task = Task {
+            let task = Arc::new(Task {
                 id: spec.id.clone(),
                 deps: spec.deps,
                 state: if done {
@@ -210,9 +215,9 @@ impl Board {
                 },
                 lease: None,
                 max_fence,
-            };
+            });
             // Re-seeding a claimed task clears the claim: its holder lost it.
-            if let Some(lease) = previous.and_then(|task| task.lease) {
+            if let Some(lease) = previous.and_then(|task| Arc::unwrap_or_clone(task).lease) {
                 self.lease_deadlines
                     .remove(&(lease.until_ms, spec.id.clone()));
                 self.journal
@@ -239,7 +244,11 @@ impl Board {
         if let Some(refusal) = self.claim_refusal(task) {
             return Err(refusal);
         }
-        let task = self.tasks.get_mut(id).ok_or(Refusal::UnknownTask)?;
+        let task = self
+            .tasks
+            .get_mut(id)
+            .map(Arc::make_mut)
+            .ok_or(Refusal::UnknownTask)?;
         let lease = Lease {
             agent: agent.to_string(),
             token: stamp.token(),
@@ -262,8 +271,9 @@ impl Board {
         self.lease_deadlines
             .remove(&(lease.until_ms, id.to_string()));
         if let Some(task) = self.tasks.get_mut(id) {
-            task.state = TaskState::Open;
-            task.lease = None;
+            let open = Arc::make_mut(task);
+            open.state = TaskState::Open;
+            open.lease = None;
             let released = change(ChangeKind::Released, &lease.agent, lease.fence, task);
             self.journal.push(released);
         }
@@ -276,8 +286,9 @@ impl Board {
         self.lease_deadlines
             .remove(&(lease.until_ms, id.to_string()));
         if let Some(task) = self.tasks.get_mut(id) {
-            task.state = TaskState::Done;
-            task.lease = None;
+            let done = Arc::make_mut(task);
+            done.state = TaskState::Done;
+            done.lease = None;
             let completed = change(ChangeKind::Completed, &lease.agent, lease.fence, task);
             self.journal.push(completed);
         }
@@ -297,7 +308,7 @@ impl Board {
         let until = deadline_after(clock_ms, ttl_ms);
         self.lease_deadlines.remove(&(old_until, id.to_string()));
         self.lease_deadlines.insert((until, id.to_string()));
-        let task = self.tasks.get_mut(id).ok_or(Refusal::UnknownTask)?;
+        let task = self.task_mut(id).ok_or(Refusal::UnknownTask)?;
         if let Some(lease) = task.lease.as_mut() {
             lease.until_ms = until;
         }
@@ -350,12 +361,17 @@ impl Board {
 
     /// One task.
     pub fn get(&self, id: &str) -> Option<&Task> {
-        self.tasks.get(id)
+        self.tasks.get(id).map(|task| &**task)
     }
 
     /// Every task, ordered by id.
     pub fn tasks(&self) -> impl Iterator<Item = &Task> {
-        self.tasks.values()
+        self.tasks.values().map(|task| &**task)
+    }
+
+    /// One task, to change: copied first if a change record still shares it.
+    fn task_mut(&mut self, id: &str) -> Option<&mut Task> {
+        self.tasks.get_mut(id).map(Arc::make_mut)
     }
 
     /// Number of tasks.
@@ -461,35 +477,48 @@ fn validate_claim(id: &str, agent: &str, ttl_ms: i64) -> Result<(), Refusal> {
 /// Ends a claim whose time is up: the task is open again and the claimer lost its lease. `id`
 /// is the task's id (the caller's own copy, taken off the deadline index, becomes the change's
 /// key, and the lease's agent its holder: a mass expiry allocates no more than it must).
-fn expire(task: &mut Task, id: String) -> Option<Change> {
-    let lease = task.lease.take()?;
-    task.state = TaskState::Open;
+fn expire(task: &mut Arc<Task>, id: String) -> Option<Change> {
+    let open = Arc::make_mut(task);
+    let lease = open.lease.take()?;
+    open.state = TaskState::Open;
     Some(Change {
         primitive: Primitive::Board,
         key: id,
         kind: ChangeKind::Lost,
         holder: lease.agent,
         fence: lease.fence,
-        value: ChangeValue::board_task(task),
+        value: ChangeValue::shared_board_task(task),
     })
 }
 
-/// A change naming the task's current claim as holder and fence.
+/// A change naming the task's current claim as holder and fence (the task is copied into it,
+/// its token withheld).
 fn leased(kind: ChangeKind, task: &Task) -> Change {
     let (agent, fence) = task
         .lease
         .as_ref()
         .map_or(("", 0), |lease| (lease.agent.as_str(), lease.fence));
-    change(kind, agent, fence, task)
+    record(kind, agent, fence, &task.id, ChangeValue::board_task(task))
 }
 
-fn change(kind: ChangeKind, holder: &str, fence: u64, task: &Task) -> Change {
+/// A change reporting `task` as it now stands (shared with it when it holds no lease).
+fn change(kind: ChangeKind, holder: &str, fence: u64, task: &Arc<Task>) -> Change {
+    record(
+        kind,
+        holder,
+        fence,
+        &task.id,
+        ChangeValue::shared_board_task(task),
+    )
+}
+
+fn record(kind: ChangeKind, holder: &str, fence: u64, key: &str, value: ChangeValue) -> Change {
     Change {
         primitive: Primitive::Board,
-        key: task.id.clone(),
+        key: key.to_string(),
         kind,
         holder: holder.to_string(),
         fence,
-        value: ChangeValue::board_task(task),
+        value,
     }
 }
