@@ -217,7 +217,7 @@ impl Board {
                 max_fence,
             });
             // Re-seeding a claimed task clears the claim: its holder lost it.
-            if let Some(lease) = previous.and_then(|task| Arc::unwrap_or_clone(task).lease) {
+            if let Some(lease) = previous.and_then(|task| task.lease.clone()) {
                 self.lease_deadlines
                     .remove(&(lease.until_ms, spec.id.clone()));
                 self.journal
