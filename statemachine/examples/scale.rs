@@ -6,11 +6,11 @@
 //!
 //! Builds the state a node holds after `baton bench --workload scale` (N seeded board tasks, each
 //! claimed through `apply` with a lease ending at one common moment), then times what a node does
-//! with it: a snapshot encode and decode (bincode's standard configuration through serde, as the
-//! node's codec does), the one `Command::Sweep` that expired all N at once before the leader's
-//! sweeps were bounded, and the `Command::SweepAtMost` series a leader now proposes (`--batch`
-//! expiries each, [`SWEEP_BATCH`] by default). It prints the process's resident memory after each
-//! step. Figures only, never assertions.
+//! with it: a copy of the state, a snapshot encode and decode (bincode's standard configuration
+//! through serde, as the node's codec does), the one `Command::Sweep` that expired all N at once
+//! before the leader's sweeps were bounded, and the `Command::SweepAtMost` series a leader now
+//! proposes (`--batch` expiries each, [`SWEEP_BATCH`] by default). It prints the process's
+//! resident memory after each step. Figures only, never assertions.
 
 use std::time::{Duration, Instant};
 
@@ -84,6 +84,20 @@ fn main() {
     }
     report("claims", started.elapsed(), leases);
     println!("live leases={} rss={} MiB", state.board.leases(), rss_mib());
+
+    // What a snapshot build would hold the node's state lock for if it copied the state and
+    // encoded the copy after releasing the lock: about as long as the encode itself (fresh
+    // memory for every key), so a build encodes under the lock instead.
+    let started = Instant::now();
+    let copy = state.clone();
+    let copied = started.elapsed();
+    let started = Instant::now();
+    drop(copy);
+    println!(
+        "state copy: {:.3} s (dropped in {:.3} s)",
+        copied.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
 
     let started = Instant::now();
     let image = bincode::serde::encode_to_vec(&state, bincode::config::standard())
