@@ -272,7 +272,7 @@ async fn a_snapshot_kept_under_separate_meta_and_data_keys_is_still_used() {
 async fn a_snapshot_built_during_applies_matches_its_last_log_id() {
     let dir = tempfile::tempdir().unwrap();
     let (_log, mut sm) = store::open(dir.path()).unwrap();
-    // Enough state that the copy and encode take a while.
+    // Enough state that a build takes a while.
     let seeded = 5_000;
     let entries: Vec<_> = (1..=seeded).map(|i| offer(i, &format!("k{i}"))).collect();
     sm.apply(entries).await.unwrap();
