@@ -1,8 +1,9 @@
 //! The Raft transport: openraft messages carried as codec bytes inside gRPC calls, over TLS with
 //! this node's certificate when the node runs TLS.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use baton_rpc::proto::raft::raft_client::RaftClient;
 use baton_rpc::proto::raft::{raft_reply, RaftRequest};
@@ -27,7 +28,14 @@ use crate::types::{NodeId, TypeConfig};
 pub const MAX_RAFT_MESSAGE_BYTES: usize = 256 << 20;
 
 /// How long `TimeoutNow` may take to be answered.
-const TIMEOUT_NOW_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
+const TIMEOUT_NOW_LIMIT: Duration = Duration::from_secs(2);
+
+/// How often an idle peer connection is pinged, and how long a ping may go unanswered before the
+/// connection is dropped (the next call then connects anew). A connection that a network
+/// swallowed without a reset would otherwise carry every later call into the void until the
+/// kernel gave up on it, minutes later.
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(1);
+const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Creates one [`Peer`] per replication target.
 #[derive(Clone, Default)]
@@ -36,6 +44,14 @@ pub struct Network {
     peer_addrs: Arc<BTreeMap<NodeId, String>>,
     /// TLS towards peers (trusting the cluster CA, presenting this node's certificate).
     tls: Option<ClientTlsConfig>,
+    /// One HTTP/2 connection per peer address, shared by every client made for that peer.
+    ///
+    /// openraft 0.9 makes a new client not only per replication stream but for every read-index
+    /// round (one per follower) and every election. A channel per client meant a new TCP
+    /// connection and HTTP/2 handshake for each linearizable read round: hundreds a second under
+    /// a read load, each leaving a socket in TIME_WAIT (5,300 after a 7 s `mixed-read` run),
+    /// enough to exhaust the ephemeral ports towards a peer on a real network.
+    channels: Arc<Mutex<HashMap<(NodeId, String), Channel>>>,
 }
 
 impl Network {
@@ -45,23 +61,42 @@ impl Network {
         Self {
             peer_addrs: Arc::new(peer_addrs),
             tls: None,
+            channels: Arc::default(),
         }
     }
 
     /// This network with its peer links over TLS.
     pub fn with_tls(mut self, tls: ClientTlsConfig) -> Self {
         self.tls = Some(tls);
+        self.channels = Arc::default();
         self
     }
 
-    /// A lazily connecting channel to peer `target`, whose membership address is `addr`.
+    /// The channel to peer `target`, whose membership address is `addr`: the shared one, made
+    /// (connecting lazily, on its first call) when this address has none yet.
     fn channel(&self, target: NodeId, addr: &str) -> Result<Channel, String> {
         let addr = self.peer_addrs.get(&target).map_or(addr, String::as_str);
+        let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (target, addr.to_string());
+        if let Some(channel) = channels.get(&key) {
+            return Ok(channel.clone());
+        }
+        let channel = self.connect_lazy(addr)?;
+        // A peer's address changed: its old connection is not needed any more.
+        channels.retain(|(id, _), _| *id != target);
+        channels.insert(key, channel.clone());
+        Ok(channel)
+    }
+
+    fn connect_lazy(&self, addr: &str) -> Result<Channel, String> {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
         let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
             .map_err(|e| e.to_string())?
             .tcp_nodelay(true)
-            .connect_timeout(std::time::Duration::from_millis(500));
+            .connect_timeout(Duration::from_millis(500))
+            .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
+            .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
+            .keep_alive_while_idle(true);
         if let Some(tls) = &self.tls {
             endpoint = endpoint
                 .tls_config(tls.clone())
@@ -215,8 +250,8 @@ fn entries_within(sizes: impl IntoIterator<Item = usize>, budget: usize) -> usiz
 /// outlasted its election timer (600–800 ms by default), and the follower stood for election and
 /// unseated a healthy leader (docs/benchmarks.md, "State scale"). A peer that is really gone is
 /// still retried only every 500 ms after the first ~0.6 s.
-fn retry_delays() -> impl Iterator<Item = std::time::Duration> + Send + 'static {
-    (0u32..).map(|attempt| std::time::Duration::from_millis((20u64 << attempt.min(5)).min(500)))
+fn retry_delays() -> impl Iterator<Item = Duration> + Send + 'static {
+    (0u32..).map(|attempt| Duration::from_millis((20u64 << attempt.min(5)).min(500)))
 }
 
 impl RaftNetwork<TypeConfig> for Peer {
@@ -269,6 +304,8 @@ impl RaftNetwork<TypeConfig> for Peer {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     #[test]
@@ -283,6 +320,51 @@ mod tests {
         assert_eq!(entries_within([100, 400, 100], 250), 1);
         assert_eq!(entries_within(std::iter::empty(), 250), 0);
         assert_eq!(entries_within([usize::MAX, 1], 250), 1);
+    }
+
+    /// A listener that accepts TCP connections, counts them and never answers on them.
+    async fn silent_listener() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                held.push(socket);
+            }
+        });
+        (addr, accepted)
+    }
+
+    /// Sends one vote through a fresh client for peer 2 at `addr` (unanswered: it times out).
+    async fn call_through_new_client(network: &mut Network, addr: &str) {
+        let mut peer = network.new_client(2, &BasicNode::new(addr)).await;
+        let vote = VoteRequest::new(openraft::Vote::new(1, 1), None);
+        let option = RPCOption::new(Duration::from_millis(100));
+        assert!(peer.vote(vote, option).await.is_err(), "nobody answers");
+    }
+
+    #[tokio::test]
+    async fn the_clients_made_for_one_peer_share_one_connection() {
+        let (addr, accepted) = silent_listener().await;
+        let mut network = Network::default();
+        for _ in 0..3 {
+            call_through_new_client(&mut network, &addr).await;
+        }
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+        // The peer moved: its next client connects to the new address.
+        let (moved, accepted_there) = silent_listener().await;
+        call_through_new_client(&mut network, &moved).await;
+        call_through_new_client(&mut network, &moved).await;
+        assert_eq!(accepted_there.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(
+            network.channels.lock().unwrap().len(),
+            1,
+            "the old one is let go"
+        );
     }
 
     #[test]
