@@ -3,8 +3,11 @@
 //! Durability rule: openraft is told that a vote or an entry is stored only after it is on disk
 //! (sled flushed, then fdatasync: see [`super::disk`]). An append inserts its entries and
 //! returns; its callback is queued to the flusher thread, which syncs once for every callback
-//! waiting and then completes them in order. So the Raft core never waits for the disk,
-//! and one sync commits every client command that arrived meanwhile (group commit). Votes,
+//! waiting and then completes them in order. openraft 0.9 itself awaits each append's callback
+//! before it runs its next command (`RaftCore::append_to_log`), so its core does wait for the
+//! disk, and a leader replicates an entry only once its own copy is synced; what makes one sync
+//! cover many client commands (group commit) is the proposer packing them into one entry
+//! (`crate::proposer`) and openraft appending a follower's received entries together. Votes,
 //! truncations and purge points sync inline. Nothing here uses a `sled::Batch` (see
 //! [`LogStore::remove_range`]).
 
