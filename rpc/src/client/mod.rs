@@ -356,7 +356,11 @@ impl Client {
             let last = match self.channel(&addr) {
                 Err(error) => return Err(error),
                 Ok(channel) => {
-                    match tokio::time::timeout(config.attempt_timeout, attempt(channel)).await {
+                    // No attempt outlives the call's deadline.
+                    let budget = config
+                        .attempt_timeout
+                        .min(config.deadline.saturating_sub(started.elapsed()));
+                    match tokio::time::timeout(budget, attempt(channel)).await {
                         Ok(Ok(reply)) => return Ok(reply.into_inner()),
                         Ok(Err(status)) => match classify(&status) {
                             Verdict::Fail(error) => return Err(error),
@@ -374,7 +378,7 @@ impl Client {
                         },
                         Err(_) => {
                             self.forget_leader(&addr);
-                            format!("{addr}: no answer within {:?}", config.attempt_timeout)
+                            format!("{addr}: no answer within {budget:?}")
                         }
                     }
                 }
@@ -421,7 +425,15 @@ impl Client {
         let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
             .map_err(|e| Error::Config(format!("bad endpoint {addr:?}: {e}")))?
             .connect_timeout(self.inner.config.connect_timeout)
-            .tcp_nodelay(true);
+            .tcp_nodelay(true)
+            // A connection that cannot answer a ping in the time an attempt gets is dropped and
+            // the next call dials anew. Without this, a connection a network swallowed without a
+            // reset (a NAT that forgot an idle flow, a host that lost power) would carry every
+            // later attempt to that node into the void until the kernel gave up, minutes later;
+            // the pings also keep an idle connection's NAT entry alive.
+            .http2_keep_alive_interval(self.inner.config.attempt_timeout)
+            .keep_alive_timeout(self.inner.config.attempt_timeout)
+            .keep_alive_while_idle(true);
         if let Some(tls) = tls {
             endpoint = endpoint
                 .tls_config(tls.config())
@@ -500,6 +512,71 @@ fn final_error(status: &Status) -> Error {
                 last: format!("{:?}: {}", status.code(), status.message()),
             },
         },
+    }
+}
+
+#[cfg(test)]
+mod connection_tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// A node that accepts connections, counts them and never says a word.
+    async fn silent_node() -> (String, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                held.push(socket);
+            }
+        });
+        (addr, accepted)
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_stops_answering_is_replaced() {
+        let (addr, accepted) = silent_node().await;
+        // Calls give up long before the first ping is due (one attempt_timeout after connecting).
+        let attempt = Duration::from_secs(1);
+        let config = ClientConfig {
+            deadline: Duration::from_millis(100),
+            attempt_timeout: attempt,
+            connect_timeout: attempt,
+        };
+        let client = Client::new(&[addr], config).unwrap();
+        assert!(client.ticket("k").await.is_err(), "nobody answers");
+        assert!(client.ticket("k").await.is_err());
+        assert_eq!(accepted.load(Ordering::SeqCst), 1, "one connection, reused");
+        // The keep-alive ping goes unanswered: the connection is dropped; the next call dials.
+        tokio::time::sleep(attempt * 2 + Duration::from_millis(500)).await;
+        assert!(client.ticket("k").await.is_err());
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_call_ends_at_its_deadline_even_inside_an_attempt() {
+        let (addr, _) = silent_node().await;
+        let config = ClientConfig {
+            deadline: Duration::from_millis(200),
+            attempt_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(1),
+        };
+        let client = Client::new(&[addr], config).unwrap();
+        let started = Instant::now();
+        let error = client.ticket("k").await.unwrap_err();
+        assert!(matches!(error, Error::Unavailable { .. }), "{error:?}");
+        // Far below the 30 s an attempt may take: the deadline cut the attempt short.
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
     }
 }
 
