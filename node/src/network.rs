@@ -367,6 +367,18 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn a_connection_whose_peer_stops_answering_is_replaced() {
+        let (addr, accepted) = silent_listener().await;
+        let mut network = Network::default();
+        call_through_new_client(&mut network, &addr).await;
+        // The keep-alive pings go unanswered: the connection is dropped, the next call dials anew.
+        tokio::time::sleep(KEEP_ALIVE_INTERVAL + KEEP_ALIVE_TIMEOUT + Duration::from_millis(500))
+            .await;
+        call_through_new_client(&mut network, &addr).await;
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
     #[test]
     fn retries_start_soon_and_back_off_to_half_a_second() {
         let delays: Vec<u64> = retry_delays()
