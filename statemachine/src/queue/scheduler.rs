@@ -60,7 +60,11 @@ pub struct TaskQueue {
     retries: BTreeSet<(u64, u64)>,
     /// `(lease_until, task id)` of active attempts.
     leases: BTreeSet<(u64, u64)>,
-    /// `(total deadline, task id)` of unfinished tasks.
+    /// `(total deadline, task id)` of tasks waiting or backing off: the ones a passed total
+    /// deadline fails. Leased and running tasks leave it (an active attempt runs on until its
+    /// lease ends), so a sweep, and the leader's search for the next due time after every apply,
+    /// never walk past attempts that outlive their task's deadline. State written by earlier
+    /// versions may still list active tasks here; every reader skips them.
     deadlines: BTreeSet<(u64, u64)>,
     /// `(namespace, key)` -> permit.
     permits: BTreeMap<(String, String), Permit>,
@@ -641,6 +645,7 @@ impl TaskQueue {
         if let Some(ready) = self.ready.get_mut(&task.spec.queue) {
             ready.remove(&id);
         }
+        self.deadlines.remove(&(task.deadline_ms, id));
         let number = task.attempts.len() as u32 + 1;
         task.attempts.push(Attempt {
             number,
@@ -741,6 +746,7 @@ impl TaskQueue {
                 task.retry_at_ms = Some(at);
                 task.last_error = note;
                 self.retries.insert((at, id));
+                self.deadlines.insert((task.deadline_ms, id));
                 Ok(task.clone())
             }
             TaskState::Waiting => {
@@ -751,6 +757,7 @@ impl TaskQueue {
                     .entry(task.spec.queue.clone())
                     .or_default()
                     .insert(id);
+                self.deadlines.insert((task.deadline_ms, id));
                 Ok(task.clone())
             }
             terminal => self.finish(id, terminal, note),
@@ -1056,6 +1063,62 @@ mod tests {
         assert!(task.last_error.contains("exhausted"), "{}", task.last_error);
         assert_eq!(q.highest_token("ns", "k"), u64::MAX);
         assert_eq!(q.permit_holder("ns", "k"), None);
+    }
+
+    fn in_deadline_index(q: &TaskQueue, id: u64) -> bool {
+        let deadline = q.get(id).unwrap().deadline_ms;
+        q.deadlines.contains(&(deadline, id))
+    }
+
+    #[test]
+    fn only_tasks_a_passed_deadline_can_fail_are_in_the_deadline_index() {
+        let mut q = queue();
+        let a = submit(&mut q, "a", "k");
+        assert!(in_deadline_index(&q, a), "a waiting task");
+
+        q.lease(T0, "w", &[], 1, 10_000).unwrap();
+        assert!(!in_deadline_index(&q, a), "a leased task");
+        let expired = T0 + 10_000;
+        assert_eq!(q.sweep(expired), 1);
+        assert_eq!(q.get(a).unwrap().state, TaskState::Waiting);
+        assert!(
+            in_deadline_index(&q, a),
+            "waiting again after its lease expired"
+        );
+
+        q.lease(expired, "w", &[], 1, 10_000).unwrap();
+        q.start(expired, a, 2, "w").unwrap();
+        assert!(!in_deadline_index(&q, a), "a running task");
+        q.fail(expired, a, 2, "w", "flaky", true).unwrap();
+        assert_eq!(q.get(a).unwrap().state, TaskState::RetryWait);
+        assert!(in_deadline_index(&q, a), "backing off");
+
+        let retry_at = q.get(a).unwrap().retry_at_ms.unwrap();
+        q.lease(retry_at, "w", &[], 1, 10_000).unwrap();
+        q.start(retry_at, a, 3, "w").unwrap();
+        q.complete(retry_at, a, 3, "w", Vec::new()).unwrap();
+        assert!(q.deadlines.is_empty(), "a finished task");
+    }
+
+    #[test]
+    fn an_active_task_an_earlier_version_left_in_the_deadline_index_is_skipped() {
+        let mut q = queue();
+        let a = submit(&mut q, "a", "");
+        q.lease(T0, "w", &[], 1, 1_200_000).unwrap();
+        q.start(T0, a, 1, "w").unwrap();
+        let deadline = q.get(a).unwrap().deadline_ms;
+        q.deadlines.insert((deadline, a));
+
+        let later = deadline + 1;
+        assert!(!q.has_overdue(later));
+        assert_eq!(q.due_deadlines(later).count(), 0);
+        assert_eq!(q.sweep(later), 0);
+        assert_eq!(q.get(a).unwrap().state, TaskState::Running);
+        q.complete(later, a, 1, "w", Vec::new()).unwrap();
+        assert!(
+            q.deadlines.is_empty(),
+            "the leftover goes when the task finishes"
+        );
     }
 
     #[test]
