@@ -11,7 +11,9 @@
 //!   LEASED or RUNNING), and its history only grows;
 //! - a lease that hands out fewer tasks than its limit left nothing leasable behind (busy keys
 //!   never block free ones), and a worker without support never gets a keyed task;
-//! - after a sweep nothing overdue is left.
+//! - after a sweep nothing overdue is left;
+//! - a lease hands out exactly the oldest leasable tasks (checked against a full scan), and the
+//!   indexes kept up step by step equal those rebuilt from a snapshot.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -420,6 +422,7 @@ impl Harness {
         let probe = self
             .q()
             .has_leasable(self.wall.max(self.clock()), worker, &queues);
+        let before = self.q().clone();
         let result = self.send(queue::Command::Lease {
             worker: worker.into(),
             queues: queues.clone(),
@@ -430,6 +433,12 @@ impl Harness {
             panic!("lease answered {result:?}");
         };
         assert!(got.len() as u32 <= limit);
+        let ids: Vec<u64> = got.iter().map(|a| a.task_id).collect();
+        assert_eq!(
+            ids,
+            expected_lease(before, self.clock(), capable, &queues, limit),
+            "the lease chose other tasks than the oldest leasable ones"
+        );
         assert!(
             probe || got.is_empty(),
             "has_leasable said no, the lease found {got:?}"
@@ -734,6 +743,16 @@ impl Harness {
     fn check(&mut self) {
         let q = self.q().clone();
         let all = TaskFilter::default();
+
+        // The indexes kept up step by step equal the ones rebuilt when a snapshot is read back.
+        let config = bincode::config::standard();
+        let bytes = bincode::serde::encode_to_vec(&q, config).unwrap();
+        let (read_back, _): (TaskQueue, usize) =
+            bincode::serde::decode_from_slice(&bytes, config).unwrap();
+        assert_eq!(
+            read_back, q,
+            "the incremental indexes differ from a rebuild"
+        );
         let tasks: Vec<&Task> = q.list(&all).collect();
 
         // Every submission exists exactly once, with its content.
@@ -872,6 +891,44 @@ impl Harness {
 
 /// The state a task is in at `clock` once its overdue lease and total deadline are judged, as
 /// every command must see it whether or not a sweep materialised them.
+/// What a lease at `clock` must hand out, worked out the slow way: every expiry due is
+/// materialised first, then the waiting tasks of the queues asked for are taken oldest first,
+/// passing over keyed tasks for a worker without support, keys held or out of tokens, and a key
+/// this lease already took, until `limit`.
+fn expected_lease(
+    mut q: TaskQueue,
+    clock: u64,
+    capable: bool,
+    queues: &[String],
+    limit: u32,
+) -> Vec<u64> {
+    q.sweep(clock);
+    let waiting = TaskFilter {
+        state: Some(TaskState::Waiting),
+        ..TaskFilter::default()
+    };
+    let mut keys_taken = BTreeSet::new();
+    let mut chosen = Vec::new();
+    for task in q.list(&waiting) {
+        if chosen.len() as u32 == limit {
+            break;
+        }
+        if !queues.is_empty() && !queues.contains(&task.spec.queue) {
+            continue;
+        }
+        let key = &task.spec.concurrency_key;
+        let free = key.is_empty()
+            || (capable
+                && q.permit_holder(&task.namespace, key).is_none()
+                && q.highest_token(&task.namespace, key) < u64::MAX
+                && keys_taken.insert((task.namespace.clone(), key.clone())));
+        if free {
+            chosen.push(task.id);
+        }
+    }
+    chosen
+}
+
 fn judged_state(task: &Task, clock: u64) -> TaskState {
     let out_of_time = task.deadline_ms <= clock;
     let mut state = task.state;
