@@ -14,6 +14,7 @@
 //! never handed a keyed task. The resource side fences with the token (see [`crate::sink`]).
 
 mod key;
+mod leasable;
 mod scheduler;
 mod types;
 

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::key;
+use super::leasable::{permit_key, Leasable, PermitKey};
 use super::types::{
     Assignment, Attempt, AttemptOutcome, Queue, SubmitReceipt, Task, TaskSpec, TaskState, Worker,
 };
@@ -47,6 +48,7 @@ pub struct TaskFilter {
 
 /// Queues, workers, tasks, permits and the indexes that keep leasing and sweeping cheap.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "Stored")]
 pub struct TaskQueue {
     queues: BTreeMap<String, Queue>,
     workers: BTreeMap<String, Worker>,
@@ -54,7 +56,8 @@ pub struct TaskQueue {
     next_task_id: u64,
     /// `(namespace, idempotency key)` -> task id.
     submissions: BTreeMap<(String, String), u64>,
-    /// Waiting task ids per queue, in submission order.
+    /// Waiting task ids per queue, in submission order. Leasing reads [`Leasable`]; this stays
+    /// because snapshots hold it, so that every version reads every other's.
     ready: BTreeMap<String, BTreeSet<u64>>,
     /// `(retry_at, task id)` of tasks in back-off.
     retries: BTreeSet<(u64, u64)>,
@@ -67,10 +70,59 @@ pub struct TaskQueue {
     /// versions may still list active tasks here; every reader skips them.
     deadlines: BTreeSet<(u64, u64)>,
     /// `(namespace, key)` -> permit.
-    permits: BTreeMap<(String, String), Permit>,
+    permits: BTreeMap<PermitKey, Permit>,
+    /// The waiting tasks a lease considers (derived: rebuilt when read back, never stored).
+    #[serde(skip)]
+    leasable: Leasable,
     /// Changes of the command being applied (transient).
     #[serde(skip)]
     journal: Journal,
+}
+
+/// What a [`TaskQueue`] writes into a snapshot: its fields but the derived and transient ones,
+/// in the same order (bincode reads fields by position).
+#[derive(Deserialize)]
+struct Stored {
+    queues: BTreeMap<String, Queue>,
+    workers: BTreeMap<String, Worker>,
+    tasks: BTreeMap<u64, Task>,
+    next_task_id: u64,
+    submissions: BTreeMap<(String, String), u64>,
+    ready: BTreeMap<String, BTreeSet<u64>>,
+    retries: BTreeSet<(u64, u64)>,
+    leases: BTreeSet<(u64, u64)>,
+    deadlines: BTreeSet<(u64, u64)>,
+    permits: BTreeMap<PermitKey, Permit>,
+}
+
+impl From<Stored> for TaskQueue {
+    fn from(stored: Stored) -> Self {
+        let mut leasable = Leasable::default();
+        for task in stored.tasks.values() {
+            if task.state == TaskState::Waiting {
+                leasable.insert(task, key_is_free(&stored.permits, task));
+            }
+        }
+        TaskQueue {
+            queues: stored.queues,
+            workers: stored.workers,
+            tasks: stored.tasks,
+            next_task_id: stored.next_task_id,
+            submissions: stored.submissions,
+            ready: stored.ready,
+            retries: stored.retries,
+            leases: stored.leases,
+            deadlines: stored.deadlines,
+            permits: stored.permits,
+            leasable,
+            journal: Journal::default(),
+        }
+    }
+}
+
+/// Whether `task`'s concurrency key, if it has one, has no holder.
+fn key_is_free(permits: &BTreeMap<PermitKey, Permit>, task: &Task) -> bool {
+    permit_key(task).is_none_or(|key| permits.get(&key).is_none_or(|p| p.holder.is_none()))
 }
 
 impl TaskQueue {
@@ -152,13 +204,10 @@ impl TaskQueue {
             last_error: String::new(),
             spec,
         };
-        self.ready
-            .entry(task.spec.queue.clone())
-            .or_default()
-            .insert(id);
         self.deadlines.insert((deadline_ms, id));
         self.submissions.insert(submission, id);
         self.tasks.insert(id, task.clone());
+        self.enqueue(id);
         self.note(id, ChangeKind::Submitted);
         self.note_if_leasable(id);
         Ok(SubmitReceipt {
@@ -196,31 +245,27 @@ impl TaskQueue {
 
         let mut chosen = Vec::new();
         let mut exhausted = Vec::new();
-        let mut keys_taken: BTreeSet<(String, String)> = BTreeSet::new();
-        for id in self.waiting_in(&queues) {
+        let mut keys_taken: BTreeSet<PermitKey> = BTreeSet::new();
+        for id in self.leasable.candidates(&queues, capable) {
             if chosen.len() as u32 >= limit {
                 break;
             }
             let Some(task) = self.tasks.get(&id) else {
                 continue;
             };
-            if task.spec.concurrency_key.is_empty() {
+            // A keyed candidate's key has no holder (the index holds no other).
+            let Some(key) = permit_key(task) else {
                 chosen.push(id);
                 continue;
-            }
-            if !capable {
+            };
+            if keys_taken.contains(&key) {
                 continue;
             }
-            let permit_key = (task.namespace.clone(), task.spec.concurrency_key.clone());
-            let permit = self.permits.get(&permit_key);
-            if permit.is_some_and(|p| p.holder.is_some()) || keys_taken.contains(&permit_key) {
+            if self.token_exhausted(&key) {
+                exhausted.extend(self.leasable.waiting_on(&key, &task.spec.queue));
                 continue;
             }
-            if permit.is_some_and(|p| p.highest_token == u64::MAX) {
-                exhausted.push(id);
-                continue;
-            }
-            keys_taken.insert(permit_key);
+            keys_taken.insert(key);
             chosen.push(id);
         }
         for id in exhausted {
@@ -383,10 +428,7 @@ impl TaskQueue {
         let task = self.tasks.get_mut(&id).ok_or(Refusal::UnknownTask)?;
         match task.state {
             TaskState::Waiting => {
-                let queue = task.spec.queue.clone();
-                if let Some(ready) = self.ready.get_mut(&queue) {
-                    ready.remove(&id);
-                }
+                self.dequeue(id);
                 let task = self.finish(id, TaskState::Cancelled, "cancelled".into());
                 self.note(id, ChangeKind::Cancelled);
                 task
@@ -452,10 +494,7 @@ impl TaskQueue {
             if let Some(task) = self.tasks.get_mut(&id) {
                 task.state = TaskState::Waiting;
                 task.retry_at_ms = None;
-                self.ready
-                    .entry(task.spec.queue.clone())
-                    .or_default()
-                    .insert(id);
+                self.enqueue(id);
                 self.note(id, ChangeKind::Requeued);
                 self.note_if_leasable(id);
                 changed += 1;
@@ -529,16 +568,10 @@ impl TaskQueue {
         if self.has_overdue(clock_ms) {
             return true;
         }
-        self.waiting_in(&queues).any(|id| {
-            self.tasks.get(&id).is_some_and(|task| {
-                let key = &task.spec.concurrency_key;
-                key.is_empty()
-                    || (capable
-                        && self
-                            .permits
-                            .get(&(task.namespace.clone(), key.clone()))
-                            .is_none_or(|p| p.holder.is_none() && p.highest_token < u64::MAX))
-            })
+        self.leasable.candidates(&queues, capable).any(|id| {
+            self.tasks
+                .get(&id)
+                .is_some_and(|task| permit_key(task).is_none_or(|key| !self.token_exhausted(&key)))
         })
     }
 
@@ -612,39 +645,49 @@ impl TaskQueue {
         Ok(resolved)
     }
 
-    /// Waiting task ids in `queues`, oldest first across all of them.
-    fn waiting_in<'a>(&'a self, queues: &[String]) -> impl Iterator<Item = u64> + 'a {
-        let mut heads: Vec<_> = queues
-            .iter()
-            .filter_map(|q| self.ready.get(q))
-            .map(|set| set.iter().copied().peekable())
-            .collect();
-        std::iter::from_fn(move || {
-            let (index, _) = heads
-                .iter_mut()
-                .enumerate()
-                .filter_map(|(i, it)| it.peek().map(|id| (i, *id)))
-                .min_by_key(|(_, id)| *id)?;
-            heads[index].next()
-        })
+    /// Whether `key`'s permit has handed out its last token.
+    fn token_exhausted(&self, key: &PermitKey) -> bool {
+        self.permits
+            .get(key)
+            .is_some_and(|p| p.highest_token == u64::MAX)
     }
 
-    fn grant(&mut self, clock_ms: u64, id: u64, worker: &str, until: u64) -> Option<Assignment> {
-        let task = self.tasks.get_mut(&id)?;
-        let token = if task.spec.concurrency_key.is_empty() {
-            None
-        } else {
-            let permit = self
-                .permits
-                .entry((task.namespace.clone(), task.spec.concurrency_key.clone()))
-                .or_default();
-            permit.highest_token += 1;
-            permit.holder = Some(id);
-            Some(permit.highest_token)
+    /// Task `id` now waits: indexed for leasing.
+    fn enqueue(&mut self, id: u64) {
+        let Some(task) = self.tasks.get(&id) else {
+            return;
+        };
+        self.ready
+            .entry(task.spec.queue.clone())
+            .or_default()
+            .insert(id);
+        self.leasable.insert(task, key_is_free(&self.permits, task));
+    }
+
+    /// Task `id` no longer waits.
+    fn dequeue(&mut self, id: u64) {
+        let Some(task) = self.tasks.get(&id) else {
+            return;
         };
         if let Some(ready) = self.ready.get_mut(&task.spec.queue) {
             ready.remove(&id);
         }
+        self.leasable.remove(task, key_is_free(&self.permits, task));
+    }
+
+    fn grant(&mut self, clock_ms: u64, id: u64, worker: &str, until: u64) -> Option<Assignment> {
+        self.dequeue(id);
+        let task = self.tasks.get_mut(&id)?;
+        let token = match permit_key(task) {
+            None => None,
+            Some(key) => {
+                let permit = self.permits.entry(key.clone()).or_default();
+                permit.highest_token += 1;
+                permit.holder = Some(id);
+                self.leasable.close(&key);
+                Some(permit.highest_token)
+            }
+        };
         self.deadlines.remove(&(task.deadline_ms, id));
         let number = task.attempts.len() as u32 + 1;
         task.attempts.push(Attempt {
@@ -753,12 +796,10 @@ impl TaskQueue {
                 let task = self.tasks.get_mut(&id).ok_or(Refusal::UnknownTask)?;
                 task.state = TaskState::Waiting;
                 task.last_error = note;
-                self.ready
-                    .entry(task.spec.queue.clone())
-                    .or_default()
-                    .insert(id);
                 self.deadlines.insert((task.deadline_ms, id));
-                Ok(task.clone())
+                let task = task.clone();
+                self.enqueue(id);
+                Ok(task)
             }
             terminal => self.finish(id, terminal, note),
         }
@@ -786,6 +827,7 @@ impl TaskQueue {
         if let Some(permit) = self.permits.get_mut(&key) {
             if permit.holder == Some(id) {
                 permit.holder = None;
+                self.leasable.open(&key);
             }
         }
     }
@@ -797,11 +839,7 @@ impl TaskQueue {
             return false;
         };
         match task.state {
-            TaskState::Waiting => {
-                if let Some(ready) = self.ready.get_mut(&task.spec.queue) {
-                    ready.remove(&id);
-                }
-            }
+            TaskState::Waiting => self.dequeue(id),
             TaskState::RetryWait => {
                 if let Some(at) = task.retry_at_ms.take() {
                     self.retries.remove(&(at, id));
