@@ -66,8 +66,8 @@ pub struct TaskQueue {
     /// `(total deadline, task id)` of tasks waiting or backing off: the ones a passed total
     /// deadline fails. Leased and running tasks leave it (an active attempt runs on until its
     /// lease ends), so a sweep, and the leader's search for the next due time after every apply,
-    /// never walk past attempts that outlive their task's deadline. State written by earlier
-    /// versions may still list active tasks here; every reader skips them.
+    /// never walk past attempts that outlive their task's deadline. (Earlier versions listed
+    /// active tasks too; reading their state back drops those.)
     deadlines: BTreeSet<(u64, u64)>,
     /// `(namespace, key)` -> permit.
     permits: BTreeMap<PermitKey, Permit>,
@@ -96,7 +96,11 @@ struct Stored {
 }
 
 impl From<Stored> for TaskQueue {
-    fn from(stored: Stored) -> Self {
+    fn from(mut stored: Stored) -> Self {
+        let tasks = &stored.tasks;
+        stored
+            .deadlines
+            .retain(|(_, id)| tasks.get(id).is_some_and(|t| !t.state.is_active()));
         let mut leasable = Leasable::default();
         for task in stored.tasks.values() {
             if task.state == TaskState::Waiting {
@@ -500,15 +504,14 @@ impl TaskQueue {
                 changed += 1;
             }
         }
-        let overdue: Vec<u64> = self
-            .deadlines
-            .iter()
-            .take_while(|(deadline, _)| is_overdue(*deadline, clock_ms))
-            .map(|&(_, id)| id)
-            .filter(|id| self.tasks.get(id).is_some_and(|t| !t.state.is_active()))
-            .take(deadlines)
-            .collect();
-        for id in overdue {
+        for _ in 0..deadlines {
+            let Some(&(deadline, id)) = self.deadlines.first() else {
+                break;
+            };
+            if !is_overdue(deadline, clock_ms) {
+                break;
+            }
+            self.deadlines.pop_first();
             if self.fail_past_deadline(id) {
                 changed += 1;
             }
@@ -536,9 +539,8 @@ impl TaskQueue {
     pub(crate) fn due_deadlines(&self, clock_ms: u64) -> impl Iterator<Item = u64> + '_ {
         self.deadlines
             .iter()
-            .take_while(move |(deadline, _)| is_overdue(*deadline, clock_ms))
-            .filter(|(_, id)| self.tasks.get(id).is_some_and(|t| !t.state.is_active()))
             .map(|(deadline, _)| *deadline)
+            .take_while(move |deadline| is_overdue(*deadline, clock_ms))
     }
 
     /// Whether a sweep at `clock_ms` has something to do.
@@ -550,9 +552,8 @@ impl TaskQueue {
         let retry_due = self.retries.first().is_some_and(|(at, _)| *at <= clock_ms);
         let deadline_due = self
             .deadlines
-            .iter()
-            .take_while(|(d, _)| is_overdue(*d, clock_ms))
-            .any(|(_, id)| self.tasks.get(id).is_some_and(|t| !t.state.is_active()));
+            .first()
+            .is_some_and(|(d, _)| is_overdue(*d, clock_ms));
         lease_due || retry_due || deadline_due
     }
 
@@ -1139,24 +1140,25 @@ mod tests {
     }
 
     #[test]
-    fn an_active_task_an_earlier_version_left_in_the_deadline_index_is_skipped() {
+    fn active_tasks_an_earlier_version_listed_by_deadline_are_dropped_when_read_back() {
         let mut q = queue();
         let a = submit(&mut q, "a", "");
+        let b = submit(&mut q, "b", "");
         q.lease(T0, "w", &[], 1, 1_200_000).unwrap();
         q.start(T0, a, 1, "w").unwrap();
+        // As an earlier version kept it: the running task still listed.
         let deadline = q.get(a).unwrap().deadline_ms;
         q.deadlines.insert((deadline, a));
 
-        let later = deadline + 1;
-        assert!(!q.has_overdue(later));
-        assert_eq!(q.due_deadlines(later).count(), 0);
-        assert_eq!(q.sweep(later), 0);
-        assert_eq!(q.get(a).unwrap().state, TaskState::Running);
-        q.complete(later, a, 1, "w", Vec::new()).unwrap();
+        let config = bincode::config::standard();
+        let bytes = bincode::serde::encode_to_vec(&q, config).unwrap();
+        let (read_back, _): (TaskQueue, usize) =
+            bincode::serde::decode_from_slice(&bytes, config).unwrap();
         assert!(
-            q.deadlines.is_empty(),
-            "the leftover goes when the task finishes"
+            !in_deadline_index(&read_back, a),
+            "the running task is dropped"
         );
+        assert!(in_deadline_index(&read_back, b), "the waiting task stays");
     }
 
     #[test]
