@@ -1,6 +1,6 @@
 //! The keyed-concurrency task queue through gRPC against an in-process single-node cluster: every
-//! client call with typed results and refusals, the long-poll lease, and the worker runtime end
-//! to end.
+//! client call with typed results and refusals, paged task listings, the long-poll lease, and the
+//! worker runtime end to end.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
@@ -10,7 +10,9 @@ use std::time::Duration;
 use baton_rpc::proto::queue_client::QueueClient;
 use baton_rpc::worker::{TaskContext, TaskError, Worker, WorkerSummary};
 use baton_rpc::{proto, Client, Error};
-use baton_statemachine::queue::{AttemptOutcome, Task, TaskFilter, TaskSpec, TaskState};
+use baton_statemachine::queue::{
+    AttemptOutcome, Task, TaskFilter, TaskSpec, TaskState, MAX_LIST_PAGE,
+};
 use baton_statemachine::Refusal;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
@@ -478,6 +480,84 @@ async fn bad_wire_input_is_refused_with_the_field_it_broke() {
         field_of(queue.lease(no_header).await.unwrap_err()),
         "header"
     );
+
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_listings_come_in_pages_that_add_up_to_every_task_once() {
+    let cluster = Cluster::start().await;
+    let c = &cluster.client;
+    c.create_queue("a", "ns").await.unwrap();
+    c.create_queue("b", "ns").await.unwrap();
+    // More than one page of the client's own size, so `queue_tasks` has to go on.
+    let n = MAX_LIST_PAGE as usize + 50;
+    let mut submitters = tokio::task::JoinSet::new();
+    for lane in 0..32 {
+        let c = c.clone();
+        submitters.spawn(async move {
+            for i in (lane..n).step_by(32) {
+                let queue = if i % 10 == 0 { "b" } else { "a" };
+                c.submit(&spec(queue, &format!("t{i}"), "h", ""))
+                    .await
+                    .unwrap();
+            }
+        });
+    }
+    while let Some(done) = submitters.join_next().await {
+        done.unwrap();
+    }
+
+    let all = TaskFilter::default();
+    let listed = ids(&c.queue_tasks(&all).await.unwrap());
+    assert_eq!(listed.len(), n, "every task once");
+    assert!(listed.windows(2).all(|w| w[0] < w[1]), "by id, no repeats");
+
+    // Small pages of one queue chain up to the same tasks as one filtered listing.
+    let in_b = TaskFilter {
+        queue: Some("b".into()),
+        ..TaskFilter::default()
+    };
+    let mut paged = Vec::new();
+    let mut after_id = 0;
+    loop {
+        let page = c.queue_tasks_page(&in_b, after_id, 300).await.unwrap();
+        assert!(page.tasks.len() <= 300);
+        assert!(page.tasks.iter().all(|t| t.spec.queue == "b"));
+        paged.extend(ids(&page.tasks));
+        match page.next_after_id {
+            Some(next) => after_id = next,
+            None => break,
+        }
+    }
+    assert_eq!(paged.len(), n.div_ceil(10));
+    assert_eq!(paged, ids(&c.queue_tasks(&in_b).await.unwrap()));
+
+    // On the wire: 0 is the default page, too large a page is refused naming the field.
+    let mut queue = QueueClient::connect(format!("http://{}", cluster.addr))
+        .await
+        .unwrap();
+    let page = |after_id, limit| proto::ListQueueTasksRequest {
+        after_id,
+        limit,
+        ..Default::default()
+    };
+    let first = queue.list_tasks(page(0, 0)).await.unwrap().into_inner();
+    assert_eq!(first.tasks.len(), 1_000);
+    assert_eq!(first.next_after_id, first.tasks[999].id);
+    let last = queue
+        .list_tasks(page(listed[n - 2], 10))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(last.tasks.len(), 1);
+    assert_eq!(last.next_after_id, 0, "the last page says so");
+    let status = queue
+        .list_tasks(page(0, MAX_LIST_PAGE + 1))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert_eq!(baton_rpc::error::detail_of(&status).unwrap().field, "limit");
 
     cluster.stop().await;
 }

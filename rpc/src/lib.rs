@@ -20,8 +20,8 @@ pub mod judge;
 pub mod worker;
 
 pub use client::{
-    AttemptHistory, Client, ClientConfig, ClientTls, Event, SavedSnapshot, Security, TaskSnapshot,
-    TicketSnapshot, WatchPosition, HANDOVER_WAIT, MAX_LEASE_WAIT, WATCH_SILENCE,
+    AttemptHistory, Client, ClientConfig, ClientTls, Event, QueueTaskPage, SavedSnapshot, Security,
+    TaskSnapshot, TicketSnapshot, WatchPosition, HANDOVER_WAIT, MAX_LEASE_WAIT, WATCH_SILENCE,
 };
 pub use error::Error;
 

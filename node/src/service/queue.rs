@@ -19,7 +19,9 @@ use baton_rpc::proto::{
     StartAttemptResponse, SubmitRequest, SubmitResponse,
 };
 use baton_rpc::{convert, MAX_LEASE_WAIT};
-use baton_statemachine::queue::{Command, Queue, Task, TaskFilter, Worker, MAX_LEASE_BATCH};
+use baton_statemachine::queue::{
+    Command, Queue, Task, TaskFilter, Worker, MAX_LEASE_BATCH, MAX_LIST_PAGE, MAX_LIST_SCAN,
+};
 use baton_statemachine::{Command as Cmd, Origin, Refusal, Reply, SessionLookup};
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
@@ -31,6 +33,8 @@ use crate::store::Applied;
 /// A waiting lease re-checks at least this often even when nothing is applied, so retries whose
 /// back-off ends and leases that run out (both due with time, not with a log entry) are noticed.
 const LEASE_RECHECK: Duration = Duration::from_secs(1);
+/// Tasks in a listing page when the request leaves its limit at 0.
+const DEFAULT_LIST_PAGE: u32 = 1_000;
 
 /// Serves the task queue.
 pub struct QueueService {
@@ -244,6 +248,16 @@ impl queue_server::Queue for QueueService {
             .map(|state| convert::queue_task_state_from_str("state", state))
             .transpose()
             .map_err(refused)?;
+        let limit = match r.limit {
+            0 => DEFAULT_LIST_PAGE,
+            limit if limit <= MAX_LIST_PAGE => limit,
+            _ => {
+                return Err(refused(Refusal::invalid(
+                    "limit",
+                    format!("must be at most {MAX_LIST_PAGE} (0 means {DEFAULT_LIST_PAGE})"),
+                )))
+            }
+        };
         let filter = TaskFilter {
             queue: r.queue,
             state,
@@ -251,15 +265,23 @@ impl queue_server::Queue for QueueService {
         };
         let reply = self
             .node
-            .read(|applied| ListQueueTasksResponse {
-                tasks: applied
-                    .state
-                    .queue
-                    .list(&filter)
-                    .map(convert::queue_task_summary_to_proto)
-                    .collect(),
-                now_ms: now_ms(applied),
-                revision: revision(applied),
+            .read(|applied| {
+                let page = applied.state.queue.list_page(
+                    &filter,
+                    r.after_id,
+                    limit as usize,
+                    MAX_LIST_SCAN,
+                );
+                ListQueueTasksResponse {
+                    tasks: page
+                        .tasks
+                        .into_iter()
+                        .map(convert::queue_task_summary_to_proto)
+                        .collect(),
+                    now_ms: now_ms(applied),
+                    revision: revision(applied),
+                    next_after_id: page.next_after.unwrap_or(0),
+                }
             })
             .await?;
         Ok(Response::new(reply))

@@ -23,7 +23,7 @@ mod watch;
 pub use board::TaskSnapshot;
 pub use cluster::{SavedSnapshot, HANDOVER_WAIT};
 pub use handoff::TicketSnapshot;
-pub use queue::{AttemptHistory, MAX_LEASE_WAIT};
+pub use queue::{AttemptHistory, QueueTaskPage, MAX_LEASE_WAIT};
 pub use security::{ClientTls, Security};
 pub use watch::{Event, WatchPosition, WATCH_SILENCE};
 

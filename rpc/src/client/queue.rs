@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use baton_statemachine::queue::{
-    Assignment, Attempt, Queue, SubmitReceipt, Task, TaskFilter, TaskSpec, Worker,
+    Assignment, Attempt, Queue, SubmitReceipt, Task, TaskFilter, TaskSpec, Worker, MAX_LIST_PAGE,
 };
 
 use super::{answered, decoded, Client};
@@ -20,9 +20,20 @@ use crate::proto::queue_client::QueueClient;
 /// The longest a lease long-poll waits on the server; longer waits are capped to it.
 pub const MAX_LEASE_WAIT: Duration = Duration::from_secs(30);
 
-/// The largest task listing this client accepts (summaries carry no payloads, but a listing of
-/// many tasks with their attempts can pass gRPC's default 4 MiB).
+/// The largest page of a task listing this client accepts (summaries carry no payloads, but a
+/// page of many tasks with their attempts can pass gRPC's default 4 MiB).
 const MAX_LISTING_BYTES: usize = 64 << 20;
+
+/// One page of a task listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueTaskPage {
+    /// The matching tasks, by id, as summaries (payload and result empty).
+    pub tasks: Vec<Task>,
+    /// Where the next page starts (its `after_id`); `None` when no task is left.
+    pub next_after_id: Option<u64>,
+    /// The Raft log index this page reflects.
+    pub revision: u64,
+}
 
 /// A task's attempt history.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,15 +126,45 @@ impl Client {
         task_of(reply.task, "get_task")
     }
 
-    /// Linearizable list of the queue tasks matching `filter`, by id. These are summaries: each
-    /// task's payload and result are empty ([`Client::queue_task`] has them).
+    /// Every queue task matching `filter`, by id, read page by page with
+    /// [`Client::queue_tasks_page`]. These are summaries: each task's payload and result are
+    /// empty ([`Client::queue_task`] has them). Each page is a linearizable read of its own, so
+    /// every task is listed once, as it stood when its page was read; a task submitted while the
+    /// listing runs shows up only if its page comes later.
     pub async fn queue_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>, Error> {
+        let mut tasks = Vec::new();
+        let mut after_id = 0;
+        loop {
+            let page = self
+                .queue_tasks_page(filter, after_id, MAX_LIST_PAGE)
+                .await?;
+            tasks.extend(page.tasks);
+            match page.next_after_id {
+                Some(next) => after_id = next,
+                None => return Ok(tasks),
+            }
+        }
+    }
+
+    /// Linearizable read of one page of the queue tasks matching `filter`: those with an id
+    /// above `after_id` (0 for the first page), at most `limit` of them (0 = the node's default,
+    /// 1,000; at most [`MAX_LIST_PAGE`]). A page also ends after the node has looked at 100,000
+    /// tasks, so a filter that matches few tasks can give a short or empty page that is not the
+    /// last: go on while [`QueueTaskPage::next_after_id`] is `Some`.
+    pub async fn queue_tasks_page(
+        &self,
+        filter: &TaskFilter,
+        after_id: u64,
+        limit: u32,
+    ) -> Result<QueueTaskPage, Error> {
         let reply = self
             .call(|channel| {
                 let request = proto::ListQueueTasksRequest {
                     queue: filter.queue.clone(),
                     state: filter.state.map(|s| s.as_str().to_string()),
                     concurrency_key: filter.concurrency_key.clone(),
+                    after_id,
+                    limit,
                 };
                 async move {
                     QueueClient::new(channel)
@@ -133,11 +174,16 @@ impl Client {
                 }
             })
             .await?;
-        reply
+        let tasks = reply
             .tasks
             .into_iter()
             .map(|task| decoded(convert::queue_task_from_proto(task), "list_tasks"))
-            .collect()
+            .collect::<Result<_, _>>()?;
+        Ok(QueueTaskPage {
+            tasks,
+            next_after_id: (reply.next_after_id != 0).then_some(reply.next_after_id),
+            revision: reply.revision,
+        })
     }
 
     /// A task's attempt history with permit tokens (`UnknownTask` when there is none). The

@@ -22,7 +22,10 @@ pub use key::{
     validate as validate_concurrency_key, validate_bytes as validate_concurrency_key_bytes,
     MAX_KEY_CHARS,
 };
-pub use scheduler::{backoff_ms, TaskFilter, TaskQueue, MAX_ATTEMPTS, MAX_LEASE_BATCH};
+pub use scheduler::{
+    backoff_ms, TaskFilter, TaskPage, TaskQueue, MAX_ATTEMPTS, MAX_LEASE_BATCH, MAX_LIST_PAGE,
+    MAX_LIST_SCAN,
+};
 pub use types::{
     Assignment, Attempt, AttemptOutcome, Command, Queue, SubmitReceipt, Task, TaskSpec, TaskState,
     Worker,

@@ -1,6 +1,7 @@
 //! The queue's state and what each command does to it.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
 
 use serde::{Deserialize, Serialize};
 
@@ -19,6 +20,11 @@ use crate::validate;
 pub const MAX_ATTEMPTS: u32 = 100;
 /// Most tasks one lease may hand out.
 pub const MAX_LEASE_BATCH: u32 = 1000;
+/// Most tasks one page of a task listing may hold.
+pub const MAX_LIST_PAGE: u32 = 10_000;
+/// Most tasks one page of a task listing looks at: a filter that matches few tasks returns a
+/// short (even empty) page and where to go on, so no listing holds the state for long.
+pub const MAX_LIST_SCAN: usize = 100_000;
 
 /// The back-off after the `started`-th started attempt failed: 500 ms doubling, capped at 30 s.
 pub fn backoff_ms(started: u32) -> u64 {
@@ -44,6 +50,27 @@ pub struct TaskFilter {
     pub state: Option<TaskState>,
     /// Only this concurrency key (byte-exact).
     pub concurrency_key: Option<String>,
+}
+
+impl TaskFilter {
+    /// Whether `task` is one the listing wants.
+    pub fn matches(&self, task: &Task) -> bool {
+        self.queue.as_ref().is_none_or(|q| &task.spec.queue == q)
+            && self.state.is_none_or(|s| task.state == s)
+            && self
+                .concurrency_key
+                .as_ref()
+                .is_none_or(|k| &task.spec.concurrency_key == k)
+    }
+}
+
+/// One page of a task listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskPage<'a> {
+    /// The matching tasks, by id.
+    pub tasks: Vec<&'a Task>,
+    /// The id the next page starts after; `None` when no task is left.
+    pub next_after: Option<u64>,
 }
 
 /// Queues, workers, tasks, permits and the indexes that keep leasing and sweeping cheap.
@@ -583,14 +610,39 @@ impl TaskQueue {
 
     /// Tasks matching `filter`, by id.
     pub fn list<'a>(&'a self, filter: &'a TaskFilter) -> impl Iterator<Item = &'a Task> + 'a {
-        self.tasks.values().filter(move |task| {
-            filter.queue.as_ref().is_none_or(|q| &task.spec.queue == q)
-                && filter.state.is_none_or(|s| task.state == s)
-                && filter
-                    .concurrency_key
-                    .as_ref()
-                    .is_none_or(|k| &task.spec.concurrency_key == k)
-        })
+        self.tasks.values().filter(move |task| filter.matches(task))
+    }
+
+    /// The tasks matching `filter` with ids above `after`, by id: at most `limit` of them, out of
+    /// at most `scan` tasks looked at (each at least 1). Pages chained through
+    /// [`TaskPage::next_after`] list every task once.
+    pub fn list_page(
+        &self,
+        filter: &TaskFilter,
+        after: u64,
+        limit: usize,
+        scan: usize,
+    ) -> TaskPage<'_> {
+        let (limit, scan) = (limit.max(1), scan.max(1));
+        let mut tasks = Vec::new();
+        let mut last = after;
+        let rest = self.tasks.range((Bound::Excluded(after), Bound::Unbounded));
+        for (scanned, (id, task)) in rest.enumerate() {
+            if tasks.len() == limit || scanned == scan {
+                return TaskPage {
+                    tasks,
+                    next_after: Some(last),
+                };
+            }
+            last = *id;
+            if filter.matches(task) {
+                tasks.push(task);
+            }
+        }
+        TaskPage {
+            tasks,
+            next_after: None,
+        }
     }
 
     /// Every queue, by name.
@@ -1159,6 +1211,48 @@ mod tests {
             "the running task is dropped"
         );
         assert!(in_deadline_index(&read_back, b), "the waiting task stays");
+    }
+
+    #[test]
+    fn pages_of_a_listing_add_up_to_the_whole_and_stop_where_their_bounds_say() {
+        let mut q = queue();
+        let ids: Vec<u64> = (0..25)
+            .map(|i| submit(&mut q, &format!("t{i}"), if i % 3 == 0 { "k" } else { "" }))
+            .collect();
+        let all = TaskFilter::default();
+        let keyed = TaskFilter {
+            concurrency_key: Some("k".into()),
+            ..TaskFilter::default()
+        };
+        for filter in [&all, &keyed] {
+            let whole: Vec<u64> = q.list(filter).map(|t| t.id).collect();
+            for (limit, scan) in [(1, 100), (4, 100), (10, 7), (25, 25), (100, 1_000)] {
+                let mut listed = Vec::new();
+                let mut after = 0;
+                loop {
+                    let page = q.list_page(filter, after, limit, scan);
+                    assert!(page.tasks.len() <= limit);
+                    listed.extend(page.tasks.iter().map(|t| t.id));
+                    match page.next_after {
+                        Some(next) => {
+                            assert!(next > after, "a page moves on");
+                            after = next;
+                        }
+                        None => break,
+                    }
+                }
+                assert_eq!(listed, whole, "limit {limit}, scan {scan}");
+            }
+        }
+        // A full page that ends at the last task says so.
+        let last_page = q.list_page(&all, ids[14], 10, 100);
+        assert_eq!(last_page.tasks.len(), 10);
+        assert_eq!(last_page.next_after, None);
+        // A scan bound stops a page short, even empty, and says where to go on.
+        let short = q.list_page(&keyed, ids[0], 10, 2);
+        assert!(short.tasks.is_empty());
+        assert_eq!(short.next_after, Some(ids[2]));
+        assert!(q.list_page(&all, u64::MAX, 10, 10).tasks.is_empty());
     }
 
     #[test]
