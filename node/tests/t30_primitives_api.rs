@@ -344,6 +344,23 @@ async fn every_primitive_call_answers_typed_results_and_refusals() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_state_read_larger_than_grpcs_default_limit_arrives_whole() {
+    let cluster = Cluster::start().await;
+    let c = &cluster.client;
+    // 30,000 tasks with 200-byte ids: a listing of about 7 MB, past gRPC's default 4 MiB.
+    let n = 30_000;
+    let id = |i: usize| format!("{i:0>200}");
+    for chunk in (0..n).collect::<Vec<_>>().chunks(10_000) {
+        let specs: Vec<TaskSpec> = chunk.iter().map(|i| spec(&id(*i), &[])).collect();
+        c.seed(&specs).await.unwrap();
+    }
+    let snapshot = c.tasks().await.unwrap();
+    assert_eq!(snapshot.tasks.len(), n);
+    assert!(snapshot.tasks.iter().all(|t| t.id.len() == 200));
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_wire_input_is_refused_with_the_field_it_broke() {
     let cluster = Cluster::start().await;
     let mut effect = EffectClient::connect(format!("http://{}", cluster.addr))

@@ -43,6 +43,11 @@ use crate::proto::cluster_client::ClusterClient;
 use crate::proto::{self, RequestHeader};
 use security::Credentials;
 
+/// The largest answer this client decodes. Whole-state reads (every ticket, every board task) grow
+/// with the store: with gRPC's default limit of 4 MiB, `baton ticket list` and `baton check`
+/// failed from about 30,000 tickets on.
+pub(crate) const MAX_LISTING_BYTES: usize = 1 << 30;
+
 /// The first pause before retrying a failed attempt; it doubles up to [`MAX_RETRY_PAUSE`].
 const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(20);
 /// The longest pause between attempts. A failover is retried through: after a leader dies, every
@@ -471,6 +476,13 @@ fn normalize(endpoint: &str) -> String {
 
 fn classify(status: &Status) -> Verdict {
     let Some(detail) = detail_of(status) else {
+        if status.code() == Code::OutOfRange {
+            // gRPC's own size limit (here or at the node): the same message fails every time.
+            return Verdict::Fail(Error::Protocol(format!(
+                "a message passed gRPC's size limit: {}",
+                status.message()
+            )));
+        }
         // No Baton detail: the node never answered (transport failure, proxy, overload).
         return Verdict::Retry(format!("{:?}: {}", status.code(), status.message()));
     };
@@ -512,6 +524,28 @@ fn final_error(status: &Status) -> Error {
                 last: format!("{:?}: {}", status.code(), status.message()),
             },
         },
+    }
+}
+
+#[cfg(test)]
+mod classify_tests {
+    use super::*;
+
+    /// A message over gRPC's size limit fails the same way on every node and every attempt:
+    /// retrying it for the whole deadline only to report "cluster unavailable" misleads.
+    #[test]
+    fn a_message_over_the_size_limit_fails_at_once() {
+        let status = Status::out_of_range("decoded message length too large");
+        match classify(&status) {
+            Verdict::Fail(Error::Protocol(message)) => {
+                assert!(message.contains("size limit"), "{message}");
+            }
+            _ => panic!("not a final protocol error"),
+        }
+        assert!(matches!(
+            classify(&Status::unavailable("connection refused")),
+            Verdict::Retry(_)
+        ));
     }
 }
 

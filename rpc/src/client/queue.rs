@@ -10,7 +10,7 @@ use baton_statemachine::queue::{
     Assignment, Attempt, Queue, SubmitReceipt, Task, TaskFilter, TaskSpec, Worker, MAX_LIST_PAGE,
 };
 
-use super::{answered, decoded, Client};
+use super::{answered, decoded, Client, MAX_LISTING_BYTES};
 use crate::batch;
 use crate::convert;
 use crate::error::Error;
@@ -19,10 +19,6 @@ use crate::proto::queue_client::QueueClient;
 
 /// The longest a lease long-poll waits on the server; longer waits are capped to it.
 pub const MAX_LEASE_WAIT: Duration = Duration::from_secs(30);
-
-/// The largest page of a task listing this client accepts (summaries carry no payloads, but a
-/// page of many tasks with their attempts can pass gRPC's default 4 MiB).
-const MAX_LISTING_BYTES: usize = 64 << 20;
 
 /// One page of a task listing.
 #[derive(Debug, Clone, PartialEq, Eq)]
