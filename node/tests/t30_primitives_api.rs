@@ -12,6 +12,8 @@ use baton_statemachine::board::{TaskSpec, TaskState};
 use baton_statemachine::effect::{
     Action, EffectLease, KeyStatus, Outcome, Resolution, Resolved, RetrySafety,
 };
+use baton_statemachine::handoff::OfferArgs;
+use baton_statemachine::limits::MAX_PAYLOAD_BYTES;
 use baton_statemachine::Refusal;
 
 mod support;
@@ -347,7 +349,7 @@ async fn every_primitive_call_answers_typed_results_and_refusals() {
 async fn a_whole_state_read_larger_than_grpcs_default_limit_arrives_whole() {
     let cluster = Cluster::start().await;
     let c = &cluster.client;
-    // 30,000 tasks with 200-byte ids: a listing of about 7 MB, past gRPC's default 4 MiB.
+    // 30,000 tasks with 200-byte ids: a listing of about 6.4 MB, past gRPC's default 4 MiB.
     let n = 30_000;
     let id = |i: usize| format!("{i:0>200}");
     for chunk in (0..n).collect::<Vec<_>>().chunks(10_000) {
@@ -357,6 +359,23 @@ async fn a_whole_state_read_larger_than_grpcs_default_limit_arrives_whole() {
     let snapshot = c.tasks().await.unwrap();
     assert_eq!(snapshot.tasks.len(), n);
     assert!(snapshot.tasks.iter().all(|t| t.id.len() == 200));
+
+    // Six tickets carrying 1 MiB each: a ticket listing (and `check`) of about 6 MiB.
+    for i in 0..6 {
+        c.offer(OfferArgs {
+            key: format!("big-{i}"),
+            from: "a".into(),
+            to: "b".into(),
+            payload: vec![b'x'; MAX_PAYLOAD_BYTES],
+            reply_to: "a".into(),
+            ttl_ms: 600_000,
+        })
+        .await
+        .unwrap();
+    }
+    let tickets = c.tickets().await.unwrap().tickets;
+    assert_eq!(tickets.len(), 6);
+    assert!(tickets.iter().all(|t| t.payload.len() == MAX_PAYLOAD_BYTES));
     cluster.stop().await;
 }
 
