@@ -1688,3 +1688,17 @@ fn tickets_from_the_store_pass_check_when_nothing_is_overdue() {
         ],
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// listings
+
+#[test]
+fn a_listing_keeps_the_tickets_it_took_while_later_commands_change_the_store() {
+    let mut w = offered(60_000);
+    let listed: Vec<_> = w.state.handoff.shared_tickets().cloned().collect();
+    w.take(T0 + 10, "k", "bob").unwrap();
+    w.sweep(T0 + 120_000);
+    assert_eq!(listed[0].state, TicketState::Offered, "the listing's view");
+    assert_eq!(listed[0].holder, None);
+    assert_eq!(w.ticket("k").state, TicketState::Expired, "the store's");
+}

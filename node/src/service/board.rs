@@ -134,19 +134,21 @@ impl board_server::Board for BoardService {
         &self,
         _request: Request<ListTasksRequest>,
     ) -> Result<Response<ListTasksResponse>, Status> {
-        let reply = self
+        // Pointers under the state lock, encoding after it: applies wait for the first only.
+        let (tasks, now_ms, revision) = self
             .node
-            .read(|applied| ListTasksResponse {
-                tasks: applied
-                    .state
-                    .board
-                    .tasks()
-                    .map(convert::task_listing_to_proto)
-                    .collect(),
-                now_ms: now_ms(applied),
-                revision: revision(applied),
+            .read(|applied| {
+                let tasks: Vec<_> = applied.state.board.shared_tasks().cloned().collect();
+                (tasks, now_ms(applied), revision(applied))
             })
             .await?;
-        Ok(Response::new(reply))
+        Ok(Response::new(ListTasksResponse {
+            tasks: tasks
+                .iter()
+                .map(|task| convert::task_listing_to_proto(task))
+                .collect(),
+            now_ms,
+            revision,
+        }))
     }
 }

@@ -115,20 +115,26 @@ impl handoff_server::Handoff for HandoffService {
         &self,
         _request: Request<ListTicketsRequest>,
     ) -> Result<Response<ListTicketsResponse>, Status> {
-        let reply = self
+        // Pointers under the state lock, encoding after it: applies wait for the first only.
+        let (tickets, now_ms, revision) = self
             .node
-            .read(|applied| ListTicketsResponse {
-                tickets: applied
-                    .state
-                    .handoff
-                    .tickets()
-                    .map(convert::ticket_to_proto)
-                    .collect(),
-                now_ms: applied.state.clock_ms.max(wall_clock_ms()),
-                revision: applied.last_applied.map(|id| id.index).unwrap_or(0),
+            .read(|applied| {
+                let tickets: Vec<_> = applied.state.handoff.shared_tickets().cloned().collect();
+                (
+                    tickets,
+                    applied.state.clock_ms.max(wall_clock_ms()),
+                    applied.last_applied.map(|id| id.index).unwrap_or(0),
+                )
             })
             .await?;
-        Ok(Response::new(reply))
+        Ok(Response::new(ListTicketsResponse {
+            tickets: tickets
+                .iter()
+                .map(|ticket| convert::ticket_to_proto(ticket))
+                .collect(),
+            now_ms,
+            revision,
+        }))
     }
 
     #[tracing::instrument(skip_all, fields(query = "get_ticket"))]

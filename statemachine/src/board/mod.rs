@@ -369,6 +369,12 @@ impl Board {
         self.tasks.values().map(|task| &**task)
     }
 
+    /// [`Board::tasks`] as shared pointers: cheap to take while holding the state, to read after
+    /// letting it go.
+    pub fn shared_tasks(&self) -> impl Iterator<Item = &Arc<Task>> {
+        self.tasks.values()
+    }
+
     /// One task, to change: copied first if a change record still shares it.
     fn task_mut(&mut self, id: &str) -> Option<&mut Task> {
         self.tasks.get_mut(id).map(Arc::make_mut)

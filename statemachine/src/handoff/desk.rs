@@ -1,6 +1,7 @@
 //! The desk: every handoff ticket, and what each command does to them.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -11,10 +12,12 @@ use crate::command::Stamp;
 use crate::error::Refusal;
 use crate::time::{deadline_after, is_overdue};
 
-/// A ticket plus what clients never see: the token of its current take.
+/// A ticket plus what clients never see: the token of its current take. The ticket is shared
+/// so that a listing can take every ticket under the state lock by pointer and encode them after
+/// releasing it; a command that changes a ticket a listing still holds copies it first.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Record {
-    ticket: Ticket,
+    ticket: Arc<Ticket>,
     token: Option<String>,
 }
 
@@ -37,7 +40,7 @@ impl Desk {
         self.expire_if_overdue(&args.key, clock_ms);
         let previous_generation = match self.records.get(&args.key) {
             Some(record) if !record.ticket.state.is_terminal() => {
-                return Ok(record.ticket.clone());
+                return Ok(Ticket::clone(&record.ticket));
             }
             Some(record) => record.ticket.generation,
             None => 0,
@@ -62,7 +65,7 @@ impl Desk {
         self.records.insert(
             ticket.key.clone(),
             Record {
-                ticket: ticket.clone(),
+                ticket: Arc::new(ticket.clone()),
                 token: None,
             },
         );
@@ -87,8 +90,9 @@ impl Desk {
             return Err(refusal);
         }
         let token = stamp.token();
-        record.ticket.state = TicketState::Accepted;
-        record.ticket.holder = Some(to.to_string());
+        let ticket = Arc::make_mut(&mut record.ticket);
+        ticket.state = TicketState::Accepted;
+        ticket.holder = Some(to.to_string());
         record.token = Some(token.clone());
         let handle = Handle {
             token,
@@ -148,10 +152,11 @@ impl Desk {
             _ => return Err(Refusal::AlreadySettled),
         }
         let deadline = record.ticket.deadline_ms;
-        let holder = record.ticket.holder.take().unwrap_or_default();
-        record.ticket.state = TicketState::Closed;
-        record.ticket.receipt_at_ms = Some(clock_ms);
-        record.ticket.receipt = Some(receipt);
+        let ticket = Arc::make_mut(&mut record.ticket);
+        let holder = ticket.holder.take().unwrap_or_default();
+        ticket.state = TicketState::Closed;
+        ticket.receipt_at_ms = Some(clock_ms);
+        ticket.receipt = Some(receipt);
         let closed = change(ChangeKind::Closed, holder, &record.ticket);
         self.live_deadlines.remove(&(deadline, key.to_string()));
         self.journal.push(closed);
@@ -174,7 +179,7 @@ impl Desk {
             _ => return Err(Refusal::AlreadySettled),
         }
         let deadline = record.ticket.deadline_ms;
-        record.ticket.state = TicketState::Withdrawn;
+        Arc::make_mut(&mut record.ticket).state = TicketState::Withdrawn;
         let withdrawn = change(ChangeKind::Withdrawn, String::new(), &record.ticket);
         self.live_deadlines.remove(&(deadline, key.to_string()));
         self.journal.push(withdrawn);
@@ -223,11 +228,17 @@ impl Desk {
 
     /// The current generation of one ticket.
     pub fn get(&self, key: &str) -> Option<&Ticket> {
-        self.records.get(key).map(|record| &record.ticket)
+        self.records.get(key).map(|record| &*record.ticket)
     }
 
     /// Every ticket's current generation, ordered by key.
     pub fn tickets(&self) -> impl Iterator<Item = &Ticket> {
+        self.records.values().map(|record| &*record.ticket)
+    }
+
+    /// [`Desk::tickets`] as shared pointers: cheap to take while holding the state, to read
+    /// after letting it go.
+    pub fn shared_tickets(&self) -> impl Iterator<Item = &Arc<Ticket>> {
         self.records.values().map(|record| &record.ticket)
     }
 
@@ -282,8 +293,9 @@ fn take_refusal(state: &TicketState) -> Option<Refusal> {
 /// Expires a live ticket. A taken one is a lease lost by its holder (the addressee); an offered
 /// one simply expired.
 fn expire(record: &mut Record) -> Change {
-    let holder = record.ticket.holder.take();
-    record.ticket.state = TicketState::Expired;
+    let ticket = Arc::make_mut(&mut record.ticket);
+    let holder = ticket.holder.take();
+    ticket.state = TicketState::Expired;
     match holder {
         Some(holder) => change(ChangeKind::Lost, holder, &record.ticket),
         None => change(ChangeKind::Expired, String::new(), &record.ticket),
