@@ -12,9 +12,8 @@ use baton_statemachine::handoff::{Command, OfferArgs};
 use baton_statemachine::{Command as Cmd, Refusal, Reply};
 use tonic::{Request, Response, Status};
 
-use super::{origin, unexpected};
+use super::{now_ms, origin, revision, unexpected};
 use crate::node::NodeRef;
-use crate::stamp::wall_clock_ms;
 
 /// Serves handoff tickets.
 pub struct HandoffService {
@@ -120,11 +119,7 @@ impl handoff_server::Handoff for HandoffService {
             .node
             .read(|applied| {
                 let tickets: Vec<_> = applied.state.handoff.shared_tickets().cloned().collect();
-                (
-                    tickets,
-                    applied.state.clock_ms.max(wall_clock_ms()),
-                    applied.last_applied.map(|id| id.index).unwrap_or(0),
-                )
+                (tickets, now_ms(applied), revision(applied))
             })
             .await?;
         Ok(Response::new(ListTicketsResponse {
@@ -152,8 +147,8 @@ impl handoff_server::Handoff for HandoffService {
                     .get(&key)
                     .map(|ticket| GetTicketResponse {
                         ticket: Some(convert::ticket_to_proto(ticket)),
-                        now_ms: applied.state.clock_ms.max(wall_clock_ms()),
-                        revision: applied.last_applied.map(|id| id.index).unwrap_or(0),
+                        now_ms: now_ms(applied),
+                        revision: revision(applied),
                     })
             })
             .await?;
