@@ -133,6 +133,22 @@ fn action(n: usize) -> Action {
     }
 }
 
+/// Writes version `version` to `count` fenced-sink resources and checkpoint runs.
+fn write_and_save(d: &mut Driver, count: usize, version: u8) {
+    for n in 0..count {
+        d.reply(Command::Sink(sink::Command::Write {
+            resource: format!("res-{n}"),
+            fence: u64::from(version),
+            value: vec![version],
+        }));
+        d.reply(Command::Checkpoint(checkpoint::Command::SaveIfNewer {
+            run: format!("run-{n}"),
+            seq: u64::from(version),
+            data: vec![version],
+        }));
+    }
+}
+
 /// What [`load`] leaves held: board tokens, ticket tokens, leased queue tasks, effect leases.
 struct Held {
     claims: Vec<(String, String)>,
@@ -170,18 +186,7 @@ fn load(d: &mut Driver, n_entries: usize) -> Held {
             takes.push((ticket_key(n), handle.token));
         }
     }
-    for n in 0..n_entries / 10 {
-        d.reply(Command::Sink(sink::Command::Write {
-            resource: format!("res-{n}"),
-            fence: 1,
-            value: vec![1],
-        }));
-        d.reply(Command::Checkpoint(checkpoint::Command::SaveIfNewer {
-            run: format!("run-{n}"),
-            seq: 1,
-            data: vec![1],
-        }));
-    }
+    write_and_save(d, n_entries / 10, 1);
     d.reply(Command::Queue(queue::Command::CreateQueue(queue::Queue {
         name: "jobs".into(),
         namespace: "ns".into(),
@@ -273,18 +278,7 @@ fn move_on(d: &mut Driver, n_entries: usize, held: Held) {
         }));
     }
     d.reply(lease(300));
-    for n in 0..n_entries / 10 {
-        d.reply(Command::Sink(sink::Command::Write {
-            resource: format!("res-{n}"),
-            fence: 2,
-            value: vec![2],
-        }));
-        d.reply(Command::Checkpoint(checkpoint::Command::SaveIfNewer {
-            run: format!("run-{n}"),
-            seq: 2,
-            data: vec![2],
-        }));
-    }
+    write_and_save(d, n_entries / 10, 2);
     for (action, lease) in effects.iter().step_by(2) {
         d.reply(Command::Effect(effect::Command::Complete {
             action: action.clone(),
