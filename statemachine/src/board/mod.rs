@@ -157,10 +157,14 @@ pub const MAX_SEED_TASKS: usize = 10_000;
 /// Tasks are shared (`Arc`) with the change records that report them without a lease (seeded,
 /// released, completed, lost): such a record takes no copy, and the task is copied only if it
 /// changes again while a record still holds it. A mass expiry thus allocates no task copies.
+///
+/// Task ids are shared too, between the task map and the deadline index (`Arc<str>`, written
+/// into snapshots as plain strings): a copy of the board, which a snapshot build takes under the
+/// state lock, then copies pointers rather than every id twice.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Board {
-    tasks: BTreeMap<String, Arc<Task>>,
-    lease_deadlines: BTreeSet<(u64, String)>,
+    tasks: BTreeMap<Arc<str>, Arc<Task>>,
+    lease_deadlines: BTreeSet<(u64, Arc<str>)>,
     /// Changes of the command being applied (transient).
     #[serde(skip)]
     journal: Journal,
@@ -198,7 +202,10 @@ impl Board {
         }
         let written = specs.len() as u64;
         for spec in specs {
-            let previous = self.tasks.remove(&spec.id);
+            let (id, previous) = match self.tasks.remove_entry(spec.id.as_str()) {
+                Some((id, task)) => (id, Some(task)),
+                None => (Arc::from(spec.id.as_str()), None),
+            };
             let max_fence = previous.as_ref().map_or(0, |task| task.max_fence);
             // A done task stays done: hosts commonly re-seed their whole topology at start-up,
             // and that must never make finished work claimable (and so executable) again.
@@ -218,13 +225,12 @@ impl Board {
             });
             // Re-seeding a claimed task clears the claim: its holder lost it.
             if let Some(lease) = previous.and_then(|task| task.lease.clone()) {
-                self.lease_deadlines
-                    .remove(&(lease.until_ms, spec.id.clone()));
+                self.lease_deadlines.remove(&(lease.until_ms, id.clone()));
                 self.journal
                     .push(change(ChangeKind::Lost, &lease.agent, lease.fence, &task));
             }
             self.journal.push(change(ChangeKind::Seeded, "", 0, &task));
-            self.tasks.insert(spec.id, task);
+            self.tasks.insert(id, task);
         }
         Ok(written)
     }
@@ -244,6 +250,7 @@ impl Board {
         if let Some(refusal) = self.claim_refusal(task) {
             return Err(refusal);
         }
+        let key = self.key(id).ok_or(Refusal::UnknownTask)?;
         let task = self
             .tasks
             .get_mut(id)
@@ -257,8 +264,7 @@ impl Board {
         };
         task.max_fence = lease.fence;
         task.state = TaskState::Claimed;
-        self.lease_deadlines
-            .insert((lease.until_ms, id.to_string()));
+        self.lease_deadlines.insert((lease.until_ms, key));
         task.lease = Some(lease);
         let task = task.clone();
         self.journal.push(leased(ChangeKind::Claimed, &task));
@@ -268,8 +274,7 @@ impl Board {
     /// Gives a live claim back; the task is open again.
     pub fn release(&mut self, clock_ms: u64, id: &str, token: &str) -> Result<(), Refusal> {
         let lease = self.current_lease(clock_ms, id, token)?.clone();
-        self.lease_deadlines
-            .remove(&(lease.until_ms, id.to_string()));
+        self.forget_deadline(lease.until_ms, id);
         if let Some(task) = self.tasks.get_mut(id) {
             let open = Arc::make_mut(task);
             open.state = TaskState::Open;
@@ -283,8 +288,7 @@ impl Board {
     /// Completes a claimed task with its live claim; the task is done for good.
     pub fn complete(&mut self, clock_ms: u64, id: &str, token: &str) -> Result<(), Refusal> {
         let lease = self.current_lease(clock_ms, id, token)?.clone();
-        self.lease_deadlines
-            .remove(&(lease.until_ms, id.to_string()));
+        self.forget_deadline(lease.until_ms, id);
         if let Some(task) = self.tasks.get_mut(id) {
             let done = Arc::make_mut(task);
             done.state = TaskState::Done;
@@ -306,8 +310,9 @@ impl Board {
         validate::ttl(ttl_ms)?;
         let old_until = self.current_lease(clock_ms, id, token)?.until_ms;
         let until = deadline_after(clock_ms, ttl_ms);
-        self.lease_deadlines.remove(&(old_until, id.to_string()));
-        self.lease_deadlines.insert((until, id.to_string()));
+        let key = self.key(id).ok_or(Refusal::UnknownTask)?;
+        self.lease_deadlines.remove(&(old_until, key.clone()));
+        self.lease_deadlines.insert((until, key));
         let task = self.task_mut(id).ok_or(Refusal::UnknownTask)?;
         if let Some(lease) = task.lease.as_mut() {
             lease.until_ms = until;
@@ -333,8 +338,8 @@ impl Board {
             let Some((_, id)) = self.lease_deadlines.pop_first() else {
                 break;
             };
-            if let Some(task) = self.tasks.get_mut(&id) {
-                if let Some(lost) = expire(task, id) {
+            if let Some(task) = self.tasks.get_mut(&*id) {
+                if let Some(lost) = expire(task, &id) {
                     self.journal.push(lost);
                 }
                 expired += 1;
@@ -447,24 +452,39 @@ impl Board {
     fn blocked(&self, task: &Task) -> bool {
         task.deps.iter().any(|dep| {
             self.tasks
-                .get(dep)
+                .get(dep.as_str())
                 .is_none_or(|dep| dep.state != TaskState::Done)
         })
     }
 
     /// Lazy expiry: a lease judged past its time is dropped right here.
     fn expire_if_overdue(&mut self, id: &str, clock_ms: u64) {
-        let Some(task) = self.tasks.get_mut(id) else {
+        let Some((key, task)) = self.tasks.get_key_value(id) else {
             return;
         };
-        if let Some(lease) = &task.lease {
-            if is_overdue(lease.until_ms, clock_ms) {
-                self.lease_deadlines
-                    .remove(&(lease.until_ms, id.to_string()));
-                if let Some(lost) = expire(task, id.to_string()) {
-                    self.journal.push(lost);
-                }
+        let Some(until) = task.lease.as_ref().map(|lease| lease.until_ms) else {
+            return;
+        };
+        if !is_overdue(until, clock_ms) {
+            return;
+        }
+        self.lease_deadlines.remove(&(until, Arc::clone(key)));
+        if let Some(task) = self.tasks.get_mut(id) {
+            if let Some(lost) = expire(task, id) {
+                self.journal.push(lost);
             }
+        }
+    }
+
+    /// The task map's own copy of `id` (the deadline index shares it).
+    fn key(&self, id: &str) -> Option<Arc<str>> {
+        self.tasks.get_key_value(id).map(|(key, _)| Arc::clone(key))
+    }
+
+    /// Takes the lease of `id` ending at `until_ms` off the deadline index.
+    fn forget_deadline(&mut self, until_ms: u64, id: &str) {
+        if let Some(key) = self.key(id) {
+            self.lease_deadlines.remove(&(until_ms, key));
         }
     }
 
@@ -481,15 +501,14 @@ fn validate_claim(id: &str, agent: &str, ttl_ms: i64) -> Result<(), Refusal> {
 }
 
 /// Ends a claim whose time is up: the task is open again and the claimer lost its lease. `id`
-/// is the task's id (the caller's own copy, taken off the deadline index, becomes the change's
-/// key, and the lease's agent its holder: a mass expiry allocates no more than it must).
-fn expire(task: &mut Arc<Task>, id: String) -> Option<Change> {
+/// is the task's id (the change's key; the lease's agent becomes its holder).
+fn expire(task: &mut Arc<Task>, id: &str) -> Option<Change> {
     let open = Arc::make_mut(task);
     let lease = open.lease.take()?;
     open.state = TaskState::Open;
     Some(Change {
         primitive: Primitive::Board,
-        key: id,
+        key: id.to_string(),
         kind: ChangeKind::Lost,
         holder: lease.agent,
         fence: lease.fence,

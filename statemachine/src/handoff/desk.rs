@@ -14,19 +14,24 @@ use crate::time::{deadline_after, is_overdue};
 
 /// A ticket plus what clients never see: the token of its current take. The ticket is shared
 /// so that a listing can take every ticket under the state lock by pointer and encode them after
-/// releasing it; a command that changes a ticket a listing still holds copies it first.
+/// releasing it; a command that changes a ticket a listing still holds copies it first. The
+/// token is shared for the same reason as the keys (see [`Desk`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Record {
     ticket: Arc<Ticket>,
-    token: Option<String>,
+    token: Option<Arc<str>>,
 }
 
 /// All handoff tickets (current generation per key) and an index of live deadlines.
+///
+/// Keys are shared between the map and the deadline index (`Arc<str>`, written into snapshots as
+/// plain strings): a copy of the desk, which a snapshot build takes under the state lock, then
+/// copies pointers rather than every key twice.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Desk {
-    records: BTreeMap<String, Record>,
+    records: BTreeMap<Arc<str>, Record>,
     /// `(deadline_ms, key)` of every offered or accepted ticket, so a sweep touches only what is due.
-    live_deadlines: BTreeSet<(u64, String)>,
+    live_deadlines: BTreeSet<(u64, Arc<str>)>,
     /// Changes of the command being applied (transient).
     #[serde(skip)]
     journal: Journal,
@@ -38,12 +43,12 @@ impl Desk {
     pub fn offer(&mut self, clock_ms: u64, args: OfferArgs) -> Result<Ticket, Refusal> {
         validate::offer(&args)?;
         self.expire_if_overdue(&args.key, clock_ms);
-        let previous_generation = match self.records.get(&args.key) {
-            Some(record) if !record.ticket.state.is_terminal() => {
+        let (key, previous_generation) = match self.records.get_key_value(args.key.as_str()) {
+            Some((_, record)) if !record.ticket.state.is_terminal() => {
                 return Ok(Ticket::clone(&record.ticket));
             }
-            Some(record) => record.ticket.generation,
-            None => 0,
+            Some((key, record)) => (Arc::clone(key), record.ticket.generation),
+            None => (Arc::from(args.key.as_str()), 0),
         };
         let deadline_ms = deadline_after(clock_ms, args.ttl_ms);
         let ticket = Ticket {
@@ -60,10 +65,9 @@ impl Desk {
             receipt_at_ms: None,
             receipt: None,
         };
-        self.live_deadlines
-            .insert((deadline_ms, ticket.key.clone()));
+        self.live_deadlines.insert((deadline_ms, Arc::clone(&key)));
         self.records.insert(
-            ticket.key.clone(),
+            key,
             Record {
                 ticket: Arc::new(ticket.clone()),
                 token: None,
@@ -93,7 +97,7 @@ impl Desk {
         let ticket = Arc::make_mut(&mut record.ticket);
         ticket.state = TicketState::Accepted;
         ticket.holder = Some(to.to_string());
-        record.token = Some(token.clone());
+        record.token = Some(Arc::from(token.as_str()));
         let handle = Handle {
             token,
             fence: record.ticket.generation,
@@ -158,7 +162,7 @@ impl Desk {
         ticket.receipt_at_ms = Some(clock_ms);
         ticket.receipt = Some(receipt);
         let closed = change(ChangeKind::Closed, holder, &record.ticket);
-        self.live_deadlines.remove(&(deadline, key.to_string()));
+        self.forget_deadline(deadline, key);
         self.journal.push(closed);
         Ok(())
     }
@@ -181,7 +185,7 @@ impl Desk {
         let deadline = record.ticket.deadline_ms;
         Arc::make_mut(&mut record.ticket).state = TicketState::Withdrawn;
         let withdrawn = change(ChangeKind::Withdrawn, String::new(), &record.ticket);
-        self.live_deadlines.remove(&(deadline, key.to_string()));
+        self.forget_deadline(deadline, key);
         self.journal.push(withdrawn);
         Ok(())
     }
@@ -202,7 +206,7 @@ impl Desk {
             let Some((_, key)) = self.live_deadlines.pop_first() else {
                 break;
             };
-            if let Some(record) = self.records.get_mut(&key) {
+            if let Some(record) = self.records.get_mut(&*key) {
                 self.journal.push(expire(record));
                 expired += 1;
             }
@@ -264,13 +268,24 @@ impl Desk {
     /// Lazy expiry: a live ticket judged past its deadline becomes `expired` right here, so the
     /// refusal the caller gets and the state everyone reads afterwards agree.
     fn expire_if_overdue(&mut self, key: &str, clock_ms: u64) {
-        let Some(record) = self.records.get_mut(key) else {
+        let Some(record) = self.records.get(key) else {
             return;
         };
-        if record.ticket.state.is_live() && is_overdue(record.ticket.deadline_ms, clock_ms) {
-            self.live_deadlines
-                .remove(&(record.ticket.deadline_ms, key.to_string()));
+        let deadline = record.ticket.deadline_ms;
+        if !record.ticket.state.is_live() || !is_overdue(deadline, clock_ms) {
+            return;
+        }
+        self.forget_deadline(deadline, key);
+        if let Some(record) = self.records.get_mut(key) {
             self.journal.push(expire(record));
+        }
+    }
+
+    /// Takes the live ticket `key` ending at `deadline` off the deadline index.
+    fn forget_deadline(&mut self, deadline: u64, key: &str) {
+        if let Some((shared, _)) = self.records.get_key_value(key) {
+            let entry = (deadline, Arc::clone(shared));
+            self.live_deadlines.remove(&entry);
         }
     }
 
