@@ -1,10 +1,10 @@
 //! When this node builds its snapshots: at log points of its own, offset from its peers'.
 //!
 //! openraft's `LogsSinceLast(n)` policy makes every member build when its applied index reaches
-//! the same multiple of `n`, so all of them build at once. A build holds the state lock while it
-//! encodes (~0.3 s per million leases, during which applies wait) and then writes a large image
-//! through the same sled as the log, so with all members building together no quorum is free and
-//! every in-flight write stalls (docs/benchmarks.md, "State scale"). Here each member builds at
+//! the same multiple of `n`, so all of them build at once. A build takes a core while it encodes
+//! (~0.3 s per million leases) and then writes a large image to disk beside the log, so with all
+//! members building together no quorum is free and every in-flight write stalls
+//! (docs/benchmarks.md, "State scale"). Here each member builds at
 //! `phase + k * every`, where the phase spreads the members evenly over one interval by their
 //! rank among the voters: with three members the builds are a third of an interval apart, and
 //! the two members not building still form a quorum.

@@ -85,9 +85,8 @@ fn main() {
     report("claims", started.elapsed(), leases);
     println!("live leases={} rss={} MiB", state.board.leases(), rss_mib());
 
-    // What a snapshot build would hold the node's state lock for if it copied the state and
-    // encoded the copy after releasing the lock: about as long as the encode itself (fresh
-    // memory for every key), so a build encodes under the lock instead.
+    // What a snapshot build holds the node's state lock for: a copy of the state (tasks and
+    // their ids are shared, the trees' nodes copied), which it encodes after releasing the lock.
     let started = Instant::now();
     let copy = state.clone();
     let copied = started.elapsed();

@@ -221,16 +221,27 @@ impl cluster_server::Cluster for ClusterService {
         _request: Request<SaveSnapshotRequest>,
     ) -> Result<Response<SnapshotStream>, Status> {
         // A linearizable read: the state includes every write acknowledged before this call.
+        // Only a copy is taken under the lock (its tasks, tickets and keys are shared, not
+        // copied); the encode runs after the lock is released, off the runtime.
         let (state, last_applied, membership) = self
             .node
             .read(|applied| {
                 (
-                    codec::encode(&applied.state),
+                    applied.state.clone(),
                     applied.last_applied,
                     applied.membership.clone(),
                 )
             })
             .await?;
+        let state = tokio::task::spawn_blocking(move || codec::encode(&state))
+            .await
+            .map_err(|e| {
+                infra_status(
+                    Code::Internal,
+                    infra::INTERNAL,
+                    format!("the state encoder stopped: {e}"),
+                )
+            })?;
         let state = state.map_err(|e| {
             infra_status(
                 Code::Internal,
