@@ -7,6 +7,7 @@
 //! mistaken for "ran and saved nothing".
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -46,10 +47,12 @@ impl Command {
     }
 }
 
-/// Every run's latest checkpoint.
+/// Every run's latest checkpoint. Each is shared (`Arc`, written into snapshots as the checkpoint
+/// itself), so a copy of the state, which a snapshot build takes under the state lock, does not
+/// copy the data.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Checkpoints {
-    runs: BTreeMap<String, Checkpoint>,
+    runs: BTreeMap<String, Arc<Checkpoint>>,
 }
 
 impl Checkpoints {
@@ -71,17 +74,17 @@ impl Checkpoints {
         }
         self.runs.insert(
             run.to_string(),
-            Checkpoint {
+            Arc::new(Checkpoint {
                 seq,
                 data,
                 saved_at_ms: clock_ms,
-            },
+            }),
         );
         Ok(())
     }
 
     /// The latest checkpoint of `run`.
     pub fn load(&self, run: &str) -> Option<&Checkpoint> {
-        self.runs.get(run)
+        self.runs.get(run).map(|saved| &**saved)
     }
 }

@@ -7,6 +7,7 @@
 //! point: read-compare-write in three steps lets two holders both pass the comparison.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -46,10 +47,12 @@ impl Command {
     }
 }
 
-/// Every fenced resource.
+/// Every fenced resource. Each value is shared (`Arc`, written into snapshots as the value itself),
+/// so a copy of the state, which a snapshot build takes under the state lock, does not copy the
+/// bytes; a write to a value a copy still holds copies it first.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Sink {
-    resources: BTreeMap<String, SinkValue>,
+    resources: BTreeMap<String, Arc<SinkValue>>,
 }
 
 impl Sink {
@@ -71,11 +74,14 @@ impl Sink {
         let entry = self
             .resources
             .entry(resource.to_string())
-            .or_insert_with(|| SinkValue {
-                seen_fence: 0,
-                value: Vec::new(),
-                writes: 0,
+            .or_insert_with(|| {
+                Arc::new(SinkValue {
+                    seen_fence: 0,
+                    value: Vec::new(),
+                    writes: 0,
+                })
             });
+        let entry = Arc::make_mut(entry);
         entry.seen_fence = fence;
         entry.value = value;
         entry.writes += 1;
@@ -89,6 +95,6 @@ impl Sink {
 
     /// A resource's current value, if it was ever written.
     pub fn read(&self, resource: &str) -> Option<&SinkValue> {
-        self.resources.get(resource)
+        self.resources.get(resource).map(|value| &**value)
     }
 }

@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -79,7 +80,10 @@ pub struct TaskPage<'a> {
 pub struct TaskQueue {
     queues: BTreeMap<String, Queue>,
     workers: BTreeMap<String, Worker>,
-    tasks: BTreeMap<u64, Task>,
+    /// Every task, shared (`Arc`, written into snapshots as the task itself): a copy of the state,
+    /// which a snapshot build takes under the state lock, does not copy payloads and attempts; a
+    /// change to a task a copy still holds copies that task first.
+    tasks: BTreeMap<u64, Arc<Task>>,
     next_task_id: u64,
     /// `(namespace, idempotency key)` -> task id.
     submissions: BTreeMap<(String, String), u64>,
@@ -112,7 +116,7 @@ pub struct TaskQueue {
 struct Stored {
     queues: BTreeMap<String, Queue>,
     workers: BTreeMap<String, Worker>,
-    tasks: BTreeMap<u64, Task>,
+    tasks: BTreeMap<u64, Arc<Task>>,
     next_task_id: u64,
     submissions: BTreeMap<(String, String), u64>,
     ready: BTreeMap<String, BTreeSet<u64>>,
@@ -216,7 +220,7 @@ impl TaskQueue {
                 return Err(Refusal::IdempotencyConflict);
             }
             return Ok(SubmitReceipt {
-                task: task.clone(),
+                task: Task::clone(task),
                 replayed: true,
             });
         }
@@ -237,7 +241,7 @@ impl TaskQueue {
         };
         self.deadlines.insert((deadline_ms, id));
         self.submissions.insert(submission, id);
-        self.tasks.insert(id, task.clone());
+        self.tasks.insert(id, Arc::new(task.clone()));
         self.enqueue(id);
         self.note(id, ChangeKind::Submitted);
         self.note_if_leasable(id);
@@ -301,7 +305,7 @@ impl TaskQueue {
         }
         for id in exhausted {
             const EXHAUSTED: &str = "the concurrency key's permit tokens are exhausted";
-            if let Some(task) = self.tasks.get_mut(&id) {
+            if let Some(task) = self.tasks.get_mut(&id).map(Arc::make_mut) {
                 if task.last_error != EXHAUSTED {
                     task.last_error = EXHAUSTED.into();
                     self.note(id, ChangeKind::Updated);
@@ -456,7 +460,11 @@ impl TaskQueue {
     pub fn cancel(&mut self, clock_ms: u64, id: u64) -> Result<Task, Refusal> {
         self.expire_lease_if_overdue(clock_ms, id);
         self.fail_if_past_deadline(clock_ms, id);
-        let task = self.tasks.get_mut(&id).ok_or(Refusal::UnknownTask)?;
+        let task = self
+            .tasks
+            .get_mut(&id)
+            .map(Arc::make_mut)
+            .ok_or(Refusal::UnknownTask)?;
         match task.state {
             TaskState::Waiting => {
                 self.dequeue(id);
@@ -522,7 +530,7 @@ impl TaskQueue {
                 break;
             }
             self.retries.pop_first();
-            if let Some(task) = self.tasks.get_mut(&id) {
+            if let Some(task) = self.tasks.get_mut(&id).map(Arc::make_mut) {
                 task.state = TaskState::Waiting;
                 task.retry_at_ms = None;
                 self.enqueue(id);
@@ -605,12 +613,15 @@ impl TaskQueue {
 
     /// One task.
     pub fn get(&self, id: u64) -> Option<&Task> {
-        self.tasks.get(&id)
+        self.tasks.get(&id).map(|task| &**task)
     }
 
     /// Tasks matching `filter`, by id.
     pub fn list<'a>(&'a self, filter: &'a TaskFilter) -> impl Iterator<Item = &'a Task> + 'a {
-        self.tasks.values().filter(move |task| filter.matches(task))
+        self.tasks
+            .values()
+            .map(|task| &**task)
+            .filter(move |task| filter.matches(task))
     }
 
     /// The tasks matching `filter` with ids above `after`, by id: at most `limit` of them, out of
@@ -730,7 +741,7 @@ impl TaskQueue {
 
     fn grant(&mut self, clock_ms: u64, id: u64, worker: &str, until: u64) -> Option<Assignment> {
         self.dequeue(id);
-        let task = self.tasks.get_mut(&id)?;
+        let task = self.tasks.get_mut(&id).map(Arc::make_mut)?;
         let token = match permit_key(task) {
             None => None,
             Some(key) => {
@@ -775,7 +786,11 @@ impl TaskQueue {
 
     /// The task whose active attempt is `attempt`, held by `worker`; anything else is a lost lease.
     fn active(&mut self, id: u64, attempt: u32, worker: &str) -> Result<&mut Task, Refusal> {
-        let task = self.tasks.get_mut(&id).ok_or(Refusal::UnknownTask)?;
+        let task = self
+            .tasks
+            .get_mut(&id)
+            .map(Arc::make_mut)
+            .ok_or(Refusal::UnknownTask)?;
         match task.attempts.last() {
             Some(a)
                 if a.number == attempt
@@ -799,7 +814,7 @@ impl TaskQueue {
         let task = self.tasks.get(&id)?;
         let last = task.attempts.last()?;
         (last.number == attempt && last.worker == worker && last.outcome == outcome)
-            .then(|| task.clone())
+            .then(|| Task::clone(task))
     }
 
     /// Ends the active attempt with `outcome`, frees its permit and lease, and moves the task to
@@ -826,7 +841,11 @@ impl TaskQueue {
         note: String,
         next: TaskState,
     ) -> Result<Task, Refusal> {
-        let task = self.tasks.get_mut(&id).ok_or(Refusal::UnknownTask)?;
+        let task = self
+            .tasks
+            .get_mut(&id)
+            .map(Arc::make_mut)
+            .ok_or(Refusal::UnknownTask)?;
         let current = task.attempts.last_mut().ok_or(Refusal::LeaseLost)?;
         let until = current.lease_until_ms;
         current.outcome = outcome;
@@ -836,7 +855,11 @@ impl TaskQueue {
         self.release_permit(id);
         match next {
             TaskState::RetryWait => {
-                let task = self.tasks.get_mut(&id).ok_or(Refusal::UnknownTask)?;
+                let task = self
+                    .tasks
+                    .get_mut(&id)
+                    .map(Arc::make_mut)
+                    .ok_or(Refusal::UnknownTask)?;
                 let at = clock_ms.saturating_add(backoff_ms(task.started_attempts().max(1)));
                 task.state = TaskState::RetryWait;
                 task.retry_at_ms = Some(at);
@@ -846,7 +869,11 @@ impl TaskQueue {
                 Ok(task.clone())
             }
             TaskState::Waiting => {
-                let task = self.tasks.get_mut(&id).ok_or(Refusal::UnknownTask)?;
+                let task = self
+                    .tasks
+                    .get_mut(&id)
+                    .map(Arc::make_mut)
+                    .ok_or(Refusal::UnknownTask)?;
                 task.state = TaskState::Waiting;
                 task.last_error = note;
                 self.deadlines.insert((task.deadline_ms, id));
@@ -860,7 +887,11 @@ impl TaskQueue {
 
     /// Moves a task with no active attempt to a terminal state.
     fn finish(&mut self, id: u64, state: TaskState, note: String) -> Result<Task, Refusal> {
-        let task = self.tasks.get_mut(&id).ok_or(Refusal::UnknownTask)?;
+        let task = self
+            .tasks
+            .get_mut(&id)
+            .map(Arc::make_mut)
+            .ok_or(Refusal::UnknownTask)?;
         task.state = state;
         if state != TaskState::Succeeded {
             task.last_error = note;
@@ -888,7 +919,7 @@ impl TaskQueue {
     /// Fails a waiting or backing-off task whose total deadline the caller found passed; returns
     /// whether it did (an active attempt runs on until its lease ends).
     fn fail_past_deadline(&mut self, id: u64) -> bool {
-        let Some(task) = self.tasks.get_mut(&id) else {
+        let Some(task) = self.tasks.get_mut(&id).map(Arc::make_mut) else {
             return false;
         };
         match task.state {
