@@ -246,11 +246,11 @@ impl Board {
     ) -> Result<Task, Refusal> {
         validate_claim(id, agent, ttl_ms)?;
         self.expire_if_overdue(id, clock_ms);
-        let task = self.tasks.get(id).ok_or(Refusal::UnknownTask)?;
+        let (key, task) = self.tasks.get_key_value(id).ok_or(Refusal::UnknownTask)?;
         if let Some(refusal) = self.claim_refusal(task) {
             return Err(refusal);
         }
-        let key = self.key(id).ok_or(Refusal::UnknownTask)?;
+        let key = Arc::clone(key);
         let task = self
             .tasks
             .get_mut(id)
