@@ -13,6 +13,8 @@ use baton_statemachine::{
 
 const T0: u64 = 1_800_000_000_000;
 const TTL_MS: i64 = 60_000;
+/// Entries per primitive in the state whose layout is pinned.
+const ENTRIES: usize = 30;
 /// Clients the requests come from, so the session table holds many clients and replies.
 const CLIENTS: u64 = 16;
 
@@ -157,9 +159,9 @@ struct Held {
     effects: Vec<(Action, EffectLease)>,
 }
 
-/// Every primitive loaded with `N` entries or so.
-fn load(d: &mut Driver, n_entries: usize) -> Held {
-    let specs = (0..n_entries)
+/// Every primitive loaded with about [`ENTRIES`] entries.
+fn load(d: &mut Driver) -> Held {
+    let specs = (0..ENTRIES)
         .map(|n| TaskSpec {
             id: task_id(n),
             deps: vec![],
@@ -167,14 +169,14 @@ fn load(d: &mut Driver, n_entries: usize) -> Held {
         .collect();
     d.reply(Command::Board(board::Command::Seed(specs)));
     let mut claims = Vec::new();
-    for n in (0..n_entries).step_by(2) {
+    for n in (0..ENTRIES).step_by(2) {
         let Reply::Task(task) = d.reply(claim(task_id(n))) else {
             panic!("a claim answered no task");
         };
         claims.push((task.id.clone(), task.lease.unwrap().token));
     }
     let mut takes = Vec::new();
-    for n in 0..n_entries {
+    for n in 0..ENTRIES {
         d.reply(offer(ticket_key(n)));
         if n % 3 == 0 {
             let Reply::Handle(handle) = d.reply(Command::Handoff(handoff::Command::Take {
@@ -186,7 +188,7 @@ fn load(d: &mut Driver, n_entries: usize) -> Held {
             takes.push((ticket_key(n), handle.token));
         }
     }
-    write_and_save(d, n_entries / 10, 1);
+    write_and_save(d, ENTRIES / 10, 1);
     d.reply(Command::Queue(queue::Command::CreateQueue(queue::Queue {
         name: "jobs".into(),
         namespace: "ns".into(),
@@ -197,7 +199,7 @@ fn load(d: &mut Driver, n_entries: usize) -> Held {
             concurrency_keys: true,
         },
     )));
-    for n in 0..n_entries {
+    for n in 0..ENTRIES {
         d.reply(submit(n));
     }
     let Reply::Assignments(leased) = d.reply(lease(200)) else {
@@ -205,7 +207,7 @@ fn load(d: &mut Driver, n_entries: usize) -> Held {
     };
     let leased = leased.iter().map(|a| (a.task_id, a.attempt)).collect();
     let mut effects = Vec::new();
-    for n in 0..n_entries / 2 {
+    for n in 0..ENTRIES / 2 {
         let Reply::Outcome(outcome) = d.reply(Command::Effect(effect::Command::Acquire {
             action: action(n),
             ttl_ms: TTL_MS,
@@ -227,7 +229,7 @@ fn load(d: &mut Driver, n_entries: usize) -> Held {
 
 /// Changes every primitive after the copy: releases and new claims, replies and new offers, queue
 /// completions and leases, newer sink writes and checkpoints, then a mass expiry.
-fn move_on(d: &mut Driver, n_entries: usize, held: Held) {
+fn move_on(d: &mut Driver, held: Held) {
     let Held {
         claims,
         takes,
@@ -246,7 +248,7 @@ fn move_on(d: &mut Driver, n_entries: usize, held: Held) {
             token: token.clone(),
         }));
     }
-    for n in (1..n_entries).step_by(2) {
+    for n in (1..ENTRIES).step_by(2) {
         d.reply(claim(task_id(n)));
     }
     for (key, token) in &takes {
@@ -261,7 +263,7 @@ fn move_on(d: &mut Driver, n_entries: usize, held: Held) {
             },
         }));
     }
-    for n in n_entries..n_entries + n_entries / 2 {
+    for n in ENTRIES..ENTRIES + ENTRIES / 2 {
         d.reply(offer(ticket_key(n)));
     }
     for (task_id, attempt) in leased {
@@ -278,7 +280,7 @@ fn move_on(d: &mut Driver, n_entries: usize, held: Held) {
         }));
     }
     d.reply(lease(300));
-    write_and_save(d, n_entries / 10, 2);
+    write_and_save(d, ENTRIES / 10, 2);
     for (action, lease) in effects.iter().step_by(2) {
         d.reply(Command::Effect(effect::Command::Complete {
             action: action.clone(),
@@ -292,7 +294,7 @@ fn move_on(d: &mut Driver, n_entries: usize, held: Held) {
         panic!("a sweep answered no count");
     };
     assert!(
-        expired as usize > n_entries / 3,
+        expired as usize > ENTRIES / 3,
         "the sweep expired only {expired}"
     );
 }
@@ -300,8 +302,8 @@ fn move_on(d: &mut Driver, n_entries: usize, held: Held) {
 /// A small state that went through every primitive's commands ([`load`] and [`move_on`]).
 fn small_state() -> State {
     let mut d = Driver::new();
-    let held = load(&mut d, 30);
-    move_on(&mut d, 30, held);
+    let held = load(&mut d);
+    move_on(&mut d, held);
     d.state
 }
 
