@@ -70,14 +70,7 @@ async fn leader_transfer_moves_leadership_to_the_chosen_voter() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_on_the_leader_hands_over_and_loses_no_acknowledged_write() {
     let mut procs = Procs::new(Security::default()).unwrap();
-    for id in 1..=3 {
-        procs.declare(id, &[]).unwrap();
-    }
-    for id in 1..=3 {
-        procs.start(id).await.unwrap();
-    }
-    procs.initialize(1).await.unwrap();
-    let leader = procs.leader().await.unwrap();
+    let leader = procs.form_cluster(3, &[]).await.unwrap();
     let client = procs.client(Security::default()).await.unwrap();
 
     // Light load: one writer, one write at a time, each acknowledged write remembered.

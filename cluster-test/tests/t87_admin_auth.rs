@@ -42,14 +42,7 @@ async fn only_clients_with_a_listed_token_reach_the_store() {
         "--auth-token-file".to_string(),
         tokens.display().to_string(),
     ];
-    for id in 1..=3 {
-        procs.declare(id, &args).unwrap();
-    }
-    for id in 1..=3 {
-        procs.start(id).await.unwrap();
-    }
-    procs.initialize(1).await.unwrap();
-    procs.leader().await.unwrap();
+    procs.form_cluster(3, &args).await.unwrap();
 
     // Both listed tokens work.
     let client = procs.client(with_token(TOKEN)).await.unwrap();

@@ -7,7 +7,9 @@
 //! - a plaintext client gets no answer at all;
 //! - the Raft service refuses a caller without a node certificate (none, or a client
 //!   certificate) as UNAUTHENTICATED, and lets a node certificate through;
-//! - the per-connection in-flight limit applies to TLS connections too.
+//! - the per-connection in-flight limit applies to TLS connections too;
+//! - the same holds when the nodes take their TLS files and client tokens from `[tls]` and
+//!   `[auth]` in a configuration file.
 #![allow(clippy::unwrap_used)]
 
 mod admin_support;
@@ -257,4 +259,67 @@ async fn the_connection_limit_applies_to_tls_connections() {
         status.code() == Code::ResourceExhausted && names_the_limit,
         "{status:?}"
     );
+}
+
+/// The same protection from a configuration file instead of flags: `[tls]` and `[auth]`, as a
+/// systemd deployment (deploy/baton.service) gives them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_configured_by_file_runs_tls_and_asks_for_tokens() {
+    const TOKEN: &str = "file-token-5d2e8a1c9f";
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    generate_certs(&certs);
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("{TOKEN}\n")).unwrap();
+    let file = dir.path().join("baton.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n\n[auth]\ntoken_file = {:?}\n",
+            certs.join("ca.pem"),
+            certs.join("node.pem"),
+            certs.join("node-key.pem"),
+            tokens
+        ),
+    )
+    .unwrap();
+    let with_token = |identity| Security {
+        token: Some(TOKEN.into()),
+        ..tls(&certs, identity)
+    };
+    let mut procs = Procs::new(with_token(None)).unwrap();
+    let args = ["--config".to_string(), file.display().to_string()];
+    procs.form_cluster(3, &args).await.unwrap();
+
+    let client = procs.client(with_token(None)).await.unwrap();
+    client.save_if_newer("job", 1, b"secret").await.unwrap();
+
+    // TLS without the token: refused before anything runs.
+    let no_token =
+        Client::new_with_security(&procs.endpoints(), config(), tls(&certs, None)).unwrap();
+    match no_token.save_if_newer("job", 2, b"intruder").await {
+        Err(baton_rpc::Error::Server { code, .. }) => assert_eq!(code, "UNAUTHENTICATED"),
+        other => panic!("expected UNAUTHENTICATED, got {other:?}"),
+    }
+    // The token without TLS: no answer at all.
+    let quick = baton_rpc::ClientConfig {
+        deadline: Duration::from_secs(1),
+        ..config()
+    };
+    let plain = Client::new_with_security(
+        &procs.endpoints(),
+        quick,
+        Security {
+            token: Some(TOKEN.into()),
+            tls: None,
+        },
+    )
+    .unwrap();
+    assert!(plain.save_if_newer("job", 3, b"plain").await.is_err());
+    // Raft traffic between the nodes needs a node certificate here too.
+    assert_eq!(
+        raft_vote(&procs.addr(1), &certs, Some("ops")).await.code(),
+        Code::Unauthenticated
+    );
+    assert_eq!(client.load("job").await.unwrap().seq, 1, "nothing changed");
 }

@@ -133,7 +133,6 @@ fn bad_configuration_names_the_key_and_exits_2() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("baton.toml");
     std::fs::write(&file, "id = 1\n[raft]\nhearbeat = \"10ms\"\n").unwrap();
-    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
     let cases: Vec<Case> = vec![
         (
             vec!["--config", file.to_str().unwrap()],
@@ -157,8 +156,16 @@ fn bad_configuration_names_the_key_and_exits_2() {
             "raft.nope",
         ),
     ];
+    assert_each_refused(&["--check-config"], cases);
+}
+
+/// A case of a refused configuration: flags, environment, and what the error must say.
+type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
+
+/// Each case, after `base` flags, exits 2 with an error that contains its text.
+fn assert_each_refused(base: &[&str], cases: Vec<Case>) {
     for (args, env, named) in cases {
-        let mut full = vec!["--check-config"];
+        let mut full = base.to_vec();
         full.extend(args.iter().copied());
         let output = baton_node(&full, &env);
         assert_eq!(
@@ -169,7 +176,7 @@ fn bad_configuration_names_the_key_and_exits_2() {
         );
         assert!(
             stderr(&output).contains(named),
-            "{args:?}: {}",
+            "{args:?} {env:?}: {}",
             stderr(&output)
         );
     }
@@ -187,4 +194,121 @@ fn the_example_config_shipped_in_deploy_is_valid() {
     let settings = effective(&checked);
     assert_eq!(get(&settings, "id").as_integer(), Some(1));
     assert_eq!(get(&settings, "data_dir").as_str(), Some("/var/lib/baton"));
+}
+
+/// A directory with stand-in PEM files (`--check-config` only reads them) and a token file.
+fn security_files() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for name in [
+        "ca.pem",
+        "node.pem",
+        "node-key.pem",
+        "other-ca.pem",
+        "flag-ca.pem",
+    ] {
+        std::fs::write(dir.path().join(name), "-----BEGIN CERTIFICATE-----\n").unwrap();
+    }
+    std::fs::write(dir.path().join("tokens"), "# ops\n0123456789abcdef0123\n").unwrap();
+    std::fs::write(dir.path().join("short-tokens"), "abc\n").unwrap();
+    dir
+}
+
+#[test]
+fn tls_and_tokens_are_config_keys_like_any_other() {
+    let dir = security_files();
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let file = dir.path().join("baton.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "id = 1\n[tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n[auth]\ntoken_file = {:?}\n",
+            path("ca.pem"),
+            path("node.pem"),
+            path("node-key.pem"),
+            path("tokens")
+        ),
+    )
+    .unwrap();
+    let config = file.to_str().unwrap();
+
+    let from_file = effective(&baton_node(&["--check-config", "--config", config], &[]));
+    assert_eq!(get(&from_file, "tls.ca").as_str(), Some(&*path("ca.pem")));
+    assert_eq!(
+        get(&from_file, "tls.key").as_str(),
+        Some(&*path("node-key.pem"))
+    );
+    assert_eq!(
+        get(&from_file, "auth.token_file").as_str(),
+        Some(&*path("tokens"))
+    );
+
+    let other_ca = path("other-ca.pem");
+    let from_env = baton_node(
+        &["--check-config", "--config", config],
+        &[("BATON_TLS_CA", &other_ca)],
+    );
+    assert_eq!(
+        get(&effective(&from_env), "tls.ca").as_str(),
+        Some(&*other_ca),
+        "env > file"
+    );
+    assert!(
+        stdout(&from_env).contains("tls.ca is set by environment variable BATON_TLS_CA"),
+        "{}",
+        stdout(&from_env)
+    );
+
+    let flag_ca = path("flag-ca.pem");
+    let from_flag = baton_node(
+        &["--check-config", "--config", config, "--tls-ca", &flag_ca],
+        &[("BATON_TLS_CA", &other_ca)],
+    );
+    assert_eq!(
+        get(&effective(&from_flag), "tls.ca").as_str(),
+        Some(&*flag_ca),
+        "flag > env"
+    );
+    assert!(
+        stdout(&from_flag).contains("tls.ca is set by flag --tls-ca"),
+        "{}",
+        stdout(&from_flag)
+    );
+}
+
+#[test]
+fn unusable_tls_or_token_settings_name_their_key_and_exit_2() {
+    let dir = security_files();
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let (ca, cert, key) = (path("ca.pem"), path("node.pem"), path("node-key.pem"));
+    let missing = path("missing.pem");
+    let (tokens, short) = (path("tokens"), path("short-tokens"));
+    let cases: Vec<Case> = vec![
+        (vec!["--tls-ca", &ca], vec![], "config key `tls`"),
+        (
+            vec!["--tls-key", &key],
+            vec![("BATON_TLS_CERT", &cert)],
+            "config key `tls`",
+        ),
+        (
+            vec!["--tls-ca", &ca, "--tls-cert", &missing, "--tls-key", &key],
+            vec![],
+            "config key `tls.cert` (from flag --tls-cert): cannot read",
+        ),
+        (
+            vec![],
+            vec![("BATON_AUTH_TOKEN_FILE", &missing)],
+            "config key `auth.token_file` (from environment variable BATON_AUTH_TOKEN_FILE)",
+        ),
+        (
+            vec!["--auth-token-file", &short],
+            vec![],
+            "at least 16 characters",
+        ),
+    ];
+    assert_each_refused(&["--check-config", "--id", "1"], cases);
+    let good = baton_node(
+        &["--check-config", "--id", "1", "--auth-token-file", &tokens],
+        &[],
+    );
+    assert!(good.status.success(), "{}", stderr(&good));
 }

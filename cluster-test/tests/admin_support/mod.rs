@@ -153,6 +153,19 @@ impl Procs {
         .with_context(|| self.log_tail(id))
     }
 
+    /// Declares nodes 1..=`count` with `args`, starts them, forms the cluster through node 1 and
+    /// waits for its leader, which it returns.
+    pub async fn form_cluster(&mut self, count: u64, args: &[String]) -> anyhow::Result<u64> {
+        for id in 1..=count {
+            self.declare(id, args)?;
+        }
+        for id in 1..=count {
+            self.start(id).await?;
+        }
+        self.initialize(1).await?;
+        self.leader().await
+    }
+
     /// Forms a cluster of every declared node through node `through`.
     pub async fn initialize(&self, through: u64) -> anyhow::Result<()> {
         self.admin()?

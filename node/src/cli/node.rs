@@ -82,9 +82,10 @@ pub struct NodeArgs {
     #[arg(long)]
     log_filter: Option<String>,
     /// Client tokens, one per line: clients must send one as `authorization: Bearer <token>`
-    /// (see docs/security.md; TLS is set with the global --tls-* flags).
-    #[arg(long, env = "BATON_AUTH_TOKEN_FILE", value_name = "FILE")]
-    auth_token_file: Option<PathBuf>,
+    /// (see docs/security.md; TLS is set with the global --tls-* flags or `[tls]`)
+    /// [key: auth.token_file].
+    #[arg(long, value_name = "FILE")]
+    auth_token_file: Option<String>,
 }
 
 fn parse_set(value: &str) -> Result<(String, String), String> {
@@ -96,7 +97,7 @@ fn parse_set(value: &str) -> Result<(String, String), String> {
 
 impl NodeArgs {
     /// The settings the flags give, weakest first (`--set` before the named flags).
-    fn overrides(&self) -> Vec<Override> {
+    fn overrides(&self, security: &SecurityArgs) -> Vec<Override> {
         let mut overrides: Vec<Override> = self
             .set
             .iter()
@@ -143,6 +144,11 @@ impl NodeArgs {
             ),
             ("--log-format", "log.format", &self.log_format),
             ("--log-filter", "log.filter", &self.log_filter),
+            (
+                "--auth-token-file",
+                "auth.token_file",
+                &self.auth_token_file,
+            ),
         ];
         for (flag, key, value) in named {
             if let Some(value) = value {
@@ -153,6 +159,7 @@ impl NodeArgs {
                 });
             }
         }
+        overrides.extend(security.node_overrides());
         for (id, addr) in &self.peer_addrs {
             overrides.push(Override {
                 key: format!("peer_addrs.{id}"),
@@ -170,20 +177,18 @@ pub async fn run(args: NodeArgs, security: &SecurityArgs) -> u8 {
         print!("{DEFAULT_CONFIG_TOML}");
         return exit::OK;
     }
-    let loaded = match config::load(args.config.as_deref(), std::env::vars(), &args.overrides()) {
+    let overrides = args.overrides(security);
+    let loaded = match config::load(args.config.as_deref(), std::env::vars(), &overrides) {
         Ok(loaded) => loaded,
+        Err(error) => return config_error(&error),
+    };
+    let security = match loaded.security() {
+        Ok(security) => security,
         Err(error) => return config_error(&error),
     };
     if args.check_config {
         return check(&loaded);
     }
-    let security = match security.node(args.auth_token_file.as_ref()) {
-        Ok(security) => security,
-        Err(e) => {
-            eprintln!("baton node: {e:#}");
-            return exit::USAGE;
-        }
-    };
     init_logging(&loaded.settings.log.filter, loaded.settings.log.format);
     for name in &loaded.ignored_env {
         tracing::warn!(variable = %name, "ignoring an environment variable that names no config key");

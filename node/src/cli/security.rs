@@ -1,4 +1,5 @@
-//! TLS and token flags, shared by the node and the client commands.
+//! TLS and token flags, shared by the node and the client commands (for `baton node` they are
+//! overrides of its `[tls]` keys, like its other flags).
 //!
 //! For `baton node` the certificate and key are the node's identity (served to clients and
 //! presented to peers) and the CA is the one peers and client certificates must chain to. For
@@ -8,9 +9,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use baton_node::auth::Tokens;
-use baton_node::security::Security as NodeSecurity;
-use baton_node::tls::TlsFiles;
+use baton_node::config::Override;
 use baton_rpc::{ClientTls, Security};
 use clap::Args;
 
@@ -60,22 +59,29 @@ impl SecurityArgs {
         })
     }
 
-    /// What a node runs with; `auth_token_file` holds the client tokens it accepts.
-    pub fn node(&self, auth_token_file: Option<&PathBuf>) -> anyhow::Result<NodeSecurity> {
-        let tls = match (&self.tls_cert, &self.tls_key, &self.tls_ca) {
-            (None, None, None) => None,
-            (Some(cert), Some(key), Some(ca)) => Some(TlsFiles {
-                cert: cert.clone(),
-                key: key.clone(),
-                ca: ca.clone(),
-            }),
-            _ => anyhow::bail!(
-                "a node needs all of --tls-cert, --tls-key and --tls-ca for TLS \
-                 (peers verify each other with the CA), or none of them"
-            ),
-        };
-        let tokens = auth_token_file.map(|path| Tokens::load(path)).transpose()?;
-        Ok(NodeSecurity { tls, tokens })
+    /// The node settings these flags give (`tls.ca`, `tls.cert`, `tls.key`). clap also fills
+    /// the flags from their environment variables; a value that is just that variable's is left
+    /// to the configuration's own environment layer, so that `--check-config` names the
+    /// variable, not the flag, as where it came from (the value is the same either way).
+    pub fn node_overrides(&self) -> Vec<Override> {
+        [
+            ("--tls-ca", "tls.ca", "BATON_TLS_CA", &self.tls_ca),
+            ("--tls-cert", "tls.cert", "BATON_TLS_CERT", &self.tls_cert),
+            ("--tls-key", "tls.key", "BATON_TLS_KEY", &self.tls_key),
+        ]
+        .into_iter()
+        .filter_map(|(flag, key, variable, value)| {
+            let value = value.as_ref()?;
+            if std::env::var_os(variable).as_deref() == Some(value.as_os_str()) {
+                return None;
+            }
+            Some(Override {
+                key: key.into(),
+                value: value.to_string_lossy().into_owned(),
+                flag: flag.into(),
+            })
+        })
+        .collect()
     }
 }
 

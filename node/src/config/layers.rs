@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 
 use super::settings::Settings;
 use super::NodeConfig;
+use crate::auth::Tokens;
+use crate::security::Security;
 
 /// Prefix of every configuration environment variable.
 const ENV_PREFIX: &str = "BATON_";
@@ -28,12 +30,8 @@ const NOT_CONFIG: &[&str] = &[
     "BATON_ENDPOINTS",
     "BATON_LOG",
     "BATON_BIN",
-    // Security settings are flags (with these variables), not config keys: docs/security.md.
+    // The token client commands present (a node's own are `auth.token_file`).
     "BATON_TOKEN",
-    "BATON_AUTH_TOKEN_FILE",
-    "BATON_TLS_CA",
-    "BATON_TLS_CERT",
-    "BATON_TLS_KEY",
 ];
 
 /// Where a setting's value came from.
@@ -79,6 +77,49 @@ pub struct Loaded {
     pub overridden: BTreeMap<String, Origin>,
     /// `BATON_*` environment variables that name no key (likely typos).
     pub ignored_env: Vec<String>,
+    /// The configuration file, if one was read.
+    pub file: Option<PathBuf>,
+}
+
+impl Loaded {
+    /// Where `key`'s value came from: the layer that overrode it, else the file (if any).
+    pub fn origin(&self, key: &str) -> Option<Origin> {
+        self.overridden
+            .get(key)
+            .cloned()
+            .or_else(|| self.file.clone().map(Origin::File))
+    }
+
+    /// The node's TLS and token settings with their files read, so that a missing file or a bad
+    /// token file is reported against its key (by `--check-config` as well as at start).
+    pub fn security(&self) -> Result<Security, ConfigError> {
+        let invalid = |key: &str, message: String| ConfigError::Invalid {
+            key: key.to_string(),
+            origin: self.origin(key),
+            message,
+        };
+        let tls = self
+            .settings
+            .tls_files()
+            .map_err(|e| invalid(&e.key, e.reason))?;
+        if let Some(files) = &tls {
+            for (key, path) in [
+                ("tls.ca", &files.ca),
+                ("tls.cert", &files.cert),
+                ("tls.key", &files.key),
+            ] {
+                std::fs::File::open(path)
+                    .map_err(|e| invalid(key, format!("cannot read {}: {e}", path.display())))?;
+            }
+        }
+        let tokens = match &self.settings.auth.token_file {
+            None => None,
+            Some(path) => {
+                Some(Tokens::load(path).map_err(|e| invalid("auth.token_file", format!("{e:#}")))?)
+            }
+        };
+        Ok(Security { tls, tokens })
+    }
 }
 
 /// Why a configuration cannot be used. Every variant names what to fix.
@@ -174,6 +215,7 @@ pub fn load(
         node,
         overridden,
         ignored_env,
+        file: file.map(Path::to_path_buf),
     })
 }
 

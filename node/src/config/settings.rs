@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Limits, NodeConfig, RaftTuning, WatchTuning};
 use crate::history::HistoryLimits;
+use crate::tls::TlsFiles;
 
 /// The commented default configuration `baton node --print-default-config` prints. It parses
 /// back to [`Settings::default`] (tested), and names every key (tested).
@@ -51,6 +52,10 @@ pub struct Settings {
     pub limits: LimitSettings,
     /// Logging.
     pub log: LogSettings,
+    /// TLS for clients and mutual TLS between peers (default: plaintext).
+    pub tls: TlsSettings,
+    /// Client tokens (default: none asked for).
+    pub auth: AuthSettings,
     /// Peers to reach at another address than the one in the membership: node id -> address.
     pub peer_addrs: BTreeMap<String, String>,
 }
@@ -114,6 +119,30 @@ pub struct LogSettings {
     pub filter: String,
 }
 
+/// `[tls]`: the node's PEM files. All three or none: peers verify each other with the CA.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsSettings {
+    /// The cluster CA certificate.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca: Option<PathBuf>,
+    /// This node's certificate chain (its identity towards clients and peers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cert: Option<PathBuf>,
+    /// The private key of `cert`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<PathBuf>,
+}
+
+/// `[auth]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthSettings {
+    /// The tokens clients must present, one per line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
+}
+
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -143,6 +172,8 @@ impl Default for Settings {
             watch: WatchSettings::default(),
             limits: LimitSettings::default(),
             log: LogSettings::default(),
+            tls: TlsSettings::default(),
+            auth: AuthSettings::default(),
             peer_addrs: BTreeMap::new(),
         }
     }
@@ -237,6 +268,12 @@ impl Settings {
             ..Self::default()
         };
         settings.watch.max_backlog = Some(1);
+        settings.tls = TlsSettings {
+            ca: Some(PathBuf::new()),
+            cert: Some(PathBuf::new()),
+            key: Some(PathBuf::new()),
+        };
+        settings.auth.token_file = Some(PathBuf::new());
         settings.peer_addrs.insert("1".into(), String::new());
         settings
     }
@@ -280,7 +317,42 @@ impl Settings {
         config.watch = self.watch.to_tuning()?;
         config.limits = self.limits.to_limits()?;
         config.peer_addrs = self.peer_addrs()?;
+        self.tls_files()?;
+        if self
+            .auth
+            .token_file
+            .as_ref()
+            .is_some_and(|path| path.as_os_str().is_empty())
+        {
+            return Err(invalid("auth.token_file", "is empty"));
+        }
         Ok(config)
+    }
+
+    /// The node's TLS files, when it runs TLS. The files are read when the node starts (and by
+    /// `--check-config`, [`super::Loaded::security`]), not here.
+    pub fn tls_files(&self) -> Result<Option<TlsFiles>, Invalid> {
+        let TlsSettings { ca, cert, key } = &self.tls;
+        for (name, path) in [("tls.ca", ca), ("tls.cert", cert), ("tls.key", key)] {
+            if path
+                .as_ref()
+                .is_some_and(|path| path.as_os_str().is_empty())
+            {
+                return Err(invalid(name, "is empty"));
+            }
+        }
+        match (ca, cert, key) {
+            (None, None, None) => Ok(None),
+            (Some(ca), Some(cert), Some(key)) => Ok(Some(TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                ca: ca.clone(),
+            })),
+            _ => Err(invalid(
+                "tls",
+                "needs all of ca, cert and key (peers verify each other with the CA), or none of them",
+            )),
+        }
     }
 
     fn peer_addrs(&self) -> Result<BTreeMap<u64, String>, Invalid> {
@@ -438,6 +510,12 @@ mod tests {
             (
                 "limits.max_in_flight",
                 Box::new(|s| s.limits.max_in_flight = 0),
+            ),
+            ("tls", Box::new(|s| s.tls.cert = Some("node.pem".into()))),
+            ("tls.ca", Box::new(|s| s.tls.ca = Some(PathBuf::new()))),
+            (
+                "auth.token_file",
+                Box::new(|s| s.auth.token_file = Some(PathBuf::new())),
             ),
             (
                 "peer_addrs.x",
