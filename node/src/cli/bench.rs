@@ -168,12 +168,9 @@ pub async fn run(args: BenchArgs, endpoints: Option<Vec<String>>) -> u8 {
     }
     let own = match endpoints {
         Some(_) => None,
-        None => match OwnCluster::start(&args.node_args, QUIET_LOGS).await {
+        None => match start_own_cluster(&args).await {
             Ok(cluster) => Some(cluster),
-            Err(why) => {
-                eprintln!("baton bench: cannot start a local cluster: {why}");
-                return exit::FAILURE;
-            }
+            Err(code) => return code,
         },
     };
     let endpoints = endpoints.unwrap_or_else(|| {
@@ -181,16 +178,10 @@ pub async fn run(args: BenchArgs, endpoints: Option<Vec<String>>) -> u8 {
             .map(|c| c.endpoints.clone())
             .unwrap_or_default()
     });
-    let client = match bench_client(&endpoints).await {
-        Ok(client) => client,
-        Err(error) => return exit::report(&error),
+    let (client, run_id) = match connect_and_set_up(&args, &endpoints).await {
+        Ok(connected) => connected,
+        Err(code) => return code,
     };
-    let run_id: u32 = rand::random();
-    if let Err(error) = setup(&client, &args, run_id).await {
-        eprintln!("baton bench: set-up failed");
-        return exit::report(&error);
-    }
-
     let drivers = Drivers::start(&client, args.workload, run_id, args.clients);
     tokio::time::sleep(args.warmup).await;
     let cpu_before = CpuUse::now(own.as_ref());
@@ -207,6 +198,30 @@ pub async fn run(args: BenchArgs, endpoints: Option<Vec<String>>) -> u8 {
         .unwrap_or_default();
     report(&args, &total, elapsed, &rss, &cpu);
     exit::OK
+}
+
+/// Starts the bench's own three-node cluster; on failure, reports it and returns the exit code.
+async fn start_own_cluster(args: &BenchArgs) -> Result<OwnCluster, u8> {
+    OwnCluster::start(&args.node_args, QUIET_LOGS)
+        .await
+        .map_err(|why| {
+            eprintln!("baton bench: cannot start a local cluster: {why}");
+            exit::FAILURE
+        })
+}
+
+/// Connects to `endpoints` and sets the workload's data up under a fresh run id; on failure,
+/// reports it and returns the exit code.
+async fn connect_and_set_up(args: &BenchArgs, endpoints: &[String]) -> Result<(Client, u32), u8> {
+    let client = bench_client(endpoints)
+        .await
+        .map_err(|error| exit::report(&error))?;
+    let run_id: u32 = rand::random();
+    if let Err(error) = setup(&client, args, run_id).await {
+        eprintln!("baton bench: set-up failed");
+        return Err(exit::report(&error));
+    }
+    Ok((client, run_id))
 }
 
 /// A client for the bench's requests: a generous deadline, so a request that meets a leader

@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::cluster::{OwnCluster, QUIET_LOGS};
-use super::{bench_client, exit, setup, BenchArgs, Drivers, Tally};
+use super::{connect_and_set_up, exit, start_own_cluster, BenchArgs, Drivers, Tally};
 
 /// How often the election poller asks each survivor for its role.
 const POLL_EVERY: Duration = Duration::from_millis(5);
@@ -30,23 +29,14 @@ struct Outage {
 
 /// Runs the workload and prints its figures.
 pub(super) async fn run(args: &BenchArgs) -> u8 {
-    let mut cluster = match OwnCluster::start(&args.node_args, QUIET_LOGS).await {
+    let mut cluster = match start_own_cluster(args).await {
         Ok(cluster) => cluster,
-        Err(why) => {
-            eprintln!("baton bench: cannot start a local cluster: {why}");
-            return exit::FAILURE;
-        }
+        Err(code) => return code,
     };
-    let client = match bench_client(&cluster.endpoints).await {
-        Ok(client) => client,
-        Err(error) => return exit::report(&error),
+    let (client, run_id) = match connect_and_set_up(args, &cluster.endpoints).await {
+        Ok(connected) => connected,
+        Err(code) => return code,
     };
-    let run_id: u32 = rand::random();
-    if let Err(error) = setup(&client, args, run_id).await {
-        eprintln!("baton bench: set-up failed");
-        return exit::report(&error);
-    }
-
     let drivers = Drivers::start(&client, args.workload, run_id, args.clients);
     tokio::time::sleep(args.warmup).await;
     drivers.measure();
