@@ -2,6 +2,7 @@
 //! HTTP endpoint), sweep, and shut down cleanly.
 
 use std::future::Future;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +26,7 @@ use tonic_health::ServingStatus;
 
 use crate::admission::Admission;
 use crate::config::NodeConfig;
+use crate::durable_file;
 use crate::health::{health_service, reflection_service};
 use crate::limits::AdmissionLayer;
 use crate::metered::{MeteredLog, MeteredStateMachine};
@@ -293,6 +295,14 @@ fn accepted(
     })
 }
 
+/// Writes `id` into `data_dir`'s `node-id` file, atomically and durably: a power loss right
+/// after a node's first start must not leave an empty file that would stop it from starting.
+pub fn record_identity(data_dir: &Path, id: u64) -> anyhow::Result<()> {
+    let path = data_dir.join("node-id");
+    durable_file::write(&path, format!("{id}\n").as_bytes())
+        .with_context(|| format!("cannot write the node id to {}", path.display()))
+}
+
 /// Records the node id in the data dir on first start and refuses to start a data dir that
 /// belongs to another id (which would silently corrupt the cluster's view of its members).
 fn claim_identity(config: &NodeConfig) -> anyhow::Result<()> {
@@ -300,6 +310,15 @@ fn claim_identity(config: &NodeConfig) -> anyhow::Result<()> {
     match std::fs::read_to_string(&path) {
         Ok(existing) => {
             let existing = existing.trim();
+            anyhow::ensure!(
+                !existing.is_empty(),
+                "{} is empty (an earlier version wrote it without syncing, and the machine lost \
+                 power right after the node's first start); if this data dir is node {}'s, \
+                 write `{}` into that file and start the node again",
+                path.display(),
+                config.id,
+                config.id
+            );
             anyhow::ensure!(
                 existing == config.id.to_string(),
                 "data dir {} belongs to node {existing}, not node {}",
@@ -309,8 +328,7 @@ fn claim_identity(config: &NodeConfig) -> anyhow::Result<()> {
             Ok(())
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::write(&path, format!("{}\n", config.id))
-                .with_context(|| format!("cannot write {}", path.display()))
+            record_identity(&config.data_dir, config.id)
         }
         Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
     }

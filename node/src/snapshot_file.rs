@@ -19,8 +19,8 @@
 //! new entry, token and fence follows the saved ones.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Cursor, Write};
-use std::path::{Path, PathBuf};
+use std::io::Cursor;
+use std::path::Path;
 
 use anyhow::{bail, ensure, Context};
 use baton_statemachine::State;
@@ -30,6 +30,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::codec;
+use crate::durable_file;
 use crate::store;
 use crate::types::{LogId, NodeId};
 
@@ -165,23 +166,8 @@ impl SnapshotFile {
     /// `path` (and the directory synced), so a crash leaves either no file or the whole file.
     pub fn write(&self, path: &Path) -> anyhow::Result<()> {
         let bytes = self.to_bytes()?;
-        let dir = match path.parent() {
-            Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        let mut temp = tempfile::Builder::new()
-            .prefix(".baton-snapshot-")
-            .tempfile_in(&dir)
-            .with_context(|| format!("cannot create a temporary file in {}", dir.display()))?;
-        temp.write_all(&bytes)
-            .and_then(|()| temp.as_file().sync_all())
-            .with_context(|| format!("cannot write a temporary file in {}", dir.display()))?;
-        temp.persist(path)
-            .with_context(|| format!("cannot rename the snapshot to {}", path.display()))?;
-        std::fs::File::open(&dir)
-            .and_then(|d| d.sync_all())
-            .with_context(|| format!("cannot sync {}", dir.display()))?;
-        Ok(())
+        durable_file::write(path, &bytes)
+            .with_context(|| format!("cannot save the snapshot to {}", path.display()))
     }
 
     /// The saved last log entry.
@@ -245,9 +231,7 @@ pub async fn restore(
         .install_snapshot(&meta, Box::new(Cursor::new(snapshot.state.clone())))
         .await?;
     drop((log, state_machine));
-    std::fs::write(data_dir.join("node-id"), format!("{id}\n"))
-        .with_context(|| format!("cannot write the node id in {}", data_dir.display()))?;
-    Ok(())
+    crate::server::record_identity(data_dir, id)
 }
 
 #[cfg(test)]

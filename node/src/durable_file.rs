@@ -1,0 +1,50 @@
+//! Small files that must survive a power loss whole: written beside their final name, synced,
+//! renamed over it, and the directory synced. A crash or power cut at any point leaves either
+//! the old file (or none) or the whole new one, never an empty or partial file.
+//!
+//! `std::fs::write` alone is not enough: its bytes may sit in the page cache when the power goes,
+//! and a file created just before is then found empty after the restart.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+/// Writes `bytes` to `path` atomically and durably.
+pub fn write(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let mut temp = tempfile::Builder::new()
+        .prefix(".baton-")
+        .tempfile_in(&dir)
+        .with_context(|| format!("cannot create a temporary file in {}", dir.display()))?;
+    temp.write_all(bytes)
+        .and_then(|()| temp.as_file().sync_all())
+        .with_context(|| format!("cannot write a temporary file in {}", dir.display()))?;
+    temp.persist(path)
+        .with_context(|| format!("cannot rename a temporary file to {}", path.display()))?;
+    std::fs::File::open(&dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("cannot sync {}", dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replaces_the_whole_file_and_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("node-id");
+        write(&path, b"1\n").expect("first write");
+        write(&path, b"22\n").expect("second write");
+        assert_eq!(std::fs::read(&path).expect("read"), b"22\n");
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("list")
+            .map(|entry| entry.expect("entry").file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("node-id")]);
+    }
+}
