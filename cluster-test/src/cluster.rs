@@ -25,6 +25,7 @@ use rand::Rng;
 use tempfile::TempDir;
 
 use crate::binary::baton_bin;
+use crate::power_cut::{CutReport, Mounted};
 use crate::proxy::Network;
 use crate::wait;
 
@@ -52,6 +53,10 @@ pub struct Options {
     /// Route every peer link of the first nodes through its own TCP proxy (`--peer-addr`), so
     /// [`Cluster::network`] can cut links. Nodes added later talk to their peers directly.
     pub proxied: bool,
+    /// Give every node of the first ones a data dir that can lose power
+    /// ([`crate::power_cut`], needs FUSE: see [`crate::power_cut::available`]), so
+    /// [`Cluster::lose_power`] can throw away what the nodes wrote but did not sync.
+    pub power_cut: bool,
 }
 
 impl Default for Options {
@@ -66,6 +71,7 @@ impl Default for Options {
             sweep_interval: Duration::from_secs(1),
             timeout: Duration::from_secs(20),
             proxied: false,
+            power_cut: false,
         }
     }
 }
@@ -106,6 +112,8 @@ pub struct Cluster {
     nodes: BTreeMap<u64, NodeProcess>,
     admin: Client,
     network: Option<Network>,
+    /// With [`Options::power_cut`]: each node's mounted data dir (backed by `node-<id>.disk`).
+    disks: BTreeMap<u64, Mounted>,
 }
 
 impl Cluster {
@@ -160,6 +168,12 @@ impl Cluster {
         } else {
             None
         };
+        let mut disks = BTreeMap::new();
+        if options.power_cut {
+            for node in nodes.values() {
+                disks.insert(node.id, mount_disk(dir.path(), node)?);
+            }
+        }
         let mut cluster = Cluster {
             dir,
             bin,
@@ -167,6 +181,7 @@ impl Cluster {
             nodes,
             admin,
             network,
+            disks,
         };
         for id in 1..=n {
             cluster.start_fresh(id, &mut taken).await?;
@@ -320,6 +335,32 @@ impl Cluster {
             self.kill(*id)?;
         }
         Ok(live)
+    }
+
+    /// A power loss of the whole cluster: SIGKILLs every running node, then throws away
+    /// everything the nodes wrote to their data dirs but did not sync (needs
+    /// [`Options::power_cut`]). Returns the ids killed and what was thrown away.
+    pub fn lose_power(&mut self) -> anyhow::Result<(Vec<u64>, CutReport)> {
+        if self.disks.is_empty() {
+            bail!("the cluster was started without Options::power_cut");
+        }
+        let killed = self.kill_all()?;
+        let mut total = CutReport::default();
+        let ids: Vec<u64> = self.disks.keys().copied().collect();
+        for id in ids {
+            let Some(disk) = self.disks.remove(&id) else {
+                continue;
+            };
+            let cut = disk.power().cut().context("power cut failed")?;
+            total.files += cut.files;
+            total.writes += cut.writes;
+            // A fresh mount, so nothing the kernel cached of the old contents survives.
+            disk.unmount()
+                .context("cannot unmount a power-cut data dir")?;
+            let node = self.nodes.get(&id).context("no such node")?;
+            self.disks.insert(id, mount_disk(self.dir.path(), node)?);
+        }
+        Ok((killed, total))
     }
 
     /// Starts every node in `ids` from its data dir at once, then waits until each answers.
@@ -542,6 +583,8 @@ impl Drop for Cluster {
                 let _ = child.wait();
             }
         }
+        // Unmounted before the temporary directory goes, so it can be removed.
+        self.disks.clear();
         if std::thread::panicking() {
             for id in self.nodes.keys() {
                 eprintln!("--- node {id} log (tail) ---\n{}", self.log_tail(*id, 40));
@@ -550,6 +593,15 @@ impl Drop for Cluster {
             eprintln!("cluster data kept in {}", self.dir.path().display());
         }
     }
+}
+
+/// Mounts a power-cut file system at `node`'s data dir, backed by `<dir>/node-<id>.disk`.
+fn mount_disk(dir: &Path, node: &NodeProcess) -> anyhow::Result<Mounted> {
+    let backing = dir.join(format!("node-{}.disk", node.id));
+    std::fs::create_dir_all(&backing)?;
+    std::fs::create_dir_all(&node.data_dir)?;
+    Mounted::mount(&backing, &node.data_dir)
+        .with_context(|| format!("cannot mount a power-cut data dir for node {}", node.id))
 }
 
 /// Sends `SIG<name>` to `pid` with `kill(1)` (the workspace forbids `unsafe`, so no libc).

@@ -10,6 +10,7 @@
 //! - [`queue_worker`]: runs `baton worker run` as its own process and reads what it reports.
 //! - [`wait`]: bounded polling.
 //! - [`proxy`]: one TCP proxy per peer link, cut and healed to partition the cluster.
+//! - [`power_cut`]: a FUSE directory whose unsynced writes a test can throw away, as a power loss does.
 //! - [`linearizability`]: a Wing–Gong/Lowe linearizability checker and a handoff ticket model.
 //! - [`robustness`]: fault scenarios under recorded workloads, and the checkers that judge them.
 //! - [`docker`]: the compose cluster of `deploy/` in containers, and container faults (skipped
@@ -23,6 +24,7 @@ pub mod docker;
 pub mod history;
 pub mod holder;
 pub mod linearizability;
+pub mod power_cut;
 pub mod proxy;
 pub mod queue_worker;
 pub mod robustness;

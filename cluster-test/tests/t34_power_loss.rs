@@ -1,0 +1,145 @@
+//! Claim: an acknowledged write survives a power loss of every node at once, not only a SIGKILL.
+//!
+//! SIGKILL leaves the kernel's page cache in place, so it cannot tell written from synced. Here
+//! each node's data dir is a FUSE directory that can lose power ([`baton_cluster_test::power_cut`]):
+//! after every node is SIGKILLed under load, every byte a node wrote but did not `fsync` /
+//! `fdatasync` is thrown away, as a power cut does to the drives' and the kernel's caches. The
+//! cluster then restarts from what is left, and every acknowledged checkpoint save must still be
+//! there with its data. Some saves are 140 KiB, so their log entries go to sled's blob files,
+//! which sled itself never syncs.
+//!
+//! Without FUSE (no `/dev/fuse`, no right to mount) the test is skipped with a message;
+//! `BATON_REQUIRE_FUSE=1` makes it fail instead.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use baton_cluster_test::power_cut::{available_or_skip, CutReport};
+use baton_cluster_test::{client_config, Cluster, Options};
+use baton_rpc::Client;
+
+/// Concurrent writers, each saving its own run with seq 1, 2, 3...
+const WRITERS: u64 = 6;
+/// How long the writers run before the power goes.
+const LOAD: Duration = Duration::from_millis(1500);
+/// Every this many saves of writer 0 is a large one: its log entry is over sled's blob threshold
+/// (~128 KiB), so it lands in a blob file of its own. One writer only, so that no entry holds
+/// several: the test's debug build ships a megabyte entry too slowly for the 50 ms AppendEntries
+/// deadline of a follower catching up.
+const LARGE_EVERY: u64 = 4;
+
+/// The data a writer saves with `seq`: a function of both, so any survivor can be checked.
+fn data(writer: u64, seq: u64) -> Vec<u8> {
+    let len = if writer == 0 && seq.is_multiple_of(LARGE_EVERY) {
+        140 << 10
+    } else {
+        64
+    };
+    let mark = format!("{writer}:{seq}:");
+    mark.bytes().cycle().take(len).collect()
+}
+
+fn run_name(round: usize, writer: u64) -> String {
+    format!("power-{round}-{writer}")
+}
+
+/// The highest seq each writer has had acknowledged, updated as they go.
+type Acked = Arc<Mutex<BTreeMap<u64, u64>>>;
+
+/// Starts the writers and leaves them running.
+fn start_writers(client: &Client, round: usize) -> (Acked, Vec<tokio::task::JoinHandle<()>>) {
+    let acked = Arc::new(Mutex::new(BTreeMap::new()));
+    let tasks = (0..WRITERS)
+        .map(|writer| {
+            let (client, acked) = (client.clone(), acked.clone());
+            tokio::spawn(async move {
+                let run = run_name(round, writer);
+                for seq in 1.. {
+                    if client
+                        .save_if_newer(&run, seq, &data(writer, seq))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                    acked.lock().unwrap().insert(writer, seq);
+                }
+            })
+        })
+        .collect();
+    (acked, tasks)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t34_acknowledged_writes_survive_a_power_loss_of_every_node() {
+    if !available_or_skip("t34").unwrap() {
+        return;
+    }
+    let options = Options {
+        power_cut: true,
+        ..Options::default()
+    };
+    let mut cluster = Cluster::start(3, options).await.unwrap();
+    let mut thrown_away = CutReport::default();
+    for round in 0..3 {
+        let client = Client::connect_with(&cluster.endpoints(), client_config())
+            .await
+            .unwrap();
+        let (acked, writers) = start_writers(&client, round);
+        tokio::time::sleep(LOAD).await;
+
+        // The power goes while the writers are still writing.
+        let (ids, cut) = cluster.lose_power().unwrap();
+        let acked = acked.lock().unwrap().clone();
+        for writer in writers {
+            writer.abort();
+        }
+        thrown_away.files += cut.files;
+        thrown_away.writes += cut.writes;
+        assert_eq!(
+            acked.len() as u64,
+            WRITERS,
+            "every writer got saves acknowledged"
+        );
+
+        cluster.restart_all(&ids).await.unwrap();
+        cluster.leader().await.unwrap();
+        let client = Client::connect_with(&cluster.endpoints(), client_config())
+            .await
+            .unwrap();
+        for (&writer, &seq) in &acked {
+            let saved = client.load(&run_name(round, writer)).await.unwrap();
+            assert!(
+                saved.seq >= seq,
+                "round {round}: writer {writer} had seq {seq} acknowledged, but after the power \
+                 loss the run holds seq {}",
+                saved.seq
+            );
+            assert_eq!(
+                saved.data,
+                data(writer, saved.seq),
+                "round {round}: writer {writer}'s seq {} came back with other data",
+                saved.seq
+            );
+        }
+        println!(
+            "t34 round {round}: {} acknowledged saves (highest seq per writer {:?}) all survived; \
+             the cut threw away {} unsynced writes in {} files",
+            acked.values().sum::<u64>(),
+            acked.values().collect::<Vec<_>>(),
+            cut.writes,
+            cut.files
+        );
+    }
+    assert!(
+        thrown_away.writes > 0,
+        "the power cuts threw nothing away, so they tested nothing"
+    );
+    // The cluster still takes writes after it all.
+    let client = Client::connect_with(&cluster.endpoints(), client_config())
+        .await
+        .unwrap();
+    client.save_if_newer("after", 1, b"ok").await.unwrap();
+}
