@@ -337,6 +337,11 @@ impl Cluster {
         Ok(live)
     }
 
+    /// Whether the nodes' data dirs can lose power ([`Options::power_cut`]).
+    pub fn can_lose_power(&self) -> bool {
+        !self.disks.is_empty()
+    }
+
     /// A power loss of the whole cluster: SIGKILLs every running node, then throws away
     /// everything the nodes wrote to their data dirs but did not sync (needs
     /// [`Options::power_cut`]). Returns the ids killed and what was thrown away.

@@ -57,7 +57,8 @@ pub enum Scenario {
     LeaderKill,
     /// SIGKILL a follower, restart it; repeatedly.
     FollowerKill,
-    /// SIGKILL all three nodes at once (power loss), restart them all; repeatedly.
+    /// SIGKILL all three nodes at once (power loss), restart them all; repeatedly. Where FUSE can
+    /// be mounted, everything the nodes wrote but did not sync is thrown away too.
     RestartAll,
     /// SIGSTOP the leader for longer than the election timeout, probe it, SIGCONT it.
     LeaderPause,
@@ -240,7 +241,7 @@ impl Report {
         )
     }
 
-    /// Per-workload counts and the run time, for a second line.
+    /// Per-workload counts, the run time and the fault log, for the lines after the summary.
     pub fn details(&self) -> String {
         let mut counts = [(0usize, 0usize); 4];
         for op in &self.history {
@@ -256,11 +257,15 @@ impl Report {
             .zip(counts)
             .map(|(name, (ops, amb))| format!("{name}={ops}/{amb}"))
             .collect();
-        format!(
-            "  ops/ambiguous per workload: {}; {:.1}s",
+        let mut text = format!(
+            "  ops/ambiguous per workload: {}; {:.1}s\n  faults:",
             parts.join(" "),
             self.elapsed.as_secs_f64()
-        )
+        );
+        for line in &self.fault_log {
+            text.push_str(&format!("\n    {line}"));
+        }
+        text
     }
 
     /// Every violation with its slice of history, the fault log, and where the rest is.
@@ -436,6 +441,9 @@ pub async fn run(scenario: Scenario, seed: u64, settings: &Settings) -> anyhow::
         proxied: true,
         snapshot_every: settings.snapshot_every,
         keep_logs: settings.keep_logs,
+        // A power loss of every node loses the page cache too where FUSE can be mounted
+        // (crate::power_cut); elsewhere it is a SIGKILL of every node.
+        power_cut: scenario == Scenario::RestartAll && crate::power_cut::available().is_ok(),
         ..Options::default()
     };
     let mut cluster = Cluster::start(3, options)
