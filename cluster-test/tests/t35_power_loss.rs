@@ -73,8 +73,8 @@ fn start_writers(client: &Client, round: usize) -> (Acked, Vec<tokio::task::Join
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn t34_acknowledged_writes_survive_a_power_loss_of_every_node() {
-    if !available_or_skip("t34").unwrap() {
+async fn t35_acknowledged_writes_survive_a_power_loss_of_every_node() {
+    if !available_or_skip("t35").unwrap() {
         return;
     }
     let options = Options {
@@ -125,7 +125,7 @@ async fn t34_acknowledged_writes_survive_a_power_loss_of_every_node() {
             );
         }
         println!(
-            "t34 round {round}: {} acknowledged saves (highest seq per writer {:?}) all survived; \
+            "t35 round {round}: {} acknowledged saves (highest seq per writer {:?}) all survived; \
              the cut threw away {} unsynced writes in {} files",
             acked.values().sum::<u64>(),
             acked.values().collect::<Vec<_>>(),
