@@ -346,26 +346,44 @@ impl Cluster {
     /// everything the nodes wrote to their data dirs but did not sync (needs
     /// [`Options::power_cut`]). Returns the ids killed and what was thrown away.
     pub fn lose_power(&mut self) -> anyhow::Result<(Vec<u64>, CutReport)> {
-        if self.disks.is_empty() {
+        if !self.can_lose_power() {
             bail!("the cluster was started without Options::power_cut");
         }
         let killed = self.kill_all()?;
         let mut total = CutReport::default();
         let ids: Vec<u64> = self.disks.keys().copied().collect();
         for id in ids {
-            let Some(disk) = self.disks.remove(&id) else {
-                continue;
-            };
-            let cut = disk.power().cut().context("power cut failed")?;
+            let cut = self.cut_power(id)?;
             total.files += cut.files;
             total.writes += cut.writes;
-            // A fresh mount, so nothing the kernel cached of the old contents survives.
-            disk.unmount()
-                .context("cannot unmount a power-cut data dir")?;
-            let node = self.nodes.get(&id).context("no such node")?;
-            self.disks.insert(id, mount_disk(self.dir.path(), node)?);
         }
         Ok((killed, total))
+    }
+
+    /// A power loss of node `id` alone: SIGKILL, then what it wrote but did not sync is thrown
+    /// away. `None` when its data dir cannot lose power (no [`Options::power_cut`], or a node
+    /// added later): then it was only SIGKILLed.
+    pub fn lose_power_of(&mut self, id: u64) -> anyhow::Result<Option<CutReport>> {
+        self.kill(id)?;
+        if !self.disks.contains_key(&id) {
+            return Ok(None);
+        }
+        self.cut_power(id).map(Some)
+    }
+
+    /// Undoes node `id`'s unsynced writes (the node must be dead) and mounts its data dir anew,
+    /// so nothing the kernel cached of the old contents survives.
+    fn cut_power(&mut self, id: u64) -> anyhow::Result<CutReport> {
+        let disk = self
+            .disks
+            .remove(&id)
+            .with_context(|| format!("node {id}'s data dir cannot lose power"))?;
+        let cut = disk.power().cut().context("power cut failed")?;
+        disk.unmount()
+            .context("cannot unmount a power-cut data dir")?;
+        let node = self.nodes.get(&id).context("no such node")?;
+        self.disks.insert(id, mount_disk(self.dir.path(), node)?);
+        Ok(cut)
     }
 
     /// Starts every node in `ids` from its data dir at once, then waits until each answers.

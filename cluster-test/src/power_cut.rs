@@ -385,7 +385,8 @@ impl Filesystem for PowerCutFs {
                 std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode & 0o7777))?;
             }
             if let Some(size) = size {
-                let file = OpenOptions::new().write(true).open(&path)?;
+                // Read as well: the undo record keeps the bytes a shrinking cut drops.
+                let file = OpenOptions::new().read(true).write(true).open(&path)?;
                 books.remember(ino.0, &file, size, None)?;
                 file.set_len(size)?;
             }

@@ -79,6 +79,11 @@ async fn t35_acknowledged_writes_survive_a_power_loss_of_every_node() {
     }
     let options = Options {
         power_cut: true,
+        // A follower catching up after the cut gets one heartbeat interval per AppendEntries
+        // (openraft 0.9), and this debug build, writing through FUSE on a busy CI machine, once
+        // needed more than 50 ms for one 140 KiB entry, again and again (docs/operations.md).
+        heartbeat: Duration::from_millis(150),
+        election_timeout: Duration::from_millis(600),
         ..Options::default()
     };
     let mut cluster = Cluster::start(3, options).await.unwrap();

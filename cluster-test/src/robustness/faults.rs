@@ -208,9 +208,16 @@ impl Nemesis {
             .filter(|id| *id != leader)
             .collect();
         let victim = followers[self.rng.random_range(0..followers.len())];
-        cluster.kill(victim)?;
+        let cut = cluster.lose_power_of(victim)?;
         self.faults += 1;
-        self.note(format!("SIGKILL follower {victim} (leader {leader})"));
+        self.note(match cut {
+            Some(cut) => format!(
+                "power loss of follower {victim} (leader {leader}): SIGKILL, then {} writes not \
+                 yet synced undone in {} files",
+                cut.writes, cut.files
+            ),
+            None => format!("SIGKILL follower {victim} (leader {leader})"),
+        });
         self.sleep_between(500, 3_000).await;
         cluster.restart(victim).await?;
         self.note(format!("restarted node {victim}"));

@@ -441,9 +441,9 @@ pub async fn run(scenario: Scenario, seed: u64, settings: &Settings) -> anyhow::
         proxied: true,
         snapshot_every: settings.snapshot_every,
         keep_logs: settings.keep_logs,
-        // A power loss of every node loses the page cache too where FUSE can be mounted
-        // (crate::power_cut); elsewhere it is a SIGKILL of every node.
-        power_cut: scenario == Scenario::RestartAll && crate::power_cut::available().is_ok(),
+        // Where FUSE can be mounted (crate::power_cut), every kill is a power loss: what the
+        // node wrote but did not sync is thrown away too. Elsewhere kills are SIGKILLs.
+        power_cut: crate::power_cut::available().is_ok(),
         ..Options::default()
     };
     let mut cluster = Cluster::start(3, options)

@@ -149,8 +149,22 @@ impl Target for Cluster {
         Cluster::node_info(self, id).await
     }
 
+    /// A power loss of the node where its data dir can lose power ([`Cluster::lose_power_of`]),
+    /// else a SIGKILL.
     async fn kill(&mut self, id: u64) -> anyhow::Result<()> {
-        Cluster::kill(self, id)
+        Cluster::lose_power_of(self, id).map(|_| ())
+    }
+
+    fn fault_words(&self, fault: LeaderFault) -> (&'static str, &'static str) {
+        match fault {
+            LeaderFault::Kill if self.can_lose_power() => (
+                "power loss (SIGKILL, unsynced writes undone) of",
+                "restarted",
+            ),
+            LeaderFault::Kill => ("SIGKILL", "restarted"),
+            LeaderFault::Pause => ("SIGSTOP", "SIGCONT"),
+            LeaderFault::Isolate => ("isolate", "heal"),
+        }
     }
 
     async fn restart(&mut self, id: u64) -> anyhow::Result<()> {
