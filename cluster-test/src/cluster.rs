@@ -371,19 +371,23 @@ impl Cluster {
         self.cut_power(id).map(Some)
     }
 
-    /// Undoes node `id`'s unsynced writes (the node must be dead) and mounts its data dir anew,
-    /// so nothing the kernel cached of the old contents survives.
+    /// Unmounts node `id`'s data dir (the node must be dead), undoes its unsynced writes and
+    /// mounts it anew, so nothing the kernel cached of the old contents survives.
     fn cut_power(&mut self, id: u64) -> anyhow::Result<CutReport> {
         let disk = self
             .disks
             .remove(&id)
             .with_context(|| format!("node {id}'s data dir cannot lose power"))?;
-        let cut = disk.power().cut().context("power cut failed")?;
-        disk.unmount()
-            .context("cannot unmount a power-cut data dir")?;
+        // Unmounted first, so nothing reaches the backing files after the cut.
+        let power = disk.power();
+        let cut = disk
+            .unmount()
+            .context("cannot unmount a power-cut data dir")
+            .and_then(|()| power.cut().context("power cut failed"));
+        // Mounted again even after a failure, so the node never starts on an empty mountpoint.
         let node = self.nodes.get(&id).context("no such node")?;
         self.disks.insert(id, mount_disk(self.dir.path(), node)?);
-        Ok(cut)
+        cut
     }
 
     /// Starts every node in `ids` from its data dir at once, then waits until each answers.

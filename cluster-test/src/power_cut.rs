@@ -50,6 +50,9 @@ struct Books {
     next_inode: u64,
     /// Open files by handle, with their inode.
     open: HashMap<u64, (u64, Arc<File>)>,
+    /// Open directories by handle: the listing taken when each was opened, so that a directory
+    /// read in several replies lists every entry once even while files come and go.
+    listings: HashMap<u64, Arc<Vec<Listed>>>,
     next_handle: u64,
     /// Per inode, what the writes since its last sync replaced, oldest first.
     unsynced: HashMap<u64, Vec<Undo>>,
@@ -91,6 +94,9 @@ impl Books {
 
     /// Moves `from` (and, for a directory, everything under it) to `to`.
     fn moved(&mut self, from: &Path, to: &Path) {
+        if from == to {
+            return;
+        }
         self.forget_path(to);
         let moved: Vec<(PathBuf, u64)> = self
             .inodes
@@ -147,6 +153,9 @@ impl Books {
         Ok(())
     }
 }
+
+/// One directory entry as `readdir` hands it out: inode, kind, name.
+type Listed = (u64, FileType, std::ffi::OsString);
 
 /// What a cut undid.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -209,14 +218,21 @@ pub fn available() -> Result<(), String> {
         .map_err(|e| format!("cannot unmount: {e}"))
 }
 
+/// [`available`], except that it is an error when [`REQUIRE_ENV`]=1 and FUSE is unusable.
+pub fn available_unless_required() -> anyhow::Result<Result<(), String>> {
+    match available() {
+        Err(why) if std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1") => {
+            anyhow::bail!("FUSE is required ({REQUIRE_ENV}=1) but unusable: {why}")
+        }
+        usable => Ok(usable),
+    }
+}
+
 /// `Ok(true)` when the power-cut tests can run here; `Ok(false)` after printing
 /// `<test>: skipped: ...` when they cannot. Fails instead with [`REQUIRE_ENV`]=1.
 pub fn available_or_skip(test: &str) -> anyhow::Result<bool> {
-    match available() {
+    match available_unless_required().map_err(|e| e.context(test.to_string()))? {
         Ok(()) => Ok(true),
-        Err(why) if std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1") => {
-            anyhow::bail!("{test}: FUSE is required ({REQUIRE_ENV}=1) but unusable: {why}")
-        }
         Err(why) => {
             println!("{test}: skipped: cannot mount a FUSE directory ({why})");
             Ok(false)
@@ -609,18 +625,11 @@ impl Filesystem for PowerCutFs {
         reply.ok();
     }
 
-    fn readdir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
-        let result = (|| -> Result<Vec<(u64, FileType, std::ffi::OsString)>, Errno> {
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let result = (|| -> Result<FileHandle, Errno> {
             let mut books = lock(&self.books);
             let path = books.path(ino)?;
-            let mut entries = vec![
+            let mut entries: Vec<Listed> = vec![
                 (ino.0, FileType::Directory, ".".into()),
                 (ino.0, FileType::Directory, "..".into()),
             ];
@@ -635,21 +644,46 @@ impl Filesystem for PowerCutFs {
                 let inode = books.inode_of(&entry.path());
                 entries.push((inode, kind, entry.file_name()));
             }
-            Ok(entries)
+            let handle = books.next_handle;
+            books.next_handle += 1;
+            books.listings.insert(handle, Arc::new(entries));
+            Ok(FileHandle(handle))
         })();
         match result {
-            Ok(entries) => {
-                for (index, (inode, kind, name)) in
-                    entries.into_iter().enumerate().skip(offset as usize)
-                {
-                    if reply.add(INodeNo(inode), index as u64 + 1, kind, name) {
-                        break;
-                    }
-                }
-                reply.ok();
-            }
+            Ok(handle) => reply.opened(handle, FopenFlags::empty()),
             Err(errno) => reply.error(errno),
         }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let Some(entries) = lock(&self.books).listings.get(&fh.0).cloned() else {
+            return reply.error(Errno::EBADF);
+        };
+        for (index, (inode, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(*inode), index as u64 + 1, *kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        lock(&self.books).listings.remove(&fh.0);
+        reply.ok();
     }
 
     fn fsyncdir(

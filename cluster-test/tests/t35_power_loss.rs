@@ -8,6 +8,9 @@
 //! there with its data. Some saves are 140 KiB, so their log entries go to sled's blob files,
 //! which sled itself never syncs.
 //!
+//! What it does not catch: each file goes back whole to its last synced bytes (no torn or
+//! reordered writes), and names count as durable at once, so a missing directory sync passes.
+//!
 //! Without FUSE (no `/dev/fuse`, no right to mount) the test is skipped with a message;
 //! `BATON_REQUIRE_FUSE=1` makes it fail instead.
 #![allow(clippy::unwrap_used)]

@@ -282,8 +282,22 @@ fn unusable_tls_or_token_settings_name_their_key_and_exit_2() {
     let (ca, cert, key) = (path("ca.pem"), path("node.pem"), path("node-key.pem"));
     let missing = path("missing.pem");
     let (tokens, short) = (path("tokens"), path("short-tokens"));
+    let folder = dir.path().display().to_string();
+    let config = dir.path().join("baton.toml");
+    std::fs::write(&config, "[raft]\nkeep_logs = 10\n").unwrap();
+    let config = config.display().to_string();
     let cases: Vec<Case> = vec![
         (vec!["--tls-ca", &ca], vec![], "config key `tls`"),
+        (
+            vec!["--config", &config, "--tls-ca", &ca],
+            vec![],
+            "config key `tls` (from flag --tls-ca)",
+        ),
+        (
+            vec!["--tls-ca", &folder, "--tls-cert", &cert, "--tls-key", &key],
+            vec![],
+            "config key `tls.ca` (from flag --tls-ca): cannot read",
+        ),
         (
             vec!["--tls-key", &key],
             vec![("BATON_TLS_CERT", &cert)],

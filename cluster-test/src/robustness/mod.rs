@@ -49,6 +49,7 @@ use self::faults::{LeaderFault, Nemesis};
 use self::history::{Clock, Input, Op, Recorder};
 use self::target::Target;
 use crate::cluster::{client_config, Cluster, Options};
+use crate::power_cut;
 
 /// A fault scenario.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -442,8 +443,9 @@ pub async fn run(scenario: Scenario, seed: u64, settings: &Settings) -> anyhow::
         snapshot_every: settings.snapshot_every,
         keep_logs: settings.keep_logs,
         // Where FUSE can be mounted (crate::power_cut), every kill is a power loss: what the
-        // node wrote but did not sync is thrown away too. Elsewhere kills are SIGKILLs.
-        power_cut: crate::power_cut::available().is_ok(),
+        // node wrote but did not sync is thrown away too. Elsewhere kills are SIGKILLs, unless
+        // BATON_REQUIRE_FUSE=1 asks for power losses.
+        power_cut: power_cut::available_unless_required()?.is_ok(),
         ..Options::default()
     };
     let mut cluster = Cluster::start(3, options)

@@ -84,10 +84,7 @@ pub struct Loaded {
 impl Loaded {
     /// Where `key`'s value came from: the layer that overrode it, else the file (if any).
     pub fn origin(&self, key: &str) -> Option<Origin> {
-        self.overridden
-            .get(key)
-            .cloned()
-            .or_else(|| self.file.clone().map(Origin::File))
+        origin_of(&self.overridden, self.file.as_deref(), key)
     }
 
     /// The node's TLS and token settings with their files read, so that a missing file or a bad
@@ -108,7 +105,7 @@ impl Loaded {
                 ("tls.cert", &files.cert),
                 ("tls.key", &files.key),
             ] {
-                std::fs::File::open(path)
+                std::fs::read(path)
                     .map_err(|e| invalid(key, format!("cannot read {}: {e}", path.display())))?;
             }
         }
@@ -173,7 +170,6 @@ pub fn load(
         Some(path) => read_file(path)?,
         None => toml::Table::new(),
     };
-    let file_origin = file.map(|path| Origin::File(path.to_path_buf()));
 
     let (from_env, ignored_env) = env_overrides(&keys, env);
     let mut overridden = BTreeMap::new();
@@ -193,7 +189,7 @@ pub fn load(
         overridden.insert(flag.key.clone(), origin);
     }
 
-    let origin_of = |key: &str| overridden.get(key).cloned().or(file_origin.clone());
+    let origin_of = |key: &str| origin_of(&overridden, file, key);
     let settings: Settings =
         serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
             let key = e.path().to_string();
@@ -217,6 +213,26 @@ pub fn load(
         ignored_env,
         file: file.map(Path::to_path_buf),
     })
+}
+
+/// Where `key`'s value came from: the layer that overrode it, else the file (if any). For a whole
+/// section (`tls`, judged as a set), the layer that overrode one of its keys, if any did.
+fn origin_of(
+    overridden: &BTreeMap<String, Origin>,
+    file: Option<&Path>,
+    key: &str,
+) -> Option<Origin> {
+    let section = format!("{key}.");
+    overridden
+        .get(key)
+        .or_else(|| {
+            overridden
+                .iter()
+                .find(|(name, _)| name.starts_with(&section))
+                .map(|(_, origin)| origin)
+        })
+        .cloned()
+        .or_else(|| file.map(|path| Origin::File(path.to_path_buf())))
 }
 
 fn read_file(path: &Path) -> Result<toml::Table, ConfigError> {
