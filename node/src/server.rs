@@ -17,7 +17,7 @@ use baton_rpc::proto::queue_server::QueueServer;
 use baton_rpc::proto::raft::raft_server::RaftServer;
 use baton_rpc::proto::sink_server::SinkServer;
 use baton_rpc::proto::watch_server::WatchServer;
-use openraft::storage::RaftStateMachine;
+use openraft::storage::{RaftLogStorage, RaftStateMachine};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -112,6 +112,16 @@ pub async fn serve_secured(
     if let Ok(Some(snapshot)) = metered_state_machine.get_current_snapshot().await {
         metrics().snapshot_installed(snapshot.snapshot.get_ref().len());
     }
+    let mut log_store = log_store;
+    let stored = log_store
+        .get_log_state()
+        .await
+        .context("cannot read the log")?
+        .last_log_id;
+    let stored_vote = log_store
+        .read_vote()
+        .await
+        .context("cannot read the vote")?;
     let raft = Raft::new(
         config.id,
         raft_config,
@@ -121,6 +131,18 @@ pub async fn serve_secured(
     )
     .await
     .context("cannot start raft")?;
+    // Raft::new returns before the Raft core has published what it loaded; until it has, the
+    // metrics read term 0, an empty log and no membership, and a NodeInfo answered from them
+    // would call a restarted member uninitialised. Serve once they show the stored state.
+    let loaded_term = stored_vote.map(|vote| vote.leader_id().term).unwrap_or(0);
+    let loaded_index = stored.map(|id| id.index);
+    raft.wait(Some(Duration::from_secs(30)))
+        .metrics(
+            |m| m.current_term >= loaded_term && m.last_log_index >= loaded_index,
+            "the stored state to be loaded",
+        )
+        .await
+        .context("raft did not load its stored state")?;
     let node: NodeRef = Arc::new(Node::new(
         config.id,
         config.advertise.clone(),
