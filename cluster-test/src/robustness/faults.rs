@@ -226,31 +226,23 @@ impl Nemesis {
 
     async fn restart_all(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
         self.sleep_between(1_500, 3_000).await;
-        if cluster.can_lose_power() {
+        let (killed, note) = if cluster.can_lose_power() {
             let (killed, cut) = cluster.lose_power()?;
-            self.faults += 1;
-            self.note(format!(
+            let note = format!(
                 "power loss of every node {killed:?}: SIGKILL, then {} writes not yet synced \
                  undone in {} files",
                 cut.writes, cut.files
-            ));
-            self.sleep_between(200, 1_500).await;
-            return self.restart_after_restart_all(cluster, &killed).await;
-        }
-        let killed = cluster.kill_all()?;
+            );
+            (killed, note)
+        } else {
+            let killed = cluster.kill_all()?;
+            let note = format!("SIGKILL every node {killed:?}");
+            (killed, note)
+        };
         self.faults += 1;
-        self.note(format!("SIGKILL every node {killed:?}"));
+        self.note(note);
         self.sleep_between(200, 1_500).await;
-        self.restart_after_restart_all(cluster, &killed).await
-    }
-
-    /// The second half of [`Nemesis::restart_all`]: every node back, and read at once.
-    async fn restart_after_restart_all(
-        &mut self,
-        cluster: &mut Cluster,
-        killed: &[u64],
-    ) -> anyhow::Result<()> {
-        cluster.restart_all(killed).await?;
+        cluster.restart_all(&killed).await?;
         self.note(format!("restarted every node {killed:?}"));
         self.read_first(cluster).await?;
         let leader = cluster.leader().await?;

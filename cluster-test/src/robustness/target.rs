@@ -50,11 +50,7 @@ pub trait Target {
     /// How this target inflicts `fault` and undoes it, in the words of the fault log
     /// (default: those of node processes).
     fn fault_words(&self, fault: LeaderFault) -> (&'static str, &'static str) {
-        match fault {
-            LeaderFault::Kill => ("SIGKILL", "restarted"),
-            LeaderFault::Pause => ("SIGSTOP", "SIGCONT"),
-            LeaderFault::Isolate => ("isolate", "heal"),
-        }
+        process_fault_words(fault)
     }
 
     /// Waits until the running nodes agree on one leader: it says it leads, and every other
@@ -161,9 +157,7 @@ impl Target for Cluster {
                 "power loss (SIGKILL, unsynced writes undone) of",
                 "restarted",
             ),
-            LeaderFault::Kill => ("SIGKILL", "restarted"),
-            LeaderFault::Pause => ("SIGSTOP", "SIGCONT"),
-            LeaderFault::Isolate => ("isolate", "heal"),
+            other => process_fault_words(other),
         }
     }
 
@@ -198,5 +192,14 @@ impl Target for Cluster {
 
     async fn wait_all_caught_up(&self) -> anyhow::Result<u64> {
         Cluster::wait_all_caught_up(self).await
+    }
+}
+
+/// How node processes suffer each fault and recover, in the words of the fault log.
+fn process_fault_words(fault: LeaderFault) -> (&'static str, &'static str) {
+    match fault {
+        LeaderFault::Kill => ("SIGKILL", "restarted"),
+        LeaderFault::Pause => ("SIGSTOP", "SIGCONT"),
+        LeaderFault::Isolate => ("isolate", "heal"),
     }
 }
