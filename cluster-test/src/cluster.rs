@@ -25,7 +25,7 @@ use rand::Rng;
 use tempfile::TempDir;
 
 use crate::binary::baton_bin;
-use crate::power_cut::{CutReport, Mounted};
+use crate::power_cut::{CutReport, Mounted, Unsynced};
 use crate::proxy::Network;
 use crate::wait;
 
@@ -55,7 +55,9 @@ pub struct Options {
     pub proxied: bool,
     /// Give every node of the first ones a data dir that can lose power
     /// ([`crate::power_cut`], needs FUSE: see [`crate::power_cut::available`]), so
-    /// [`Cluster::lose_power`] can throw away what the nodes wrote but did not sync.
+    /// [`Cluster::lose_power`] can throw away what the nodes wrote but did not sync. Power losses
+    /// alternate between losing everything unsynced and keeping a random part of it
+    /// ([`Unsynced`]), the first losing everything.
     pub power_cut: bool,
 }
 
@@ -75,6 +77,10 @@ impl Default for Options {
         }
     }
 }
+
+/// How long a power loss holds the nodes' syncs before it kills them, so that the writes in
+/// flight are caught between their `write` and their sync ([`crate::power_cut::PowerCut::hold_syncs`]).
+const SYNCS_HELD_BEFORE_THE_CUT: Duration = Duration::from_millis(50);
 
 /// Client timeouts for tests: short enough that a dead node is abandoned quickly, long enough
 /// for a debug build on a busy machine.
@@ -114,6 +120,8 @@ pub struct Cluster {
     network: Option<Network>,
     /// With [`Options::power_cut`]: each node's mounted data dir (backed by `node-<id>.disk`).
     disks: BTreeMap<u64, Mounted>,
+    /// Power losses so far: picks what the next one keeps.
+    power_losses: u64,
 }
 
 impl Cluster {
@@ -182,6 +190,7 @@ impl Cluster {
             admin,
             network,
             disks,
+            power_losses: 0,
         };
         for id in 1..=n {
             cluster.start_fresh(id, &mut taken).await?;
@@ -208,6 +217,15 @@ impl Cluster {
             }
         }
         Err(last.unwrap_or_else(|| anyhow::anyhow!("node {id} did not start")))
+    }
+
+    /// Node `id`'s data dir (`--data-dir`).
+    pub fn data_dir(&self, id: u64) -> anyhow::Result<&Path> {
+        let node = self
+            .nodes
+            .get(&id)
+            .with_context(|| format!("no node {id}"))?;
+        Ok(&node.data_dir)
     }
 
     /// Every node's address, in id order (killed ones included).
@@ -281,6 +299,10 @@ impl Cluster {
         child
             .kill()
             .with_context(|| format!("cannot kill node {id}"))?;
+        // Its exit waits for any sync a power loss in progress holds.
+        if let Some(disk) = self.disks.get(&id) {
+            disk.power().fail_held_syncs();
+        }
         child
             .wait()
             .with_context(|| format!("cannot reap node {id}"))?;
@@ -342,48 +364,65 @@ impl Cluster {
         !self.disks.is_empty()
     }
 
-    /// A power loss of the whole cluster: SIGKILLs every running node, then throws away
-    /// everything the nodes wrote to their data dirs but did not sync (needs
-    /// [`Options::power_cut`]). Returns the ids killed and what was thrown away.
-    pub fn lose_power(&mut self) -> anyhow::Result<(Vec<u64>, CutReport)> {
+    /// A power loss of the whole cluster: holds every sync for a moment (the writes in flight
+    /// wait for theirs), SIGKILLs every running node, then throws away
+    /// everything the nodes wrote to their data dirs but did not sync, or a random part of it
+    /// (needs [`Options::power_cut`]). Returns the ids killed and what was thrown away.
+    pub async fn lose_power(&mut self) -> anyhow::Result<(Vec<u64>, CutReport)> {
         if !self.can_lose_power() {
             bail!("the cluster was started without Options::power_cut");
         }
+        for disk in self.disks.values() {
+            disk.power().hold_syncs();
+        }
+        tokio::time::sleep(SYNCS_HELD_BEFORE_THE_CUT).await;
         let killed = self.kill_all()?;
+        let loss = self.next_power_loss();
         let mut total = CutReport::default();
         let ids: Vec<u64> = self.disks.keys().copied().collect();
         for id in ids {
-            let cut = self.cut_power(id)?;
-            total.files += cut.files;
-            total.writes += cut.writes;
+            total.add(self.cut_power(id, loss)?);
         }
         Ok((killed, total))
     }
 
-    /// A power loss of node `id` alone: SIGKILL, then what it wrote but did not sync is thrown
-    /// away. `None` when its data dir cannot lose power (no [`Options::power_cut`], or a node
-    /// added later): then it was only SIGKILLed.
-    pub fn lose_power_of(&mut self, id: u64) -> anyhow::Result<Option<CutReport>> {
-        self.kill(id)?;
-        if !self.disks.contains_key(&id) {
+    /// A power loss of node `id` alone: its syncs held for a moment, SIGKILL, then what it wrote
+    /// but did not sync is thrown away, or a random part of it. `None` when its data dir cannot lose power (no
+    /// [`Options::power_cut`], or a node added later): then it was only SIGKILLed.
+    pub async fn lose_power_of(&mut self, id: u64) -> anyhow::Result<Option<CutReport>> {
+        let Some(disk) = self.disks.get(&id) else {
+            self.kill(id)?;
             return Ok(None);
-        }
-        self.cut_power(id).map(Some)
+        };
+        disk.power().hold_syncs();
+        tokio::time::sleep(SYNCS_HELD_BEFORE_THE_CUT).await;
+        self.kill(id)?;
+        let loss = self.next_power_loss();
+        self.cut_power(id, loss).map(Some)
     }
 
-    /// Unmounts node `id`'s data dir (the node must be dead), undoes its unsynced writes and
-    /// mounts it anew, so nothing the kernel cached of the old contents survives.
-    fn cut_power(&mut self, id: u64) -> anyhow::Result<CutReport> {
+    /// Counts a power loss; returns its number.
+    fn next_power_loss(&mut self) -> u64 {
+        self.power_losses += 1;
+        self.power_losses - 1
+    }
+
+    /// Unmounts node `id`'s data dir (the node must be dead), undoes its unsynced writes (all of
+    /// them in even-numbered power losses, a random part in odd ones) and mounts it anew, so
+    /// nothing the kernel cached of the old contents survives.
+    fn cut_power(&mut self, id: u64, loss: u64) -> anyhow::Result<CutReport> {
         let disk = self
             .disks
             .remove(&id)
             .with_context(|| format!("node {id}'s data dir cannot lose power"))?;
-        // Unmounted first, so nothing reaches the backing files after the cut.
-        let power = disk.power();
-        let cut = disk
-            .unmount()
-            .context("cannot unmount a power-cut data dir")
-            .and_then(|()| power.cut().context("power cut failed"));
+        let unsynced = if loss.is_multiple_of(2) {
+            Unsynced::Lost
+        } else {
+            Unsynced::PartlyKept {
+                seed: loss << 8 | id,
+            }
+        };
+        let cut = disk.lose_power(unsynced).context("power cut failed");
         // Mounted again even after a failure, so the node never starts on an empty mountpoint.
         let node = self.nodes.get(&id).context("no such node")?;
         self.disks.insert(id, mount_disk(self.dir.path(), node)?);

@@ -7,18 +7,23 @@
 //! the cache; so does a cut here.
 //!
 //! The model is the weakest a program may rely on for file data: bytes written to a file are
-//! durable only once a sync of that file returns. Names are treated as durable at once (a file
-//! created, renamed or removed stays so across a cut), so the model checks the syncing of data,
-//! not of directories. It serves one test at a time: no hard links, symlinks or special files.
+//! durable only once a sync of that file returns. What a cut keeps of the rest is the caller's
+//! choice ([`Unsynced`]): nothing, or a random part of it, page by page and in no order, as the
+//! kernel's writeback may have left it. Names are treated as durable at once (a file created,
+//! renamed or removed stays so across a cut), so the model checks the syncing of data, not of
+//! directories. It serves one test at a time: no hard links, symlinks or special files.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, UNIX_EPOCH};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 use fuser::{
     BackgroundSession, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
@@ -157,42 +162,204 @@ impl Books {
 /// One directory entry as `readdir` hands it out: inode, kind, name.
 type Listed = (u64, FileType, std::ffi::OsString);
 
-/// What a cut undid.
+/// What a power loss keeps of the data written since a file's last sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unsynced {
+    /// Nothing: every file goes back to what it held when it was last synced. The harshest case,
+    /// and the one that shows a missing sync.
+    Lost,
+    /// A part, drawn from a generator seeded with `seed`: each 4 KiB page inside a file's synced
+    /// length that differs from its synced content keeps the new bytes or goes back,
+    /// independently, and each file keeps its synced length or its current one, with the pages
+    /// appended past the synced length when it keeps the current one (data is written before
+    /// the length that covers it, as ext4 and XFS order them). The kernel writes dirty pages back
+    /// in no order a program may rely on, so a later write can survive where an earlier one is
+    /// lost: recovery must still find a prefix of what was written, which [`Unsynced::Lost`]
+    /// cannot show.
+    PartlyKept {
+        /// Seeds the choices, so that the same unsynced state is cut the same way.
+        seed: u64,
+    },
+}
+
+/// The page size the kernel writes back in.
+const PAGE: usize = 4096;
+
+/// What a cut found unsynced and what it did with it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CutReport {
-    /// Files put back to their last synced content.
+    /// Files written since their last sync.
     pub files: usize,
-    /// Writes and truncations undone.
+    /// Writes and truncations since those syncs.
     pub writes: usize,
+    /// Pages that differed from their synced content and went back to it.
+    pub pages_lost: usize,
+    /// Pages that differed from their synced content and kept what was written.
+    pub pages_kept: usize,
+}
+
+impl CutReport {
+    /// Adds `other`'s counts to this one's.
+    pub fn add(&mut self, other: CutReport) {
+        self.files += other.files;
+        self.writes += other.writes;
+        self.pages_lost += other.pages_lost;
+        self.pages_kept += other.pages_kept;
+    }
+}
+
+impl std::fmt::Display for CutReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let count = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+        write!(
+            f,
+            "{} not yet synced in {}: {} lost",
+            count(self.writes, "write"),
+            count(self.files, "file"),
+            count(self.pages_lost, "changed page"),
+        )?;
+        if self.pages_kept > 0 {
+            write!(f, ", {} kept", self.pages_kept)?;
+        }
+        Ok(())
+    }
 }
 
 /// The handle a test keeps: cuts the power of the mounted directory.
 #[derive(Clone)]
 pub struct PowerCut {
     books: Arc<Mutex<Books>>,
+    gate: Arc<SyncGate>,
+}
+
+/// Where syncs stand: whether they complete, wait, or fail because the power went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Syncs {
+    /// A sync makes the file's data durable and returns.
+    Complete,
+    /// A sync waits, as one does on a slow disk, until the power goes.
+    Held,
+    /// The power went: a sync that was waiting returns an error and makes nothing durable.
+    Failed,
+}
+
+/// Lets a test hold every sync in flight, so that the power goes while writes wait for theirs.
+struct SyncGate {
+    state: Mutex<Syncs>,
+    changed: Condvar,
+}
+
+impl SyncGate {
+    fn set(&self, syncs: Syncs) {
+        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = syncs;
+        self.changed.notify_all();
+    }
+
+    /// Waits while syncs are held; whether the sync may then complete.
+    fn pass(&self) -> bool {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let state = self
+            .changed
+            .wait_while(state, |syncs| *syncs == Syncs::Held)
+            .unwrap_or_else(|e| e.into_inner());
+        *state == Syncs::Complete
+    }
 }
 
 impl PowerCut {
-    /// Puts every file back to what it held when it was last synced (undoing, newest first,
-    /// every write since). Call it only once nothing writes any more (the writers are dead).
-    pub fn cut(&self) -> io::Result<CutReport> {
+    /// From now on every `fsync` / `fdatasync` waits, until the power goes: call it shortly
+    /// before killing the writers, so that writes in flight are caught between their `write`
+    /// and their sync instead of only by chance.
+    pub fn hold_syncs(&self) {
+        self.gate.set(Syncs::Held);
+    }
+
+    /// Syncs held by [`PowerCut::hold_syncs`] fail from now on: call it right after killing the
+    /// writer, whose exit waits until its sync in flight is answered (FUSE does not abandon a
+    /// request the file system has taken). Does nothing while syncs are not held.
+    pub fn fail_held_syncs(&self) {
+        let mut state = self.gate.state.lock().unwrap_or_else(|e| e.into_inner());
+        if *state == Syncs::Held {
+            *state = Syncs::Failed;
+            self.gate.changed.notify_all();
+        }
+    }
+
+    /// Throws away what [`Unsynced`] says of every write since each file's last sync. Call it
+    /// only once nothing writes any more (the writers are dead, the directory unmounted).
+    pub fn cut(&self, unsynced: Unsynced) -> io::Result<CutReport> {
         let mut books = lock(&self.books);
         let mut report = CutReport::default();
-        let unsynced = std::mem::take(&mut books.unsynced);
-        for (inode, undos) in unsynced {
+        let mut rng = match unsynced {
+            Unsynced::Lost => None,
+            Unsynced::PartlyKept { seed } => Some(StdRng::seed_from_u64(seed)),
+        };
+        // In inode order, so that a seed draws the same choices for the same files.
+        let files: BTreeMap<u64, Vec<Undo>> =
+            std::mem::take(&mut books.unsynced).into_iter().collect();
+        for (inode, undos) in files {
             let Some(path) = books.paths.get(&inode) else {
                 continue;
             };
-            let file = OpenOptions::new().write(true).open(path)?;
+            let file = OpenOptions::new().read(true).write(true).open(path)?;
             report.files += 1;
-            for undo in undos.iter().rev() {
-                file.set_len(undo.len_before)?;
-                file.write_all_at(&undo.old, undo.offset)?;
-                report.writes += 1;
+            report.writes += undos.len();
+            let now = std::fs::read(path)?;
+            let synced = synced_content(&now, &undos);
+            // The length on disk grows only with the data: a file system that orders data before
+            // metadata (ext4's default, XFS) writes appended pages before it records the new
+            // length, so a file that kept its new length kept what was appended too.
+            let grown = rng.as_mut().is_some_and(|rng| rng.random_bool(0.5));
+            let len = if grown { now.len() } else { synced.len() };
+            // Every page that differs from its synced content counts, even one past the chosen
+            // length (lost with it), so that the report says what there was to lose.
+            let mut after = vec![0; now.len().max(synced.len())];
+            for start in (0..after.len()).step_by(PAGE) {
+                let end = (start + PAGE).min(after.len());
+                let (was, is) = (padded(&synced, start, end), padded(&now, start, end));
+                let keep = if was == is {
+                    true
+                } else if end > synced.len() {
+                    grown
+                } else {
+                    rng.as_mut().is_some_and(|rng| rng.random_bool(0.5))
+                };
+                if was != is {
+                    if keep && start < len {
+                        report.pages_kept += 1;
+                    } else {
+                        report.pages_lost += 1;
+                    }
+                }
+                after[start..end].copy_from_slice(if keep { &is } else { &was });
             }
+            after.truncate(len);
+            file.set_len(len as u64)?;
+            file.write_all_at(&after, 0)?;
         }
         Ok(report)
     }
+}
+
+/// A file's content at its last sync: `now` with `undos` (oldest first) undone, newest first.
+fn synced_content(now: &[u8], undos: &[Undo]) -> Vec<u8> {
+    let mut content = now.to_vec();
+    for undo in undos.iter().rev() {
+        content.resize(undo.len_before as usize, 0);
+        let start = undo.offset as usize;
+        content[start..start + undo.old.len()].copy_from_slice(&undo.old);
+    }
+    content
+}
+
+/// `content[start..end]`, with zeros past its end.
+fn padded(content: &[u8], start: usize, end: usize) -> Vec<u8> {
+    let mut bytes = vec![0; end - start];
+    if start < content.len() {
+        let have = end.min(content.len()) - start;
+        bytes[..have].copy_from_slice(&content[start..start + have]);
+    }
+    bytes
 }
 
 /// Set to `1` to fail, instead of skip, the power-cut tests on a machine without FUSE.
@@ -251,8 +418,13 @@ impl Mounted {
     /// `fusermount3`) and `/dev/fuse`.
     pub fn mount(backing: &Path, mountpoint: &Path) -> io::Result<Self> {
         let books = Arc::new(Mutex::new(Books::new(backing)));
+        let gate = Arc::new(SyncGate {
+            state: Mutex::new(Syncs::Complete),
+            changed: Condvar::new(),
+        });
         let fs = PowerCutFs {
             books: books.clone(),
+            gate: gate.clone(),
         };
         let mut config = Config::default();
         config.mount_options = vec![MountOption::FSName("baton-power-cut".into())];
@@ -260,13 +432,23 @@ impl Mounted {
         let session = fuser::spawn_mount(fs, mountpoint, &config)?;
         Ok(Self {
             session: Some(session),
-            power: PowerCut { books },
+            power: PowerCut { books, gate },
         })
     }
 
     /// The handle that cuts the power.
     pub fn power(&self) -> PowerCut {
         self.power.clone()
+    }
+
+    /// The power goes (call it once the writers are dead): syncs still waiting fail, the
+    /// directory is unmounted, so nothing reaches the backing files after the cut, and the cut
+    /// throws away what `unsynced` says.
+    pub fn lose_power(self, unsynced: Unsynced) -> io::Result<CutReport> {
+        let power = self.power();
+        power.gate.set(Syncs::Failed);
+        self.unmount()?;
+        power.cut(unsynced)
     }
 
     /// Unmounts and waits for the file system's thread.
@@ -325,6 +507,7 @@ fn attr(inode: u64, path: &Path) -> io::Result<FileAttr> {
 /// their undo records are in one order.
 struct PowerCutFs {
     books: Arc<Mutex<Books>>,
+    gate: Arc<SyncGate>,
 }
 
 impl PowerCutFs {
@@ -612,7 +795,8 @@ impl Filesystem for PowerCutFs {
     }
 
     /// The file's data is durable from here on: forget how to undo it. (The backing file is not
-    /// synced for real: the cut is simulated, and skipping it keeps the tests fast.)
+    /// synced for real: the cut is simulated, and skipping it keeps the tests fast.) While syncs
+    /// are held it waits first, and fails if the power goes meanwhile.
     fn fsync(
         &self,
         _req: &Request,
@@ -621,6 +805,9 @@ impl Filesystem for PowerCutFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        if !self.gate.pass() {
+            return reply.error(Errno::EIO);
+        }
         lock(&self.books).unsynced.remove(&ino.0);
         reply.ok();
     }
@@ -699,5 +886,150 @@ impl Filesystem for PowerCutFs {
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         reply.statfs(1 << 24, 1 << 23, 1 << 23, 1 << 20, 1 << 19, 4096, 255, 4096);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    const SYNCED_LEN: usize = 3 * PAGE + PAGE / 2;
+
+    fn gate() -> Arc<SyncGate> {
+        Arc::new(SyncGate {
+            state: Mutex::new(Syncs::Complete),
+            changed: Condvar::new(),
+        })
+    }
+
+    /// A file synced with `SYNCED_LEN` bytes of `a`, then written as the file system records
+    /// writes: page 1 overwritten, two pages appended, a few bytes of page 0 overwritten.
+    /// Returns the handle, the file, and its synced and current contents.
+    fn written(dir: &Path) -> (PowerCut, PathBuf, Vec<u8>, Vec<u8>) {
+        let path = dir.join("f");
+        let synced = vec![b'a'; SYNCED_LEN];
+        std::fs::write(&path, &synced).unwrap();
+        let mut books = Books::new(dir);
+        let inode = books.inode_of(&path);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let writes: [(usize, Vec<u8>); 3] = [
+            (PAGE, vec![b'b'; PAGE]),
+            (SYNCED_LEN, vec![b'c'; 2 * PAGE]),
+            (100, vec![b'd'; 10]),
+        ];
+        for (offset, bytes) in &writes {
+            books
+                .remember(inode, &file, *offset as u64, Some(bytes.len() as u64))
+                .unwrap();
+            file.write_all_at(bytes, *offset as u64).unwrap();
+        }
+        let now = std::fs::read(&path).unwrap();
+        let power = PowerCut {
+            books: Arc::new(Mutex::new(books)),
+            gate: gate(),
+        };
+        (power, path, synced, now)
+    }
+
+    /// Pages that differ between the synced and the current content: 0, 1, and the three the
+    /// append touches (3 straddles the synced end).
+    const CHANGED_PAGES: usize = 5;
+
+    #[test]
+    fn losing_everything_puts_back_the_synced_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (power, path, synced, _) = written(dir.path());
+        let report = power.cut(Unsynced::Lost).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), synced);
+        assert_eq!(
+            report,
+            CutReport {
+                files: 1,
+                writes: 3,
+                pages_lost: CHANGED_PAGES,
+                pages_kept: 0
+            }
+        );
+        // What was undone is forgotten: a second cut finds nothing.
+        assert_eq!(power.cut(Unsynced::Lost).unwrap(), CutReport::default());
+    }
+
+    #[test]
+    fn keeping_a_part_keeps_or_loses_whole_pages_and_appends_only_with_the_length() {
+        let (mut grown, mut kept_page_1, mut lost_page_1) = (0, 0, 0);
+        for seed in 0..64 {
+            let dir = tempfile::tempdir().unwrap();
+            let (power, path, synced, now) = written(dir.path());
+            let report = power.cut(Unsynced::PartlyKept { seed }).unwrap();
+            let after = std::fs::read(&path).unwrap();
+            assert_eq!(report.pages_kept + report.pages_lost, CHANGED_PAGES);
+            assert!(
+                after.len() == synced.len() || after.len() == now.len(),
+                "seed {seed}: length {}",
+                after.len()
+            );
+            for start in (0..after.len()).step_by(PAGE) {
+                let end = (start + PAGE).min(after.len());
+                let page = &after[start..end];
+                let (was, is) = (padded(&synced, start, end), padded(&now, start, end));
+                if end > synced.len() {
+                    assert_eq!(page, is, "seed {seed}: an appended page without its data");
+                } else {
+                    assert!(page == was || page == is, "seed {seed}: page {start} mixed");
+                }
+            }
+            grown += usize::from(after.len() == now.len());
+            match &after[PAGE..2 * PAGE] {
+                page if page == &now[PAGE..2 * PAGE] => kept_page_1 += 1,
+                _ => lost_page_1 += 1,
+            }
+        }
+        assert!(
+            grown > 0 && grown < 64,
+            "the length was always or never kept"
+        );
+        assert!(
+            kept_page_1 > 0 && lost_page_1 > 0,
+            "page 1 was always or never kept"
+        );
+    }
+
+    #[test]
+    fn the_same_seed_cuts_the_same_way() {
+        let cut = |seed| {
+            let dir = tempfile::tempdir().unwrap();
+            let (power, path, _, _) = written(dir.path());
+            let report = power.cut(Unsynced::PartlyKept { seed }).unwrap();
+            (report, std::fs::read(&path).unwrap())
+        };
+        assert_eq!(cut(7), cut(7));
+    }
+
+    #[test]
+    fn a_held_sync_waits_until_the_power_goes_and_then_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        let power = PowerCut {
+            books: Arc::new(Mutex::new(Books::new(dir.path()))),
+            gate: gate(),
+        };
+        // Not held: failing held syncs changes nothing, and a sync completes.
+        power.fail_held_syncs();
+        assert!(power.gate.pass());
+        power.hold_syncs();
+        let gate = power.gate.clone();
+        let sync = std::thread::spawn(move || gate.pass());
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!sync.is_finished(), "a held sync returned");
+        power.fail_held_syncs();
+        assert!(
+            !sync.join().unwrap(),
+            "a sync held until the power went completed"
+        );
     }
 }

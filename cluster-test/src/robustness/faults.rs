@@ -208,14 +208,12 @@ impl Nemesis {
             .filter(|id| *id != leader)
             .collect();
         let victim = followers[self.rng.random_range(0..followers.len())];
-        let cut = cluster.lose_power_of(victim)?;
+        let cut = cluster.lose_power_of(victim).await?;
         self.faults += 1;
         self.note(match cut {
-            Some(cut) => format!(
-                "power loss of follower {victim} (leader {leader}): SIGKILL, then {} writes not \
-                 yet synced undone in {} files",
-                cut.writes, cut.files
-            ),
+            Some(cut) => {
+                format!("power loss of follower {victim} (leader {leader}): SIGKILL, then {cut}")
+            }
             None => format!("SIGKILL follower {victim} (leader {leader})"),
         });
         self.sleep_between(500, 3_000).await;
@@ -227,12 +225,8 @@ impl Nemesis {
     async fn restart_all(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
         self.sleep_between(1_500, 3_000).await;
         let (killed, note) = if cluster.can_lose_power() {
-            let (killed, cut) = cluster.lose_power()?;
-            let note = format!(
-                "power loss of every node {killed:?}: SIGKILL, then {} writes not yet synced \
-                 undone in {} files",
-                cut.writes, cut.files
-            );
+            let (killed, cut) = cluster.lose_power().await?;
+            let note = format!("power loss of every node {killed:?}: SIGKILL, then {cut}");
             (killed, note)
         } else {
             let killed = cluster.kill_all()?;

@@ -148,13 +148,13 @@ impl Target for Cluster {
     /// A power loss of the node where its data dir can lose power ([`Cluster::lose_power_of`]),
     /// else a SIGKILL.
     async fn kill(&mut self, id: u64) -> anyhow::Result<()> {
-        Cluster::lose_power_of(self, id).map(|_| ())
+        Cluster::lose_power_of(self, id).await.map(|_| ())
     }
 
     fn fault_words(&self, fault: LeaderFault) -> (&'static str, &'static str) {
         match fault {
             LeaderFault::Kill if self.can_lose_power() => (
-                "power loss (SIGKILL, unsynced writes undone) of",
+                "power loss (SIGKILL, then unsynced writes lost or partly kept) of",
                 "restarted",
             ),
             other => process_fault_words(other),
