@@ -11,6 +11,12 @@
 //! Values too large for a log segment (a quarter of it, ~128 KiB: big batched entries,
 //! snapshots) go to files of their own under `<path>/blobs`, which sled never syncs at all. Each
 //! sync therefore also syncs every blob file it has not synced before, and the directory.
+//!
+//! sled writes its configuration file (`<path>/conf`) when it creates a database and syncs
+//! neither it nor the directories it creates. Opening a database therefore syncs them once: a
+//! file system that may record an unsynced file's new length before its data (ext4 with
+//! `data=writeback`) could otherwise leave `conf` as zeros after a power loss, and sled refuses
+//! to open a database whose configuration does not parse.
 
 use std::collections::HashSet;
 use std::ffi::OsString;
@@ -35,9 +41,14 @@ struct Blobs {
 }
 
 impl Disk {
-    /// Wraps `db`, opened at `path`.
+    /// Wraps `db`, opened at `path`, and makes what sled created there durable.
     pub(super) fn new(db: sled::Db, path: &Path) -> io::Result<Self> {
         let file = OpenOptions::new().write(true).open(path.join("db"))?;
+        File::open(path.join("conf"))?.sync_all()?;
+        sync_dir(path)?;
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            sync_dir(parent)?;
+        }
         Ok(Self {
             db,
             file: Arc::new(file),
@@ -69,6 +80,11 @@ impl Disk {
     }
 }
 
+/// Makes the names in `dir` durable.
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
 impl Blobs {
     /// Syncs the blob files written since the last call, then their directory entries. Blobs
     /// sled has since removed are forgotten.
@@ -85,7 +101,7 @@ impl Blobs {
             present.insert(name);
         }
         if new {
-            File::open(&self.dir)?.sync_all()?;
+            sync_dir(&self.dir)?;
         }
         *synced = present;
         Ok(())
