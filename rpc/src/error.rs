@@ -174,7 +174,7 @@ pub enum Error {
     #[error("refused {code}: {0}", code = .0.code())]
     Refused(#[from] Refusal),
     /// No node gave a usable answer before the deadline. For a write, the outcome is unknown.
-    #[error("cluster unavailable after {waited:?} (tried {}): {last}", endpoints.join(", "))]
+    #[error("{}", unavailable(endpoints, waited, last))]
     Unavailable {
         /// Every endpoint tried.
         endpoints: Vec<String>,
@@ -230,9 +230,42 @@ impl Error {
     }
 }
 
+/// How [`Error::Unavailable`] reads: how long and where the client tried, when it did.
+fn unavailable(endpoints: &[String], waited: &Duration, last: &str) -> String {
+    let mut text = String::from("cluster unavailable");
+    if !waited.is_zero() {
+        text.push_str(&format!(" after {waited:.1?}"));
+    }
+    if !endpoints.is_empty() {
+        text.push_str(&format!(" (tried {})", endpoints.join(", ")));
+    }
+    format!("{text}: {last}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unavailable_cluster_says_only_what_the_client_knows() {
+        let error = |endpoints: &[&str], waited| Error::Unavailable {
+            endpoints: endpoints.iter().map(|e| e.to_string()).collect(),
+            waited,
+            last: "tcp connect error".into(),
+        };
+        assert_eq!(
+            error(&["a:1", "b:2"], Duration::from_millis(15_040)).to_string(),
+            "cluster unavailable after 15.0s (tried a:1, b:2): tcp connect error"
+        );
+        assert_eq!(
+            error(&["a:1"], Duration::ZERO).to_string(),
+            "cluster unavailable (tried a:1): tcp connect error"
+        );
+        assert_eq!(
+            error(&[], Duration::ZERO).to_string(),
+            "cluster unavailable: tcp connect error"
+        );
+    }
 
     #[test]
     fn every_refusal_survives_the_wire() {

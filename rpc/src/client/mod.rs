@@ -249,7 +249,14 @@ impl Client {
         let attempt = cluster.node_info(proto::NodeInfoRequest {});
         match tokio::time::timeout(self.inner.config.attempt_timeout, attempt).await {
             Ok(Ok(reply)) => Ok(reply.into_inner()),
-            Ok(Err(status)) => Err(final_error(&status)),
+            Ok(Err(status)) => Err(match final_error(&status) {
+                Error::Unavailable { waited, last, .. } => Error::Unavailable {
+                    endpoints: vec![addr.to_string()],
+                    waited,
+                    last,
+                },
+                other => other,
+            }),
             Err(_) => Err(Error::Unavailable {
                 endpoints: vec![addr.to_string()],
                 waited: self.inner.config.attempt_timeout,
