@@ -376,7 +376,7 @@ impl Cluster {
             disk.power().hold_syncs();
         }
         tokio::time::sleep(SYNCS_HELD_BEFORE_THE_CUT).await;
-        let killed = self.kill_all()?;
+        let killed = self.kill_all().inspect_err(|_| self.fail_held_syncs())?;
         let loss = self.next_power_loss();
         let mut total = CutReport::default();
         let ids: Vec<u64> = self.disks.keys().copied().collect();
@@ -390,15 +390,25 @@ impl Cluster {
     /// but did not sync is thrown away, or a random part of it. `None` when its data dir cannot lose power (no
     /// [`Options::power_cut`], or a node added later): then it was only SIGKILLed.
     pub async fn lose_power_of(&mut self, id: u64) -> anyhow::Result<Option<CutReport>> {
-        let Some(disk) = self.disks.get(&id) else {
+        if !self.disks.contains_key(&id) {
             self.kill(id)?;
             return Ok(None);
-        };
-        disk.power().hold_syncs();
+        }
+        if self.node_mut(id)?.child.is_none() {
+            bail!("node {id} is not running");
+        }
+        self.disks[&id].power().hold_syncs();
         tokio::time::sleep(SYNCS_HELD_BEFORE_THE_CUT).await;
-        self.kill(id)?;
+        self.kill(id).inspect_err(|_| self.fail_held_syncs())?;
         let loss = self.next_power_loss();
         self.cut_power(id, loss).map(Some)
+    }
+
+    /// Lets every sync a failed power loss left held fail, so no node waits on one for ever.
+    fn fail_held_syncs(&self) {
+        for disk in self.disks.values() {
+            disk.power().fail_held_syncs();
+        }
     }
 
     /// Counts a power loss; returns its number.
@@ -643,6 +653,8 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        // A node waiting in a sync a power loss holds could not exit.
+        self.fail_held_syncs();
         for node in self.nodes.values_mut() {
             if let Some(mut child) = node.child.take() {
                 let _ = child.kill();

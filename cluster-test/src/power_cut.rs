@@ -168,11 +168,11 @@ pub enum Unsynced {
     /// Nothing: every file goes back to what it held when it was last synced. The harshest case,
     /// and the one that shows a missing sync.
     Lost,
-    /// A part, drawn from a generator seeded with `seed`: each 4 KiB page inside a file's synced
-    /// length that differs from its synced content keeps the new bytes or goes back,
-    /// independently, and each file keeps its synced length or its current one, with the pages
-    /// appended past the synced length when it keeps the current one (data is written before
-    /// the length that covers it, as ext4 and XFS order them). The kernel writes dirty pages back
+    /// A part, drawn from a generator seeded with `seed`: each 4 KiB page wholly inside both a
+    /// file's synced and its current length that differs from its synced content keeps the new
+    /// bytes or goes back, independently, and each file keeps its synced length or its current
+    /// one, with the pages past the shorter of the two following the length (data is written
+    /// before the length that covers it, as ext4 and XFS order them). The kernel writes dirty pages back
     /// in no order a program may rely on, so a later write can survive where an earlier one is
     /// lost: recovery must still find a prefix of what was written, which [`Unsynced::Lost`]
     /// cannot show.
@@ -306,11 +306,13 @@ impl PowerCut {
             report.writes += undos.len();
             let now = std::fs::read(path)?;
             let synced = synced_content(&now, &undos);
-            // The length on disk grows only with the data: a file system that orders data before
+            // The length on disk moves only with the data: a file system that orders data before
             // metadata (ext4's default, XFS) writes appended pages before it records the new
-            // length, so a file that kept its new length kept what was appended too.
-            let grown = rng.as_mut().is_some_and(|rng| rng.random_bool(0.5));
-            let len = if grown { now.len() } else { synced.len() };
+            // length, so a file that kept its new length kept what was appended too, and one
+            // that kept its old length after shrinking kept the data past the new end.
+            let new_len = rng.as_mut().is_some_and(|rng| rng.random_bool(0.5));
+            let len = if new_len { now.len() } else { synced.len() };
+            let both = now.len().min(synced.len());
             // Every page that differs from its synced content counts, even one past the chosen
             // length (lost with it), so that the report says what there was to lose.
             let mut after = vec![0; now.len().max(synced.len())];
@@ -319,8 +321,8 @@ impl PowerCut {
                 let (was, is) = (padded(&synced, start, end), padded(&now, start, end));
                 let keep = if was == is {
                     true
-                } else if end > synced.len() {
-                    grown
+                } else if end > both {
+                    new_len
                 } else {
                     rng.as_mut().is_some_and(|rng| rng.random_bool(0.5))
                 };
@@ -346,8 +348,11 @@ fn synced_content(now: &[u8], undos: &[Undo]) -> Vec<u8> {
     let mut content = now.to_vec();
     for undo in undos.iter().rev() {
         content.resize(undo.len_before as usize, 0);
-        let start = undo.offset as usize;
-        content[start..start + undo.old.len()].copy_from_slice(&undo.old);
+        // A write or growing truncation past the old end replaced nothing (and starts past it).
+        if !undo.old.is_empty() {
+            let start = undo.offset as usize;
+            content[start..start + undo.old.len()].copy_from_slice(&undo.old);
+        }
     }
     content
 }
@@ -451,8 +456,9 @@ impl Mounted {
         power.cut(unsynced)
     }
 
-    /// Unmounts and waits for the file system's thread.
+    /// Unmounts and waits for the file system's thread (failing any sync still held).
     pub fn unmount(mut self) -> io::Result<()> {
+        self.power.fail_held_syncs();
         match self.session.take() {
             Some(session) => session.umount_and_join(),
             None => Ok(()),
@@ -462,6 +468,8 @@ impl Mounted {
 
 impl Drop for Mounted {
     fn drop(&mut self) {
+        // A sync still held would keep the file system's thread, and so the unmount, waiting.
+        self.power.fail_held_syncs();
         if let Some(session) = self.session.take() {
             let _ = session.umount_and_join();
         }
@@ -905,8 +913,9 @@ mod tests {
     }
 
     /// A file synced with `SYNCED_LEN` bytes of `a`, then written as the file system records
-    /// writes: page 1 overwritten, two pages appended, a few bytes of page 0 overwritten.
-    /// Returns the handle, the file, and its synced and current contents.
+    /// writes: page 1 overwritten, two pages appended, a few bytes of page 0 overwritten, a few
+    /// more a page past the end (leaving a hole). Returns the handle, the file, and its synced
+    /// and current contents.
     fn written(dir: &Path) -> (PowerCut, PathBuf, Vec<u8>, Vec<u8>) {
         let path = dir.join("f");
         let synced = vec![b'a'; SYNCED_LEN];
@@ -918,10 +927,11 @@ mod tests {
             .write(true)
             .open(&path)
             .unwrap();
-        let writes: [(usize, Vec<u8>); 3] = [
+        let writes: [(usize, Vec<u8>); 4] = [
             (PAGE, vec![b'b'; PAGE]),
             (SYNCED_LEN, vec![b'c'; 2 * PAGE]),
             (100, vec![b'd'; 10]),
+            (SYNCED_LEN + 3 * PAGE, vec![b'e'; 10]),
         ];
         for (offset, bytes) in &writes {
             books
@@ -937,9 +947,9 @@ mod tests {
         (power, path, synced, now)
     }
 
-    /// Pages that differ between the synced and the current content: 0, 1, and the three the
-    /// append touches (3 straddles the synced end).
-    const CHANGED_PAGES: usize = 5;
+    /// Pages that differ between the synced and the current content: 0, 1, the three the
+    /// append touches (3 straddles the synced end) and the one past the hole.
+    const CHANGED_PAGES: usize = 6;
 
     #[test]
     fn losing_everything_puts_back_the_synced_bytes() {
@@ -951,7 +961,7 @@ mod tests {
             report,
             CutReport {
                 files: 1,
-                writes: 3,
+                writes: 4,
                 pages_lost: CHANGED_PAGES,
                 pages_kept: 0
             }
@@ -997,6 +1007,43 @@ mod tests {
         assert!(
             kept_page_1 > 0 && lost_page_1 > 0,
             "page 1 was always or never kept"
+        );
+    }
+
+    #[test]
+    fn a_shrunk_file_that_keeps_its_old_length_keeps_its_old_data() {
+        let (mut shrunk, mut whole) = (0, 0);
+        for seed in 0..32 {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("f");
+            let synced = vec![b'a'; 3 * PAGE];
+            std::fs::write(&path, &synced).unwrap();
+            let mut books = Books::new(dir.path());
+            let inode = books.inode_of(&path);
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .unwrap();
+            books.remember(inode, &file, PAGE as u64, None).unwrap();
+            file.set_len(PAGE as u64).unwrap();
+            let power = PowerCut {
+                books: Arc::new(Mutex::new(books)),
+                gate: gate(),
+            };
+            power.cut(Unsynced::PartlyKept { seed }).unwrap();
+            match std::fs::read(&path).unwrap() {
+                after if after == synced => whole += 1,
+                after if after == synced[..PAGE] => shrunk += 1,
+                after => panic!(
+                    "seed {seed}: {} bytes, neither length's content",
+                    after.len()
+                ),
+            }
+        }
+        assert!(
+            shrunk > 0 && whole > 0,
+            "the length was always or never kept"
         );
     }
 

@@ -238,7 +238,7 @@ async fn bench_client(endpoints: &[String]) -> Result<Client, Error> {
         deadline: Duration::from_secs(30),
         ..ClientConfig::default()
     };
-    Client::connect_with(endpoints, config).await
+    Client::new(endpoints, config)
 }
 
 /// How long the bench waits for a cluster to show a leader before it gives up (an election takes
