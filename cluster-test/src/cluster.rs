@@ -79,7 +79,8 @@ impl Default for Options {
 }
 
 /// How long a power loss holds the nodes' syncs before it kills them, so that the writes in
-/// flight are caught between their `write` and their sync ([`crate::power_cut::PowerCut::hold_syncs`]).
+/// flight are caught between their `write` and their sync
+/// ([`crate::power_cut::PowerCut::hold_syncs`]).
 const SYNCS_HELD_BEFORE_THE_CUT: Duration = Duration::from_millis(50);
 
 /// Client timeouts for tests: short enough that a dead node is abandoned quickly, long enough
@@ -365,9 +366,9 @@ impl Cluster {
     }
 
     /// A power loss of the whole cluster: holds every sync for a moment (the writes in flight
-    /// wait for theirs), SIGKILLs every running node, then throws away
-    /// everything the nodes wrote to their data dirs but did not sync, or a random part of it
-    /// (needs [`Options::power_cut`]). Returns the ids killed and what was thrown away.
+    /// wait for theirs), SIGKILLs every running node, then throws away everything the nodes
+    /// wrote to their data dirs but did not sync, or a random part of it (needs
+    /// [`Options::power_cut`]). Returns the ids killed and what was thrown away.
     pub async fn lose_power(&mut self) -> anyhow::Result<(Vec<u64>, CutReport)> {
         if !self.can_lose_power() {
             bail!("the cluster was started without Options::power_cut");
@@ -387,8 +388,9 @@ impl Cluster {
     }
 
     /// A power loss of node `id` alone: its syncs held for a moment, SIGKILL, then what it wrote
-    /// but did not sync is thrown away, or a random part of it. `None` when its data dir cannot lose power (no
-    /// [`Options::power_cut`], or a node added later): then it was only SIGKILLed.
+    /// but did not sync is thrown away, or a random part of it. `None` when its data dir cannot
+    /// lose power (no [`Options::power_cut`], or a node added later): then it was only
+    /// SIGKILLed.
     pub async fn lose_power_of(&mut self, id: u64) -> anyhow::Result<Option<CutReport>> {
         if !self.disks.contains_key(&id) {
             self.kill(id)?;

@@ -172,10 +172,10 @@ pub enum Unsynced {
     /// file's synced and its current length that differs from its synced content keeps the new
     /// bytes or goes back, independently, and each file keeps its synced length or its current
     /// one, with the pages past the shorter of the two following the length (data is written
-    /// before the length that covers it, as ext4 and XFS order them). The kernel writes dirty pages back
-    /// in no order a program may rely on, so a later write can survive where an earlier one is
-    /// lost: recovery must still find a prefix of what was written, which [`Unsynced::Lost`]
-    /// cannot show.
+    /// before the length that covers it, as ext4 and XFS order them). The kernel writes dirty
+    /// pages back in no order a program may rely on, so a later write can survive where an
+    /// earlier one is lost: recovery must still find a prefix of what was written, which
+    /// [`Unsynced::Lost`] cannot show.
     PartlyKept {
         /// Seeds the choices, so that the same unsynced state is cut the same way.
         seed: u64,
@@ -196,6 +196,8 @@ pub struct CutReport {
     pub pages_lost: usize,
     /// Pages that differed from their synced content and kept what was written.
     pub pages_kept: usize,
+    /// Whether the cut kept a random part ([`Unsynced::PartlyKept`]) rather than losing all.
+    pub partly_kept: bool,
 }
 
 impl CutReport {
@@ -205,6 +207,7 @@ impl CutReport {
         self.writes += other.writes;
         self.pages_lost += other.pages_lost;
         self.pages_kept += other.pages_kept;
+        self.partly_kept |= other.partly_kept;
     }
 }
 
@@ -213,15 +216,20 @@ impl std::fmt::Display for CutReport {
         let count = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
         write!(
             f,
-            "{} not yet synced in {}: {} lost",
+            "{} not yet synced in {}, ",
             count(self.writes, "write"),
             count(self.files, "file"),
-            count(self.pages_lost, "changed page"),
         )?;
-        if self.pages_kept > 0 {
-            write!(f, ", {} kept", self.pages_kept)?;
+        let lost = count(self.pages_lost, "changed page");
+        if self.partly_kept {
+            write!(
+                f,
+                "a random part kept: {lost} lost, {} kept",
+                self.pages_kept
+            )
+        } else {
+            write!(f, "all lost: {lost}")
         }
-        Ok(())
     }
 }
 
@@ -289,7 +297,10 @@ impl PowerCut {
     /// only once nothing writes any more (the writers are dead, the directory unmounted).
     pub fn cut(&self, unsynced: Unsynced) -> io::Result<CutReport> {
         let mut books = lock(&self.books);
-        let mut report = CutReport::default();
+        let mut report = CutReport {
+            partly_kept: matches!(unsynced, Unsynced::PartlyKept { .. }),
+            ..CutReport::default()
+        };
         let mut rng = match unsynced {
             Unsynced::Lost => None,
             Unsynced::PartlyKept { seed } => Some(StdRng::seed_from_u64(seed)),
@@ -963,8 +974,13 @@ mod tests {
                 files: 1,
                 writes: 4,
                 pages_lost: CHANGED_PAGES,
-                pages_kept: 0
+                pages_kept: 0,
+                partly_kept: false,
             }
+        );
+        assert_eq!(
+            report.to_string(),
+            "4 writes not yet synced in 1 file, all lost: 6 changed pages"
         );
         // What was undone is forgotten: a second cut finds nothing.
         assert_eq!(power.cut(Unsynced::Lost).unwrap(), CutReport::default());

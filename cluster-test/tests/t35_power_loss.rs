@@ -1,12 +1,13 @@
 //! Claim: an acknowledged write survives a power loss of every node at once, not only a SIGKILL.
 //!
 //! SIGKILL leaves the kernel's page cache in place, so it cannot tell written from synced. Here
-//! each node's data dir is a FUSE directory that can lose power ([`baton_cluster_test::power_cut`]):
-//! after every node is SIGKILLed under load, every byte a node wrote but did not `fsync` /
-//! `fdatasync` is thrown away, as a power cut does to the drives' and the kernel's caches. The
-//! cluster then restarts from what is left, and every acknowledged checkpoint save must still be
-//! there with its data. Some saves are 140 KiB, so their log entries go to sled's blob files,
-//! which sled itself never syncs.
+//! each node's data dir is a FUSE directory that can lose power
+//! ([`baton_cluster_test::power_cut`]): under load, every node's syncs are held for a moment (the
+//! writes in flight wait there), every node is SIGKILLed, and what a node wrote but did not
+//! `fsync` / `fdatasync` is thrown away, as a power cut does to the drives' and the kernel's
+//! caches. The cluster then restarts from what is left, and every acknowledged checkpoint save
+//! must still be there with its data. Some saves are 140 KiB, so their log entries go to sled's
+//! blob files, which sled itself never syncs.
 //!
 //! The rounds alternate between two power losses: one that throws away every unsynced write, and
 //! one that keeps a random part of them, page by page (a later write may survive an earlier one,
@@ -170,7 +171,10 @@ async fn t35_acknowledged_writes_survive_a_power_loss_of_every_node() {
     );
     // How many pages the partial losses kept is left to chance (each file and page is drawn);
     // that they keep whole pages in no order is checked in power_cut's unit tests.
-    println!("t35: the power cuts found {thrown_away}");
+    println!(
+        "t35: the power cuts found {} unsynced writes in {} files: {} changed pages lost, {} kept",
+        thrown_away.writes, thrown_away.files, thrown_away.pages_lost, thrown_away.pages_kept
+    );
     // The cluster still takes writes after it all.
     let client = Client::connect_with(&cluster.endpoints(), client_config())
         .await
