@@ -928,16 +928,8 @@ mod tests {
     /// more a page past the end (leaving a hole). Returns the handle, the file, and its synced
     /// and current contents.
     fn written(dir: &Path) -> (PowerCut, PathBuf, Vec<u8>, Vec<u8>) {
-        let path = dir.join("f");
         let synced = vec![b'a'; SYNCED_LEN];
-        std::fs::write(&path, &synced).unwrap();
-        let mut books = Books::new(dir);
-        let inode = books.inode_of(&path);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .unwrap();
+        let (mut books, inode, file, path) = synced_file(dir, &synced);
         let writes: [(usize, Vec<u8>); 4] = [
             (PAGE, vec![b'b'; PAGE]),
             (SYNCED_LEN, vec![b'c'; 2 * PAGE]),
@@ -951,11 +943,29 @@ mod tests {
             file.write_all_at(bytes, *offset as u64).unwrap();
         }
         let now = std::fs::read(&path).unwrap();
-        let power = PowerCut {
+        (power_cut(books), path, synced, now)
+    }
+
+    /// A file `f` under `dir` synced with `content`: the books that track it, its inode, a
+    /// handle to write it through as the file system would, and its path.
+    fn synced_file(dir: &Path, content: &[u8]) -> (Books, u64, File, PathBuf) {
+        let path = dir.join("f");
+        std::fs::write(&path, content).unwrap();
+        let mut books = Books::new(dir);
+        let inode = books.inode_of(&path);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        (books, inode, file, path)
+    }
+
+    fn power_cut(books: Books) -> PowerCut {
+        PowerCut {
             books: Arc::new(Mutex::new(books)),
             gate: gate(),
-        };
-        (power, path, synced, now)
+        }
     }
 
     /// Pages that differ between the synced and the current content: 0, 1, the three the
@@ -1031,23 +1041,11 @@ mod tests {
         let (mut shrunk, mut whole) = (0, 0);
         for seed in 0..32 {
             let dir = tempfile::tempdir().unwrap();
-            let path = dir.path().join("f");
             let synced = vec![b'a'; 3 * PAGE];
-            std::fs::write(&path, &synced).unwrap();
-            let mut books = Books::new(dir.path());
-            let inode = books.inode_of(&path);
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&path)
-                .unwrap();
+            let (mut books, inode, file, path) = synced_file(dir.path(), &synced);
             books.remember(inode, &file, PAGE as u64, None).unwrap();
             file.set_len(PAGE as u64).unwrap();
-            let power = PowerCut {
-                books: Arc::new(Mutex::new(books)),
-                gate: gate(),
-            };
-            power.cut(Unsynced::PartlyKept { seed }).unwrap();
+            power_cut(books).cut(Unsynced::PartlyKept { seed }).unwrap();
             match std::fs::read(&path).unwrap() {
                 after if after == synced => whole += 1,
                 after if after == synced[..PAGE] => shrunk += 1,
@@ -1077,10 +1075,7 @@ mod tests {
     #[test]
     fn a_held_sync_waits_until_the_power_goes_and_then_fails() {
         let dir = tempfile::tempdir().unwrap();
-        let power = PowerCut {
-            books: Arc::new(Mutex::new(Books::new(dir.path()))),
-            gate: gate(),
-        };
+        let power = power_cut(Books::new(dir.path()));
         // Not held: failing held syncs changes nothing, and a sync completes.
         power.fail_held_syncs();
         assert!(power.gate.pass());
