@@ -358,6 +358,9 @@ main() {
     local target=${CARGO_TARGET_DIR:-$ROOT/target}
     if has baton; then cargo build --release -p baton-node --bin baton >&2; fi
     BATON=$target/release/baton
+    # Named now, as built: the tree may change while the run goes on.
+    BATON_BUILT="commit $(git -C "$ROOT" rev-parse --short HEAD)"
+    git -C "$ROOT" diff --quiet HEAD -- . ':!bench/results' ':!docs' || BATON_BUILT+=" + local changes"
     CARGO_TARGET_DIR=$ROOT/bench/peers/target cargo build --release --manifest-path "$ROOT/bench/peers/Cargo.toml" >&2
     PEERS=$ROOT/bench/peers/target/release/peers-bench
 
@@ -396,8 +399,7 @@ main() {
 write_meta() {
     local stamp=$1 command=bench/compare.sh baton driver disk fsync
     if ((${#ORIGINAL_ARGS[@]})); then command+=$(printf ' %q' "${ORIGINAL_ARGS[@]}"); fi
-    baton="$("$BATON" --version 2>/dev/null || echo baton), commit $(git -C "$ROOT" rev-parse --short HEAD)"
-    git -C "$ROOT" diff --quiet HEAD -- . ':!bench/results' ':!docs' || baton+=" + local changes"
+    baton="$("$BATON" --version 2>/dev/null || echo baton), $BATON_BUILT"
     driver=$(awk '/^name = "(mysql_async|tokio-postgres|etcd-client)"/ { n = $3; getline; printf "%s %s, ", n, $3 }' \
         "$ROOT/bench/peers/Cargo.lock" | tr -d '"' | sed 's/, $//')
     disk="$(findmnt -no SOURCE,FSTYPE -T "$WORK" 2>/dev/null | sed -n 1p | tr -s ' ') ($(df -h --output=size "$WORK" | tail -1 | tr -d ' ') total)"
