@@ -1,15 +1,13 @@
 //! The Raft log and vote on sled.
 //!
 //! Durability rule: openraft is told that a vote or an entry is stored only after it is on disk
-//! (sled flushed, then fdatasync: see [`super::disk`]). An append inserts its entries and
-//! returns; its callback is queued to the flusher thread, which syncs once for every callback
-//! waiting and then completes them in order. openraft 0.9 itself awaits each append's callback
-//! before it runs its next command (`RaftCore::append_to_log`), so its core does wait for the
-//! disk, and a leader replicates an entry only once its own copy is synced; what makes one sync
-//! cover many client commands (group commit) is the proposer packing them into one entry
-//! (`crate::proposer`) and openraft appending a follower's received entries together. Votes,
-//! truncations and purge points sync inline. Nothing here uses a `sled::Batch` (see
-//! [`LogStore::remove_range`]).
+//! (sled flushed, then fdatasync: see [`super::disk`]). An append inserts its entries, syncs, and
+//! only then completes its callback. openraft 0.9 awaits each append's callback before it runs
+//! its next command (`RaftCore::append_to_log`), so appends never overlap and a leader replicates
+//! an entry only once its own copy is synced; what makes one sync cover many client commands
+//! (group commit) is the proposer packing them into one entry (`crate::proposer`) and openraft
+//! appending a follower's received entries together. Votes, truncations and purge points sync
+//! too. Nothing here uses a `sled::Batch` (see [`LogStore::remove_range`]).
 
 use std::fmt::Debug;
 use std::ops::RangeBounds;
@@ -17,7 +15,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{Entry, ErrorSubject, ErrorVerb, LogState, RaftLogReader, Vote};
-use tokio::sync::mpsc;
 
 use super::disk::Disk;
 use super::io_error;
@@ -35,31 +32,8 @@ pub struct LogStore {
     disk: Disk,
     log: sled::Tree,
     meta: sled::Tree,
-    flusher: mpsc::UnboundedSender<PendingFlush>,
     /// The newest entries, decoded, for the reads that follow an append.
     recent: Arc<Mutex<Recent>>,
-}
-
-/// An append waiting to be reported durable, with the disk to sync for it.
-type PendingFlush = (Disk, LogFlushed<TypeConfig>);
-
-/// Completes append callbacks in order, each after a sync that began after its entries were
-/// written. A thread of its own, because a sync blocks (and handing each one to a pool would add
-/// a hop to every write's latency). It holds the database only while a sync is pending, so
-/// closing the store releases sled's lock as soon as the last append is reported; it exits when
-/// the last [`LogStore`] clone is dropped.
-fn flush_loop(mut queue: mpsc::UnboundedReceiver<PendingFlush>) {
-    while let Some((disk, first)) = queue.blocking_recv() {
-        let mut waiting = vec![first];
-        while let Ok((_, next)) = queue.try_recv() {
-            waiting.push(next);
-        }
-        let synced = disk.sync_blocking().map_err(|e| e.to_string());
-        drop(disk);
-        for callback in waiting {
-            callback.log_io_completed(synced.clone().map_err(std::io::Error::other));
-        }
-    }
 }
 
 impl LogStore {
@@ -69,16 +43,10 @@ impl LogStore {
                 .open_tree(name)
                 .map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Read, e))
         };
-        let (flusher, queue) = mpsc::unbounded_channel();
-        std::thread::Builder::new()
-            .name("baton-log-sync".into())
-            .spawn(move || flush_loop(queue))
-            .map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Write, e))?;
         Ok(Self {
             disk: disk.clone(),
             log: open("log")?,
             meta: open("meta")?,
-            flusher,
             recent: Arc::default(),
         })
     }
@@ -275,17 +243,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             recent.push(entry, size);
         }
         drop(recent);
-        // The entries are readable now; they are reported durable once the flusher has synced
-        // after this write. A later vote or truncation syncs inline, which covers these too.
-        self.flusher
-            .send((self.disk.clone(), callback))
-            .map_err(|_| {
-                io_error(
-                    ErrorSubject::Logs,
-                    ErrorVerb::Write,
-                    std::io::Error::other("the log flusher has stopped"),
-                )
-            })?;
+        // Synced right here, blocking this worker thread for one sled flush and one fdatasync.
+        // openraft 0.9's core awaits the callback before its next command anyway, so it would
+        // sit parked that long; the node's other tasks run on the other workers meanwhile. A
+        // sync thread of its own cost two thread hand-offs per append (see docs/benchmarks.md).
+        let synced = self.disk.sync_blocking();
+        callback.log_io_completed(synced);
         Ok(())
     }
 
