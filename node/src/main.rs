@@ -14,7 +14,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match cli::runtime::build(args.nodes_in_process()) {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("baton: cannot start the async runtime: {e}");

@@ -10,6 +10,9 @@ use tokio::sync::watch;
 
 use super::{exit, shutdown_signal, TuningArgs};
 
+/// How many nodes `baton dev` runs.
+pub const NODES: u64 = 3;
+
 /// Arguments of `baton dev`.
 #[derive(Args, Debug)]
 pub struct DevArgs {
@@ -27,7 +30,7 @@ pub async fn run(args: DevArgs) -> u8 {
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut nodes = Vec::new();
     let mut endpoints = Vec::new();
-    for id in 1..=3u64 {
+    for id in 1..=NODES {
         let Some(port) = args.base_port.checked_add(id as u16 - 1) else {
             eprintln!(
                 "baton dev: --base-port {} leaves no room for three ports",

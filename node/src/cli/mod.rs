@@ -12,6 +12,7 @@ mod leader;
 mod members;
 mod node;
 mod queue;
+pub mod runtime;
 mod security;
 mod sink;
 mod snapshot;
@@ -204,6 +205,17 @@ fn env_log_filter(default: &str) -> String {
         .iter()
         .find_map(|name| std::env::var(name).ok())
         .unwrap_or_else(|| default.to_string())
+}
+
+impl Cli {
+    /// How many Baton nodes this command runs in the process (sizes the runtime).
+    pub fn nodes_in_process(&self) -> usize {
+        match self.command {
+            Command::Dev(_) => dev::NODES as usize,
+            Command::Node(_) => 1,
+            _ => 0,
+        }
+    }
 }
 
 /// Runs the parsed command and returns the process exit code.

@@ -64,7 +64,8 @@ impl Disk {
     }
 
     /// Writes everything sled holds in memory and makes it durable. Blocks the calling thread
-    /// (one sled flush plus one `fdatasync`); async code calls [`Disk::sync`].
+    /// (one sled flush plus one `fdatasync`); async code calls [`Disk::sync`], except the log's
+    /// append, which blocks on purpose (`LogStore::append`).
     pub(super) fn sync_blocking(&self) -> io::Result<()> {
         self.db.flush().map_err(io::Error::other)?;
         self.blobs.sync_new()?;

@@ -245,8 +245,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         drop(recent);
         // Synced right here, blocking this worker thread for one sled flush and one fdatasync.
         // openraft 0.9's core awaits the callback before its next command anyway, so it would
-        // sit parked that long; the node's other tasks run on the other workers meanwhile. A
-        // sync thread of its own cost two thread hand-offs per append (see docs/benchmarks.md).
+        // sit parked that long. The rest of the process goes on on other workers: `baton` gives
+        // its runtime at least one worker per node plus one (`cli/runtime.rs`). A sync thread of
+        // its own cost two thread hand-offs per append (see docs/benchmarks.md).
         let synced = self.disk.sync_blocking();
         callback.log_io_completed(synced);
         Ok(())
