@@ -243,7 +243,8 @@ pub async fn serve_secured(
             systemd::stopping();
             health.set(ServingStatus::NotServing).await;
             let _ = closing_tx.send(true);
-            crate::shutdown::leave(&node, &admission, &network).await;
+            crate::shutdown::leave(&node, &admission, &network, config.hand_over_on_shutdown)
+                .await;
             let _ = stop_serving_tx.send(());
             match tokio::time::timeout(CLOSE_LIMIT, &mut server).await {
                 Ok(joined) => joined,

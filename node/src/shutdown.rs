@@ -5,7 +5,8 @@
 //! 2. Let the admitted client requests finish, for at most [`DRAIN_LIMIT`].
 //! 3. Stop campaigning, and if this node leads, hand leadership to a caught-up voter
 //!    ([`crate::handover`]), so the cluster has a leader again after one election round trip
-//!    instead of an election timeout.
+//!    instead of an election timeout. Skipped when the whole cluster is stopping together
+//!    (`NodeConfig::hand_over_on_shutdown`, off in `baton dev`): the voters would be stopping too.
 //!
 //! The caller then stops serving and shuts Raft down.
 
@@ -22,7 +23,7 @@ use crate::node::Node;
 pub const DRAIN_LIMIT: Duration = Duration::from_secs(10);
 
 /// Runs steps 1–3; failures are logged, never fatal: the node stops either way.
-pub async fn leave(node: &Node, admission: &Admission, network: &Network) {
+pub async fn leave(node: &Node, admission: &Admission, network: &Network, hand_over: bool) {
     tracing::info!(id = node.id, "shutting down: refusing new client requests");
     admission.close(Closed::ShuttingDown);
     let still_running = admission.drain(DRAIN_LIMIT).await;
@@ -34,7 +35,7 @@ pub async fn leave(node: &Node, admission: &Admission, network: &Network) {
     }
     node.raft.runtime_config().elect(false);
     let leading = node.raft.metrics().borrow().state == ServerState::Leader;
-    if !leading {
+    if !leading || !hand_over {
         return;
     }
     match handover::hand_over(node, admission, network, None, Duration::ZERO).await {

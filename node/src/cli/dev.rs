@@ -40,9 +40,11 @@ pub async fn run(args: DevArgs) -> u8 {
         };
         let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         endpoints.push(listen.to_string());
-        let config =
+        let mut config =
             args.tuning
                 .node_config(id, listen, None, args.data_dir.join(format!("node-{id}")));
+        // All three stop together on Ctrl-C: no voter would be left to take leadership over.
+        config.hand_over_on_shutdown = false;
         let mut stop = stop_rx.clone();
         let shutdown = async move {
             let _ = stop.wait_for(|stopped| *stopped).await;

@@ -44,6 +44,10 @@ pub struct NodeConfig {
     /// `/readyz` answers 503 while this node's applied index is more than this many entries
     /// behind the leader's (default 1,000).
     pub ready_max_lag: u64,
+    /// Whether a leader that is asked to stop first hands leadership to a caught-up voter (default
+    /// true; see [`crate::shutdown`]). `baton dev` turns it off: it stops all three nodes at once,
+    /// so there is no voter left to take over.
+    pub hand_over_on_shutdown: bool,
 }
 
 impl NodeConfig {
@@ -61,6 +65,7 @@ impl NodeConfig {
             limits: Limits::default(),
             http: None,
             ready_max_lag: 1_000,
+            hand_over_on_shutdown: true,
         }
     }
 }

@@ -1,0 +1,193 @@
+//! `baton dev`, the README's first command: it starts a working three-node cluster, stops cleanly
+//! on Ctrl-C (exit 0, no warning or error logged on the way), and its data survives a restart.
+#![allow(clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, ChildStderr, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// Generous for a debug build on a loaded 2-core machine; the cluster is usually ready in ~2 s.
+const READY_WITHIN: Duration = Duration::from_secs(90);
+const STOPPED_WITHIN: Duration = Duration::from_secs(45);
+
+/// A port P with P, P+1 and P+2 free on 127.0.0.1 (`baton dev` listens on three in a row).
+fn three_free_ports() -> u16 {
+    for _ in 0..200 {
+        let first = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = first.local_addr().unwrap().port();
+        let Some(last) = port.checked_add(2) else {
+            continue;
+        };
+        let rest: Vec<_> = (port + 1..=last)
+            .map(|p| TcpListener::bind(("127.0.0.1", p)))
+            .collect();
+        if rest.iter().all(Result::is_ok) {
+            return port;
+        }
+    }
+    panic!("no three consecutive free ports on 127.0.0.1");
+}
+
+/// A running `baton dev` whose stdout lines arrive on a channel.
+struct Dev {
+    child: Child,
+    stdout: mpsc::Receiver<String>,
+    stderr: ChildStderr,
+}
+
+impl Dev {
+    fn start(data_dir: &Path, port: u16) -> Dev {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_baton"))
+            .args(["dev", "--base-port", &port.to_string(), "--data-dir"])
+            .arg(data_dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, stdout) = mpsc::channel();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        std::thread::spawn(move || {
+            for line in out.lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let stderr = child.stderr.take().unwrap();
+        Dev {
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// Waits for the "ready" line and returns it.
+    fn wait_ready(&mut self) -> String {
+        loop {
+            match self.stdout.recv_timeout(READY_WITHIN) {
+                Ok(line) if line.starts_with("baton dev: ready") => return line,
+                Ok(_) => {}
+                Err(e) => {
+                    let _ = self.child.kill();
+                    let mut log = String::new();
+                    let _ = self.stderr.read_to_string(&mut log);
+                    panic!(
+                        "baton dev was not ready within {READY_WITHIN:?} ({e}); its log:\n{log}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Sends SIGINT (Ctrl-C) and returns the exit code, the rest of stdout and all of stderr.
+    fn interrupt(mut self) -> (Option<i32>, String, String) {
+        let pid = self.child.id().to_string();
+        assert!(Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .unwrap()
+            .success());
+        let (done_tx, done) = mpsc::channel();
+        let mut stderr = self.stderr;
+        std::thread::spawn(move || {
+            let mut log = String::new();
+            let _ = stderr.read_to_string(&mut log);
+            let _ = done_tx.send(log);
+        });
+        let log = match done.recv_timeout(STOPPED_WITHIN) {
+            Ok(log) => log,
+            Err(_) => {
+                let _ = self.child.kill();
+                panic!("baton dev did not stop within {STOPPED_WITHIN:?} of SIGINT");
+            }
+        };
+        let code = self.child.wait().unwrap().code();
+        let rest: Vec<String> = self.stdout.try_iter().collect();
+        (code, rest.join("\n"), log)
+    }
+}
+
+fn client(port: u16, args: &[&str]) -> Output {
+    let endpoints = (port..port + 3)
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["--endpoints", &endpoints])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stdout_of(output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "client command failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Lines at WARN or ERROR level in `baton dev`'s log.
+fn complaints(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|line| line.contains(" WARN ") || line.contains(" ERROR "))
+        .collect()
+}
+
+#[test]
+fn dev_cluster_serves_stops_cleanly_and_keeps_its_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("dev");
+    let port = three_free_ports();
+
+    let mut dev = Dev::start(&data_dir, port);
+    let ready = dev.wait_ready();
+    assert!(ready.contains(&format!("127.0.0.1:{port}")), "{ready}");
+    let status = stdout_of(&client(port, &["status"]));
+    let with_role = |role: &str| status.lines().filter(|l| l.contains(role)).count();
+    assert_eq!(with_role(" leader "), 1, "{status}");
+    assert_eq!(with_role(" follower "), 2, "{status}");
+    let offered = stdout_of(&client(
+        port,
+        &[
+            "ticket",
+            "offer",
+            "--key",
+            "t55",
+            "--from",
+            "a",
+            "--to",
+            "b",
+            "--reply-to",
+            "a",
+            "--ttl",
+            "1h",
+        ],
+    ));
+    let (code, rest, log) = dev.interrupt();
+    assert_eq!(code, Some(0), "exit code; log:\n{log}");
+    assert!(rest.contains("baton dev: stopped"), "stdout: {rest}");
+    assert!(
+        complaints(&log).is_empty(),
+        "a clean stop logs no warning or error:\n{}",
+        complaints(&log).join("\n")
+    );
+
+    // Restarted on the same data: the cluster resumes (no re-initialisation) with the ticket.
+    let mut dev = Dev::start(&data_dir, port);
+    dev.wait_ready();
+    let listed = stdout_of(&client(port, &["ticket", "list"]));
+    assert!(
+        listed.contains("t55"),
+        "after a restart: {listed}\nbefore: {offered}"
+    );
+    let (code, _, log) = dev.interrupt();
+    assert_eq!(code, Some(0), "exit code after the restart; log:\n{log}");
+    assert!(
+        complaints(&log).is_empty(),
+        "{}",
+        complaints(&log).join("\n")
+    );
+}
