@@ -10,6 +10,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("baton_descriptor.bin");
     tonic_prost_build::configure()
         .file_descriptor_set_path(descriptors)
-        .compile_protos(&["proto/baton.proto", "proto/raft.proto"], &["proto"])?;
+        .compile_protos(&["proto/baton.proto"], &["proto"])?;
     Ok(())
 }

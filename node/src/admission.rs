@@ -1,13 +1,11 @@
 //! Admission: the one gate every gRPC request passes before it reaches a service.
 //!
-//! Three rules, judged by the request's path before any handler runs:
+//! Peers' Raft traffic does not pass here: it has connections of its own
+//! ([`crate::raft_server`]), never gated (a node that is draining or handing over leadership
+//! must keep talking Raft) and, when the node runs TLS, admitted only with a node certificate
+//! ([`crate::tls::PeerAcceptor`]). Two rules, judged by the request's path before any handler
+//! runs:
 //!
-//! - **Peer traffic** (`/baton.raft.v1.Raft/...`) is never token-checked and never gated: a node
-//!   that is draining or handing over leadership must keep talking Raft. When the node runs
-//!   TLS, a peer call must come over a connection whose client certificate the cluster CA signed
-//!   and which is a node certificate (it allows server authentication; a client certificate
-//!   allows client authentication only). That certificate, not the client token, is what
-//!   protects Raft traffic.
 //! - **Client traffic** (every other service) must carry `authorization: Bearer <token>` with one
 //!   of the configured tokens when the node has any; otherwise it is answered `UNAUTHENTICATED`
 //!   before it can change anything. Health checks are the one exception, so probes need no secret.
@@ -29,8 +27,6 @@ use tonic::Code;
 
 use crate::auth::Tokens;
 
-/// The gRPC path prefix of the Raft peer service.
-const RAFT_PATH: &str = "/baton.raft.v1.Raft/";
 /// Cluster administration stays reachable while the gate is closed (it is how a handover is
 /// asked for and watched).
 const CLUSTER_PATH: &str = "/baton.v1.Cluster/";
@@ -57,7 +53,6 @@ pub struct Admission {
 
 struct Inner {
     tokens: Option<Tokens>,
-    require_peer_cert: bool,
     closed: Mutex<Option<Closed>>,
     in_flight: watch::Sender<usize>,
     /// Held while a leadership handover runs: one at a time.
@@ -66,7 +61,7 @@ struct Inner {
 
 /// What the gate decided about one request.
 enum Decision {
-    /// Pass without counting (peer traffic, administration, health).
+    /// Pass without counting (administration, health).
     Pass,
     /// Pass, counted in flight until the response is ready.
     Counted(InFlight),
@@ -75,13 +70,11 @@ enum Decision {
 }
 
 impl Admission {
-    /// A gate that checks `tokens` (none: no token needed) and, with `require_peer_cert`,
-    /// requires a verified client certificate on peer traffic.
-    pub fn new(tokens: Option<Tokens>, require_peer_cert: bool) -> Self {
+    /// A gate that checks `tokens` (none: no token needed).
+    pub fn new(tokens: Option<Tokens>) -> Self {
         Self {
             inner: Arc::new(Inner {
                 tokens,
-                require_peer_cert,
                 closed: Mutex::new(None),
                 in_flight: watch::Sender::new(0),
                 handover: tokio::sync::Mutex::new(()),
@@ -141,17 +134,6 @@ impl Admission {
 
     fn decide<B>(&self, request: &http::Request<B>) -> Decision {
         let path = request.uri().path();
-        if path.starts_with(RAFT_PATH) {
-            if self.inner.require_peer_cert && !has_node_cert(request) {
-                return Decision::Refuse(infra_status(
-                    Code::Unauthenticated,
-                    UNAUTHENTICATED,
-                    "Raft traffic needs a node certificate (server and client authentication) \
-                     signed by the cluster CA",
-                ));
-            }
-            return Decision::Pass;
-        }
         if path.starts_with(HEALTH_PATH) {
             return Decision::Pass;
         }
@@ -182,32 +164,6 @@ impl Admission {
             )),
         }
     }
-}
-
-/// Whether the request came over a TLS connection whose client certificate (verified against
-/// the cluster CA by the TLS layer) is a node certificate: one allowed for server
-/// authentication, which client certificates are not.
-fn has_node_cert<B>(request: &http::Request<B>) -> bool {
-    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
-    let Some(certs) = request
-        .extensions()
-        .get::<TlsConnectInfo<TcpConnectInfo>>()
-        .and_then(|info| info.peer_certs())
-    else {
-        return false;
-    };
-    certs.first().is_some_and(|leaf| allows_server_auth(leaf))
-}
-
-/// Whether a DER certificate's extended key usage allows server authentication.
-fn allows_server_auth(der: &[u8]) -> bool {
-    let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
-        return false;
-    };
-    matches!(
-        cert.extended_key_usage(),
-        Ok(Some(usage)) if usage.value.server_auth || usage.value.any
-    )
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -315,9 +271,9 @@ mod tests {
     }
 
     #[test]
-    fn client_requests_need_a_configured_token_peers_do_not() {
+    fn client_requests_need_a_configured_token() {
         let tokens = Tokens::parse("s3cret-0123456789\n").expect("tokens");
-        let gate = Admission::new(Some(tokens), false);
+        let gate = Admission::new(Some(tokens));
         let write = "/baton.v1.Handoff/Offer";
         assert_eq!(
             refused_code(gate.decide(&request(write, None))),
@@ -332,10 +288,6 @@ mod tests {
             None
         );
         assert_eq!(
-            refused_code(gate.decide(&request("/baton.raft.v1.Raft/Vote", None))),
-            None
-        );
-        assert_eq!(
             refused_code(gate.decide(&request("/baton.v1.Cluster/NodeInfo", None))),
             Some(Code::Unauthenticated),
             "administration needs the token too"
@@ -343,25 +295,12 @@ mod tests {
     }
 
     #[test]
-    fn peer_traffic_without_a_client_certificate_is_refused_under_mtls() {
-        let gate = Admission::new(None, true);
-        assert_eq!(
-            refused_code(gate.decide(&request("/baton.raft.v1.Raft/AppendEntries", None))),
-            Some(Code::Unauthenticated)
-        );
-    }
-
-    #[test]
-    fn a_closed_gate_refuses_client_requests_but_not_raft_or_administration() {
-        let gate = Admission::new(None, false);
+    fn a_closed_gate_refuses_client_requests_but_not_administration() {
+        let gate = Admission::new(None);
         gate.close(Closed::HandingOver);
         assert_eq!(
             refused_code(gate.decide(&request("/baton.v1.Board/Claim", None))),
             Some(Code::Unavailable)
-        );
-        assert_eq!(
-            refused_code(gate.decide(&request("/baton.raft.v1.Raft/Vote", None))),
-            None
         );
         assert_eq!(
             refused_code(gate.decide(&request("/baton.v1.Cluster/NodeInfo", None))),
@@ -374,27 +313,9 @@ mod tests {
         assert!(gate.is_closed(), "a shutdown is never undone");
     }
 
-    fn certificate(usages: Vec<rcgen::ExtendedKeyUsagePurpose>) -> Vec<u8> {
-        let mut params = rcgen::CertificateParams::new(vec!["node".to_string()]).expect("params");
-        params.extended_key_usages = usages;
-        let key = rcgen::KeyPair::generate().expect("key");
-        params.self_signed(&key).expect("cert").der().to_vec()
-    }
-
-    #[test]
-    fn only_node_certificates_may_speak_raft() {
-        use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
-        assert!(allows_server_auth(&certificate(vec![
-            ServerAuth, ClientAuth
-        ])));
-        assert!(!allows_server_auth(&certificate(vec![ClientAuth])));
-        assert!(!allows_server_auth(&certificate(vec![])), "no usage stated");
-        assert!(!allows_server_auth(b"not a certificate"));
-    }
-
     #[tokio::test]
     async fn drain_waits_for_admitted_requests() {
-        let gate = Admission::new(None, false);
+        let gate = Admission::new(None);
         let admitted = gate.decide(&request("/baton.v1.Board/Claim", None));
         assert_eq!(gate.in_flight(), 1);
         assert_eq!(gate.drain(Duration::from_millis(20)).await, 1);

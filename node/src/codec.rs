@@ -9,6 +9,14 @@ pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, bincode::error::Encode
     bincode::serde::encode_to_vec(value, bincode::config::standard())
 }
 
+/// Encodes a value as [`encode`] does, appending its bytes to `writer`.
+pub fn encode_into<T: Serialize>(
+    value: &T,
+    writer: &mut impl std::io::Write,
+) -> Result<(), bincode::error::EncodeError> {
+    bincode::serde::encode_into_std_write(value, writer, bincode::config::standard()).map(|_| ())
+}
+
 /// Decodes a value encoded by [`encode`], refusing trailing bytes.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::error::DecodeError> {
     let (value, read) = bincode::serde::decode_from_slice(bytes, bincode::config::standard())?;

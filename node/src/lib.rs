@@ -17,6 +17,8 @@ pub mod network;
 pub mod newer_log_stands;
 pub mod node;
 pub mod proposer;
+pub mod raft_server;
+pub mod raft_wire;
 pub mod read_index;
 pub mod readiness;
 pub mod security;

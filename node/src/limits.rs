@@ -310,7 +310,6 @@ mod tests {
         assert_eq!(door("/baton.v1.Queue/Lease"), Door::Client);
         assert_eq!(door("/baton.v1.Cluster/NodeInfo"), Door::Admin);
         assert_eq!(door("/baton.v1.Watch/Watch"), Door::Open);
-        assert_eq!(door("/baton.raft.v1.Raft/AppendEntries"), Door::Open);
         assert_eq!(door("/grpc.health.v1.Health/Check"), Door::Open);
     }
 

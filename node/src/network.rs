@@ -1,12 +1,12 @@
-//! The Raft transport: openraft messages carried as codec bytes inside gRPC calls, over TLS with
-//! this node's certificate when the node runs TLS.
+//! The client side of the Raft transport: openraft messages sent to peers as [`raft_wire`]
+//! frames, over TLS with this node's certificate when the node runs TLS.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use baton_rpc::proto::raft::raft_client::RaftClient;
-use baton_rpc::proto::raft::{raft_reply, RaftRequest};
+use bytes::Bytes;
+use futures::{SinkExt, StreamExt};
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
 };
@@ -18,10 +18,14 @@ use openraft::raft::{
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
 
 use crate::codec;
 use crate::handover::TimeoutNow;
+use crate::raft_wire::{self, Kind, Link, Outcome};
+use crate::tls::PeerConnector;
 use crate::types::{NodeId, TypeConfig};
 
 /// Largest Raft message accepted or sent (append batches and snapshot chunks).
@@ -30,28 +34,50 @@ pub const MAX_RAFT_MESSAGE_BYTES: usize = 256 << 20;
 /// How long `TimeoutNow` may take to be answered.
 const TIMEOUT_NOW_LIMIT: Duration = Duration::from_secs(2);
 
-/// How often an idle peer connection is pinged, and how long a ping may go unanswered before the
-/// connection is dropped (the next call then connects anew). A connection that a network
-/// swallowed without a reset would otherwise carry every later call into the void until the
-/// kernel gave up on it, minutes later.
-const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(1);
-const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long dialing a peer may take (within the call's own limit).
+const CONNECT_LIMIT: Duration = Duration::from_millis(500);
 
-/// Creates one [`Peer`] per replication target.
+/// How many idle connections to one peer are kept for later calls.
+///
+/// openraft 0.9 makes a new client not only per replication stream but for every read-index
+/// round (one per follower) and every election. A connection per client would mean a TCP
+/// connect (and TLS handshake) for each linearizable read round: hundreds a second under a read
+/// load, each leaving a socket in TIME_WAIT (5,300 after a 7 s `mixed-read` run when that was so),
+/// enough to exhaust the ephemeral ports towards a peer on a real network. So connections
+/// outlive clients: a call takes an idle one (or dials), and gives it back when answered. At
+/// most a few calls to a peer run at once (replication, a read-index round, a vote).
+const MAX_IDLE_LINKS: usize = 4;
+
+/// How long after a failed dial, or a fresh connection left unanswered, no new connection to that
+/// peer is tried: calls meanwhile fail at once. Without it every call to an unreachable peer
+/// (openraft retries replication every 20–500 ms and makes a client for every read-index round)
+/// would open a connection of its own, and a network that swallows connections would soon hold
+/// thousands.
+const REDIAL_PAUSE: Duration = Duration::from_millis(100);
+
+/// Creates one [`Peer`] per replication target, and keeps the connections to each peer.
+///
+/// A connection is used by one call at a time, and dropped when a call on it fails or is not
+/// answered in time: a connection that a network swallowed without a reset thus costs one
+/// failed call, and the next call dials anew.
 #[derive(Clone, Default)]
 pub struct Network {
     /// Peers reached at another address than the membership's (NAT, proxies, fault injection).
     peer_addrs: Arc<BTreeMap<NodeId, String>>,
     /// TLS towards peers (trusting the cluster CA, presenting this node's certificate).
-    tls: Option<ClientTlsConfig>,
-    /// One HTTP/2 connection per peer address, shared by every client made for that peer.
-    ///
-    /// openraft 0.9 makes a new client not only per replication stream but for every read-index
-    /// round (one per follower) and every election. A channel per client meant a new TCP
-    /// connection and HTTP/2 handshake for each linearizable read round: hundreds a second under
-    /// a read load, each leaving a socket in TIME_WAIT (5,300 after a 7 s `mixed-read` run),
-    /// enough to exhaust the ephemeral ports towards a peer on a real network.
-    channels: Arc<Mutex<HashMap<(NodeId, String), Channel>>>,
+    tls: Option<PeerConnector>,
+    /// The connections kept per peer.
+    peers: Arc<Mutex<HashMap<NodeId, Links>>>,
+}
+
+/// The connections kept to one peer.
+struct Links {
+    /// The address they lead to.
+    addr: String,
+    /// Connections answered last time and not in use.
+    idle: Vec<Link>,
+    /// No new connection before this instant (see [`REDIAL_PAUSE`]).
+    quiet_until: Option<Instant>,
 }
 
 impl Network {
@@ -61,48 +87,141 @@ impl Network {
         Self {
             peer_addrs: Arc::new(peer_addrs),
             tls: None,
-            channels: Arc::default(),
+            peers: Arc::default(),
         }
     }
 
     /// This network with its peer links over TLS.
-    pub fn with_tls(mut self, tls: ClientTlsConfig) -> Self {
+    pub fn with_tls(mut self, tls: PeerConnector) -> Self {
         self.tls = Some(tls);
-        self.channels = Arc::default();
+        self.peers = Arc::default();
         self
     }
 
-    /// The channel to peer `target`, whose membership address is `addr`: the shared one, made
-    /// (connecting lazily, on its first call) when this address has none yet.
-    fn channel(&self, target: NodeId, addr: &str) -> Result<Channel, String> {
-        let addr = self.peer_addrs.get(&target).map_or(addr, String::as_str);
-        let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (target, addr.to_string());
-        if let Some(channel) = channels.get(&key) {
-            return Ok(channel.clone());
-        }
-        let channel = self.connect_lazy(addr)?;
-        // A peer's address changed: its old connection is not needed any more.
-        channels.retain(|(id, _), _| *id != target);
-        channels.insert(key, channel.clone());
-        Ok(channel)
+    /// The address peer `target`, whose membership address is `addr`, is reached at.
+    fn address(&self, target: NodeId, addr: &str) -> String {
+        self.peer_addrs
+            .get(&target)
+            .map_or(addr, String::as_str)
+            .to_string()
     }
 
-    fn connect_lazy(&self, addr: &str) -> Result<Channel, String> {
-        let scheme = if self.tls.is_some() { "https" } else { "http" };
-        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
-            .map_err(|e| e.to_string())?
-            .tcp_nodelay(true)
-            .connect_timeout(Duration::from_millis(500))
-            .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
-            .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
-            .keep_alive_while_idle(true);
-        if let Some(tls) = &self.tls {
-            endpoint = endpoint
-                .tls_config(tls.clone())
-                .map_err(|e| e.to_string())?;
+    /// Runs `f` on what is kept for peer `target` at `addr`. When the peer moved, what was kept
+    /// for its old address is let go first.
+    fn with_links<T>(&self, target: NodeId, addr: &str, f: impl FnOnce(&mut Links) -> T) -> T {
+        let mut peers = lock(&self.peers);
+        let links = peers.entry(target).or_insert_with(|| Links {
+            addr: addr.to_string(),
+            idle: Vec::new(),
+            quiet_until: None,
+        });
+        if links.addr != addr {
+            *links = Links {
+                addr: addr.to_string(),
+                idle: Vec::new(),
+                quiet_until: None,
+            };
         }
-        Ok(endpoint.connect_lazy())
+        f(links)
+    }
+
+    /// An idle connection to `target` at `addr`, if one is kept.
+    fn take_idle(&self, target: NodeId, addr: &str) -> Option<Link> {
+        self.with_links(target, addr, |links| links.idle.pop())
+    }
+
+    /// Keeps `link`, just answered, for the next call to `target` at `addr`.
+    fn give_back(&self, target: NodeId, addr: &str, link: Link) {
+        self.with_links(target, addr, |links| {
+            links.quiet_until = None;
+            if links.idle.len() < MAX_IDLE_LINKS {
+                links.idle.push(link);
+            }
+        });
+    }
+
+    /// A new connection to `addr`: TCP without Nagle's delay, the preamble, and TLS when the
+    /// node runs it.
+    async fn dial(&self, addr: &str) -> Result<Link, String> {
+        let mut stream = TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+        let _ = stream.set_nodelay(true);
+        stream
+            .write_all(&raft_wire::PREAMBLE)
+            .await
+            .map_err(|e| format!("cannot write to {addr}: {e}"))?;
+        let stream: Box<dyn raft_wire::Stream> = match &self.tls {
+            None => Box::new(stream),
+            Some(tls) => Box::new(tls.connect(addr, stream).await?),
+        };
+        Ok(raft_wire::link(stream))
+    }
+
+    /// Sends `frame` to peer `target` at `addr` and returns the answer, within `limit`
+    /// (dialing included). Every failure is a transport failure, as text.
+    async fn call(
+        &self,
+        target: NodeId,
+        addr: &str,
+        frame: Bytes,
+        limit: Duration,
+    ) -> Result<(Outcome, Bytes), String> {
+        let deadline = Instant::now() + limit;
+        let unanswered = || format!("node {target} at {addr}: no answer within {limit:?}");
+        if let Some(link) = self.take_idle(target, addr) {
+            match exchange(link, frame.clone(), deadline).await {
+                Ok((link, answer)) => return self.answered(target, addr, link, answer),
+                Err(Failure::Late) => return Err(unanswered()),
+                // A kept connection that broke: the peer restarted, say, and the others kept
+                // for it are likely broken too. Forget them and dial once, within the same
+                // limit; Raft's requests may safely arrive twice.
+                Err(Failure::Broken(_)) => {
+                    self.with_links(target, addr, |links| links.idle.clear());
+                }
+            }
+        }
+        let now = Instant::now();
+        if let Some(until) = self.with_links(target, addr, |links| links.quiet_until) {
+            if now < until {
+                return Err(format!(
+                    "node {target} at {addr} was unreachable just now; next try in {:?}",
+                    until - now
+                ));
+            }
+        }
+        let dialing = self.dial(addr);
+        let failure =
+            match tokio::time::timeout_at(deadline.min(now + CONNECT_LIMIT), dialing).await {
+                Err(_) => format!("cannot connect to node {target} at {addr} in time"),
+                Ok(Err(why)) => why,
+                Ok(Ok(link)) => match exchange(link, frame, deadline).await {
+                    Ok((link, answer)) => return self.answered(target, addr, link, answer),
+                    Err(Failure::Late) => unanswered(),
+                    Err(Failure::Broken(why)) => format!("node {target} at {addr}: {why}"),
+                },
+            };
+        self.with_links(target, addr, |links| {
+            links.quiet_until = Some(Instant::now() + REDIAL_PAUSE);
+        });
+        Err(failure)
+    }
+
+    /// The outcome and body of `answer`, which came over `link`; the link is kept for the next
+    /// call unless the peer is closing it (after a request it could not handle).
+    fn answered(
+        &self,
+        target: NodeId,
+        addr: &str,
+        link: Link,
+        answer: Bytes,
+    ) -> Result<(Outcome, Bytes), String> {
+        let (outcome, body) =
+            raft_wire::parse_answer(answer).map_err(|e| format!("node {target} at {addr}: {e}"))?;
+        if outcome != Outcome::Failed {
+            self.give_back(target, addr, link);
+        }
+        Ok((outcome, body))
     }
 
     /// Asks peer `target` to start an election now (leadership handover); returns its refusal
@@ -113,39 +232,72 @@ impl Network {
         addr: &str,
         message: &TimeoutNow,
     ) -> Result<(), String> {
-        let channel = self.channel(target, addr)?;
-        let body = codec::encode(message).map_err(|e| e.to_string())?;
-        let mut client = RaftClient::new(channel);
-        let call = client.timeout_now(RaftRequest { body });
-        let reply = tokio::time::timeout(TIMEOUT_NOW_LIMIT, call)
+        let addr = self.address(target, addr);
+        let frame = raft_wire::request(Kind::TimeoutNow, message).map_err(|e| e.to_string())?;
+        let (outcome, body) = self
+            .call(target, &addr, frame, TIMEOUT_NOW_LIMIT)
             .await
-            .map_err(|_| format!("node {target} did not answer within {TIMEOUT_NOW_LIMIT:?}"))?
-            .map_err(|status| format!("node {target}: {}", status.message()))?
-            .into_inner();
-        match reply.result {
-            Some(raft_reply::Result::Ok(_)) => Ok(()),
-            Some(raft_reply::Result::Err(bytes)) => {
-                let why: String = codec::decode(&bytes).map_err(|e| e.to_string())?;
-                Err(why)
-            }
-            None => Err(format!("node {target} sent an empty reply")),
+            .map_err(|e| format!("node {target}: {e}"))?;
+        match outcome {
+            Outcome::Answered => Ok(()),
+            Outcome::Refused => Err(codec::decode(&body).map_err(|e| e.to_string())?),
+            Outcome::Failed => Err(format!("node {target}: {}", String::from_utf8_lossy(&body))),
         }
     }
+}
+
+/// Why an exchange on a connection failed.
+enum Failure {
+    /// No answer by the deadline (the connection is dropped: its state is unknown).
+    Late,
+    /// The connection broke or sent something that is not a frame.
+    Broken(String),
+}
+
+/// Writes `frame` on `link` and reads the answer, by `deadline`; gives the link back with it.
+async fn exchange(
+    mut link: Link,
+    frame: Bytes,
+    deadline: Instant,
+) -> Result<(Link, Bytes), Failure> {
+    let talk = async {
+        link.send(frame).await.map_err(|e| e.to_string())?;
+        match link.next().await {
+            Some(Ok(answer)) => Ok(answer.freeze()),
+            Some(Err(e)) => Err(e.to_string()),
+            None => Err("the connection was closed".to_string()),
+        }
+    };
+    match tokio::time::timeout_at(deadline, talk).await {
+        Err(_) => Err(Failure::Late),
+        Ok(Err(why)) => Err(Failure::Broken(why)),
+        Ok(Ok(answer)) => Ok((link, answer)),
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
-        let channel = self.channel(target, &node.addr);
-        Peer { target, channel }
+        Peer {
+            target,
+            addr: self.address(target, &node.addr),
+            network: self.clone(),
+        }
     }
 }
 
-/// A connection to one peer.
+/// One peer, as openraft's replication, elections and read-index rounds see it.
 pub struct Peer {
     target: NodeId,
-    channel: Result<Channel, String>,
+    addr: String,
+    network: Network,
 }
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
@@ -166,54 +318,27 @@ impl Peer {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
-        let channel = self
-            .channel
-            .clone()
+        let frame = raft_wire::request(kind, request)
+            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let (outcome, body) = self
+            .network
+            .call(self.target, &self.addr, frame, option.hard_ttl())
+            .await
             .map_err(|e| RPCError::Unreachable(Unreachable::new(&TransportError(e))))?;
-        let body = codec::encode(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let mut client = RaftClient::new(channel)
-            .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES);
-        let request = RaftRequest { body };
-        let call = async {
-            match kind {
-                Kind::Append => client.append_entries(request).await,
-                Kind::Vote => client.vote(request).await,
-                Kind::Snapshot => client.install_snapshot(request).await,
+        match outcome {
+            Outcome::Answered => {
+                codec::decode(&body).map_err(|e| RPCError::Network(NetworkError::new(&e)))
             }
-        };
-        let reply = match tokio::time::timeout(option.hard_ttl(), call).await {
-            Err(_) => {
-                let e = TransportError(format!("no answer within {:?}", option.hard_ttl()));
-                return Err(RPCError::Unreachable(Unreachable::new(&e)));
-            }
-            Ok(Err(status)) => {
-                let e = TransportError(format!("{:?}: {}", status.code(), status.message()));
-                return Err(RPCError::Unreachable(Unreachable::new(&e)));
-            }
-            Ok(Ok(reply)) => reply.into_inner(),
-        };
-        match reply.result {
-            Some(raft_reply::Result::Ok(bytes)) => {
-                codec::decode(&bytes).map_err(|e| RPCError::Network(NetworkError::new(&e)))
-            }
-            Some(raft_reply::Result::Err(bytes)) => {
+            Outcome::Refused => {
                 let err: RaftError<NodeId, E> =
-                    codec::decode(&bytes).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+                    codec::decode(&body).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
                 Err(RPCError::RemoteError(RemoteError::new(self.target, err)))
             }
-            None => Err(RPCError::Network(NetworkError::new(&TransportError(
-                "empty raft reply".into(),
+            Outcome::Failed => Err(RPCError::Unreachable(Unreachable::new(&TransportError(
+                format!("node {}: {}", self.target, String::from_utf8_lossy(&body)),
             )))),
         }
     }
-}
-
-#[derive(Clone, Copy)]
-enum Kind {
-    Append,
-    Vote,
-    Snapshot,
 }
 
 /// The most entry bytes one AppendEntries carries (its first entry goes even when larger).
@@ -274,11 +399,11 @@ impl RaftNetwork<TypeConfig> for Peer {
             all
         };
         if keep == all {
-            return self.send(Kind::Append, &rpc, &option).await;
+            return self.send(Kind::AppendEntries, &rpc, &option).await;
         }
         rpc.entries.truncate(keep);
         let last_sent = rpc.entries.last().map(|entry| entry.log_id);
-        let response = self.send(Kind::Append, &rpc, &option).await?;
+        let response = self.send(Kind::AppendEntries, &rpc, &option).await?;
         Ok(match response {
             AppendEntriesResponse::Success => AppendEntriesResponse::PartialSuccess(last_sent),
             other => other,
@@ -290,7 +415,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
-        self.send(Kind::Snapshot, &rpc, &option).await
+        self.send(Kind::InstallSnapshot, &rpc, &option).await
     }
 
     async fn vote(
@@ -322,61 +447,145 @@ mod tests {
         assert_eq!(entries_within([usize::MAX, 1], 250), 1);
     }
 
-    /// A listener that accepts TCP connections, counts them and never answers on them.
-    async fn silent_listener() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let count = accepted.clone();
-        tokio::spawn(async move {
-            let mut held = Vec::new();
-            while let Ok((socket, _)) = listener.accept().await {
-                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                held.push(socket);
-            }
-        });
-        (addr, accepted)
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+
+    /// A stand-in peer on a loopback port: it counts its connections, reads each one's preamble
+    /// and grants every vote asked of it; while `mute` it reads requests and answers none, and
+    /// with `hang_up` it closes each connection after answering once (as a restart would).
+    #[derive(Clone)]
+    struct StandIn {
+        addr: String,
+        accepted: Arc<AtomicUsize>,
+        mute: Arc<AtomicBool>,
+        hang_up: Arc<AtomicBool>,
     }
 
-    /// Sends one vote through a fresh client for peer 2 at `addr` (unanswered: it times out).
-    async fn call_through_new_client(network: &mut Network, addr: &str) {
+    impl StandIn {
+        async fn start() -> Self {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let peer = StandIn {
+                addr: listener.local_addr().unwrap().to_string(),
+                accepted: Arc::default(),
+                mute: Arc::default(),
+                hang_up: Arc::default(),
+            };
+            let serving = peer.clone();
+            tokio::spawn(async move {
+                while let Ok((stream, _)) = listener.accept().await {
+                    serving.accepted.fetch_add(1, SeqCst);
+                    tokio::spawn(serving.clone().serve(stream));
+                }
+            });
+            peer
+        }
+
+        async fn serve(self, mut stream: TcpStream) {
+            use tokio::io::AsyncReadExt;
+            let mut preamble = [0u8; 8];
+            stream.read_exact(&mut preamble).await.unwrap();
+            assert_eq!(preamble, raft_wire::PREAMBLE);
+            let mut link = raft_wire::link(Box::new(stream));
+            while let Some(Ok(frame)) = link.next().await {
+                let (kind, _) = raft_wire::parse_request(frame.freeze()).unwrap();
+                assert_eq!(kind, Kind::Vote);
+                if self.mute.load(SeqCst) {
+                    continue;
+                }
+                let granted: Result<VoteResponse<NodeId>, RaftError<NodeId>> =
+                    Ok(VoteResponse::new(openraft::Vote::new(1, 1), None, true));
+                link.send(raft_wire::answer(&granted).unwrap())
+                    .await
+                    .unwrap();
+                if self.hang_up.load(SeqCst) {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Asks for a vote through a fresh client for peer 2 at `addr`: whether it was granted.
+    async fn vote_through_new_client(network: &mut Network, addr: &str) -> bool {
         let mut peer = network.new_client(2, &BasicNode::new(addr)).await;
         let vote = VoteRequest::new(openraft::Vote::new(1, 1), None);
-        let option = RPCOption::new(Duration::from_millis(100));
-        assert!(peer.vote(vote, option).await.is_err(), "nobody answers");
+        let option = RPCOption::new(Duration::from_millis(200));
+        peer.vote(vote, option)
+            .await
+            .is_ok_and(|response| response.vote_granted)
     }
 
     #[tokio::test]
     async fn the_clients_made_for_one_peer_share_one_connection() {
-        let (addr, accepted) = silent_listener().await;
+        let peer = StandIn::start().await;
         let mut network = Network::default();
         for _ in 0..3 {
-            call_through_new_client(&mut network, &addr).await;
+            assert!(vote_through_new_client(&mut network, &peer.addr).await);
         }
-        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(peer.accepted.load(SeqCst), 1);
 
         // The peer moved: its next client connects to the new address.
-        let (moved, accepted_there) = silent_listener().await;
-        call_through_new_client(&mut network, &moved).await;
-        call_through_new_client(&mut network, &moved).await;
-        assert_eq!(accepted_there.load(std::sync::atomic::Ordering::SeqCst), 1);
-        assert_eq!(
-            network.channels.lock().unwrap().len(),
-            1,
-            "the old one is let go"
-        );
+        let moved = StandIn::start().await;
+        assert!(vote_through_new_client(&mut network, &moved.addr).await);
+        assert!(vote_through_new_client(&mut network, &moved.addr).await);
+        assert_eq!(moved.accepted.load(SeqCst), 1);
+        let peers = network.peers.lock().unwrap();
+        assert_eq!(peers.len(), 1, "one peer");
+        assert_eq!(peers[&2].addr, moved.addr, "the old address is let go");
     }
 
     #[tokio::test]
     async fn a_connection_whose_peer_stops_answering_is_replaced() {
-        let (addr, accepted) = silent_listener().await;
+        let peer = StandIn::start().await;
         let mut network = Network::default();
-        call_through_new_client(&mut network, &addr).await;
-        // The keep-alive pings go unanswered: the connection is dropped, the next call dials anew.
-        tokio::time::sleep(KEEP_ALIVE_INTERVAL + KEEP_ALIVE_TIMEOUT + Duration::from_millis(500))
-            .await;
-        call_through_new_client(&mut network, &addr).await;
-        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert!(vote_through_new_client(&mut network, &peer.addr).await);
+        // The peer goes quiet on the kept connection (a network that swallows it, say): the
+        // call fails by its deadline and the connection is dropped.
+        peer.mute.store(true, SeqCst);
+        assert!(!vote_through_new_client(&mut network, &peer.addr).await);
+        peer.mute.store(false, SeqCst);
+        assert!(vote_through_new_client(&mut network, &peer.addr).await);
+        assert_eq!(peer.accepted.load(SeqCst), 2, "the next call dialed anew");
+    }
+
+    #[tokio::test]
+    async fn a_call_on_a_broken_kept_connection_dials_again_at_once() {
+        let peer = StandIn::start().await;
+        peer.hang_up.store(true, SeqCst);
+        let mut network = Network::default();
+        for calls in 1..=3 {
+            // Each kept connection was closed by the peer after its answer; no call fails.
+            assert!(vote_through_new_client(&mut network, &peer.addr).await);
+            assert_eq!(peer.accepted.load(SeqCst), calls);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_swallows_connections_is_not_dialed_again_at_once() {
+        let peer = StandIn::start().await;
+        peer.mute.store(true, SeqCst);
+        let mut network = Network::default();
+        assert!(!vote_through_new_client(&mut network, &peer.addr).await);
+        assert_eq!(peer.accepted.load(SeqCst), 1);
+        let started = std::time::Instant::now();
+        for _ in 0..10 {
+            assert!(!vote_through_new_client(&mut network, &peer.addr).await);
+        }
+        assert!(started.elapsed() < REDIAL_PAUSE, "they failed at once");
+        assert_eq!(peer.accepted.load(SeqCst), 1, "without dialing");
+        tokio::time::sleep(REDIAL_PAUSE).await;
+        peer.mute.store(false, SeqCst);
+        assert!(vote_through_new_client(&mut network, &peer.addr).await);
+        assert_eq!(peer.accepted.load(SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_peer_fails_the_call_in_time() {
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = free.local_addr().unwrap().to_string();
+        drop(free);
+        let mut network = Network::default();
+        let started = std::time::Instant::now();
+        assert!(!vote_through_new_client(&mut network, &addr).await);
+        assert!(started.elapsed() < Duration::from_secs(2));
     }
 
     #[test]

@@ -14,14 +14,11 @@ use baton_rpc::proto::cluster_server::ClusterServer;
 use baton_rpc::proto::effect_server::EffectServer;
 use baton_rpc::proto::handoff_server::HandoffServer;
 use baton_rpc::proto::queue_server::QueueServer;
-use baton_rpc::proto::raft::raft_server::RaftServer;
 use baton_rpc::proto::sink_server::SinkServer;
 use baton_rpc::proto::watch_server::WatchServer;
 use openraft::storage::{RaftLogStorage, RaftStateMachine};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
-use tokio_stream::StreamExt;
 use tonic_health::ServingStatus;
 
 use crate::admission::Admission;
@@ -31,18 +28,18 @@ use crate::health::{health_service, reflection_service};
 use crate::limits::AdmissionLayer;
 use crate::metered::{MeteredLog, MeteredStateMachine};
 use crate::metrics::{metrics, StoreStats};
-use crate::network::{Network, MAX_RAFT_MESSAGE_BYTES};
+use crate::network::Network;
 use crate::node::{Node, NodeRef};
 use crate::readiness::Readiness;
 use crate::security::Security;
 use crate::service::{
     BatchService, BoardService, CheckpointService, ClusterService, EffectService, HandoffService,
-    QueueService, RaftService, SinkService, WatchService,
+    QueueService, SinkService, WatchService,
 };
 use crate::store;
 use crate::tls::NodeTls;
 use crate::types::Raft;
-use crate::{http, snapshot_schedule, sweeper, systemd};
+use crate::{http, raft_server, snapshot_schedule, sweeper, systemd};
 
 /// How long the gRPC server may take to close its connections once a shutdown has drained.
 const CLOSE_LIMIT: Duration = Duration::from_secs(5);
@@ -104,9 +101,9 @@ pub async fn serve_secured(
     let raft_config = Arc::new(config.raft.to_openraft().context("invalid raft settings")?);
     let mut network = Network::new(config.peer_addrs.clone());
     if let Some(tls) = &tls {
-        network = network.with_tls(tls.peer_client());
+        network = network.with_tls(tls.peer_connector());
     }
-    let admission = Admission::new(security.tokens.clone(), tls.is_some());
+    let admission = Admission::new(security.tokens.clone());
     let stats = StoreStats::shared();
     let mut metered_state_machine = MeteredStateMachine::new(state_machine.clone());
     if let Ok(Some(snapshot)) = metered_state_machine.get_current_snapshot().await {
@@ -183,11 +180,6 @@ pub async fn serve_secured(
         .layer(admission.layer())
         .layer(AdmissionLayer::new(config.limits))
         .add_service(
-            RaftServer::new(RaftService::new(raft.clone()))
-                .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES),
-        )
-        .add_service(
             HandoffServer::new(HandoffService::new(node.clone()))
                 .max_decoding_message_size(max_request),
         )
@@ -226,12 +218,18 @@ pub async fn serve_secured(
         )))
         .add_service(health_server)
         .add_service(reflection);
-    let mut server = tokio::spawn(router.serve_with_incoming_shutdown(
-        accepted(listener),
-        async move {
-            let _ = stop_serving.await;
-        },
-    ));
+    // Peers' Raft connections are served until the gRPC server closes, so that a handover during
+    // the shutdown still reaches them.
+    let (peers_closed_tx, peers_closed) = watch::channel(false);
+    let port = raft_server::split(
+        listener,
+        raft.clone(),
+        tls.as_ref().map(NodeTls::peer_acceptor),
+        peers_closed,
+    );
+    let mut server = tokio::spawn(router.serve_with_incoming_shutdown(port.grpc, async move {
+        let _ = stop_serving.await;
+    }));
     // The listener is bound, so connections made from here on are served.
     systemd::ready();
 
@@ -257,6 +255,8 @@ pub async fn serve_secured(
         }
         joined = &mut server => joined,
     };
+    let _ = peers_closed_tx.send(true);
+    let _ = port.acceptor.await;
     let served = served.context("the grpc server task failed")?;
 
     let _ = stop_tx.send(true);
@@ -300,21 +300,6 @@ fn start_http(
         if let Err(e) = http::serve(listener, endpoint, stopped).await {
             tracing::error!(addr = ?addr, "HTTP endpoint failed: {e}");
         }
-    })
-}
-
-/// The connections `listener` accepts, with Nagle's algorithm off. tonic sets `TCP_NODELAY` only
-/// on listeners it binds itself; on ours a small response (or a Raft reply) split over several
-/// writes would wait for the peer's delayed ACK, about 40 ms, whenever the connection is not busy.
-fn accepted(
-    listener: TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    TcpListenerStream::new(listener).map(|accepted| {
-        accepted.inspect(|stream| {
-            if let Err(e) = stream.set_nodelay(true) {
-                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-            }
-        })
     })
 }
 

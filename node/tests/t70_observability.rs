@@ -7,25 +7,13 @@ use std::time::Duration;
 
 use baton_node::config::{NodeConfig, RaftTuning};
 use baton_rpc::{Client, ClientConfig, Error};
-use baton_statemachine::handoff::OfferArgs;
 use baton_statemachine::Refusal;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
 mod support;
-use support::{free_addr, http_get, Cluster};
-
-fn offer(key: &str) -> OfferArgs {
-    OfferArgs {
-        key: key.into(),
-        from: "a".into(),
-        to: "b".into(),
-        payload: b"x".to_vec(),
-        reply_to: "a@inbox".into(),
-        ttl_ms: 60_000,
-    }
-}
+use support::{free_addr, http_get, offer, Cluster};
 
 /// The value of the sample `name{labels}` (exactly as exported), or 0 when absent.
 fn sample(text: &str, series: &str) -> f64 {

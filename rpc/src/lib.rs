@@ -30,11 +30,6 @@ pub use error::Error;
 pub mod proto {
     tonic::include_proto!("baton.v1");
 
-    /// The Raft transport between nodes.
-    pub mod raft {
-        tonic::include_proto!("baton.raft.v1");
-    }
-
     /// The encoded descriptors of every Baton service and message, for gRPC reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("baton_descriptor");
 }

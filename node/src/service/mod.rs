@@ -7,7 +7,6 @@ mod cluster;
 mod effect;
 mod handoff;
 mod queue;
-mod raft;
 mod sink;
 mod watch;
 
@@ -18,7 +17,6 @@ pub use cluster::ClusterService;
 pub use effect::EffectService;
 pub use handoff::HandoffService;
 pub use queue::QueueService;
-pub use raft::RaftService;
 pub use sink::SinkService;
 pub use watch::{WatchOutput, WatchService};
 

@@ -35,6 +35,18 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     (status, body)
 }
 
+/// An offer of a ticket `key` from `a` to `b`, with a one-minute TTL.
+pub fn offer(key: &str) -> baton_statemachine::handoff::OfferArgs {
+    baton_statemachine::handoff::OfferArgs {
+        key: key.into(),
+        from: "a".into(),
+        to: "b".into(),
+        payload: b"x".to_vec(),
+        reply_to: "a@inbox".into(),
+        ttl_ms: 60_000,
+    }
+}
+
 /// One running node on an ephemeral 127.0.0.1 port; its data lives in a temporary directory
 /// removed on drop.
 pub struct Cluster {

@@ -1,0 +1,189 @@
+//! The server side of the Raft transport, and the node's one port, which it shares with gRPC.
+//!
+//! Every accepted connection is told apart by its first byte ([`raft_wire::is_raft_connection`]):
+//! a peer's Raft connection is served here, on one task per connection that reads a request,
+//! has the local Raft instance answer it and writes the answer; any other connection goes to the
+//! gRPC server unread. So peers and clients keep reaching a node at one address, and the
+//! membership, the configuration and firewalls name one port per node.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{SinkExt, StreamExt};
+use openraft::raft::VoteRequest;
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::raft_wire::{self, Kind};
+use crate::tls::PeerAcceptor;
+use crate::types::{NodeId, Raft};
+use crate::{codec, handover, newer_log_stands};
+
+/// How long a new connection may take to send its first byte (and a peer its preamble and TLS
+/// handshake) before it is closed. gRPC clients, plain or TLS, speak first too.
+const OPENING_LIMIT: Duration = Duration::from_secs(10);
+
+/// The connections of one port, split between gRPC and Raft.
+pub struct Port {
+    /// The connections for the gRPC server, unread.
+    pub grpc: ReceiverStream<std::io::Result<TcpStream>>,
+    /// The task accepting connections; it stops, closing the listener, when `closed` turns true.
+    pub acceptor: JoinHandle<()>,
+}
+
+/// Accepts connections on `listener` until `closed` turns true: Raft connections are answered by
+/// `raft` (over TLS through `tls` when the node runs it), the others are handed on in
+/// [`Port::grpc`]. Raft connections are closed when `closed` turns true.
+pub fn split(
+    listener: TcpListener,
+    raft: Raft,
+    tls: Option<PeerAcceptor>,
+    closed: watch::Receiver<bool>,
+) -> Port {
+    let (grpc_tx, grpc_rx) = mpsc::channel(64);
+    let acceptor = tokio::spawn(accept(listener, raft, tls, grpc_tx, closed));
+    Port {
+        grpc: ReceiverStream::new(grpc_rx),
+        acceptor,
+    }
+}
+
+async fn accept(
+    listener: TcpListener,
+    raft: Raft,
+    tls: Option<PeerAcceptor>,
+    grpc: mpsc::Sender<std::io::Result<TcpStream>>,
+    mut closed: watch::Receiver<bool>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = closed.wait_for(|closed| *closed) => return,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors, say: the connection waits in the backlog meanwhile.
+                tracing::warn!(error = %e, "cannot accept a connection");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        // Nagle's algorithm off: a small answer split over writes would otherwise wait for the
+        // peer's delayed ACK, about 40 ms, whenever the connection is not busy.
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
+        let (raft, tls, grpc, closed) = (raft.clone(), tls.clone(), grpc.clone(), closed.clone());
+        tokio::spawn(async move {
+            let mut first = [0u8; 1];
+            match tokio::time::timeout(OPENING_LIMIT, stream.peek(&mut first)).await {
+                Ok(Ok(1)) if raft_wire::is_raft_connection(first[0]) => {
+                    serve_peer(raft, stream, tls, closed).await;
+                }
+                // gRPC (or nothing yet, or an error the gRPC server will meet on its own).
+                _ => {
+                    let _ = grpc.send(Ok(stream)).await;
+                }
+            }
+        });
+    }
+}
+
+/// Serves one peer's Raft connection: its preamble, its TLS handshake when the node runs TLS,
+/// then its requests one at a time until it closes, sends something malformed, or `closed`
+/// turns true.
+async fn serve_peer(
+    raft: Raft,
+    mut stream: TcpStream,
+    tls: Option<PeerAcceptor>,
+    mut closed: watch::Receiver<bool>,
+) {
+    let peer = stream.peer_addr().ok();
+    let opening = async {
+        let mut preamble = [0u8; raft_wire::PREAMBLE.len()];
+        stream
+            .read_exact(&mut preamble)
+            .await
+            .map_err(|e| e.to_string())?;
+        if preamble != raft_wire::PREAMBLE {
+            return Err("not a Baton Raft connection (or another version)".to_string());
+        }
+        Ok::<Box<dyn raft_wire::Stream>, String>(match &tls {
+            None => Box::new(stream),
+            Some(tls) => Box::new(tls.accept(stream).await?),
+        })
+    };
+    let stream = match tokio::time::timeout(OPENING_LIMIT, opening).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(why)) => {
+            tracing::debug!(?peer, %why, "peer connection refused");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(?peer, "peer connection closed: it did not open in time");
+            return;
+        }
+    };
+    let mut link = raft_wire::link(stream);
+    loop {
+        let frame = tokio::select! {
+            frame = link.next() => frame,
+            _ = closed.wait_for(|closed| *closed) => return,
+        };
+        let frame = match frame {
+            None => return,
+            Some(Ok(frame)) => frame.freeze(),
+            Some(Err(e)) => {
+                tracing::debug!(?peer, error = %e, "peer connection closed: unreadable frame");
+                return;
+            }
+        };
+        let (answer, keep_open) = match handle(&raft, frame).await {
+            Ok(answer) => (answer, true),
+            Err(why) => {
+                tracing::debug!(?peer, %why, "peer request refused");
+                (raft_wire::failed(&why), false)
+            }
+        };
+        if link.send(answer).await.is_err() || !keep_open {
+            return;
+        }
+    }
+}
+
+/// Has `raft` answer one request frame; an error is a request that could not be handled.
+async fn handle(raft: &Raft, frame: Bytes) -> Result<Bytes, String> {
+    let (kind, body) = raft_wire::parse_request(frame).map_err(|e| e.to_string())?;
+    let undecodable = |e: bincode::error::DecodeError| format!("undecodable {kind:?}: {e}");
+    let answer = match kind {
+        Kind::AppendEntries => {
+            let request = codec::decode(&body).map_err(undecodable)?;
+            raft_wire::answer(&raft.append_entries(request).await)
+        }
+        Kind::Vote => {
+            let request: VoteRequest<NodeId> = codec::decode(&body).map_err(undecodable)?;
+            let result = raft.vote(request.clone()).await;
+            if let Ok(response) = &result {
+                // Votes are rare (elections only); the rule decides inside whether to act.
+                let (raft, response) = (raft.clone(), response.clone());
+                tokio::spawn(async move {
+                    newer_log_stands::after_vote(&raft, &request, &response).await;
+                });
+            }
+            raft_wire::answer(&result)
+        }
+        Kind::InstallSnapshot => {
+            let request = codec::decode(&body).map_err(undecodable)?;
+            raft_wire::answer(&raft.install_snapshot(request).await)
+        }
+        Kind::TimeoutNow => {
+            let request = codec::decode(&body).map_err(undecodable)?;
+            raft_wire::answer(&handover::on_timeout_now(raft, request).await)
+        }
+    };
+    answer.map_err(|e| format!("cannot encode the answer: {e}"))
+}

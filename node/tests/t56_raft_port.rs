@@ -1,0 +1,100 @@
+//! Claim: a node's one port serves clients' gRPC and peers' Raft connections side by side, and
+//! garbage on a Raft connection gets a clear refusal (or the connection closed) and changes
+//! nothing: no vote, no term, no write.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use baton_node::raft_wire::{self, Kind, Link, Outcome};
+use baton_node::types::NodeId;
+use futures::{SinkExt, StreamExt};
+use openraft::raft::{VoteRequest, VoteResponse};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+mod support;
+use support::{offer, Cluster};
+
+/// A Raft connection to `addr`, opened as a peer opens one.
+async fn raft_link(addr: &str) -> Link {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(&raft_wire::PREAMBLE).await.unwrap();
+    raft_wire::link(Box::new(stream))
+}
+
+/// The next frame on `link`, or `None` once the node closed it.
+async fn next_answer(link: &mut Link) -> Option<(Outcome, bytes::Bytes)> {
+    let frame = tokio::time::timeout(Duration::from_secs(10), link.next())
+        .await
+        .expect("the node neither answered nor closed the connection")?;
+    Some(raft_wire::parse_answer(frame.ok()?.freeze()).unwrap())
+}
+
+/// Whether the node closes `stream` (reading gives end of file) without sending anything.
+async fn closed_silently(mut stream: TcpStream) -> bool {
+    let mut buf = [0u8; 64];
+    matches!(
+        tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await,
+        Ok(Ok(0)) | Ok(Err(_))
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_port_serves_grpc_and_raft_and_refuses_garbage_on_raft_connections() {
+    let cluster = Cluster::start().await;
+    let client = &cluster.client;
+    client.offer(offer("before")).await.unwrap();
+    let term = client.node_info(&cluster.addr).await.unwrap().term;
+
+    // A real vote request from a stale candidate, on a Raft connection next to the gRPC one:
+    // answered (and not granted), and the connection stays open for more.
+    let mut link = raft_link(&cluster.addr).await;
+    for _ in 0..2 {
+        let stale: VoteRequest<NodeId> = VoteRequest::new(openraft::Vote::new(0, 2), None);
+        link.send(raft_wire::request(Kind::Vote, &stale).unwrap())
+            .await
+            .unwrap();
+        let (outcome, body) = next_answer(&mut link).await.expect("an answer");
+        assert_eq!(outcome, Outcome::Answered);
+        let response: VoteResponse<NodeId> = baton_node::codec::decode(&body).unwrap();
+        assert!(!response.vote_granted, "a stale candidate gets no vote");
+    }
+
+    // An AppendEntries whose body is not one: refused, saying why, and the connection closed.
+    link.send(raft_wire::request(Kind::AppendEntries, &"garbage").unwrap())
+        .await
+        .unwrap();
+    let (outcome, why) = next_answer(&mut link).await.expect("a refusal");
+    assert_eq!(outcome, Outcome::Failed);
+    let why = String::from_utf8(why.to_vec()).unwrap();
+    assert!(why.contains("undecodable AppendEntries"), "{why}");
+    assert!(next_answer(&mut link).await.is_none(), "closed after it");
+
+    // A request kind that does not exist.
+    let mut link = raft_link(&cluster.addr).await;
+    link.send(bytes::Bytes::from_static(&[9, 1, 2, 3]))
+        .await
+        .unwrap();
+    let (outcome, why) = next_answer(&mut link).await.expect("a refusal");
+    assert_eq!(outcome, Outcome::Failed);
+    assert_eq!(&why[..], b"unknown request kind 9");
+    assert!(next_answer(&mut link).await.is_none(), "closed after it");
+
+    // A frame longer than any Raft message: closed without an answer.
+    let mut stream = TcpStream::connect(&cluster.addr).await.unwrap();
+    stream.write_all(&raft_wire::PREAMBLE).await.unwrap();
+    stream.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
+    assert!(closed_silently(stream).await);
+
+    // The preamble's first byte but not the rest (another protocol version, say): closed.
+    let mut stream = TcpStream::connect(&cluster.addr).await.unwrap();
+    stream.write_all(b"\xB7BRAFT99").await.unwrap();
+    assert!(closed_silently(stream).await);
+
+    // Nothing changed, and gRPC still works on the same port.
+    let info = client.node_info(&cluster.addr).await.unwrap();
+    assert_eq!(info.term, term, "no election, no new term");
+    client.offer(offer("after")).await.unwrap();
+    assert!(client.ticket("before").await.is_ok());
+    cluster.stop().await;
+}
