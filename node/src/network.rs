@@ -20,6 +20,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::codec;
@@ -28,25 +29,24 @@ use crate::raft_wire::{self, Kind, Link, Outcome};
 use crate::tls::PeerConnector;
 use crate::types::{NodeId, TypeConfig};
 
-/// Largest Raft message accepted or sent (append batches and snapshot chunks).
-pub const MAX_RAFT_MESSAGE_BYTES: usize = 256 << 20;
-
 /// How long `TimeoutNow` may take to be answered.
 const TIMEOUT_NOW_LIMIT: Duration = Duration::from_secs(2);
 
 /// How long dialing a peer may take (within the call's own limit).
 const CONNECT_LIMIT: Duration = Duration::from_millis(500);
 
-/// How many idle connections to one peer are kept for later calls.
+/// How many connections to one peer there are at most; a call that finds them all in use waits
+/// (within its own deadline) for one to come free.
 ///
 /// openraft 0.9 makes a new client not only per replication stream but for every read-index
-/// round (one per follower) and every election. A connection per client would mean a TCP
-/// connect (and TLS handshake) for each linearizable read round: hundreds a second under a read
-/// load, each leaving a socket in TIME_WAIT (5,300 after a 7 s `mixed-read` run when that was so),
+/// round (one per follower) and every election, and a round ends once a quorum answered, leaving
+/// the call to the slowest follower running. A connection per client would mean a TCP connect
+/// (and TLS handshake) for each linearizable read round: hundreds a second under a read load,
+/// each leaving a socket in TIME_WAIT (5,300 after a 7 s `mixed-read` run when that was so),
 /// enough to exhaust the ephemeral ports towards a peer on a real network. So connections
-/// outlive clients: a call takes an idle one (or dials), and gives it back when answered. At
-/// most a few calls to a peer run at once (replication, a read-index round, a vote).
-const MAX_IDLE_LINKS: usize = 4;
+/// outlive clients: a call takes an idle one (or dials), and gives it back when answered, and
+/// every connection made is kept.
+const MAX_LINKS: usize = 8;
 
 /// How long after a failed dial, or a fresh connection left unanswered, no new connection to that
 /// peer is tried: calls meanwhile fail at once. Without it every call to an unreachable peer
@@ -57,9 +57,10 @@ const REDIAL_PAUSE: Duration = Duration::from_millis(100);
 
 /// Creates one [`Peer`] per replication target, and keeps the connections to each peer.
 ///
-/// A connection is used by one call at a time, and dropped when a call on it fails or is not
-/// answered in time: a connection that a network swallowed without a reset thus costs one
-/// failed call, and the next call dials anew.
+/// A connection is used by one call at a time, and dropped, with the others kept for that peer,
+/// when a call on it fails or is not answered in time: a connection that a network swallowed
+/// without a reset thus costs one failed call, and the next call dials anew. TCP keepalive
+/// ([`raft_wire::tune`]) breaks idle connections to a peer that vanished before they are used.
 #[derive(Clone, Default)]
 pub struct Network {
     /// Peers reached at another address than the membership's (NAT, proxies, fault injection).
@@ -76,8 +77,21 @@ struct Links {
     addr: String,
     /// Connections answered last time and not in use.
     idle: Vec<Link>,
+    /// One per connection, idle or in use: [`MAX_LINKS`].
+    permits: Arc<Semaphore>,
     /// No new connection before this instant (see [`REDIAL_PAUSE`]).
     quiet_until: Option<Instant>,
+}
+
+impl Links {
+    fn to(addr: &str) -> Self {
+        Self {
+            addr: addr.to_string(),
+            idle: Vec::new(),
+            permits: Arc::new(Semaphore::new(MAX_LINKS)),
+            quiet_until: None,
+        }
+    }
 }
 
 impl Network {
@@ -110,17 +124,9 @@ impl Network {
     /// for its old address is let go first.
     fn with_links<T>(&self, target: NodeId, addr: &str, f: impl FnOnce(&mut Links) -> T) -> T {
         let mut peers = lock(&self.peers);
-        let links = peers.entry(target).or_insert_with(|| Links {
-            addr: addr.to_string(),
-            idle: Vec::new(),
-            quiet_until: None,
-        });
+        let links = peers.entry(target).or_insert_with(|| Links::to(addr));
         if links.addr != addr {
-            *links = Links {
-                addr: addr.to_string(),
-                idle: Vec::new(),
-                quiet_until: None,
-            };
+            *links = Links::to(addr);
         }
         f(links)
     }
@@ -134,9 +140,7 @@ impl Network {
     fn give_back(&self, target: NodeId, addr: &str, link: Link) {
         self.with_links(target, addr, |links| {
             links.quiet_until = None;
-            if links.idle.len() < MAX_IDLE_LINKS {
-                links.idle.push(link);
-            }
+            links.idle.push(link);
         });
     }
 
@@ -146,7 +150,7 @@ impl Network {
         let mut stream = TcpStream::connect(addr)
             .await
             .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
-        let _ = stream.set_nodelay(true);
+        raft_wire::tune(&stream);
         stream
             .write_all(&raft_wire::PREAMBLE)
             .await
@@ -169,10 +173,20 @@ impl Network {
     ) -> Result<(Outcome, Bytes), String> {
         let deadline = Instant::now() + limit;
         let unanswered = || format!("node {target} at {addr}: no answer within {limit:?}");
+        let permits = self.with_links(target, addr, |links| links.permits.clone());
+        let _permit = tokio::time::timeout_at(deadline, permits.acquire_owned())
+            .await
+            .map_err(|_| format!("node {target} at {addr}: all {MAX_LINKS} connections busy"))?
+            .map_err(|e| e.to_string())?;
         if let Some(link) = self.take_idle(target, addr) {
             match exchange(link, frame.clone(), deadline).await {
                 Ok((link, answer)) => return self.answered(target, addr, link, answer),
-                Err(Failure::Late) => return Err(unanswered()),
+                // The others kept for this peer may be as dead as this one (a network that
+                // swallows them): they are dropped too, and the next call dials anew.
+                Err(Failure::Late) => {
+                    self.with_links(target, addr, |links| links.idle.clear());
+                    return Err(unanswered());
+                }
                 // A kept connection that broke: the peer restarted, say, and the others kept
                 // for it are likely broken too. Forget them and dial once, within the same
                 // limit; Raft's requests may safely arrive twice.
@@ -447,7 +461,7 @@ mod tests {
         assert_eq!(entries_within([usize::MAX, 1], 250), 1);
     }
 
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 
     /// A stand-in peer on a loopback port: it counts its connections, reads each one's preamble
     /// and grants every vote asked of it; while `mute` it reads requests and answers none, and
@@ -458,6 +472,8 @@ mod tests {
         accepted: Arc<AtomicUsize>,
         mute: Arc<AtomicBool>,
         hang_up: Arc<AtomicBool>,
+        /// How long it takes to answer, in milliseconds.
+        delay_ms: Arc<AtomicU64>,
     }
 
     impl StandIn {
@@ -468,6 +484,7 @@ mod tests {
                 accepted: Arc::default(),
                 mute: Arc::default(),
                 hang_up: Arc::default(),
+                delay_ms: Arc::default(),
             };
             let serving = peer.clone();
             tokio::spawn(async move {
@@ -491,6 +508,8 @@ mod tests {
                 if self.mute.load(SeqCst) {
                     continue;
                 }
+                let delay = self.delay_ms.load(SeqCst);
+                tokio::time::sleep(Duration::from_millis(delay)).await;
                 let granted: Result<VoteResponse<NodeId>, RaftError<NodeId>> =
                     Ok(VoteResponse::new(openraft::Vote::new(1, 1), None, true));
                 link.send(raft_wire::answer(&granted).unwrap())
@@ -575,6 +594,35 @@ mod tests {
         peer.mute.store(false, SeqCst);
         assert!(vote_through_new_client(&mut network, &peer.addr).await);
         assert_eq!(peer.accepted.load(SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn concurrent_calls_share_a_bounded_set_of_connections() {
+        let peer = StandIn::start().await;
+        peer.delay_ms.store(30, SeqCst);
+        let network = Network::default();
+        let calls = (0..3 * MAX_LINKS).map(|_| {
+            let (mut network, addr) = (network.clone(), peer.addr.clone());
+            tokio::spawn(async move {
+                let mut peer = network.new_client(2, &BasicNode::new(&addr)).await;
+                let vote = VoteRequest::new(openraft::Vote::new(1, 1), None);
+                peer.vote(vote, RPCOption::new(Duration::from_secs(5)))
+                    .await
+                    .is_ok_and(|response| response.vote_granted)
+            })
+        });
+        for granted in futures::future::join_all(calls).await {
+            assert!(
+                granted.unwrap(),
+                "every call is answered, some after waiting"
+            );
+        }
+        assert_eq!(peer.accepted.load(SeqCst), MAX_LINKS);
+        assert_eq!(
+            network.peers.lock().unwrap()[&2].idle.len(),
+            MAX_LINKS,
+            "all kept"
+        );
     }
 
     #[tokio::test]

@@ -72,20 +72,26 @@ async fn accept(
                 continue;
             }
         };
-        // Nagle's algorithm off: a small answer split over writes would otherwise wait for the
-        // peer's delayed ACK, about 40 ms, whenever the connection is not busy.
-        if let Err(e) = stream.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-        }
-        let (raft, tls, grpc, closed) = (raft.clone(), tls.clone(), grpc.clone(), closed.clone());
+        let (raft, tls, grpc) = (raft.clone(), tls.clone(), grpc.clone());
+        let mut closed = closed.clone();
         tokio::spawn(async move {
             let mut first = [0u8; 1];
-            match tokio::time::timeout(OPENING_LIMIT, stream.peek(&mut first)).await {
+            let peeked = tokio::select! {
+                peeked = tokio::time::timeout(OPENING_LIMIT, stream.peek(&mut first)) => peeked,
+                _ = closed.wait_for(|closed| *closed) => return,
+            };
+            match peeked {
                 Ok(Ok(1)) if raft_wire::is_raft_connection(first[0]) => {
+                    raft_wire::tune(&stream);
                     serve_peer(raft, stream, tls, closed).await;
                 }
                 // gRPC (or nothing yet, or an error the gRPC server will meet on its own).
                 _ => {
+                    // Nagle's algorithm off: a small response split over writes would otherwise
+                    // wait for the client's delayed ACK, ~40 ms, whenever it is not busy.
+                    if let Err(e) = stream.set_nodelay(true) {
+                        tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+                    }
                     let _ = grpc.send(Ok(stream)).await;
                 }
             }
@@ -117,7 +123,11 @@ async fn serve_peer(
             Some(tls) => Box::new(tls.accept(stream).await?),
         })
     };
-    let stream = match tokio::time::timeout(OPENING_LIMIT, opening).await {
+    let opened = tokio::select! {
+        opened = tokio::time::timeout(OPENING_LIMIT, opening) => opened,
+        _ = closed.wait_for(|closed| *closed) => return,
+    };
+    let stream = match opened {
         Ok(Ok(stream)) => stream,
         Ok(Err(why)) => {
             tracing::debug!(?peer, %why, "peer connection refused");
@@ -131,8 +141,9 @@ async fn serve_peer(
     let mut link = raft_wire::link(stream);
     loop {
         let frame = tokio::select! {
-            frame = link.next() => frame,
+            biased;
             _ = closed.wait_for(|closed| *closed) => return,
+            frame = link.next() => frame,
         };
         let frame = match frame {
             None => return,

@@ -16,9 +16,12 @@
 //! follows the preamble. Then each request is one frame: a [`Kind`] byte and the message encoded
 //! by [`crate::codec`]; each answer is one frame: an [`Outcome`] byte and its body.
 
+use std::time::Duration;
+
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 
 use crate::codec;
@@ -33,6 +36,25 @@ pub const MAX_FRAME_BYTES: usize = (256 << 20) + 1;
 /// Whether a connection whose first byte is `first` is a peer's Raft connection (and not gRPC).
 pub fn is_raft_connection(first: u8) -> bool {
     first == PREAMBLE[0]
+}
+
+/// Sets a Raft connection's TCP options, on both sides: no Nagle delay (a small answer would
+/// otherwise wait for the peer's delayed ACK, ~40 ms, whenever the connection is not busy), and
+/// keepalive probes after 2 s of silence, 1 s apart, 3 at most. A connection whose peer vanished
+/// (its host lost power, a network dropped the connection) then fails within ~5 s: an idle one
+/// kept by the dialer breaks before its next call, and the node stops serving one left
+/// half-open, instead of either waiting for the kernel's default of over two hours.
+pub fn tune(stream: &TcpStream) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+    }
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(2))
+        .with_interval(Duration::from_secs(1))
+        .with_retries(3);
+    if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive) {
+        tracing::debug!(error = %e, "cannot set TCP keepalive");
+    }
 }
 
 /// A byte stream a Raft connection runs over: plain TCP or TLS over it.
@@ -171,6 +193,24 @@ mod tests {
         for method in [b'G', b'H', b'D', b'O', b'C', b'T'] {
             assert!(!is_raft_connection(method), "an HTTP/1 request");
         }
+    }
+
+    #[tokio::test]
+    async fn a_tuned_connection_sends_at_once_and_probes_a_silent_peer() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stream = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        tune(&stream);
+        assert!(stream.nodelay().unwrap());
+        let socket = socket2::SockRef::from(&stream);
+        assert!(socket.keepalive().unwrap());
+        assert_eq!(socket.tcp_keepalive_time().unwrap(), Duration::from_secs(2));
+        assert_eq!(
+            socket.tcp_keepalive_interval().unwrap(),
+            Duration::from_secs(1)
+        );
+        assert_eq!(socket.tcp_keepalive_retries().unwrap(), 3);
     }
 
     #[test]

@@ -22,7 +22,7 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName}
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{ClientConfig, RootCertStore, ServerConfig};
 use tokio_rustls::{client, server, TlsAcceptor, TlsConnector};
-use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 /// Where a node's TLS material lives (PEM files).
 #[derive(Debug, Clone)]
@@ -67,13 +67,6 @@ impl NodeTls {
             .identity(self.identity.clone())
             .client_ca_root(self.ca.clone())
             .client_auth_optional(true)
-    }
-
-    /// The client side for dialing peers' gRPC (leadership handover asks no more of them).
-    pub fn peer_client(&self) -> ClientTlsConfig {
-        ClientTlsConfig::new()
-            .ca_certificate(self.ca.clone())
-            .identity(self.identity.clone())
     }
 
     /// Dials peers' Raft connections: trusts the cluster CA, presents this node's certificate.

@@ -1,6 +1,6 @@
 //! Baton's wire protocol and client library.
 //!
-//! - [`proto`]: the generated gRPC messages and services (client API and Raft transport).
+//! - [`proto`]: the generated gRPC messages and services of the client API.
 //! - [`convert`]: protobuf <-> state-machine types.
 //! - [`batch`]: the calls that may travel together in one `Batch.Call`.
 //! - [`error`]: the one place where codes map to gRPC statuses and back.
