@@ -48,6 +48,9 @@ const CONNECT_LIMIT: Duration = Duration::from_millis(500);
 /// every connection made is kept.
 const MAX_LINKS: usize = 8;
 
+/// How much sooner than openraft's limit a call gives up on its own.
+const CALL_MARGIN: Duration = Duration::from_millis(3);
+
 /// How long after a failed dial, or a fresh connection left unanswered, no new connection to that
 /// peer is tried: calls meanwhile fail at once. Without it every call to an unreachable peer
 /// (openraft retries replication every 20–500 ms and makes a client for every read-index round)
@@ -58,9 +61,9 @@ const REDIAL_PAUSE: Duration = Duration::from_millis(100);
 /// Creates one [`Peer`] per replication target, and keeps the connections to each peer.
 ///
 /// A connection is used by one call at a time, and dropped, with the others kept for that peer,
-/// when a call on it fails or is not answered in time: a connection that a network swallowed
-/// without a reset thus costs one failed call, and the next call dials anew. TCP keepalive
-/// ([`raft_wire::tune`]) breaks idle connections to a peer that vanished before they are used.
+/// when a call on it fails or is not answered in time, and the others kept for that peer are
+/// dropped when one of them turns out broken. TCP keepalive ([`raft_wire::tune`]) breaks idle
+/// connections to a peer that vanished before they are used.
 #[derive(Clone, Default)]
 pub struct Network {
     /// Peers reached at another address than the membership's (NAT, proxies, fault injection).
@@ -137,11 +140,14 @@ impl Network {
     }
 
     /// Keeps `link`, just answered, for the next call to `target` at `addr`.
+    /// If the peer moved while the call ran, the link leads to its old address and is dropped.
     fn give_back(&self, target: NodeId, addr: &str, link: Link) {
-        self.with_links(target, addr, |links| {
-            links.quiet_until = None;
-            links.idle.push(link);
-        });
+        if let Some(links) = lock(&self.peers).get_mut(&target) {
+            if links.addr == addr {
+                links.quiet_until = None;
+                links.idle.push(link);
+            }
+        }
     }
 
     /// A new connection to `addr`: TCP without Nagle's delay, the preamble, and TLS when the
@@ -171,6 +177,9 @@ impl Network {
         frame: Bytes,
         limit: Duration,
     ) -> Result<(Outcome, Bytes), String> {
+        // openraft drops the call at `limit`, timed from a moment earlier; ending it a little
+        // sooner lets a late answer be booked (the connection dropped, the redial pause set).
+        let limit = limit.saturating_sub(CALL_MARGIN).max(limit / 2);
         let deadline = Instant::now() + limit;
         let unanswered = || format!("node {target} at {addr}: no answer within {limit:?}");
         let permits = self.with_links(target, addr, |links| links.permits.clone());
@@ -181,12 +190,9 @@ impl Network {
         if let Some(link) = self.take_idle(target, addr) {
             match exchange(link, frame.clone(), deadline).await {
                 Ok((link, answer)) => return self.answered(target, addr, link, answer),
-                // The others kept for this peer may be as dead as this one (a network that
-                // swallows them): they are dropped too, and the next call dials anew.
-                Err(Failure::Late) => {
-                    self.with_links(target, addr, |links| links.idle.clear());
-                    return Err(unanswered());
-                }
+                // A slow peer, or a dead connection that keepalive has not broken yet: only
+                // this connection is dropped (the peer's others may be fine).
+                Err(Failure::Late) => return Err(unanswered()),
                 // A kept connection that broke: the peer restarted, say, and the others kept
                 // for it are likely broken too. Forget them and dial once, within the same
                 // limit; Raft's requests may safely arrive twice.
@@ -549,6 +555,29 @@ mod tests {
         let peers = network.peers.lock().unwrap();
         assert_eq!(peers.len(), 1, "one peer");
         assert_eq!(peers[&2].addr, moved.addr, "the old address is let go");
+    }
+
+    #[tokio::test]
+    async fn a_connection_to_the_old_address_is_not_kept_after_the_peer_moved() {
+        let old = StandIn::start().await;
+        old.delay_ms.store(100, SeqCst);
+        let moved = StandIn::start().await;
+        let mut network = Network::default();
+        // A call to the old address is still running when the peer moves.
+        let slow = tokio::spawn({
+            let (mut network, addr) = (network.clone(), old.addr.clone());
+            async move { vote_through_new_client(&mut network, &addr).await }
+        });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(vote_through_new_client(&mut network, &moved.addr).await);
+        assert!(slow.await.unwrap(), "the call in flight is still answered");
+        {
+            let peers = network.peers.lock().unwrap();
+            assert_eq!(peers[&2].addr, moved.addr, "the new address stays");
+            assert_eq!(peers[&2].idle.len(), 1, "only the new address's connection");
+        }
+        assert!(vote_through_new_client(&mut network, &moved.addr).await);
+        assert_eq!(moved.accepted.load(SeqCst), 1);
     }
 
     #[tokio::test]
