@@ -98,3 +98,42 @@ async fn one_port_serves_grpc_and_raft_and_refuses_garbage_on_raft_connections()
     assert!(client.ticket("before").await.is_ok());
     cluster.stop().await;
 }
+
+/// Claim: a node that stops closes every Raft connection it holds, also those that have not
+/// yet said what they are or finished their opening, instead of leaving them to the 10 s
+/// opening limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_node_closes_raft_connections_at_every_stage() {
+    let cluster = Cluster::start().await;
+    // Silent: not a byte yet, so not known to be Raft or gRPC.
+    let silent = TcpStream::connect(&cluster.addr).await.unwrap();
+    // Half a preamble: known to be Raft, still opening.
+    let mut opening = TcpStream::connect(&cluster.addr).await.unwrap();
+    opening.write_all(&raft_wire::PREAMBLE[..1]).await.unwrap();
+    // Opened and answered once, then idle.
+    let mut open = raft_link(&cluster.addr).await;
+    let stale: VoteRequest<NodeId> = VoteRequest::new(openraft::Vote::new(0, 2), None);
+    open.send(raft_wire::request(Kind::Vote, &stale).unwrap())
+        .await
+        .unwrap();
+    assert!(next_answer(&mut open).await.is_some());
+    // Let the node read the half preamble before it is told to stop.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    cluster.stop().await;
+    let soon = Duration::from_secs(3);
+    for (stage, stream) in [("silent", silent), ("opening", opening)] {
+        let mut buf = [0u8; 8];
+        let mut stream = stream;
+        let read = tokio::time::timeout(soon, stream.read(&mut buf)).await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "{stage} connection still open: {read:?}"
+        );
+    }
+    let read = tokio::time::timeout(soon, open.next()).await;
+    assert!(
+        matches!(read, Ok(None) | Ok(Some(Err(_)))),
+        "open connection still open"
+    );
+}
