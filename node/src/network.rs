@@ -60,10 +60,9 @@ const REDIAL_PAUSE: Duration = Duration::from_millis(100);
 
 /// Creates one [`Peer`] per replication target, and keeps the connections to each peer.
 ///
-/// A connection is used by one call at a time, and dropped, with the others kept for that peer,
-/// when a call on it fails or is not answered in time, and the others kept for that peer are
-/// dropped when one of them turns out broken. TCP keepalive ([`raft_wire::tune`]) breaks idle
-/// connections to a peer that vanished before they are used.
+/// A connection is used by one call at a time, and dropped when a call on it fails or goes
+/// unanswered; when a kept one turns out broken, the others kept for that peer are dropped too.
+/// TCP keepalive ([`raft_wire::tune`]) breaks idle connections to a peer that vanished.
 #[derive(Clone, Default)]
 pub struct Network {
     /// Peers reached at another address than the membership's (NAT, proxies, fault injection).
@@ -123,31 +122,44 @@ impl Network {
             .to_string()
     }
 
-    /// Runs `f` on what is kept for peer `target` at `addr`. When the peer moved, what was kept
-    /// for its old address is let go first.
-    fn with_links<T>(&self, target: NodeId, addr: &str, f: impl FnOnce(&mut Links) -> T) -> T {
+    /// The permits for calls to peer `target` at `addr`, where a call starts. When the peer
+    /// moved, what was kept for its old address is let go first.
+    fn permits(&self, target: NodeId, addr: &str) -> Arc<Semaphore> {
         let mut peers = lock(&self.peers);
         let links = peers.entry(target).or_insert_with(|| Links::to(addr));
         if links.addr != addr {
             *links = Links::to(addr);
         }
-        f(links)
+        links.permits.clone()
+    }
+
+    /// Runs `f` on what is kept for peer `target` at `addr`; does nothing if the peer has moved
+    /// since the call began, since what a call to its old address learns (a connection, a
+    /// failure) says nothing about the new one.
+    fn with_links<T>(
+        &self,
+        target: NodeId,
+        addr: &str,
+        f: impl FnOnce(&mut Links) -> T,
+    ) -> Option<T> {
+        lock(&self.peers)
+            .get_mut(&target)
+            .filter(|links| links.addr == addr)
+            .map(f)
     }
 
     /// An idle connection to `target` at `addr`, if one is kept.
     fn take_idle(&self, target: NodeId, addr: &str) -> Option<Link> {
         self.with_links(target, addr, |links| links.idle.pop())
+            .flatten()
     }
 
     /// Keeps `link`, just answered, for the next call to `target` at `addr`.
-    /// If the peer moved while the call ran, the link leads to its old address and is dropped.
     fn give_back(&self, target: NodeId, addr: &str, link: Link) {
-        if let Some(links) = lock(&self.peers).get_mut(&target) {
-            if links.addr == addr {
-                links.quiet_until = None;
-                links.idle.push(link);
-            }
-        }
+        self.with_links(target, addr, |links| {
+            links.quiet_until = None;
+            links.idle.push(link);
+        });
     }
 
     /// A new connection to `addr`: TCP without Nagle's delay, the preamble, and TLS when the
@@ -168,21 +180,17 @@ impl Network {
         Ok(raft_wire::link(stream))
     }
 
-    /// Sends `frame` to peer `target` at `addr` and returns the answer, within `limit`
-    /// (dialing included). Every failure is a transport failure, as text.
+    /// Sends `frame` to peer `target` at `addr` and returns the answer by `deadline` (dialing
+    /// included). Every failure is a transport failure, as text.
     async fn call(
         &self,
         target: NodeId,
         addr: &str,
         frame: Bytes,
-        limit: Duration,
+        deadline: Instant,
     ) -> Result<(Outcome, Bytes), String> {
-        // openraft drops the call at `limit`, timed from a moment earlier; ending it a little
-        // sooner lets a late answer be booked (the connection dropped, the redial pause set).
-        let limit = limit.saturating_sub(CALL_MARGIN).max(limit / 2);
-        let deadline = Instant::now() + limit;
-        let unanswered = || format!("node {target} at {addr}: no answer within {limit:?}");
-        let permits = self.with_links(target, addr, |links| links.permits.clone());
+        let unanswered = || format!("node {target} at {addr}: no answer in time");
+        let permits = self.permits(target, addr);
         let _permit = tokio::time::timeout_at(deadline, permits.acquire_owned())
             .await
             .map_err(|_| format!("node {target} at {addr}: all {MAX_LINKS} connections busy"))?
@@ -202,7 +210,10 @@ impl Network {
             }
         }
         let now = Instant::now();
-        if let Some(until) = self.with_links(target, addr, |links| links.quiet_until) {
+        if let Some(until) = self
+            .with_links(target, addr, |links| links.quiet_until)
+            .flatten()
+        {
             if now < until {
                 return Err(format!(
                     "node {target} at {addr} was unreachable just now; next try in {:?}",
@@ -252,10 +263,11 @@ impl Network {
         addr: &str,
         message: &TimeoutNow,
     ) -> Result<(), String> {
+        let deadline = call_deadline(Instant::now(), TIMEOUT_NOW_LIMIT);
         let addr = self.address(target, addr);
         let frame = raft_wire::request(Kind::TimeoutNow, message).map_err(|e| e.to_string())?;
         let (outcome, body) = self
-            .call(target, &addr, frame, TIMEOUT_NOW_LIMIT)
+            .call(target, &addr, frame, deadline)
             .await
             .map_err(|e| format!("node {target}: {e}"))?;
         match outcome {
@@ -264,6 +276,12 @@ impl Network {
             Outcome::Failed => Err(format!("node {target}: {}", String::from_utf8_lossy(&body))),
         }
     }
+}
+
+/// When a call given `limit` from `started` gives up on its own: a little before openraft drops
+/// it, so that a late answer is still booked (the connection dropped, the redial pause set).
+fn call_deadline(started: Instant, limit: Duration) -> Instant {
+    started + limit.saturating_sub(CALL_MARGIN).max(limit / 2)
 }
 
 /// Why an exchange on a connection failed.
@@ -327,10 +345,12 @@ type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E
 struct TransportError(String);
 
 impl Peer {
+    /// Sends `request`, which openraft handed over at `started` with `option`'s limit.
     async fn send<Req, Resp, E>(
         &mut self,
         kind: Kind,
         request: &Req,
+        started: Instant,
         option: &RPCOption,
     ) -> RpcResult<Resp, E>
     where
@@ -338,11 +358,12 @@ impl Peer {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
+        let deadline = call_deadline(started, option.hard_ttl());
         let frame = raft_wire::request(kind, request)
             .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let (outcome, body) = self
             .network
-            .call(self.target, &self.addr, frame, option.hard_ttl())
+            .call(self.target, &self.addr, frame, deadline)
             .await
             .map_err(|e| RPCError::Unreachable(Unreachable::new(&TransportError(e))))?;
         match outcome {
@@ -409,6 +430,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
+        let started = Instant::now();
         let all = rpc.entries.len();
         let keep = if all > 1 {
             entries_within(
@@ -419,11 +441,13 @@ impl RaftNetwork<TypeConfig> for Peer {
             all
         };
         if keep == all {
-            return self.send(Kind::AppendEntries, &rpc, &option).await;
+            return self.send(Kind::AppendEntries, &rpc, started, &option).await;
         }
         rpc.entries.truncate(keep);
         let last_sent = rpc.entries.last().map(|entry| entry.log_id);
-        let response = self.send(Kind::AppendEntries, &rpc, &option).await?;
+        let response = self
+            .send(Kind::AppendEntries, &rpc, started, &option)
+            .await?;
         Ok(match response {
             AppendEntriesResponse::Success => AppendEntriesResponse::PartialSuccess(last_sent),
             other => other,
@@ -435,7 +459,8 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
-        self.send(Kind::InstallSnapshot, &rpc, &option).await
+        self.send(Kind::InstallSnapshot, &rpc, Instant::now(), &option)
+            .await
     }
 
     async fn vote(
@@ -443,7 +468,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
-        self.send(Kind::Vote, &rpc, &option).await
+        self.send(Kind::Vote, &rpc, Instant::now(), &option).await
     }
 }
 
@@ -518,10 +543,9 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(delay)).await;
                 let granted: Result<VoteResponse<NodeId>, RaftError<NodeId>> =
                     Ok(VoteResponse::new(openraft::Vote::new(1, 1), None, true));
-                link.send(raft_wire::answer(&granted).unwrap())
-                    .await
-                    .unwrap();
-                if self.hang_up.load(SeqCst) {
+                let answered = link.send(raft_wire::answer(&granted).unwrap()).await;
+                // A caller that gave up has closed the connection.
+                if answered.is_err() || self.hang_up.load(SeqCst) {
                     return;
                 }
             }
@@ -592,6 +616,59 @@ mod tests {
         peer.mute.store(false, SeqCst);
         assert!(vote_through_new_client(&mut network, &peer.addr).await);
         assert_eq!(peer.accepted.load(SeqCst), 2, "the next call dialed anew");
+    }
+
+    #[tokio::test]
+    async fn an_unanswered_call_drops_its_own_connection_and_keeps_the_others() {
+        let peer = StandIn::start().await;
+        peer.delay_ms.store(30, SeqCst);
+        let network = Network::default();
+        let both = (0..2).map(|_| {
+            let (mut network, addr) = (network.clone(), peer.addr.clone());
+            tokio::spawn(async move { vote_through_new_client(&mut network, &addr).await })
+        });
+        for granted in futures::future::join_all(both).await {
+            assert!(granted.unwrap());
+        }
+        assert_eq!(peer.accepted.load(SeqCst), 2, "two kept connections");
+
+        // One call goes unanswered (the peer is slower than the 200 ms limit).
+        peer.delay_ms.store(400, SeqCst);
+        let mut caller = network.clone();
+        assert!(!vote_through_new_client(&mut caller, &peer.addr).await);
+        assert_eq!(network.peers.lock().unwrap()[&2].idle.len(), 1);
+
+        // The other connection still serves, without a new dial and without a pause.
+        peer.delay_ms.store(0, SeqCst);
+        assert!(vote_through_new_client(&mut caller, &peer.addr).await);
+        assert_eq!(peer.accepted.load(SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_failure_at_the_old_address_leaves_the_new_one_alone() {
+        let old = StandIn::start().await;
+        old.mute.store(true, SeqCst);
+        let moved = StandIn::start().await;
+        let mut network = Network::default();
+        // A call to the old address is still waiting for its answer when the peer moves.
+        let doomed = tokio::spawn({
+            let (mut network, addr) = (network.clone(), old.addr.clone());
+            async move { vote_through_new_client(&mut network, &addr).await }
+        });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(vote_through_new_client(&mut network, &moved.addr).await);
+        assert!(!doomed.await.unwrap(), "the old address never answers");
+        {
+            let peers = network.peers.lock().unwrap();
+            assert_eq!(peers[&2].addr, moved.addr);
+            assert_eq!(peers[&2].idle.len(), 1, "the new connection is kept");
+            assert!(
+                peers[&2].quiet_until.is_none(),
+                "and the new address not paused"
+            );
+        }
+        assert!(vote_through_new_client(&mut network, &moved.addr).await);
+        assert_eq!(moved.accepted.load(SeqCst), 1);
     }
 
     #[tokio::test]

@@ -44,8 +44,9 @@ pub fn is_raft_connection(first: u8) -> bool {
 /// unacknowledged (`TCP_USER_TIMEOUT`, which also ends the probing, since Linux sends no probes
 /// while data is outstanding). A connection whose peer vanished (its host lost power, a network
 /// dropped the connection) then fails within seconds, idle or not: one kept by the dialer
-/// breaks before its next call, and the node stops serving one left half-open, instead of
-/// either lasting the kernel's defaults (hours idle, ~15 minutes of retransmissions).
+/// breaks within ~5 s of the peer's last sign of life, and the node stops serving one left
+/// half-open, instead of either lasting the kernel's defaults (hours idle, ~15 minutes of
+/// retransmissions). `TCP_USER_TIMEOUT` is Linux's; elsewhere keepalive alone applies.
 pub fn tune(stream: &TcpStream) {
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(error = %e, "cannot set TCP_NODELAY");
@@ -58,6 +59,7 @@ pub fn tune(stream: &TcpStream) {
     if let Err(e) = socket.set_tcp_keepalive(&keepalive) {
         tracing::debug!(error = %e, "cannot set TCP keepalive");
     }
+    #[cfg(any(target_os = "linux", target_os = "android"))]
     if let Err(e) = socket.set_tcp_user_timeout(Some(Duration::from_secs(5))) {
         tracing::debug!(error = %e, "cannot set TCP_USER_TIMEOUT");
     }
@@ -217,6 +219,7 @@ mod tests {
             Duration::from_secs(1)
         );
         assert_eq!(socket.tcp_keepalive_retries().unwrap(), 3);
+        #[cfg(any(target_os = "linux", target_os = "android"))]
         assert_eq!(
             socket.tcp_user_timeout().unwrap(),
             Some(Duration::from_secs(5))
