@@ -562,6 +562,12 @@ mod tests {
             .is_ok_and(|response| response.vote_granted)
     }
 
+    /// [`vote_through_new_client`] on a task of its own.
+    fn vote_in_background(network: &Network, addr: &str) -> tokio::task::JoinHandle<bool> {
+        let (mut network, addr) = (network.clone(), addr.to_string());
+        tokio::spawn(async move { vote_through_new_client(&mut network, &addr).await })
+    }
+
     #[tokio::test]
     async fn the_clients_made_for_one_peer_share_one_connection() {
         let peer = StandIn::start().await;
@@ -588,10 +594,7 @@ mod tests {
         let moved = StandIn::start().await;
         let mut network = Network::default();
         // A call to the old address is still running when the peer moves.
-        let slow = tokio::spawn({
-            let (mut network, addr) = (network.clone(), old.addr.clone());
-            async move { vote_through_new_client(&mut network, &addr).await }
-        });
+        let slow = vote_in_background(&network, &old.addr);
         tokio::time::sleep(Duration::from_millis(30)).await;
         assert!(vote_through_new_client(&mut network, &moved.addr).await);
         assert!(slow.await.unwrap(), "the call in flight is still answered");
@@ -623,10 +626,7 @@ mod tests {
         let peer = StandIn::start().await;
         peer.delay_ms.store(30, SeqCst);
         let network = Network::default();
-        let both = (0..2).map(|_| {
-            let (mut network, addr) = (network.clone(), peer.addr.clone());
-            tokio::spawn(async move { vote_through_new_client(&mut network, &addr).await })
-        });
+        let both = (0..2).map(|_| vote_in_background(&network, &peer.addr));
         for granted in futures::future::join_all(both).await {
             assert!(granted.unwrap());
         }
@@ -651,10 +651,7 @@ mod tests {
         let moved = StandIn::start().await;
         let mut network = Network::default();
         // A call to the old address is still waiting for its answer when the peer moves.
-        let doomed = tokio::spawn({
-            let (mut network, addr) = (network.clone(), old.addr.clone());
-            async move { vote_through_new_client(&mut network, &addr).await }
-        });
+        let doomed = vote_in_background(&network, &old.addr);
         tokio::time::sleep(Duration::from_millis(30)).await;
         assert!(vote_through_new_client(&mut network, &moved.addr).await);
         assert!(!doomed.await.unwrap(), "the old address never answers");
