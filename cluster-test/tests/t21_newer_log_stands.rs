@@ -1,17 +1,19 @@
 //! Claim: after the leader dies, a survivor that refuses a candidate because its own log is newer
 //! stands for election at once instead of waiting out its own election timer
-//! (`node/src/newer_log_stands.rs`; the failover target of issue 6, "writes resume within 1 s").
+//! (`node/src/pre_vote.rs` for a pre-vote, `node/src/newer_log_stands.rs` for a real vote; the
+//! failover target of issue 6, "writes resume within 1 s").
 //!
 //! Three nodes; node 3 is given a long election timeout (4 s: a leader lease of 8 s and its own
 //! timer at 12–16 s after it last heard from a leader), node 2 the default. Node 2 is frozen
 //! (SIGSTOP) while more offers are acknowledged by nodes 1 and 3, so node 2's log is older. Then
-//! the leader is killed and, once node 3's lease has run out, node 2 is thawed: it stands first,
+//! the leader is killed and, once node 3's lease has run out, node 2 is thawed: it asks first,
 //! and only node 3 can win (its vote is needed and its log is newer). Without the rule node 3
 //! would campaign only when its own timer fires, at least 12 s after the kill; with it, node 3
-//! stands as soon as node 2 asks for its vote. (Run without the rule, node 3 did not lead within
-//! 24 s at all: node 2, with its shorter timer, stood again in ever higher terms, and node 3's
-//! own candidacies came too late each time, a livelock.) The offers acknowledged while node 2 was frozen
-//! must all be readable through the new leader.
+//! stands as soon as node 2 asks for its (pre-)vote. (Run without the rule before pre-votes,
+//! node 3 did not lead within 24 s at all: node 2, with its shorter timer, stood again in ever
+//! higher terms, and node 3's own candidacies came too late each time, a livelock. With
+//! pre-votes and without the rule, node 3 led 14 s after the kill, on its own timer.) The offers
+//! acknowledged while node 2 was frozen must all be readable through the new leader.
 #![allow(clippy::unwrap_used)]
 
 use std::time::{Duration, Instant};

@@ -34,7 +34,7 @@ use tonic::{Code, Status};
 
 use crate::admission::{Admission, Closed};
 use crate::network::Network;
-use crate::node::Node;
+use crate::node::{is_voter, Node};
 use crate::types::{LogId, NodeId, Raft};
 
 /// The Baton detail code of a handover that did not complete.
@@ -335,12 +335,7 @@ async fn wait_new_leader(node: &Node, limit: Duration) -> Option<(NodeId, u64)> 
 pub async fn on_timeout_now(raft: &Raft, message: TimeoutNow) -> Result<(), String> {
     let metrics = raft.metrics().borrow().clone();
     let me = metrics.id;
-    if !metrics
-        .membership_config
-        .membership()
-        .voter_ids()
-        .any(|id| id == me)
-    {
+    if !is_voter(&metrics) {
         return Err(format!("node {me} is not a voter"));
     }
     if metrics.current_term != message.term {

@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod network;
 pub mod newer_log_stands;
 pub mod node;
+pub mod pre_vote;
 pub mod proposer;
 pub mod raft_server;
 pub mod raft_wire;

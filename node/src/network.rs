@@ -25,6 +25,7 @@ use tokio::time::Instant;
 
 use crate::codec;
 use crate::handover::TimeoutNow;
+use crate::pre_vote::PreVote;
 use crate::raft_wire::{self, Kind, Link, Outcome};
 use crate::tls::PeerConnector;
 use crate::types::{NodeId, TypeConfig};
@@ -263,9 +264,34 @@ impl Network {
         addr: &str,
         message: &TimeoutNow,
     ) -> Result<(), String> {
-        let deadline = call_deadline(Instant::now(), TIMEOUT_NOW_LIMIT);
+        self.ask(target, addr, Kind::TimeoutNow, message, TIMEOUT_NOW_LIMIT)
+            .await
+    }
+
+    /// Asks voter `target` whether it would vote for this node (a pre-vote) within `limit`;
+    /// returns its refusal or the transport failure as text.
+    pub async fn pre_vote(
+        &self,
+        target: NodeId,
+        addr: &str,
+        message: &PreVote,
+        limit: Duration,
+    ) -> Result<(), String> {
+        self.ask(target, addr, Kind::PreVote, message, limit).await
+    }
+
+    /// Sends `target` a request of Baton's own whose answer is a yes or a refusal in words.
+    async fn ask<T: Serialize>(
+        &self,
+        target: NodeId,
+        addr: &str,
+        kind: Kind,
+        message: &T,
+        limit: Duration,
+    ) -> Result<(), String> {
+        let deadline = call_deadline(Instant::now(), limit);
         let addr = self.address(target, addr);
-        let frame = raft_wire::request(Kind::TimeoutNow, message).map_err(|e| e.to_string())?;
+        let frame = raft_wire::request(kind, message).map_err(|e| e.to_string())?;
         let (outcome, body) = self
             .call(target, &addr, frame, deadline)
             .await
@@ -278,8 +304,6 @@ impl Network {
     }
 }
 
-/// When a call given `limit` from `started` gives up on its own: a little before openraft drops
-/// it, so that a late answer is still booked (the connection dropped, the redial pause set).
 fn call_deadline(started: Instant, limit: Duration) -> Instant {
     started + limit.saturating_sub(CALL_MARGIN).max(limit / 2)
 }

@@ -21,6 +21,7 @@
 use openraft::raft::{VoteRequest, VoteResponse};
 use openraft::{ServerState, Vote};
 
+use crate::node::is_voter;
 use crate::types::{NodeId, Raft};
 
 /// Whether a vote this node refused tells it to stand: it refused a current candidate whose log
@@ -47,12 +48,7 @@ pub async fn after_vote(
     let (me, voter) = {
         let metrics = raft.metrics();
         let m = metrics.borrow();
-        let voter = m
-            .membership_config
-            .membership()
-            .voter_ids()
-            .any(|id| id == m.id);
-        (m.id, voter && m.state != ServerState::Leader)
+        (m.id, is_voter(&m) && m.state != ServerState::Leader)
     };
     if !voter {
         return;

@@ -147,6 +147,15 @@ impl Node {
     }
 }
 
+/// Whether the node these metrics describe is a voter of its current membership.
+pub(crate) fn is_voter(metrics: &openraft::RaftMetrics<NodeId, openraft::BasicNode>) -> bool {
+    metrics
+        .membership_config
+        .membership()
+        .voter_ids()
+        .any(|id| id == metrics.id)
+}
+
 /// The address of member `id` in `raft`'s current membership.
 pub(crate) fn member_addr(raft: &Raft, id: NodeId) -> Option<String> {
     let metrics = raft.metrics();

@@ -10,16 +10,19 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
-use openraft::raft::VoteRequest;
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, VoteRequest,
+};
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 
+use crate::pre_vote::{self, Contact};
 use crate::raft_wire::{self, Kind};
 use crate::tls::PeerAcceptor;
-use crate::types::{NodeId, Raft};
+use crate::types::{NodeId, Raft, TypeConfig};
 use crate::{codec, handover, newer_log_stands};
 
 /// How long a new connection may take to send its first byte (and a peer its preamble and TLS
@@ -34,12 +37,24 @@ pub struct Port {
     pub acceptor: JoinHandle<()>,
 }
 
+/// What answers peers: the local Raft instance, and the election bookkeeping its answers feed
+/// (when this node last heard from a leader or granted a vote) and pre-votes draw on.
+#[derive(Clone)]
+pub struct Local {
+    /// The local Raft instance.
+    pub raft: Raft,
+    /// Updated as leader messages are accepted and votes granted; read by [`pre_vote::run`].
+    pub contact: Contact,
+    /// How long a follower counts a leader it heard from as alive.
+    pub lease: Duration,
+}
+
 /// Accepts connections on `listener` until `closed` turns true: Raft connections are answered by
-/// `raft` (over TLS through `tls` when the node runs it), the others are handed on in
+/// `local` (over TLS through `tls` when the node runs it), the others are handed on in
 /// [`Port::grpc`]. Raft connections are closed when `closed` turns true.
 pub fn split(
     listener: TcpListener,
-    raft: Raft,
+    raft: Local,
     tls: Option<PeerAcceptor>,
     closed: watch::Receiver<bool>,
 ) -> Port {
@@ -53,7 +68,7 @@ pub fn split(
 
 async fn accept(
     listener: TcpListener,
-    raft: Raft,
+    raft: Local,
     tls: Option<PeerAcceptor>,
     grpc: mpsc::Sender<std::io::Result<TcpStream>>,
     mut closed: watch::Receiver<bool>,
@@ -103,7 +118,7 @@ async fn accept(
 /// then its requests one at a time until it closes, sends something malformed, or `closed`
 /// turns true.
 async fn serve_peer(
-    raft: Raft,
+    raft: Local,
     mut stream: TcpStream,
     tls: Option<PeerAcceptor>,
     mut closed: watch::Receiver<bool>,
@@ -166,19 +181,34 @@ async fn serve_peer(
     }
 }
 
-/// Has `raft` answer one request frame; an error is a request that could not be handled.
-async fn handle(raft: &Raft, frame: Bytes) -> Result<Bytes, String> {
+/// Has `local` answer one request frame; an error is a request that could not be handled.
+async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
     let (kind, body) = raft_wire::parse_request(frame).map_err(|e| e.to_string())?;
     let undecodable = |e: bincode::error::DecodeError| format!("undecodable {kind:?}: {e}");
+    let raft = &local.raft;
     let answer = match kind {
         Kind::AppendEntries => {
-            let request = codec::decode(&body).map_err(undecodable)?;
-            raft_wire::answer(&raft.append_entries(request).await)
+            let request: AppendEntriesRequest<TypeConfig> =
+                codec::decode(&body).map_err(undecodable)?;
+            let result = raft.append_entries(request).await;
+            // Every answer but a higher vote means the sender leads this node's term.
+            if matches!(
+                result,
+                Ok(AppendEntriesResponse::Success
+                    | AppendEntriesResponse::PartialSuccess(_)
+                    | AppendEntriesResponse::Conflict)
+            ) {
+                local.contact.heard_from_leader();
+            }
+            raft_wire::answer(&result)
         }
         Kind::Vote => {
             let request: VoteRequest<NodeId> = codec::decode(&body).map_err(undecodable)?;
             let result = raft.vote(request.clone()).await;
             if let Ok(response) = &result {
+                if response.vote_granted {
+                    local.contact.granted_vote();
+                }
                 // Votes are rare (elections only); the rule decides inside whether to act.
                 let (raft, response) = (raft.clone(), response.clone());
                 tokio::spawn(async move {
@@ -188,12 +218,27 @@ async fn handle(raft: &Raft, frame: Bytes) -> Result<Bytes, String> {
             raft_wire::answer(&result)
         }
         Kind::InstallSnapshot => {
-            let request = codec::decode(&body).map_err(undecodable)?;
-            raft_wire::answer(&raft.install_snapshot(request).await)
+            let request: InstallSnapshotRequest<TypeConfig> =
+                codec::decode(&body).map_err(undecodable)?;
+            let vote = request.vote;
+            let result = raft.install_snapshot(request).await;
+            if result.as_ref().is_ok_and(|response| response.vote == vote) {
+                local.contact.heard_from_leader();
+            }
+            raft_wire::answer(&result)
         }
         Kind::TimeoutNow => {
             let request = codec::decode(&body).map_err(undecodable)?;
             raft_wire::answer(&handover::on_timeout_now(raft, request).await)
+        }
+        Kind::PreVote => {
+            let request = codec::decode(&body).map_err(undecodable)?;
+            raft_wire::answer(&pre_vote::on_pre_vote(
+                raft,
+                &local.contact,
+                local.lease,
+                &request,
+            ))
         }
     };
     answer.map_err(|e| format!("cannot encode the answer: {e}"))

@@ -89,6 +89,8 @@ pub enum Kind {
     InstallSnapshot = 3,
     /// Leadership handover: the leader asks its chosen successor to start an election now.
     TimeoutNow = 4,
+    /// Pre-vote: would the peer vote for this node? (`crate::pre_vote`; changes nothing there.)
+    PreVote = 5,
 }
 
 impl Kind {
@@ -98,6 +100,7 @@ impl Kind {
             Self::Vote,
             Self::InstallSnapshot,
             Self::TimeoutNow,
+            Self::PreVote,
         ]
         .into_iter()
         .find(|kind| *kind as u8 == byte)
@@ -233,6 +236,7 @@ mod tests {
             Kind::Vote,
             Kind::InstallSnapshot,
             Kind::TimeoutNow,
+            Kind::PreVote,
         ] {
             let frame = request(kind, &(7u64, "seven")).unwrap();
             let (parsed, body) = parse_request(frame).unwrap();

@@ -30,6 +30,7 @@ use crate::metered::{MeteredLog, MeteredStateMachine};
 use crate::metrics::{metrics, StoreStats};
 use crate::network::Network;
 use crate::node::{Node, NodeRef};
+use crate::pre_vote::{self, Contact};
 use crate::readiness::Readiness;
 use crate::security::Security;
 use crate::service::{
@@ -155,6 +156,14 @@ pub async fn serve_secured(
         config.sweep_interval,
         stop_rx.clone(),
     ));
+    let contact = Contact::default();
+    let elections = tokio::spawn(pre_vote::run(
+        raft.clone(),
+        network.clone(),
+        contact.clone(),
+        config.raft.election_timing(),
+        stop_rx.clone(),
+    ));
     let snapshots = tokio::spawn(snapshot_schedule::run(
         raft.clone(),
         config.id,
@@ -221,9 +230,14 @@ pub async fn serve_secured(
     // Peers' Raft connections are served until the gRPC server closes, so that a handover during
     // the shutdown still reaches them.
     let (peers_closed_tx, peers_closed) = watch::channel(false);
+    let local = raft_server::Local {
+        raft: raft.clone(),
+        contact,
+        lease: config.raft.election_timing().lease,
+    };
     let port = raft_server::split(
         listener,
-        raft.clone(),
+        local,
         tls.as_ref().map(NodeTls::peer_acceptor),
         peers_closed,
     );
@@ -261,6 +275,7 @@ pub async fn serve_secured(
 
     let _ = stop_tx.send(true);
     let _ = sweeper.await;
+    let _ = elections.await;
     let _ = snapshots.await;
     if let Some(http) = http {
         let _ = http.await;

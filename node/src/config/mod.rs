@@ -173,6 +173,8 @@ impl RaftTuning {
             heartbeat_interval: self.heartbeat.as_millis() as u64,
             election_timeout_min: self.election_timeout.0.as_millis() as u64,
             election_timeout_max: self.election_timeout.1.as_millis() as u64,
+            // Elections are started by crate::pre_vote, only when a quorum would vote.
+            enable_elect: false,
             // Builds are scheduled by crate::snapshot_schedule, staggered across the members.
             snapshot_policy: openraft::SnapshotPolicy::Never,
             max_in_snapshot_log_to_keep: self.keep_logs,
@@ -181,5 +183,14 @@ impl RaftTuning {
             ..Default::default()
         };
         config.validate()
+    }
+
+    /// The election timings [`crate::pre_vote::run`] keeps: openraft's leader lease is the
+    /// largest election timeout.
+    pub fn election_timing(&self) -> crate::pre_vote::Timing {
+        crate::pre_vote::Timing {
+            lease: self.election_timeout.1,
+            timeout: self.election_timeout,
+        }
     }
 }
