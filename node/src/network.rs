@@ -304,6 +304,8 @@ impl Network {
     }
 }
 
+/// When a call given `limit` from `started` gives up on its own: a little before openraft drops
+/// it, so that a late answer is still booked (the connection dropped, the redial pause set).
 fn call_deadline(started: Instant, limit: Duration) -> Instant {
     started + limit.saturating_sub(CALL_MARGIN).max(limit / 2)
 }

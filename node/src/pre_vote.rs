@@ -21,15 +21,15 @@
 //! state anywhere. Liveness is as before: when a leader is really gone, its followers stop
 //! hearing from it, their leases run out and they say yes to each other. Elections started on
 //! purpose (a leadership handover's `TimeoutNow`, [`crate::newer_log_stands`]) do not ask first:
-//! they run only when the leader is known to be stepping aside or a candidate already passed a
-//! pre-vote.
+//! they run only when the leader is known to be stepping aside, or when a candidate is already
+//! asking for votes.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
+use futures::FutureExt;
 use openraft::ServerState;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
@@ -49,15 +49,12 @@ pub struct PreVote {
     pub last_log: Option<LogId>,
 }
 
-/// When this node last heard from a leader, and when it last granted a vote; shared by the Raft
-/// connections that see it happen and by [`run`] and [`judge`], which act on it.
+/// When this node last heard from a leader; shared by the Raft connections that see it happen
+/// and by [`run`] and [`judge`], which act on it.
 #[derive(Clone)]
 pub struct Contact {
-    started: Instant,
-    /// Milliseconds after `started` of the last leader message this node accepted.
-    leader: Arc<AtomicU64>,
-    /// Milliseconds after `started` of the last vote this node granted.
-    voted: Arc<AtomicU64>,
+    /// The last leader message this node accepted (or its start).
+    leader: Arc<Mutex<Instant>>,
     /// Wakes [`run`] to stand without waiting for its timer.
     stand: Arc<Notify>,
 }
@@ -67,43 +64,26 @@ impl Default for Contact {
     /// before it says yes to anyone, as it would had it been running all along.
     fn default() -> Self {
         Self {
-            started: Instant::now(),
-            leader: Arc::default(),
-            voted: Arc::default(),
+            leader: Arc::new(Mutex::new(Instant::now())),
             stand: Arc::default(),
         }
     }
 }
 
 impl Contact {
-    fn now_ms(&self) -> u64 {
-        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
-    }
-
-    fn at(&self, ms: &AtomicU64) -> Instant {
-        self.started + Duration::from_millis(ms.load(Ordering::Relaxed))
+    fn leader(&self) -> MutexGuard<'_, Instant> {
+        self.leader.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// This node accepted a message from the leader of its term (entries, a heartbeat, a
     /// snapshot).
     pub fn heard_from_leader(&self) {
-        self.leader.fetch_max(self.now_ms(), Ordering::Relaxed);
+        *self.leader() = Instant::now();
     }
 
-    /// This node granted a candidate its vote; it gives that candidate an election timeout
-    /// before it stands itself.
-    pub fn granted_vote(&self) {
-        self.voted.fetch_max(self.now_ms(), Ordering::Relaxed);
-    }
-
-    /// When this node last heard from a leader.
+    /// When this node last heard from a leader (or started).
     pub fn leader_at(&self) -> Instant {
-        self.at(&self.leader)
-    }
-
-    /// When the last thing that puts off this node's own election happened.
-    fn quiet_since(&self) -> Instant {
-        self.leader_at().max(self.at(&self.voted))
+        *self.leader()
     }
 }
 
@@ -133,8 +113,8 @@ pub enum Refusal {
     /// This node leads.
     #[error("this node leads")]
     Leads,
-    /// This node heard from its leader within the lease.
-    #[error("this node heard from its leader {} ms ago", .0.as_millis())]
+    /// This node heard from its leader (or started) within the lease.
+    #[error("this node heard from its leader (or started) {} ms ago", .0.as_millis())]
     LeaderAlive(Duration),
     /// This node's log is newer than the asker's, so it would refuse the vote too.
     #[error("this node's log is newer ({mine:?} against {theirs:?})")]
@@ -206,10 +186,12 @@ pub fn is_quorum(joint: &[BTreeSet<NodeId>], yes: &BTreeSet<NodeId>) -> bool {
     })
 }
 
-/// Runs this node's election timer until `stop` turns true: after a lease plus a random election
-/// timeout without a leader (or, for a candidate whose election came to nothing, after a random
-/// election timeout), or at once when [`on_pre_vote`] refused an older log, it holds a pre-vote
-/// and, with a quorum's yes, starts an election.
+/// Runs this node's election timer until `stop` turns true. A follower waits a lease plus a
+/// random election timeout after the last of: a leader's message, a change of its vote (a vote
+/// it granted, an election), role or membership, its last try. A candidate (whose election came to nothing) and
+/// the only voter wait the random timeout alone; a leader waits for a change of role. Then, or
+/// at once when [`on_pre_vote`] refused an older log while no leader is heard from, the node holds
+/// a pre-vote and, with a quorum's yes, starts an election.
 pub async fn run(
     raft: Raft,
     network: Network,
@@ -217,33 +199,67 @@ pub async fn run(
     timing: Timing,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut last_try = Instant::now();
+    let mut server = raft.server_metrics();
+    let mut changed_at = Instant::now();
+    let mut last_try = changed_at;
     let mut wait = timing.draw();
     loop {
-        let candidate = raft.metrics().borrow().state == ServerState::Candidate;
-        let lease = if candidate {
-            Duration::ZERO
-        } else {
-            timing.lease
+        let due = {
+            let m = server.borrow_and_update();
+            let alone = m.membership_config.membership().voter_ids().count() == 1;
+            let lease = match m.state {
+                ServerState::Leader => None,
+                ServerState::Candidate => Some(Duration::ZERO),
+                _ if alone => Some(Duration::ZERO),
+                _ => Some(timing.lease),
+            };
+            lease.map(|lease| contact.leader_at().max(last_try).max(changed_at) + lease + wait)
         };
-        let due = contact.quiet_since().max(last_try) + lease + wait;
-        if Instant::now() < due {
+        if due.is_none_or(|due| Instant::now() < due) {
+            let timer = async {
+                match due {
+                    Some(due) => tokio::time::sleep_until(due).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
-                () = tokio::time::sleep_until(due) => continue,
-                () = contact.stand.notified() => {}
+                biased;
                 _ = stop.wait_for(|stop| *stop) => return,
+                changed = server.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    changed_at = Instant::now();
+                    continue;
+                }
+                () = contact.stand.notified() => {
+                    // Asked while a round or an election ran, perhaps before a leader emerged.
+                    if contact.leader_at().elapsed() <= timing.lease {
+                        continue;
+                    }
+                }
+                // Due by the moments read above; a leader may have been heard from since.
+                () = timer => continue,
             }
+        } else if *stop.borrow() {
+            return;
         }
         last_try = Instant::now();
         wait = timing.draw();
-        if *stop.borrow() {
-            return;
-        }
         let Some(ask) = standing(&raft) else { continue };
-        if !holds_quorum(&raft, &network, &ask, timing.timeout.0).await {
+        tracing::info!(last_log = ?ask.last_log, "no word from a leader; holding a pre-vote");
+        let quorum = holds_quorum(&raft, &network, &ask, timing.timeout.0).await;
+        // Requests to stand that came in meanwhile are answered by this round; a permit left
+        // stored would start a second round (and election) right after this one.
+        let _ = contact.stand.notified().now_or_never();
+        if !quorum {
             continue;
         }
-        // A leader may have made itself heard while the answers came in.
+        // A leader, a vote or a candidacy may have come along while the answers came in.
+        if server.has_changed().unwrap_or(true) {
+            changed_at = Instant::now();
+            continue;
+        }
         if contact.leader_at() >= last_try {
             continue;
         }
@@ -400,20 +416,16 @@ mod tests {
     }
 
     #[test]
-    fn contact_keeps_the_latest_moment_of_each_kind() {
+    fn contact_keeps_the_last_word_from_a_leader() {
         let contact = Contact::default();
         let start = contact.leader_at();
         std::thread::sleep(Duration::from_millis(20));
-        contact.heard_from_leader();
-        let heard = contact.leader_at();
-        assert!(heard >= start + Duration::from_millis(20));
-        std::thread::sleep(Duration::from_millis(20));
-        contact.granted_vote();
-        assert!(contact.quiet_since() >= heard + Duration::from_millis(20));
         assert_eq!(
             contact.leader_at(),
-            heard,
-            "a granted vote is no word from a leader"
+            start,
+            "a start counts as a word from a leader"
         );
+        contact.heard_from_leader();
+        assert!(contact.leader_at() >= start + Duration::from_millis(20));
     }
 }

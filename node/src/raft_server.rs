@@ -38,15 +38,15 @@ pub struct Port {
 }
 
 /// What answers peers: the local Raft instance, and the election bookkeeping its answers feed
-/// (when this node last heard from a leader or granted a vote) and pre-votes draw on.
+/// (when this node last heard from a leader) and pre-votes draw on.
 #[derive(Clone)]
 pub struct Local {
     /// The local Raft instance.
     pub raft: Raft,
-    /// Updated as leader messages are accepted and votes granted; read by [`pre_vote::run`].
+    /// Updated as leader messages are accepted; read by pre-votes and [`pre_vote::run`].
     pub contact: Contact,
-    /// How long a follower counts a leader it heard from as alive.
-    pub lease: Duration,
+    /// The election timings pre-votes are judged by.
+    pub timing: pre_vote::Timing,
 }
 
 /// Accepts connections on `listener` until `closed` turns true: Raft connections are answered by
@@ -206,9 +206,6 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
             let request: VoteRequest<NodeId> = codec::decode(&body).map_err(undecodable)?;
             let result = raft.vote(request.clone()).await;
             if let Ok(response) = &result {
-                if response.vote_granted {
-                    local.contact.granted_vote();
-                }
                 // Votes are rare (elections only); the rule decides inside whether to act.
                 let (raft, response) = (raft.clone(), response.clone());
                 tokio::spawn(async move {
@@ -236,7 +233,7 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
             raft_wire::answer(&pre_vote::on_pre_vote(
                 raft,
                 &local.contact,
-                local.lease,
+                local.timing.lease,
                 &request,
             ))
         }

@@ -157,12 +157,14 @@ pub async fn serve_secured(
         stop_rx.clone(),
     ));
     let contact = Contact::default();
+    // Elections stop as soon as the node starts leaving (see crate::shutdown).
+    let (stand_down, standing_down) = watch::channel(false);
     let elections = tokio::spawn(pre_vote::run(
         raft.clone(),
         network.clone(),
         contact.clone(),
         config.raft.election_timing(),
-        stop_rx.clone(),
+        standing_down,
     ));
     let snapshots = tokio::spawn(snapshot_schedule::run(
         raft.clone(),
@@ -233,7 +235,7 @@ pub async fn serve_secured(
     let local = raft_server::Local {
         raft: raft.clone(),
         contact,
-        lease: config.raft.election_timing().lease,
+        timing: config.raft.election_timing(),
     };
     let port = raft_server::split(
         listener,
@@ -255,8 +257,14 @@ pub async fn serve_secured(
             systemd::stopping();
             health.set(ServingStatus::NotServing).await;
             let _ = closing_tx.send(true);
-            crate::shutdown::leave(&node, &admission, &network, config.hand_over_on_shutdown)
-                .await;
+            crate::shutdown::leave(
+                &node,
+                &admission,
+                &network,
+                &stand_down,
+                config.hand_over_on_shutdown,
+            )
+            .await;
             let _ = stop_serving_tx.send(());
             match tokio::time::timeout(CLOSE_LIMIT, &mut server).await {
                 Ok(joined) => joined,
@@ -273,6 +281,7 @@ pub async fn serve_secured(
     let _ = port.acceptor.await;
     let served = served.context("the grpc server task failed")?;
 
+    let _ = stand_down.send(true);
     let _ = stop_tx.send(true);
     let _ = sweeper.await;
     let _ = elections.await;

@@ -3,7 +3,8 @@
 //! 1. Close the admission gate: new client requests are refused `SHUTTING_DOWN` (clients retry
 //!    on another node), Raft traffic goes on.
 //! 2. Let the admitted client requests finish, for at most [`DRAIN_LIMIT`].
-//! 3. Stop campaigning, and if this node leads, hand leadership to a caught-up voter
+//! 3. Stop standing for election ([`crate::pre_vote::run`] ends; this node still answers votes
+//!    and pre-votes), and if this node leads, hand leadership to a caught-up voter
 //!    ([`crate::handover`]), so the cluster has a leader again after one election round trip
 //!    instead of an election timeout. Skipped when the whole cluster is stopping together
 //!    (`NodeConfig::hand_over_on_shutdown`, off in `baton dev`): the voters would be stopping too.
@@ -13,6 +14,7 @@
 use std::time::Duration;
 
 use openraft::ServerState;
+use tokio::sync::watch;
 
 use crate::admission::{Admission, Closed};
 use crate::handover;
@@ -23,7 +25,13 @@ use crate::node::Node;
 pub const DRAIN_LIMIT: Duration = Duration::from_secs(10);
 
 /// Runs steps 1–3; failures are logged, never fatal: the node stops either way.
-pub async fn leave(node: &Node, admission: &Admission, network: &Network, hand_over: bool) {
+pub async fn leave(
+    node: &Node,
+    admission: &Admission,
+    network: &Network,
+    stand_down: &watch::Sender<bool>,
+    hand_over: bool,
+) {
     tracing::info!(id = node.id, "shutting down: refusing new client requests");
     admission.close(Closed::ShuttingDown);
     let still_running = admission.drain(DRAIN_LIMIT).await;
@@ -33,7 +41,7 @@ pub async fn leave(node: &Node, admission: &Admission, network: &Network, hand_o
             "client requests still running after {DRAIN_LIMIT:?}; stopping anyway"
         );
     }
-    node.raft.runtime_config().elect(false);
+    let _ = stand_down.send(true);
     let leading = node.raft.metrics().borrow().state == ServerState::Leader;
     if !leading || !hand_over {
         return;

@@ -1,0 +1,130 @@
+//! Claim: a follower cut off from the others and then reconnected does not depose a leader that
+//! a majority kept hearing all along. While it is cut off it asks before it campaigns (pre-vote)
+//! and nobody answers, so it never raises its term; once back, it simply follows again, and the
+//! leader keeps its role and its term. Without the pre-vote it would campaign every election
+//! timeout, each time with a higher term, and its first answer after the heal would make the
+//! leader step down and the cluster go through an election it did not need.
+//!
+//! And a follower cut off from the leader alone, still reaching the other follower, gets no yes
+//! from it: that follower still hears from the leader. (Nothing is written meanwhile, so both
+//! followers' logs are equal and only the leader's lease stands in the way.)
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use baton_cluster_test::{offer_a_to_b, Cluster, Options};
+
+/// What a node logs each time it holds a pre-vote (`node/src/pre_vote.rs`).
+const PRE_VOTE_LOG: &str = "holding a pre-vote";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t22_a_reconnected_follower_does_not_depose_the_leader() {
+    let options = Options {
+        proxied: true,
+        ..Options::default()
+    };
+    let cluster = Cluster::start(3, options).await.unwrap();
+    let leader = cluster.leader().await.unwrap();
+    let term = cluster.node_info(leader).await.unwrap().term;
+    let follower = cluster.ids().into_iter().find(|id| *id != leader).unwrap();
+    let client = cluster.client().await.unwrap();
+
+    cluster.network().unwrap().isolate(follower);
+    // Many election timeouts (300-600 ms in these tests) pass; the majority keeps committing.
+    for i in 0..6 {
+        client
+            .offer(offer_a_to_b(format!("t22-cut-{i}")))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let cut_off = cluster.node_info(follower).await.unwrap();
+    assert_eq!(
+        cut_off.term, term,
+        "the cut-off follower raised its term to {} from {term} without a quorum's pre-vote",
+        cut_off.term
+    );
+
+    cluster.network().unwrap().heal_all();
+    client.offer(offer_a_to_b("t22-healed")).await.unwrap();
+    let index = cluster.wait_all_caught_up().await.unwrap();
+    // Give a deposing answer time to arrive: heartbeats go out every 50 ms.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    for id in cluster.ids() {
+        let info = cluster.node_info(id).await.unwrap();
+        assert_eq!(
+            (info.leader_id, info.term),
+            (Some(leader), term),
+            "node {id} after the heal: leader {:?} in term {}, expected node {leader} in term {term}",
+            info.leader_id,
+            info.term
+        );
+    }
+    for id in cluster.ids().into_iter().filter(|id| *id != follower) {
+        assert!(
+            !cluster.log_of_last_run(id).contains(PRE_VOTE_LOG),
+            "node {id} held a pre-vote though it heard from the leader all along"
+        );
+    }
+    let rejoined = cluster.node_info(follower).await.unwrap();
+    assert_eq!(rejoined.role, "follower");
+    assert!(rejoined.applied_index >= index, "{rejoined:?}");
+    println!(
+        "t22: follower {follower} was cut off for ~3 s and rejoined; node {leader} still leads in \
+         term {term}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t22_a_follower_cut_off_from_the_leader_alone_gets_no_yes_from_the_other() {
+    let options = Options {
+        proxied: true,
+        ..Options::default()
+    };
+    let cluster = Cluster::start(3, options).await.unwrap();
+    let leader = cluster.leader().await.unwrap();
+    let term = cluster.node_info(leader).await.unwrap().term;
+    let followers: Vec<u64> = cluster
+        .ids()
+        .into_iter()
+        .filter(|id| *id != leader)
+        .collect();
+    let (cut, other) = (followers[0], followers[1]);
+    cluster.wait_all_caught_up().await.unwrap();
+
+    let network = cluster.network().unwrap();
+    network.cut(leader, cut);
+    network.cut(cut, leader);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let cut_off = cluster.node_info(cut).await.unwrap();
+    assert_eq!(
+        cut_off.term, term,
+        "node {cut}, cut off from the leader only, stood for election (term {} from {term}): \
+         node {other} said yes while it still heard from the leader",
+        cut_off.term
+    );
+
+    network.heal_all();
+    let client = cluster.client().await.unwrap();
+    client.offer(offer_a_to_b("t22-healed")).await.unwrap();
+    cluster.wait_all_caught_up().await.unwrap();
+    for id in cluster.ids() {
+        let info = cluster.node_info(id).await.unwrap();
+        assert_eq!(
+            (info.leader_id, info.term),
+            (Some(leader), term),
+            "node {id} after the heal"
+        );
+    }
+    for id in [leader, other] {
+        assert!(
+            !cluster.log_of_last_run(id).contains(PRE_VOTE_LOG),
+            "node {id} held a pre-vote though it heard from the leader all along"
+        );
+    }
+    println!(
+        "t22: node {cut} lost its link to leader {leader} for 3 s; node {other} refused it, and \
+         node {leader} still leads in term {term}"
+    );
+}
