@@ -17,8 +17,8 @@ use baton_cluster_test::{offer_a_to_b, Cluster, Options};
 /// What a node logs each time it holds a pre-vote (`node/src/pre_vote.rs`).
 const PRE_VOTE_LOG: &str = "holding a pre-vote";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn t22_a_reconnected_follower_does_not_depose_the_leader() {
+/// A three-node cluster whose peer links run through proxies, with its leader and term.
+async fn proxied_cluster() -> (Cluster, u64, u64) {
     let options = Options {
         proxied: true,
         ..Options::default()
@@ -26,6 +26,40 @@ async fn t22_a_reconnected_follower_does_not_depose_the_leader() {
     let cluster = Cluster::start(3, options).await.unwrap();
     let leader = cluster.leader().await.unwrap();
     let term = cluster.node_info(leader).await.unwrap().term;
+    (cluster, leader, term)
+}
+
+/// Heals every link, has a write go through, and asserts that every node follows `leader` in
+/// `term` a second later (time for a deposing answer to arrive) and that none of `steady`, which
+/// heard from the leader all along, ever held a pre-vote. Returns the index all reached.
+async fn assert_leader_kept(cluster: &Cluster, leader: u64, term: u64, steady: &[u64]) -> u64 {
+    cluster.network().unwrap().heal_all();
+    let client = cluster.client().await.unwrap();
+    client.offer(offer_a_to_b("t22-healed")).await.unwrap();
+    let index = cluster.wait_all_caught_up().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for id in cluster.ids() {
+        let info = cluster.node_info(id).await.unwrap();
+        assert_eq!(
+            (info.leader_id, info.term),
+            (Some(leader), term),
+            "node {id} after the heal: leader {:?} in term {}, expected node {leader} in term {term}",
+            info.leader_id,
+            info.term
+        );
+    }
+    for id in steady {
+        assert!(
+            !cluster.log_of_last_run(*id).contains(PRE_VOTE_LOG),
+            "node {id} held a pre-vote though it heard from the leader all along"
+        );
+    }
+    index
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t22_a_reconnected_follower_does_not_depose_the_leader() {
+    let (cluster, leader, term) = proxied_cluster().await;
     let follower = cluster.ids().into_iter().find(|id| *id != leader).unwrap();
     let client = cluster.client().await.unwrap();
 
@@ -45,28 +79,12 @@ async fn t22_a_reconnected_follower_does_not_depose_the_leader() {
         cut_off.term
     );
 
-    cluster.network().unwrap().heal_all();
-    client.offer(offer_a_to_b("t22-healed")).await.unwrap();
-    let index = cluster.wait_all_caught_up().await.unwrap();
-    // Give a deposing answer time to arrive: heartbeats go out every 50 ms.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-
-    for id in cluster.ids() {
-        let info = cluster.node_info(id).await.unwrap();
-        assert_eq!(
-            (info.leader_id, info.term),
-            (Some(leader), term),
-            "node {id} after the heal: leader {:?} in term {}, expected node {leader} in term {term}",
-            info.leader_id,
-            info.term
-        );
-    }
-    for id in cluster.ids().into_iter().filter(|id| *id != follower) {
-        assert!(
-            !cluster.log_of_last_run(id).contains(PRE_VOTE_LOG),
-            "node {id} held a pre-vote though it heard from the leader all along"
-        );
-    }
+    let steady: Vec<u64> = cluster
+        .ids()
+        .into_iter()
+        .filter(|id| *id != follower)
+        .collect();
+    let index = assert_leader_kept(&cluster, leader, term, &steady).await;
     let rejoined = cluster.node_info(follower).await.unwrap();
     assert_eq!(rejoined.role, "follower");
     assert!(rejoined.applied_index >= index, "{rejoined:?}");
@@ -78,13 +96,7 @@ async fn t22_a_reconnected_follower_does_not_depose_the_leader() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t22_a_follower_cut_off_from_the_leader_alone_gets_no_yes_from_the_other() {
-    let options = Options {
-        proxied: true,
-        ..Options::default()
-    };
-    let cluster = Cluster::start(3, options).await.unwrap();
-    let leader = cluster.leader().await.unwrap();
-    let term = cluster.node_info(leader).await.unwrap().term;
+    let (cluster, leader, term) = proxied_cluster().await;
     let followers: Vec<u64> = cluster
         .ids()
         .into_iter()
@@ -105,24 +117,7 @@ async fn t22_a_follower_cut_off_from_the_leader_alone_gets_no_yes_from_the_other
         cut_off.term
     );
 
-    network.heal_all();
-    let client = cluster.client().await.unwrap();
-    client.offer(offer_a_to_b("t22-healed")).await.unwrap();
-    cluster.wait_all_caught_up().await.unwrap();
-    for id in cluster.ids() {
-        let info = cluster.node_info(id).await.unwrap();
-        assert_eq!(
-            (info.leader_id, info.term),
-            (Some(leader), term),
-            "node {id} after the heal"
-        );
-    }
-    for id in [leader, other] {
-        assert!(
-            !cluster.log_of_last_run(id).contains(PRE_VOTE_LOG),
-            "node {id} held a pre-vote though it heard from the leader all along"
-        );
-    }
+    assert_leader_kept(&cluster, leader, term, &[leader, other]).await;
     println!(
         "t22: node {cut} lost its link to leader {leader} for 3 s; node {other} refused it, and \
          node {leader} still leads in term {term}"
