@@ -10,6 +10,7 @@
 //! followers' logs are equal and only the leader's lease stands in the way.)
 #![allow(clippy::unwrap_used)]
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use baton_cluster_test::{offer_a_to_b, Cluster, Options};
@@ -17,8 +18,16 @@ use baton_cluster_test::{offer_a_to_b, Cluster, Options};
 /// What a node logs each time it holds a pre-vote (`node/src/pre_vote.rs`).
 const PRE_VOTE_LOG: &str = "holding a pre-vote";
 
-/// A three-node cluster whose peer links run through proxies, with its leader and term.
-async fn proxied_cluster() -> (Cluster, u64, u64) {
+/// A three-node cluster whose peer links run through proxies, its leader and term, and how much
+/// each node had logged once it settled (what it logs later is what the checks read).
+struct Setup {
+    cluster: Cluster,
+    leader: u64,
+    term: u64,
+    logged: BTreeMap<u64, usize>,
+}
+
+async fn proxied_cluster() -> Setup {
     let options = Options {
         proxied: true,
         ..Options::default()
@@ -26,40 +35,59 @@ async fn proxied_cluster() -> (Cluster, u64, u64) {
     let cluster = Cluster::start(3, options).await.unwrap();
     let leader = cluster.leader().await.unwrap();
     let term = cluster.node_info(leader).await.unwrap().term;
-    (cluster, leader, term)
+    cluster.wait_all_caught_up().await.unwrap();
+    let logged = cluster
+        .ids()
+        .into_iter()
+        .map(|id| (id, cluster.log_of_last_run(id).len()))
+        .collect();
+    Setup {
+        cluster,
+        leader,
+        term,
+        logged,
+    }
 }
 
-/// Heals every link, has a write go through, and asserts that every node follows `leader` in
-/// `term` a second later (time for a deposing answer to arrive) and that none of `steady`, which
-/// heard from the leader all along, ever held a pre-vote. Returns the index all reached.
-async fn assert_leader_kept(cluster: &Cluster, leader: u64, term: u64, steady: &[u64]) -> u64 {
-    cluster.network().unwrap().heal_all();
-    let client = cluster.client().await.unwrap();
-    client.offer(offer_a_to_b("t22-healed")).await.unwrap();
-    let index = cluster.wait_all_caught_up().await.unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    for id in cluster.ids() {
-        let info = cluster.node_info(id).await.unwrap();
-        assert_eq!(
-            (info.leader_id, info.term),
-            (Some(leader), term),
-            "node {id} after the heal: leader {:?} in term {}, expected node {leader} in term {term}",
-            info.leader_id,
-            info.term
-        );
+impl Setup {
+    /// Heals every link, has a write go through, and asserts that every node follows the leader
+    /// in its term a second later (time for a deposing answer to arrive) and that none of
+    /// `steady`, which heard from the leader all along, held a pre-vote since the setup.
+    /// Returns the index all reached.
+    async fn assert_leader_kept(&self, steady: &[u64]) -> u64 {
+        let (cluster, leader, term) = (&self.cluster, self.leader, self.term);
+        cluster.network().unwrap().heal_all();
+        let client = cluster.client().await.unwrap();
+        client.offer(offer_a_to_b("t22-healed")).await.unwrap();
+        let index = cluster.wait_all_caught_up().await.unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for id in cluster.ids() {
+            let info = cluster.node_info(id).await.unwrap();
+            assert_eq!(
+                (info.leader_id, info.term),
+                (Some(leader), term),
+                "node {id} after the heal: leader {:?} in term {}, expected node {leader} in term \
+                 {term}",
+                info.leader_id,
+                info.term
+            );
+        }
+        for id in steady {
+            let log = cluster.log_of_last_run(*id);
+            let since = log.get(self.logged[id]..).unwrap_or_default();
+            assert!(
+                !since.contains(PRE_VOTE_LOG),
+                "node {id} held a pre-vote though it heard from the leader all along"
+            );
+        }
+        index
     }
-    for id in steady {
-        assert!(
-            !cluster.log_of_last_run(*id).contains(PRE_VOTE_LOG),
-            "node {id} held a pre-vote though it heard from the leader all along"
-        );
-    }
-    index
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t22_a_reconnected_follower_does_not_depose_the_leader() {
-    let (cluster, leader, term) = proxied_cluster().await;
+    let setup = proxied_cluster().await;
+    let (cluster, leader, term) = (&setup.cluster, setup.leader, setup.term);
     let follower = cluster.ids().into_iter().find(|id| *id != leader).unwrap();
     let client = cluster.client().await.unwrap();
 
@@ -84,7 +112,7 @@ async fn t22_a_reconnected_follower_does_not_depose_the_leader() {
         .into_iter()
         .filter(|id| *id != follower)
         .collect();
-    let index = assert_leader_kept(&cluster, leader, term, &steady).await;
+    let index = setup.assert_leader_kept(&steady).await;
     let rejoined = cluster.node_info(follower).await.unwrap();
     assert_eq!(rejoined.role, "follower");
     assert!(rejoined.applied_index >= index, "{rejoined:?}");
@@ -96,14 +124,14 @@ async fn t22_a_reconnected_follower_does_not_depose_the_leader() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t22_a_follower_cut_off_from_the_leader_alone_gets_no_yes_from_the_other() {
-    let (cluster, leader, term) = proxied_cluster().await;
+    let setup = proxied_cluster().await;
+    let (cluster, leader, term) = (&setup.cluster, setup.leader, setup.term);
     let followers: Vec<u64> = cluster
         .ids()
         .into_iter()
         .filter(|id| *id != leader)
         .collect();
     let (cut, other) = (followers[0], followers[1]);
-    cluster.wait_all_caught_up().await.unwrap();
 
     let network = cluster.network().unwrap();
     network.cut(leader, cut);
@@ -117,7 +145,7 @@ async fn t22_a_follower_cut_off_from_the_leader_alone_gets_no_yes_from_the_other
         cut_off.term
     );
 
-    assert_leader_kept(&cluster, leader, term, &[leader, other]).await;
+    setup.assert_leader_kept(&[leader, other]).await;
     println!(
         "t22: node {cut} lost its link to leader {leader} for 3 s; node {other} refused it, and \
          node {leader} still leads in term {term}"

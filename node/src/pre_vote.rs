@@ -25,11 +25,11 @@
 //! asking for votes.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
-use futures::FutureExt;
 use openraft::ServerState;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
@@ -49,41 +49,74 @@ pub struct PreVote {
     pub last_log: Option<LogId>,
 }
 
-/// When this node last heard from a leader; shared by the Raft connections that see it happen
-/// and by [`run`] and [`judge`], which act on it.
-#[derive(Clone)]
+/// When this node last heard from a leader, whether a refused asker wants it to stand, and
+/// whether it is leaving; shared by the Raft connections that see these happen, by [`run`] and
+/// [`judge`], which act on them, and by the shutdown.
+#[derive(Clone, Default)]
 pub struct Contact {
-    /// The last leader message this node accepted (or its start).
-    leader: Arc<Mutex<Instant>>,
-    /// Wakes [`run`] to stand without waiting for its timer.
-    stand: Arc<Notify>,
+    moments: Arc<Mutex<Moments>>,
+    /// Set when the node starts leaving: from then on it never stands.
+    leaving: Arc<AtomicBool>,
+    /// Wakes [`run`] to look at a stand request.
+    wake: Arc<Notify>,
 }
 
-impl Default for Contact {
+struct Moments {
+    /// The last leader message this node accepted (or its start).
+    leader: Instant,
+    /// The last time a pre-vote was refused for the asker's older log (or its start).
+    asked_to_stand: Instant,
+}
+
+impl Default for Moments {
     /// A node that just started counts as having heard from a leader now: it waits one lease
     /// before it says yes to anyone, as it would had it been running all along.
     fn default() -> Self {
+        let now = Instant::now();
         Self {
-            leader: Arc::new(Mutex::new(Instant::now())),
-            stand: Arc::default(),
+            leader: now,
+            asked_to_stand: now,
         }
     }
 }
 
 impl Contact {
-    fn leader(&self) -> MutexGuard<'_, Instant> {
-        self.leader.lock().unwrap_or_else(|e| e.into_inner())
+    fn moments(&self) -> MutexGuard<'_, Moments> {
+        self.moments.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// This node accepted a message from the leader of its term (entries, a heartbeat, a
+    /// This node is taking a message from the leader of its term (entries, a heartbeat, a
     /// snapshot).
     pub fn heard_from_leader(&self) {
-        *self.leader() = Instant::now();
+        self.moments().leader = Instant::now();
     }
 
     /// When this node last heard from a leader (or started).
     pub fn leader_at(&self) -> Instant {
-        *self.leader()
+        self.moments().leader
+    }
+
+    /// A pre-vote was refused for the asker's older log: this node should stand now.
+    fn ask_to_stand(&self) {
+        self.moments().asked_to_stand = Instant::now();
+        self.wake.notify_one();
+    }
+
+    fn asked_to_stand_at(&self) -> Instant {
+        self.moments().asked_to_stand
+    }
+
+    /// The node starts leaving: it stands for election no more (it still answers votes and
+    /// pre-votes). Also read by the elections started on purpose ([`crate::newer_log_stands`],
+    /// the handover's `TimeoutNow`).
+    pub fn leave(&self) {
+        self.leaving.store(true, Ordering::Relaxed);
+        self.wake.notify_one();
+    }
+
+    /// Whether the node is leaving.
+    pub fn is_leaving(&self) -> bool {
+        self.leaving.load(Ordering::Relaxed)
     }
 }
 
@@ -93,7 +126,7 @@ pub struct Timing {
     /// How long after a leader's last message a follower still counts it as alive (openraft's
     /// leader lease: the largest election timeout).
     pub lease: Duration,
-    /// The range a node draws its election timeout from, anew for every wait.
+    /// The range a node draws its election timeout from, anew after every try.
     pub timeout: (Duration, Duration),
 }
 
@@ -170,7 +203,7 @@ pub fn on_pre_vote(
         Ok(()) => {}
         Err(why @ Refusal::NewerLog { .. }) => {
             tracing::info!(from = ask.from, %why, "pre-vote refused; standing at once");
-            contact.stand.notify_one();
+            contact.ask_to_stand();
         }
         Err(why) => tracing::debug!(from = ask.from, %why, "pre-vote refused"),
     }
@@ -186,12 +219,63 @@ pub fn is_quorum(joint: &[BTreeSet<NodeId>], yes: &BTreeSet<NodeId>) -> bool {
     })
 }
 
-/// Runs this node's election timer until `stop` turns true. A follower waits a lease plus a
-/// random election timeout after the last of: a leader's message, a change of its vote (a vote
-/// it granted, an election), role or membership, its last try. A candidate (whose election came to nothing) and
-/// the only voter wait the random timeout alone; a leader waits for a change of role. Then, or
-/// at once when [`on_pre_vote`] refused an older log while no leader is heard from, the node holds
-/// a pre-vote and, with a quorum's yes, starts an election.
+/// What decides when a node that does not lead stands next.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    /// When it last heard from a leader (or started).
+    pub leader_at: Instant,
+    /// When its vote, role or membership last changed (a vote it granted, a candidacy, a new
+    /// leader, a new configuration).
+    pub changed_at: Instant,
+    /// Whether its vote is a leader's (committed) rather than a candidate's.
+    pub vote_committed: bool,
+    /// Whether it is the only voter of its configuration.
+    pub alone: bool,
+    /// When it last tried (held a pre-vote or found it could not).
+    pub last_try: Instant,
+    /// When a pre-vote was last refused for the asker's older log.
+    pub asked_to_stand: Instant,
+}
+
+/// When a node that does not lead stands next, following openraft's own timer: a random
+/// election timeout (`wait`) after the last change of its vote, plus the lease when that vote is
+/// a leader's, and never within a lease plus `wait` of a leader's last message; not before
+/// `wait` after its last try either. The only voter skips the leases.
+///
+/// A request to stand is due at once if it came after the last try, more than a lease after a
+/// leader's last message, and, for a node whose vote is a candidate's (its own or one it
+/// granted), more than the shortest election timeout after that vote: that election had its
+/// chance.
+pub fn due(clock: &Clock, timing: &Timing, wait: Duration) -> Instant {
+    let asked = clock.asked_to_stand;
+    let vote_settled = if clock.vote_committed {
+        clock.changed_at
+    } else {
+        clock.changed_at + timing.timeout.0
+    };
+    if asked > clock.last_try && asked > clock.leader_at + timing.lease && asked > vote_settled {
+        return asked;
+    }
+    let lease = if clock.alone {
+        Duration::ZERO
+    } else {
+        timing.lease
+    };
+    let vote_lease = if clock.vote_committed {
+        lease
+    } else {
+        Duration::ZERO
+    };
+    let quiet = (clock.leader_at + lease)
+        .max(clock.changed_at + vote_lease)
+        .max(clock.last_try);
+    quiet + wait
+}
+
+/// Runs this node's election timer until `stop` turns true: when [`due`] (or at once when
+/// [`on_pre_vote`] refused an older log while no leader is heard from), a voter that does not
+/// lead holds a pre-vote and, with a quorum's yes, starts an election. A leader waits for a
+/// change of its vote, role or membership; a leaving node does nothing.
 pub async fn run(
     raft: Raft,
     network: Network,
@@ -206,14 +290,16 @@ pub async fn run(
     loop {
         let due = {
             let m = server.borrow_and_update();
-            let alone = m.membership_config.membership().voter_ids().count() == 1;
-            let lease = match m.state {
-                ServerState::Leader => None,
-                ServerState::Candidate => Some(Duration::ZERO),
-                _ if alone => Some(Duration::ZERO),
-                _ => Some(timing.lease),
+            let clock = Clock {
+                leader_at: contact.leader_at(),
+                changed_at,
+                vote_committed: m.vote.is_committed(),
+                alone: m.membership_config.membership().voter_ids().count() == 1,
+                last_try,
+                asked_to_stand: contact.asked_to_stand_at(),
             };
-            lease.map(|lease| contact.leader_at().max(last_try).max(changed_at) + lease + wait)
+            (m.state != ServerState::Leader && !contact.is_leaving())
+                .then(|| due(&clock, &timing, wait))
         };
         if due.is_none_or(|due| Instant::now() < due) {
             let timer = async {
@@ -230,37 +316,30 @@ pub async fn run(
                         return;
                     }
                     changed_at = Instant::now();
-                    continue;
                 }
-                () = contact.stand.notified() => {
-                    // Asked while a round or an election ran, perhaps before a leader emerged.
-                    if contact.leader_at().elapsed() <= timing.lease {
-                        continue;
-                    }
-                }
-                // Due by the moments read above; a leader may have been heard from since.
-                () = timer => continue,
+                () = contact.wake.notified() => {}
+                () = timer => {}
             }
-        } else if *stop.borrow() {
+            // Whatever woke it, the moments are read anew.
+            continue;
+        }
+        if *stop.borrow() {
             return;
         }
         last_try = Instant::now();
         wait = timing.draw();
         let Some(ask) = standing(&raft) else { continue };
         tracing::info!(last_log = ?ask.last_log, "no word from a leader; holding a pre-vote");
-        let quorum = holds_quorum(&raft, &network, &ask, timing.timeout.0).await;
-        // Requests to stand that came in meanwhile are answered by this round; a permit left
-        // stored would start a second round (and election) right after this one.
-        let _ = contact.stand.notified().now_or_never();
-        if !quorum {
+        if !holds_quorum(&raft, &network, &ask, timing.lease).await {
             continue;
         }
-        // A leader, a vote or a candidacy may have come along while the answers came in.
+        // A leader, a vote or a candidacy may have come along while the answers came in, or
+        // the node may have started leaving.
         if server.has_changed().unwrap_or(true) {
             changed_at = Instant::now();
             continue;
         }
-        if contact.leader_at() >= last_try {
+        if contact.leader_at() >= last_try || contact.is_leaving() || *stop.borrow() {
             continue;
         }
         tracing::info!("a quorum would vote for this node; standing for election");
@@ -413,6 +492,110 @@ mod tests {
         assert!(!is_quorum(&joint, &ids(&[1, 2, 4])));
         assert!(is_quorum(&joint, &ids(&[1, 3, 4])));
         assert!(is_quorum(&[ids(&[1])], &ids(&[1])));
+    }
+
+    const TIMING: Timing = Timing {
+        lease: Duration::from_millis(400),
+        timeout: (Duration::from_millis(200), Duration::from_millis(400)),
+    };
+    const WAIT: Duration = Duration::from_millis(300);
+
+    /// A follower of a leader (committed vote) that heard from it at 1,000 ms, whose vote changed
+    /// at 500 ms and that never tried; `at(n)` is n ms after the clock's origin.
+    fn follower() -> (Clock, impl Fn(u64) -> Instant) {
+        let origin = Instant::now();
+        let at = move |ms: u64| origin + Duration::from_millis(ms);
+        let clock = Clock {
+            leader_at: at(1_000),
+            changed_at: at(500),
+            vote_committed: true,
+            alone: false,
+            last_try: at(0),
+            asked_to_stand: at(0),
+        };
+        (clock, at)
+    }
+
+    #[test]
+    fn a_follower_stands_a_lease_and_a_timeout_after_its_leader_went_quiet() {
+        let (clock, at) = follower();
+        assert_eq!(due(&clock, &TIMING, WAIT), at(1_000 + 400 + 300));
+        // A newer leader (vote changed at 2,000 ms, heard from at once) counts from then.
+        let newer = Clock {
+            changed_at: at(2_000),
+            ..clock
+        };
+        assert_eq!(due(&newer, &TIMING, WAIT), at(2_000 + 400 + 300));
+        // After a try that found no quorum, the next comes a timeout later, not a lease more.
+        let tried = Clock {
+            last_try: at(3_000),
+            ..clock
+        };
+        assert_eq!(due(&tried, &TIMING, WAIT), at(3_000 + 300));
+    }
+
+    #[test]
+    fn a_candidates_vote_waits_only_a_timeout() {
+        let (clock, at) = follower();
+        // Its own candidacy, or a vote it granted another candidate, at 5,000 ms.
+        let candidate = Clock {
+            changed_at: at(5_000),
+            vote_committed: false,
+            ..clock
+        };
+        assert_eq!(due(&candidate, &TIMING, WAIT), at(5_000 + 300));
+        // Still never within a lease and a timeout of a leader's message.
+        let recent = Clock {
+            leader_at: at(4_900),
+            ..candidate
+        };
+        assert_eq!(due(&recent, &TIMING, WAIT), at(4_900 + 400 + 300));
+    }
+
+    #[test]
+    fn the_only_voter_skips_the_leases() {
+        let (clock, at) = follower();
+        let alone = Clock {
+            alone: true,
+            ..clock
+        };
+        assert_eq!(due(&alone, &TIMING, WAIT), at(1_000 + 300));
+    }
+
+    #[test]
+    fn a_request_to_stand_is_due_at_once_only_when_nothing_speaks_against_it() {
+        let (clock, at) = follower();
+        let asked = Clock {
+            asked_to_stand: at(1_500),
+            ..clock
+        };
+        assert_eq!(due(&asked, &TIMING, WAIT), at(1_500));
+        // A leader heard from within the lease before the request.
+        let heard = Clock {
+            asked_to_stand: at(1_300),
+            ..clock
+        };
+        assert_eq!(due(&heard, &TIMING, WAIT), at(1_700));
+        // Answered by a try that came after it.
+        let answered = Clock {
+            asked_to_stand: at(1_500),
+            last_try: at(1_600),
+            ..clock
+        };
+        assert_eq!(due(&answered, &TIMING, WAIT), at(1_900));
+        // A candidacy (or a granted vote) younger than the shortest election timeout.
+        let campaigning = Clock {
+            asked_to_stand: at(1_500),
+            changed_at: at(1_400),
+            vote_committed: false,
+            ..clock
+        };
+        assert_eq!(due(&campaigning, &TIMING, WAIT), at(1_700));
+        let lost = Clock {
+            changed_at: at(1_250),
+            ..campaigning
+        };
+        assert_eq!(due(&lost, &TIMING, WAIT), at(1_500));
     }
 
     #[test]

@@ -190,6 +190,11 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
         Kind::AppendEntries => {
             let request: AppendEntriesRequest<TypeConfig> =
                 codec::decode(&body).map_err(undecodable)?;
+            // Heard on arrival, as openraft's own lease clock counts it: a leader's entries
+            // can take a long flush, and meanwhile this node must not say yes to a pre-vote.
+            if request.vote.is_committed() && request.vote >= raft.metrics().borrow().vote {
+                local.contact.heard_from_leader();
+            }
             let result = raft.append_entries(request).await;
             // Every answer but a higher vote means the sender leads this node's term.
             if matches!(
@@ -205,7 +210,8 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
         Kind::Vote => {
             let request: VoteRequest<NodeId> = codec::decode(&body).map_err(undecodable)?;
             let result = raft.vote(request.clone()).await;
-            if let Ok(response) = &result {
+            // A leaving node does not stand (crate::shutdown).
+            if let (Ok(response), false) = (&result, local.contact.is_leaving()) {
                 // Votes are rare (elections only); the rule decides inside whether to act.
                 let (raft, response) = (raft.clone(), response.clone());
                 tokio::spawn(async move {
@@ -226,7 +232,12 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
         }
         Kind::TimeoutNow => {
             let request = codec::decode(&body).map_err(undecodable)?;
-            raft_wire::answer(&handover::on_timeout_now(raft, request).await)
+            let answer = if local.contact.is_leaving() {
+                Err("this node is shutting down".to_string())
+            } else {
+                handover::on_timeout_now(raft, request).await
+            };
+            raft_wire::answer(&answer)
         }
         Kind::PreVote => {
             let request = codec::decode(&body).map_err(undecodable)?;

@@ -157,14 +157,12 @@ pub async fn serve_secured(
         stop_rx.clone(),
     ));
     let contact = Contact::default();
-    // Elections stop as soon as the node starts leaving (see crate::shutdown).
-    let (stand_down, standing_down) = watch::channel(false);
     let elections = tokio::spawn(pre_vote::run(
         raft.clone(),
         network.clone(),
         contact.clone(),
         config.raft.election_timing(),
-        standing_down,
+        stop_rx.clone(),
     ));
     let snapshots = tokio::spawn(snapshot_schedule::run(
         raft.clone(),
@@ -234,7 +232,7 @@ pub async fn serve_secured(
     let (peers_closed_tx, peers_closed) = watch::channel(false);
     let local = raft_server::Local {
         raft: raft.clone(),
-        contact,
+        contact: contact.clone(),
         timing: config.raft.election_timing(),
     };
     let port = raft_server::split(
@@ -261,7 +259,7 @@ pub async fn serve_secured(
                 &node,
                 &admission,
                 &network,
-                &stand_down,
+                &contact,
                 config.hand_over_on_shutdown,
             )
             .await;
@@ -281,7 +279,6 @@ pub async fn serve_secured(
     let _ = port.acceptor.await;
     let served = served.context("the grpc server task failed")?;
 
-    let _ = stand_down.send(true);
     let _ = stop_tx.send(true);
     let _ = sweeper.await;
     let _ = elections.await;

@@ -1,10 +1,11 @@
 //! Leaving gracefully: what a node does between SIGTERM and stopping Raft.
 //!
-//! 1. Close the admission gate: new client requests are refused `SHUTTING_DOWN` (clients retry
-//!    on another node), Raft traffic goes on.
+//! 1. Stop standing for election ([`crate::pre_vote::Contact::leave`]: no timer, no
+//!    stand-at-once, no handover target; this node still answers votes and pre-votes), and close
+//!    the admission gate: new client requests are refused `SHUTTING_DOWN` (clients retry on
+//!    another node), Raft traffic goes on.
 //! 2. Let the admitted client requests finish, for at most [`DRAIN_LIMIT`].
-//! 3. Stop standing for election ([`crate::pre_vote::run`] ends; this node still answers votes
-//!    and pre-votes), and if this node leads, hand leadership to a caught-up voter
+//! 3. If this node leads, hand leadership to a caught-up voter
 //!    ([`crate::handover`]), so the cluster has a leader again after one election round trip
 //!    instead of an election timeout. Skipped when the whole cluster is stopping together
 //!    (`NodeConfig::hand_over_on_shutdown`, off in `baton dev`): the voters would be stopping too.
@@ -14,12 +15,12 @@
 use std::time::Duration;
 
 use openraft::ServerState;
-use tokio::sync::watch;
 
 use crate::admission::{Admission, Closed};
 use crate::handover;
 use crate::network::Network;
 use crate::node::Node;
+use crate::pre_vote::Contact;
 
 /// How long a shutdown waits for admitted client requests to finish.
 pub const DRAIN_LIMIT: Duration = Duration::from_secs(10);
@@ -29,10 +30,11 @@ pub async fn leave(
     node: &Node,
     admission: &Admission,
     network: &Network,
-    stand_down: &watch::Sender<bool>,
+    contact: &Contact,
     hand_over: bool,
 ) {
     tracing::info!(id = node.id, "shutting down: refusing new client requests");
+    contact.leave();
     admission.close(Closed::ShuttingDown);
     let still_running = admission.drain(DRAIN_LIMIT).await;
     if still_running > 0 {
@@ -41,7 +43,6 @@ pub async fn leave(
             "client requests still running after {DRAIN_LIMIT:?}; stopping anyway"
         );
     }
-    let _ = stand_down.send(true);
     let leading = node.raft.metrics().borrow().state == ServerState::Leader;
     if !leading || !hand_over {
         return;
