@@ -74,7 +74,9 @@ impl Setup {
         }
         for id in steady {
             let log = cluster.log_of_last_run(*id);
-            let since = log.get(self.logged[id]..).unwrap_or_default();
+            let since = log
+                .get(self.logged[id]..)
+                .expect("the node's log only grew since the setup");
             assert!(
                 !since.contains(PRE_VOTE_LOG),
                 "node {id} held a pre-vote though it heard from the leader all along"

@@ -35,6 +35,7 @@ use tonic::{Code, Status};
 use crate::admission::{Admission, Closed};
 use crate::network::Network;
 use crate::node::{is_voter, Node};
+use crate::pre_vote::Contact;
 use crate::types::{LogId, NodeId, Raft};
 
 /// The Baton detail code of a handover that did not complete.
@@ -329,10 +330,17 @@ async fn wait_new_leader(node: &Node, limit: Duration) -> Option<(NodeId, u64)> 
     found.ok().flatten()
 }
 
-/// Handles a `TimeoutNow` at the target: if this node is a voter in the asking leader's term
-/// and holds its last log entry, it starts an election `after_ms` from now (unless its term has
+/// Handles a `TimeoutNow` at the target: if this node is a voter in the asking leader's term,
+/// holds its last log entry and is not leaving, it starts an election `after_ms` from now (unless its term has
 /// moved on by then) and answers at once; otherwise it says why not.
-pub async fn on_timeout_now(raft: &Raft, message: TimeoutNow) -> Result<(), String> {
+pub async fn on_timeout_now(
+    raft: &Raft,
+    contact: &Contact,
+    message: TimeoutNow,
+) -> Result<(), String> {
+    if contact.is_leaving() {
+        return Err("this node is shutting down".into());
+    }
     let metrics = raft.metrics().borrow().clone();
     let me = metrics.id;
     if !is_voter(&metrics) {
@@ -357,11 +365,15 @@ pub async fn on_timeout_now(raft: &Raft, message: TimeoutNow) -> Result<(), Stri
         after_ms = message.after_ms,
         "asked to take over leadership"
     );
-    let raft = raft.clone();
+    let (raft, contact) = (raft.clone(), contact.clone());
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(message.after_ms)).await;
         if raft.metrics().borrow().current_term != message.term {
             tracing::info!("the term moved on before the handover election; not campaigning");
+            return;
+        }
+        if contact.is_leaving() {
+            tracing::info!("this node started leaving; not campaigning");
             return;
         }
         tracing::info!("starting the handover election");

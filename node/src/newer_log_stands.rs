@@ -22,6 +22,7 @@ use openraft::raft::{VoteRequest, VoteResponse};
 use openraft::{ServerState, Vote};
 
 use crate::node::is_voter;
+use crate::pre_vote::Contact;
 use crate::types::{NodeId, Raft};
 
 /// Whether a vote this node refused tells it to stand: it refused a current candidate whose log
@@ -35,14 +36,15 @@ pub fn should_stand(request: &VoteRequest<NodeId>, response: &VoteResponse<NodeI
 
 /// Called after this node answered `request` with `response`: if it refused a candidate for the
 /// candidate's older log, it takes the candidate's term by voting for itself in it and stands in
-/// the next term. Does nothing on a leader, a learner, or when openraft refuses the self-vote
-/// (a leader's lease still runs here, or the vote moved on meanwhile).
+/// the next term. Does nothing on a leader, a learner, a node that is leaving, or when openraft
+/// refuses the self-vote (a leader's lease still runs here, or the vote moved on meanwhile).
 pub async fn after_vote(
     raft: &Raft,
+    contact: &Contact,
     request: &VoteRequest<NodeId>,
     response: &VoteResponse<NodeId>,
 ) {
-    if !should_stand(request, response) {
+    if !should_stand(request, response) || contact.is_leaving() {
         return;
     }
     let (me, voter) = {
@@ -68,6 +70,9 @@ pub async fn after_vote(
         term,
         "refused a candidate with an older log; standing in the next term"
     );
+    if contact.is_leaving() {
+        return;
+    }
     if let Err(error) = raft.trigger().elect().await {
         tracing::warn!(%error, "could not stand for election");
     }

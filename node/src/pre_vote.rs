@@ -243,9 +243,9 @@ pub struct Clock {
 /// `wait` after its last try either. The only voter skips the leases.
 ///
 /// A request to stand is due at once if it came after the last try, more than a lease after a
-/// leader's last message, and, for a node whose vote is a candidate's (its own or one it
-/// granted), more than the shortest election timeout after that vote: that election had its
-/// chance.
+/// leader's last message, and after the last change of this node's vote — for a candidate's
+/// vote (its own or one it granted), more than the shortest election timeout after it: that
+/// election had its chance.
 pub fn due(clock: &Clock, timing: &Timing, wait: Duration) -> Instant {
     let asked = clock.asked_to_stand;
     let vote_settled = if clock.vote_committed {
@@ -288,6 +288,9 @@ pub async fn run(
     let mut last_try = changed_at;
     let mut wait = timing.draw();
     loop {
+        if server.has_changed().unwrap_or(true) {
+            changed_at = Instant::now();
+        }
         let due = {
             let m = server.borrow_and_update();
             let clock = Clock {
@@ -331,12 +334,13 @@ pub async fn run(
         let Some(ask) = standing(&raft) else { continue };
         tracing::info!(last_log = ?ask.last_log, "no word from a leader; holding a pre-vote");
         if !holds_quorum(&raft, &network, &ask, timing.lease).await {
+            // The round may have lasted its whole limit: the next waits a timeout from its end.
+            last_try = Instant::now();
             continue;
         }
-        // A leader, a vote or a candidacy may have come along while the answers came in, or
-        // the node may have started leaving.
+        // A leader, a vote or a candidacy may have come along while the answers came in (the
+        // loop's top records it), or the node may have started leaving.
         if server.has_changed().unwrap_or(true) {
-            changed_at = Instant::now();
             continue;
         }
         if contact.leader_at() >= last_try || contact.is_leaving() || *stop.borrow() {
@@ -520,7 +524,7 @@ mod tests {
     fn a_follower_stands_a_lease_and_a_timeout_after_its_leader_went_quiet() {
         let (clock, at) = follower();
         assert_eq!(due(&clock, &TIMING, WAIT), at(1_000 + 400 + 300));
-        // A newer leader (vote changed at 2,000 ms, heard from at once) counts from then.
+        // A newer leader's vote (changed at 2,000 ms) counts from then, before its first message.
         let newer = Clock {
             changed_at: at(2_000),
             ..clock

@@ -210,12 +210,12 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
         Kind::Vote => {
             let request: VoteRequest<NodeId> = codec::decode(&body).map_err(undecodable)?;
             let result = raft.vote(request.clone()).await;
-            // A leaving node does not stand (crate::shutdown).
-            if let (Ok(response), false) = (&result, local.contact.is_leaving()) {
+            if let Ok(response) = &result {
                 // Votes are rare (elections only); the rule decides inside whether to act.
-                let (raft, response) = (raft.clone(), response.clone());
+                let (raft, contact, response) =
+                    (raft.clone(), local.contact.clone(), response.clone());
                 tokio::spawn(async move {
-                    newer_log_stands::after_vote(&raft, &request, &response).await;
+                    newer_log_stands::after_vote(&raft, &contact, &request, &response).await;
                 });
             }
             raft_wire::answer(&result)
@@ -232,12 +232,7 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
         }
         Kind::TimeoutNow => {
             let request = codec::decode(&body).map_err(undecodable)?;
-            let answer = if local.contact.is_leaving() {
-                Err("this node is shutting down".to_string())
-            } else {
-                handover::on_timeout_now(raft, request).await
-            };
-            raft_wire::answer(&answer)
+            raft_wire::answer(&handover::on_timeout_now(raft, &local.contact, request).await)
         }
         Kind::PreVote => {
             let request = codec::decode(&body).map_err(undecodable)?;
