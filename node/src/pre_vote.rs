@@ -350,6 +350,12 @@ pub async fn run(
         if let Err(error) = raft.trigger().elect().await {
             tracing::warn!(%error, "could not stand for election");
         }
+        // openraft publishes the candidacy once its vote is flushed; until then the metrics
+        // still show the old vote, and a stand request from before would look unanswered and
+        // start a second election on top of this one.
+        let _ = tokio::time::timeout(timing.lease, server.changed()).await;
+        changed_at = Instant::now();
+        last_try = changed_at;
     }
 }
 
