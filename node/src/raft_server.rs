@@ -54,12 +54,12 @@ pub struct Local {
 /// [`Port::grpc`]. Raft connections are closed when `closed` turns true.
 pub fn split(
     listener: TcpListener,
-    raft: Local,
+    local: Local,
     tls: Option<PeerAcceptor>,
     closed: watch::Receiver<bool>,
 ) -> Port {
     let (grpc_tx, grpc_rx) = mpsc::channel(64);
-    let acceptor = tokio::spawn(accept(listener, raft, tls, grpc_tx, closed));
+    let acceptor = tokio::spawn(accept(listener, local, tls, grpc_tx, closed));
     Port {
         grpc: ReceiverStream::new(grpc_rx),
         acceptor,
@@ -68,7 +68,7 @@ pub fn split(
 
 async fn accept(
     listener: TcpListener,
-    raft: Local,
+    local: Local,
     tls: Option<PeerAcceptor>,
     grpc: mpsc::Sender<std::io::Result<TcpStream>>,
     mut closed: watch::Receiver<bool>,
@@ -87,7 +87,7 @@ async fn accept(
                 continue;
             }
         };
-        let (raft, tls, grpc) = (raft.clone(), tls.clone(), grpc.clone());
+        let (local, tls, grpc) = (local.clone(), tls.clone(), grpc.clone());
         let mut closed = closed.clone();
         tokio::spawn(async move {
             let mut first = [0u8; 1];
@@ -98,7 +98,7 @@ async fn accept(
             match peeked {
                 Ok(Ok(1)) if raft_wire::is_raft_connection(first[0]) => {
                     raft_wire::tune(&stream);
-                    serve_peer(raft, stream, tls, closed).await;
+                    serve_peer(local, stream, tls, closed).await;
                 }
                 // gRPC (or nothing yet, or an error the gRPC server will meet on its own).
                 _ => {
@@ -118,7 +118,7 @@ async fn accept(
 /// then its requests one at a time until it closes, sends something malformed, or `closed`
 /// turns true.
 async fn serve_peer(
-    raft: Local,
+    local: Local,
     mut stream: TcpStream,
     tls: Option<PeerAcceptor>,
     mut closed: watch::Receiver<bool>,
@@ -168,7 +168,7 @@ async fn serve_peer(
                 return;
             }
         };
-        let (answer, keep_open) = match handle(&raft, frame).await {
+        let (answer, keep_open) = match handle(&local, frame).await {
             Ok(answer) => (answer, true),
             Err(why) => {
                 tracing::debug!(?peer, %why, "peer request refused");
