@@ -1,9 +1,9 @@
-//! Claim: Baton's guarantees survive crashes, pauses, partitions, full-cluster power loss and
-//! membership changes (issue 5; contract §0–§5). Each test runs a group of fault scenarios
-//! ([`Scenario`]) with fixed seeds on a fresh three-node cluster whose peer links go through TCP
-//! proxies, under concurrent recorded workloads — handoff offer/take/reply/cancel/read races,
-//! board claims, side-effect acquires with fenced sink writes, keyed queue permits — and judges
-//! the whole history afterwards:
+//! Claim: Baton's guarantees survive crashes, pauses, partitions, one-way and partial link cuts,
+//! full-cluster power loss and membership changes (issue 5; contract §0–§5). Each test runs a
+//! group of fault scenarios ([`Scenario`]) with fixed seeds on a fresh three-node cluster whose
+//! peer links go through TCP proxies, under concurrent recorded workloads — handoff
+//! offer/take/reply/cancel/read races, board claims, side-effect acquires with fenced sink
+//! writes, keyed queue permits — and judges the whole history afterwards:
 //!
 //! - handoff ticket histories are linearizable per key (Wing–Gong/Lowe search against the
 //!   ticket model; ambiguous operations modelled as such), including the answers a paused or
@@ -71,6 +71,11 @@ async fn t70_partitions_isolate_leader_isolate_follower_split() {
         (Scenario::Split, 7007),
     ])
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t70_one_way_and_partial_link_cuts() {
+    run_group(&[(Scenario::OneWay, 7010)]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

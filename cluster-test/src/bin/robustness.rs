@@ -26,12 +26,14 @@ struct Args {
     /// Keep starting scenarios until this much time has passed (the last one runs to its end).
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     duration: Duration,
-    /// Run exactly one scenario with this seed (a replay), then stop.
+    /// Run exactly one scenario with this seed (a replay), then stop. Without `--scenario` the
+    /// seed picks the scenario from this build's list, which grows: to replay a run of another
+    /// commit, name its scenario too.
     #[arg(long)]
     seed: Option<u64>,
     /// Only this scenario (default: the seed picks one). One of: leader-kill, follower-kill,
-    /// restart-all, leader-pause, isolate-leader, isolate-follower, split-1-2, membership,
-    /// mixed.
+    /// restart-all, leader-pause, isolate-leader, isolate-follower, split-1-2, one-way,
+    /// membership, mixed.
     #[arg(long, value_parser = parse_scenario)]
     scenario: Option<Scenario>,
     /// How long each scenario injects faults (default: 15-40 s, picked by the seed).

@@ -61,6 +61,8 @@ pub struct Nemesis {
     /// The ticket keys the workload uses, for stale-read probes.
     tickets: Vec<String>,
     paused: BTreeSet<u64>,
+    /// Rounds of [`Nemesis::one_way`] so far: its three kinds of fault take turns.
+    one_way_rounds: usize,
     voters: BTreeSet<u64>,
     initial: BTreeSet<u64>,
 }
@@ -76,6 +78,7 @@ impl Nemesis {
             probe_keys: Vec::new(),
             tickets: tickets.to_vec(),
             paused: BTreeSet::new(),
+            one_way_rounds: 0,
             initial: voters.clone(),
             voters,
         }
@@ -103,7 +106,8 @@ impl Nemesis {
         duration: Duration,
     ) -> anyhow::Result<()> {
         let until = Instant::now() + duration;
-        while Instant::now() < until {
+        // `one-way` runs each of its three kinds of fault at least once.
+        while Instant::now() < until || (scenario == Scenario::OneWay && self.one_way_rounds < 3) {
             match scenario {
                 Scenario::LeaderKill => self.leader_kill(cluster).await?,
                 Scenario::FollowerKill => self.follower_kill(cluster).await?,
@@ -112,6 +116,7 @@ impl Nemesis {
                 Scenario::IsolateLeader => self.isolate_leader(cluster).await?,
                 Scenario::IsolateFollower => self.isolate_follower(cluster).await?,
                 Scenario::Split => self.split(cluster).await?,
+                Scenario::OneWay => self.one_way(cluster).await?,
                 Scenario::Membership => self.membership(cluster).await?,
                 Scenario::Mixed => self.mixed(cluster).await?,
             }
@@ -170,13 +175,14 @@ impl Nemesis {
     /// One fault of a kind chosen at random (membership changes excepted: they outlive the
     /// round and would leave the proxies guarding removed nodes).
     async fn mixed(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
-        match self.rng.random_range(0..7) {
+        match self.rng.random_range(0..8) {
             0 => self.leader_kill(cluster).await,
             1 => self.follower_kill(cluster).await,
             2 => self.restart_all(cluster).await,
             3 => self.leader_pause(cluster).await,
             4 => self.isolate_leader(cluster).await,
             5 => self.isolate_follower(cluster).await,
+            6 => self.one_way(cluster).await,
             _ => {
                 self.split(cluster).await?;
                 cluster.network()?.heal_all();
@@ -322,6 +328,78 @@ impl Nemesis {
             cluster.network()?.heal_all();
             self.note("heal".into());
         }
+        Ok(())
+    }
+
+    /// Link faults a clean partition cannot make, one per round and taking turns, healed after
+    /// 1.5–4 s:
+    ///
+    /// - **the leader's outgoing links**: its followers' requests (and the leader's answers to
+    ///   them) still get through, but nothing the leader starts (entries, heartbeats) arrives.
+    ///   The followers stop hearing from it, elect a new leader among themselves, and that
+    ///   leader's messages depose the old one. The old leader is probed as in
+    ///   [`Scenario::IsolateLeader`], though by then it usually knows it was deposed.
+    /// - **the leader and one follower cut off from each other** (both ways) while the third
+    ///   node still reaches both: the follower cut off asks for pre-votes and gets no yes, because
+    ///   the third node still hears from the leader.
+    /// - **each directed link cut with probability 1/3** (at least one): any mix of the above,
+    ///   with or without a connected quorum.
+    async fn one_way(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
+        self.sleep_between(1_000, 2_000).await;
+        let leader = cluster.leader().await?;
+        let term = cluster.node_info(leader).await?.term;
+        let nodes: Vec<u64> = cluster.network()?.nodes().into_iter().collect();
+        let followers: Vec<u64> = nodes.iter().copied().filter(|id| *id != leader).collect();
+        let hold = Duration::from_millis(self.rng.random_range(1_500..=4_000));
+        let cut_at = Instant::now();
+        let mut probes = Vec::new();
+        let turn = self.one_way_rounds % 3;
+        self.one_way_rounds += 1;
+        match turn {
+            0 => {
+                for follower in &followers {
+                    cluster.network()?.cut(leader, *follower);
+                }
+                self.faults += 1;
+                self.note(format!(
+                    "cut the outgoing links of leader {leader} (term {term}) for {hold:?}; \
+                     it still hears {followers:?}"
+                ));
+                probes = self.probe_old_leader(cluster, leader, term).await?;
+            }
+            1 => {
+                let victim = followers[self.rng.random_range(0..followers.len())];
+                cluster.network()?.cut(leader, victim);
+                cluster.network()?.cut(victim, leader);
+                self.faults += 1;
+                self.note(format!(
+                    "cut leader {leader} (term {term}) and follower {victim} off from each \
+                     other for {hold:?}; the third node reaches both"
+                ));
+            }
+            _ => {
+                while cluster.network()?.cut_links().is_empty() {
+                    for from in &nodes {
+                        for to in nodes.iter().filter(|to| *to != from) {
+                            if self.rng.random_bool(1.0 / 3.0) {
+                                cluster.network()?.cut(*from, *to);
+                            }
+                        }
+                    }
+                }
+                self.faults += 1;
+                let cut = cluster.network()?.cut_links();
+                self.note(format!(
+                    "cut the links {cut:?} for {hold:?} (leader {leader}, term {term})"
+                ));
+            }
+        }
+        tokio::time::sleep(hold.saturating_sub(cut_at.elapsed())).await;
+        let views = roles(cluster).await;
+        cluster.network()?.heal_all();
+        self.note(format!("heal (before healing: {views})"));
+        self.finish_probes(probes).await;
+        self.sleep_between(300, 1_000).await;
         Ok(())
     }
 
@@ -484,6 +562,18 @@ impl Nemesis {
             self.note(format!("probe: {line}"));
         }
     }
+}
+
+/// Each running node's role and term as it sees them now (one attempt each), for the fault log.
+async fn roles<T: Target>(cluster: &T) -> String {
+    let mut views = Vec::new();
+    for id in cluster.live_ids() {
+        views.push(match cluster.node_info(id).await {
+            Ok(info) => format!("node {id} {} at term {}", info.role, info.term),
+            Err(error) => format!("node {id} did not answer: {error}"),
+        });
+    }
+    views.join(", ")
 }
 
 /// Runs an admin call, retrying infrastructure failures a few times.

@@ -69,6 +69,9 @@ pub enum Scenario {
     IsolateFollower,
     /// Rolling 1|2 partitions of random nodes.
     Split,
+    /// Links cut in one direction only, or between some nodes while others still reach both
+    /// sides: the leader's outgoing links, the leader and one follower, random directed links.
+    OneWay,
     /// Add a node as learner, promote it, remove an old voter (maybe the leader), under load.
     Membership,
     /// Each round one of the faults above but membership, chosen at random.
@@ -77,7 +80,7 @@ pub enum Scenario {
 
 impl Scenario {
     /// Every scenario.
-    pub const ALL: [Scenario; 9] = [
+    pub const ALL: [Scenario; 10] = [
         Scenario::LeaderKill,
         Scenario::FollowerKill,
         Scenario::RestartAll,
@@ -85,6 +88,7 @@ impl Scenario {
         Scenario::IsolateLeader,
         Scenario::IsolateFollower,
         Scenario::Split,
+        Scenario::OneWay,
         Scenario::Membership,
         Scenario::Mixed,
     ];
@@ -99,6 +103,7 @@ impl Scenario {
             Scenario::IsolateLeader => "isolate-leader",
             Scenario::IsolateFollower => "isolate-follower",
             Scenario::Split => "split-1-2",
+            Scenario::OneWay => "one-way",
             Scenario::Membership => "membership",
             Scenario::Mixed => "mixed",
         }
