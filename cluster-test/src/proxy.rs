@@ -10,16 +10,23 @@
 //! Cutting every link to and from a node isolates it; cutting the links between two groups splits
 //! the cluster. Clients are not proxied: they reach the nodes directly, as a client on either side
 //! of a partition would.
+//!
+//! A link can also be slowed: every byte it carries, both ways, is held for a set delay before it
+//! is passed on (a long or congested path; order is kept, nothing is lost). A new delay applies at
+//! once to the connections the link already carries.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use anyhow::Context;
-use tokio::io::copy_bidirectional;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 /// What a link does with its traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +44,7 @@ pub struct Proxy {
     addr: SocketAddr,
     target: Arc<Mutex<String>>,
     mode: watch::Sender<Mode>,
+    delay: watch::Sender<Duration>,
     accept: JoinHandle<()>,
 }
 
@@ -49,11 +57,18 @@ impl Proxy {
         let addr = listener.local_addr()?;
         let target = Arc::new(Mutex::new(target.to_string()));
         let (mode, _) = watch::channel(Mode::Open);
-        let accept = tokio::spawn(accept_loop(listener, target.clone(), mode.clone()));
+        let (delay, _) = watch::channel(Duration::ZERO);
+        let accept = tokio::spawn(accept_loop(
+            listener,
+            target.clone(),
+            mode.clone(),
+            delay.clone(),
+        ));
         Ok(Proxy {
             addr,
             target,
             mode,
+            delay,
             accept,
         })
     }
@@ -82,6 +97,17 @@ impl Proxy {
     pub fn is_cut(&self) -> bool {
         *self.mode.borrow() == Mode::Cut
     }
+
+    /// Holds every byte the link carries, both ways, for `delay` before passing it on (zero: no
+    /// delay); applies at once to the connections already carried.
+    pub fn slow(&self, delay: Duration) {
+        self.delay.send_replace(delay);
+    }
+
+    /// The link's current delay.
+    pub fn delay(&self) -> Duration {
+        *self.delay.borrow()
+    }
 }
 
 impl Drop for Proxy {
@@ -97,7 +123,12 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-async fn accept_loop(listener: TcpListener, target: Arc<Mutex<String>>, mode: watch::Sender<Mode>) {
+async fn accept_loop(
+    listener: TcpListener,
+    target: Arc<Mutex<String>>,
+    mode: watch::Sender<Mode>,
+    delay: watch::Sender<Duration>,
+) {
     loop {
         let inbound = match listener.accept().await {
             Ok((inbound, _)) => inbound,
@@ -108,12 +139,17 @@ async fn accept_loop(listener: TcpListener, target: Arc<Mutex<String>>, mode: wa
             }
         };
         let target = lock(&target).clone();
-        tokio::spawn(carry(inbound, target, mode.subscribe()));
+        tokio::spawn(carry(inbound, target, mode.subscribe(), delay.subscribe()));
     }
 }
 
 /// Carries one connection until it ends or the link changes under it.
-async fn carry(mut inbound: TcpStream, target: String, mut mode: watch::Receiver<Mode>) {
+async fn carry(
+    inbound: TcpStream,
+    target: String,
+    mut mode: watch::Receiver<Mode>,
+    delay: watch::Receiver<Duration>,
+) {
     let _ = inbound.set_nodelay(true);
     let current = *mode.borrow_and_update();
     match current {
@@ -128,17 +164,61 @@ async fn carry(mut inbound: TcpStream, target: String, mut mode: watch::Receiver
                 connected = TcpStream::connect(&target) => connected,
                 _ = mode.wait_for(|m| *m != Mode::Open) => return,
             };
-            let Ok(mut upstream) = upstream else {
+            let Ok(upstream) = upstream else {
                 // The target is down: the sender sees its connection close, as with a dead node.
                 return;
             };
             let _ = upstream.set_nodelay(true);
+            let (from_inbound, to_inbound) = inbound.into_split();
+            let (from_upstream, to_upstream) = upstream.into_split();
             tokio::select! {
-                _ = copy_bidirectional(&mut inbound, &mut upstream) => {}
+                _ = async {
+                    tokio::join!(
+                        pass_on(from_inbound, to_upstream, delay.clone()),
+                        pass_on(from_upstream, to_inbound, delay),
+                    )
+                } => {}
                 _ = mode.wait_for(|m| *m != Mode::Open) => {}
             }
         }
     }
+}
+
+/// How many chunks one direction of a connection holds while they wait out the link's delay;
+/// beyond that its reader waits, so a slow link pushes back on the sender as a full path does.
+const IN_FLIGHT: usize = 1024;
+
+/// Passes bytes from `from` to `to`, each chunk held until the link's delay (read when the chunk
+/// arrives) has passed, in order; at the end of `from`, shuts `to` down for writing.
+async fn pass_on(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    delay: watch::Receiver<Duration>,
+) {
+    let (held, mut due) = mpsc::channel::<(Instant, Vec<u8>)>(IN_FLIGHT);
+    let read = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let at = Instant::now() + *delay.borrow();
+            if held.send((at, buf[..n].to_vec())).await.is_err() {
+                break;
+            }
+        }
+    };
+    let write = async move {
+        while let Some((at, chunk)) = due.recv().await {
+            tokio::time::sleep_until(at).await;
+            if to.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+        let _ = to.shutdown().await;
+    };
+    tokio::join!(read, write);
 }
 
 /// The proxies of every directed link between a set of nodes.
@@ -207,11 +287,29 @@ impl Network {
         }
     }
 
-    /// Heals every link.
+    /// Heals every link: none is cut or slowed any more.
     pub fn heal_all(&self) {
         for proxy in self.links.values() {
             proxy.heal();
+            proxy.slow(Duration::ZERO);
         }
+    }
+
+    /// Slows the link `from -> to` (one direction of connection: `from`'s connections to `to`,
+    /// requests and answers alike) by `delay` each way.
+    pub fn slow(&self, from: u64, to: u64, delay: Duration) {
+        if let Some(proxy) = self.links.get(&(from, to)) {
+            proxy.slow(delay);
+        }
+    }
+
+    /// The links that are slowed, as `i->j +delay`.
+    pub fn slow_links(&self) -> Vec<String> {
+        self.links
+            .iter()
+            .filter(|(_, proxy)| !proxy.delay().is_zero())
+            .map(|((from, to), proxy)| format!("{from}->{to} +{:?}", proxy.delay()))
+            .collect()
     }
 
     /// The links that are cut, as `i->j`.

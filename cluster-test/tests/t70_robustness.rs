@@ -1,5 +1,5 @@
 //! Claim: Baton's guarantees survive crashes, pauses, partitions, one-way and partial link cuts,
-//! full-cluster power loss and membership changes (issue 5; contract §0–§5). Each test runs a
+//! slow links, full-cluster power loss and membership changes (issue 5; contract §0–§5). Each test runs a
 //! group of fault scenarios ([`Scenario`]) with fixed seeds on a fresh three-node cluster whose
 //! peer links go through TCP proxies, under concurrent recorded workloads — handoff
 //! offer/take/reply/cancel/read races, board claims, side-effect acquires with fenced sink
@@ -74,8 +74,8 @@ async fn t70_partitions_isolate_leader_isolate_follower_split() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn t70_one_way_and_partial_link_cuts() {
-    run_group(&[(Scenario::OneWay, 7010)]).await;
+async fn t70_one_way_partial_and_slow_links() {
+    run_group(&[(Scenario::OneWay, 7010), (Scenario::SlowLinks, 7011)]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

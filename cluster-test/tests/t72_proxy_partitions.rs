@@ -1,8 +1,10 @@
 //! Claim: the link proxies the partition scenarios rely on behave like a real network: an open
 //! link forwards both ways; a cut link drops the connections it carried and swallows new ones
 //! (accepted, never forwarded, never refused — the sender only learns from its own timeout); a
-//! healed link closes what it held and forwards again. And a proxied cluster really is
-//! partitioned: an isolated leader loses its leadership to the other two nodes and cannot commit.
+//! healed link closes what it held and forwards again; a slowed link holds every byte for its
+//! delay each way, in order, on the connections it already carries too. And a proxied cluster
+//! really is partitioned: an isolated leader loses its leadership to the other two nodes and
+//! cannot commit.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
@@ -13,6 +15,7 @@ use baton_cluster_test::{Cluster, Options};
 use baton_statemachine::handoff::OfferArgs;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
 
 /// An echo server on 127.0.0.1; returns its address.
 async fn echo() -> String {
@@ -102,6 +105,58 @@ async fn t72_partition_cuts_exactly_the_links_between_groups() {
     assert_eq!(network.cut_links(), ["1->3", "2->3", "3->1", "3->2"]);
     network.heal_all();
     assert!(network.cut_links().is_empty());
+    network.slow(2, 3, Duration::from_millis(40));
+    assert_eq!(network.slow_links(), ["2->3 +40ms"]);
+    network.heal_all();
+    assert!(network.slow_links().is_empty());
+}
+
+#[tokio::test]
+async fn t72_a_slowed_link_delays_both_ways_in_order_and_speeds_up_again() {
+    let target = echo().await;
+    let proxy = Proxy::start(&target).await.unwrap();
+    let long = Duration::from_secs(10);
+    let delay = Duration::from_millis(600);
+
+    let mut carried = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert_eq!(
+        round_trip(&mut carried, b"ping", long).await,
+        Some(b"ping".to_vec())
+    );
+
+    // The connection already carried is slowed too, both ways: the echo takes two delays.
+    proxy.slow(delay);
+    assert_eq!(proxy.delay(), delay);
+    let started = Instant::now();
+    assert_eq!(
+        round_trip(&mut carried, b"slow", long).await,
+        Some(b"slow".to_vec())
+    );
+    let took = started.elapsed();
+    assert!(took >= delay * 2, "the echo came back after {took:?}");
+
+    // Bytes written one by one come back complete and in order.
+    let sent: Vec<u8> = (0..40u8).map(|i| b'a' + i % 26).collect();
+    for byte in &sent {
+        carried.write_all(&[*byte]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let mut back = vec![0u8; sent.len()];
+    tokio::time::timeout(long, carried.read_exact(&mut back))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(back, sent);
+
+    // Fast again: what is sent now is not held (the margin is the delay itself, twice over).
+    proxy.slow(Duration::ZERO);
+    let started = Instant::now();
+    assert_eq!(
+        round_trip(&mut carried, b"fast", long).await,
+        Some(b"fast".to_vec())
+    );
+    let took = started.elapsed();
+    assert!(took < delay * 2, "the echo still took {took:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -33,7 +33,7 @@ struct Args {
     seed: Option<u64>,
     /// Only this scenario (default: the seed picks one). One of: leader-kill, follower-kill,
     /// restart-all, leader-pause, isolate-leader, isolate-follower, split-1-2, one-way,
-    /// membership, mixed.
+    /// slow-links, membership, mixed.
     #[arg(long, value_parser = parse_scenario)]
     scenario: Option<Scenario>,
     /// How long each scenario injects faults (default: 15-40 s, picked by the seed).

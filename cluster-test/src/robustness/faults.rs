@@ -63,6 +63,8 @@ pub struct Nemesis {
     paused: BTreeSet<u64>,
     /// Rounds of [`Nemesis::one_way`] so far: its three kinds of fault take turns.
     one_way_rounds: usize,
+    /// Rounds of [`Nemesis::slow_links`] so far, likewise.
+    slow_rounds: usize,
     voters: BTreeSet<u64>,
     initial: BTreeSet<u64>,
 }
@@ -79,6 +81,7 @@ impl Nemesis {
             tickets: tickets.to_vec(),
             paused: BTreeSet::new(),
             one_way_rounds: 0,
+            slow_rounds: 0,
             initial: voters.clone(),
             voters,
         }
@@ -106,8 +109,11 @@ impl Nemesis {
         duration: Duration,
     ) -> anyhow::Result<()> {
         let until = Instant::now() + duration;
-        // `one-way` runs each of its three kinds of fault at least once.
-        while Instant::now() < until || (scenario == Scenario::OneWay && self.one_way_rounds < 3) {
+        // `one-way` and `slow-links` run each of their three kinds of fault at least once.
+        while Instant::now() < until
+            || (scenario == Scenario::OneWay && self.one_way_rounds < 3)
+            || (scenario == Scenario::SlowLinks && self.slow_rounds < 3)
+        {
             match scenario {
                 Scenario::LeaderKill => self.leader_kill(cluster).await?,
                 Scenario::FollowerKill => self.follower_kill(cluster).await?,
@@ -117,6 +123,7 @@ impl Nemesis {
                 Scenario::IsolateFollower => self.isolate_follower(cluster).await?,
                 Scenario::Split => self.split(cluster).await?,
                 Scenario::OneWay => self.one_way(cluster).await?,
+                Scenario::SlowLinks => self.slow_links(cluster).await?,
                 Scenario::Membership => self.membership(cluster).await?,
                 Scenario::Mixed => self.mixed(cluster).await?,
             }
@@ -175,7 +182,7 @@ impl Nemesis {
     /// One fault of a kind chosen at random (membership changes excepted: they outlive the
     /// round and would leave the proxies guarding removed nodes).
     async fn mixed(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
-        match self.rng.random_range(0..8) {
+        match self.rng.random_range(0..9) {
             0 => self.leader_kill(cluster).await,
             1 => self.follower_kill(cluster).await,
             2 => self.restart_all(cluster).await,
@@ -183,6 +190,7 @@ impl Nemesis {
             4 => self.isolate_leader(cluster).await,
             5 => self.isolate_follower(cluster).await,
             6 => self.one_way(cluster).await,
+            7 => self.slow_links(cluster).await,
             _ => {
                 self.split(cluster).await?;
                 cluster.network()?.heal_all();
@@ -399,6 +407,60 @@ impl Nemesis {
         cluster.network()?.heal_all();
         self.note(format!("heal (before healing: {views})"));
         self.finish_probes(probes).await;
+        self.sleep_between(300, 1_000).await;
+        Ok(())
+    }
+
+    /// Slow links instead of cut ones, one kind per round and taking turns, for 2–4 s; every byte
+    /// a slowed link carries is held that long each way (order kept, nothing lost). The nodes'
+    /// heartbeat (50 ms) is also openraft 0.9's deadline for an AppendEntries to be answered:
+    ///
+    /// - **every link 2–15 ms each way**: round trips stay within that deadline, as in a cluster
+    ///   spread over nearby sites; everything keeps working, only slower.
+    /// - **one follower's links 60–300 ms each way**: its AppendEntries time out, although they
+    ///   arrive; the leader commits with the other follower, and the slow one catches up after.
+    /// - **the leader's links 60–300 ms each way**: nothing it sends is answered in time, so it
+    ///   commits nothing; its followers still hear from it, late and, once replication backs off,
+    ///   only every ~0.5 s, so they may or may not elect a new leader between themselves. Either
+    ///   way the cluster must serve again once the links are fast.
+    async fn slow_links(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
+        self.sleep_between(1_000, 2_000).await;
+        let leader = cluster.leader().await?;
+        let term = cluster.node_info(leader).await?.term;
+        let nodes: Vec<u64> = cluster.network()?.nodes().into_iter().collect();
+        let followers: Vec<u64> = nodes.iter().copied().filter(|id| *id != leader).collect();
+        let hold = Duration::from_millis(self.rng.random_range(2_000..=4_000));
+        let turn = self.slow_rounds % 3;
+        self.slow_rounds += 1;
+        let (slowed, delay) = match turn {
+            0 => (None, self.rng.random_range(2..=15)),
+            1 => (
+                Some(followers[self.rng.random_range(0..followers.len())]),
+                self.rng.random_range(60..=300),
+            ),
+            _ => (Some(leader), self.rng.random_range(60..=300)),
+        };
+        let delay = Duration::from_millis(delay);
+        for from in &nodes {
+            for to in nodes.iter().filter(|to| *to != from) {
+                if slowed.is_none_or(|id| id == *from || id == *to) {
+                    cluster.network()?.slow(*from, *to, delay);
+                }
+            }
+        }
+        self.faults += 1;
+        self.note(format!(
+            "slowed {} by {delay:?} each way for {hold:?} (leader {leader}, term {term})",
+            match slowed {
+                None => "every link".to_string(),
+                Some(id) if id == leader => format!("the links of leader {id}"),
+                Some(id) => format!("the links of follower {id}"),
+            }
+        ));
+        tokio::time::sleep(hold).await;
+        let views = roles(cluster).await;
+        cluster.network()?.heal_all();
+        self.note(format!("links fast again (before: {views})"));
         self.sleep_between(300, 1_000).await;
         Ok(())
     }

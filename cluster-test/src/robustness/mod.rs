@@ -72,6 +72,9 @@ pub enum Scenario {
     /// Links cut in one direction only, or between some nodes while others still reach both
     /// sides: the leader's outgoing links, the leader and one follower, random directed links.
     OneWay,
+    /// Links slowed, not cut: every link a little, or one follower's or the leader's past the
+    /// AppendEntries deadline.
+    SlowLinks,
     /// Add a node as learner, promote it, remove an old voter (maybe the leader), under load.
     Membership,
     /// Each round one of the faults above but membership, chosen at random.
@@ -80,7 +83,7 @@ pub enum Scenario {
 
 impl Scenario {
     /// Every scenario.
-    pub const ALL: [Scenario; 10] = [
+    pub const ALL: [Scenario; 11] = [
         Scenario::LeaderKill,
         Scenario::FollowerKill,
         Scenario::RestartAll,
@@ -89,6 +92,7 @@ impl Scenario {
         Scenario::IsolateFollower,
         Scenario::Split,
         Scenario::OneWay,
+        Scenario::SlowLinks,
         Scenario::Membership,
         Scenario::Mixed,
     ];
@@ -104,6 +108,7 @@ impl Scenario {
             Scenario::IsolateFollower => "isolate-follower",
             Scenario::Split => "split-1-2",
             Scenario::OneWay => "one-way",
+            Scenario::SlowLinks => "slow-links",
             Scenario::Membership => "membership",
             Scenario::Mixed => "mixed",
         }
