@@ -12,8 +12,9 @@
 //! of a partition would.
 //!
 //! A link can also be slowed: every byte it carries, both ways, is held for a set delay before it
-//! is passed on (a long or congested path; order is kept, nothing is lost). A new delay applies at
-//! once to the connections the link already carries.
+//! is passed on (a long or congested path; order is kept, nothing is lost). A new delay applies to
+//! the bytes read from then on, on the connections the link already carries too; bytes already
+//! held keep theirs, and later bytes never overtake them. Opening a connection is not delayed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -98,8 +99,8 @@ impl Proxy {
         *self.mode.borrow() == Mode::Cut
     }
 
-    /// Holds every byte the link carries, both ways, for `delay` before passing it on (zero: no
-    /// delay); applies at once to the connections already carried.
+    /// Holds every byte the link carries from now on, both ways, for `delay` before passing it on
+    /// (zero: no delay), on the connections already carried too.
     pub fn slow(&self, delay: Duration) {
         self.delay.send_replace(delay);
     }
@@ -211,7 +212,11 @@ async fn pass_on(
     };
     let write = async move {
         while let Some((at, chunk)) = due.recv().await {
-            tokio::time::sleep_until(at).await;
+            // Not even a zero-length sleep on an unslowed link: the timer wheel would round it
+            // up to the next millisecond tick.
+            if at > Instant::now() {
+                tokio::time::sleep_until(at).await;
+            }
             if to.write_all(&chunk).await.is_err() {
                 return;
             }

@@ -1,9 +1,9 @@
 //! Claim: Baton's guarantees survive crashes, pauses, partitions, one-way and partial link cuts,
-//! slow links, full-cluster power loss and membership changes (issue 5; contract §0–§5). Each test runs a
-//! group of fault scenarios ([`Scenario`]) with fixed seeds on a fresh three-node cluster whose
-//! peer links go through TCP proxies, under concurrent recorded workloads — handoff
-//! offer/take/reply/cancel/read races, board claims, side-effect acquires with fenced sink
-//! writes, keyed queue permits — and judges the whole history afterwards:
+//! slow links, full-cluster power loss and membership changes (issue 5; contract §0–§5). Each
+//! test runs a group of fault scenarios ([`Scenario`]) with fixed seeds on a fresh three-node
+//! cluster whose peer links go through TCP proxies, under concurrent recorded workloads —
+//! handoff offer/take/reply/cancel/read races, board claims, side-effect acquires with fenced
+//! sink writes, keyed queue permits — and judges the whole history afterwards:
 //!
 //! - handoff ticket histories are linearizable per key (Wing–Gong/Lowe search against the
 //!   ticket model; ambiguous operations modelled as such), including the answers a paused or

@@ -44,8 +44,8 @@ async fn round_trip(stream: &mut TcpStream, message: &[u8], limit: Duration) -> 
         return Some(Vec::new());
     }
     let mut buf = vec![0u8; message.len()];
-    match tokio::time::timeout(limit, stream.read(&mut buf)).await {
-        Ok(Ok(n)) => Some(buf[..n].to_vec()),
+    match tokio::time::timeout(limit, stream.read_exact(&mut buf)).await {
+        Ok(Ok(_)) => Some(buf),
         Ok(Err(_)) => Some(Vec::new()),
         Err(_) => None,
     }
@@ -148,8 +148,25 @@ async fn t72_a_slowed_link_delays_both_ways_in_order_and_speeds_up_again() {
         .unwrap();
     assert_eq!(back, sent);
 
-    // Fast again: what is sent now is not held (the margin is the delay itself, twice over).
+    // A shorter delay does not let later bytes overtake those already held.
+    let started = Instant::now();
+    carried.write_all(b"a").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
     proxy.slow(Duration::ZERO);
+    carried.write_all(b"b").await.unwrap();
+    let mut both = [0u8; 2];
+    tokio::time::timeout(long, carried.read_exact(&mut both))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&both, b"ab");
+    let took = started.elapsed();
+    assert!(
+        took >= delay,
+        "the echo of the held byte came back after {took:?}"
+    );
+
+    // Fast again: what is sent now is not held (the margin is the delay itself, twice over).
     let started = Instant::now();
     assert_eq!(
         round_trip(&mut carried, b"fast", long).await,

@@ -1,8 +1,8 @@
 //! The nemesis: injects one scenario's faults into a running cluster while the workloads run,
 //! then undoes every fault it left in place.
 //!
-//! Faults are real: SIGKILL and restart from the data dir, SIGSTOP/SIGCONT, cut TCP proxies
-//! between nodes ([`crate::proxy`]), membership changes through the admin API. The nemesis never
+//! Faults are real: SIGKILL and restart from the data dir, SIGSTOP/SIGCONT, cut or slowed TCP
+//! proxies between nodes ([`crate::proxy`]), membership changes through the admin API. The nemesis never
 //! asks a node to misbehave. The faults aimed at the leader ([`LeaderFault`]) and the recovery
 //! work on any [`Target`], containers included; the others need node processes.
 //!
@@ -12,7 +12,7 @@
 //! The old leader must neither serve a stale read nor acknowledge a write it cannot commit; the
 //! linearizability checker judges its answers like any other.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -61,10 +61,8 @@ pub struct Nemesis {
     /// The ticket keys the workload uses, for stale-read probes.
     tickets: Vec<String>,
     paused: BTreeSet<u64>,
-    /// Rounds of [`Nemesis::one_way`] so far: its three kinds of fault take turns.
-    one_way_rounds: usize,
-    /// Rounds of [`Nemesis::slow_links`] so far, likewise.
-    slow_rounds: usize,
+    /// Rounds so far of each scenario whose kinds of fault take turns ([`Nemesis::turn`]).
+    turns: BTreeMap<Scenario, usize>,
     voters: BTreeSet<u64>,
     initial: BTreeSet<u64>,
 }
@@ -80,8 +78,7 @@ impl Nemesis {
             probe_keys: Vec::new(),
             tickets: tickets.to_vec(),
             paused: BTreeSet::new(),
-            one_way_rounds: 0,
-            slow_rounds: 0,
+            turns: BTreeMap::new(),
             initial: voters.clone(),
             voters,
         }
@@ -101,6 +98,34 @@ impl Nemesis {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
 
+    /// Which of `scenario`'s kinds of fault this round injects: they take turns.
+    fn turn(&mut self, scenario: Scenario) -> usize {
+        let rounds = self.turns.entry(scenario).or_default();
+        let turn = *rounds % turns_of(scenario).max(1);
+        *rounds += 1;
+        turn
+    }
+
+    /// How many rounds of `scenario` ran so far.
+    fn rounds(&self, scenario: Scenario) -> usize {
+        self.turns.get(&scenario).copied().unwrap_or(0)
+    }
+
+    /// The cluster as a round of link faults finds it, after a pause of 1–2 s.
+    async fn link_round(&mut self, cluster: &Cluster) -> anyhow::Result<LinkRound> {
+        self.sleep_between(1_000, 2_000).await;
+        let leader = cluster.leader().await?;
+        let term = cluster.node_info(leader).await?.term;
+        let nodes: Vec<u64> = cluster.network()?.nodes().into_iter().collect();
+        let followers = nodes.iter().copied().filter(|id| *id != leader).collect();
+        Ok(LinkRound {
+            leader,
+            term,
+            nodes,
+            followers,
+        })
+    }
+
     /// Runs `scenario`'s faults for about `duration` (the fault in progress is finished).
     pub async fn run(
         &mut self,
@@ -109,11 +134,8 @@ impl Nemesis {
         duration: Duration,
     ) -> anyhow::Result<()> {
         let until = Instant::now() + duration;
-        // `one-way` and `slow-links` run each of their three kinds of fault at least once.
-        while Instant::now() < until
-            || (scenario == Scenario::OneWay && self.one_way_rounds < 3)
-            || (scenario == Scenario::SlowLinks && self.slow_rounds < 3)
-        {
+        // A scenario whose kinds of fault take turns runs each at least once.
+        while Instant::now() < until || self.rounds(scenario) < turns_of(scenario) {
             match scenario {
                 Scenario::LeaderKill => self.leader_kill(cluster).await?,
                 Scenario::FollowerKill => self.follower_kill(cluster).await?,
@@ -191,11 +213,12 @@ impl Nemesis {
             5 => self.isolate_follower(cluster).await,
             6 => self.one_way(cluster).await,
             7 => self.slow_links(cluster).await,
-            _ => {
+            8 => {
                 self.split(cluster).await?;
                 cluster.network()?.heal_all();
                 Ok(())
             }
+            _ => unreachable!("mixed draws one of nine faults"),
         }
     }
 
@@ -353,17 +376,16 @@ impl Nemesis {
     /// - **each directed link cut with probability 1/3** (at least one): any mix of the above,
     ///   with or without a connected quorum.
     async fn one_way(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
-        self.sleep_between(1_000, 2_000).await;
-        let leader = cluster.leader().await?;
-        let term = cluster.node_info(leader).await?.term;
-        let nodes: Vec<u64> = cluster.network()?.nodes().into_iter().collect();
-        let followers: Vec<u64> = nodes.iter().copied().filter(|id| *id != leader).collect();
+        let LinkRound {
+            leader,
+            term,
+            nodes,
+            followers,
+        } = self.link_round(cluster).await?;
         let hold = Duration::from_millis(self.rng.random_range(1_500..=4_000));
         let cut_at = Instant::now();
         let mut probes = Vec::new();
-        let turn = self.one_way_rounds % 3;
-        self.one_way_rounds += 1;
-        match turn {
+        match self.turn(Scenario::OneWay) {
             0 => {
                 for follower in &followers {
                     cluster.network()?.cut(leader, *follower);
@@ -412,11 +434,13 @@ impl Nemesis {
     }
 
     /// Slow links instead of cut ones, one kind per round and taking turns, for 2–4 s; every byte
-    /// a slowed link carries is held that long each way (order kept, nothing lost). The nodes'
-    /// heartbeat (50 ms) is also openraft 0.9's deadline for an AppendEntries to be answered:
+    /// a slowed link carries is held for the link's delay, each way (order kept, nothing lost).
+    /// The nodes' heartbeat (50 ms) is also openraft 0.9's deadline for an AppendEntries to be
+    /// answered:
     ///
-    /// - **every link 2–15 ms each way**: round trips stay within that deadline, as in a cluster
-    ///   spread over nearby sites; everything keeps working, only slower.
+    /// - **every link 2–15 ms each way**: round trips (plus a follower's sync) should stay within
+    ///   that deadline, as in a cluster spread over nearby sites; everything keeps working, only
+    ///   slower.
     /// - **one follower's links 60–300 ms each way**: its AppendEntries time out, although they
     ///   arrive; the leader commits with the other follower, and the slow one catches up after.
     /// - **the leader's links 60–300 ms each way**: nothing it sends is answered in time, so it
@@ -424,15 +448,14 @@ impl Nemesis {
     ///   only every ~0.5 s, so they may or may not elect a new leader between themselves. Either
     ///   way the cluster must serve again once the links are fast.
     async fn slow_links(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
-        self.sleep_between(1_000, 2_000).await;
-        let leader = cluster.leader().await?;
-        let term = cluster.node_info(leader).await?.term;
-        let nodes: Vec<u64> = cluster.network()?.nodes().into_iter().collect();
-        let followers: Vec<u64> = nodes.iter().copied().filter(|id| *id != leader).collect();
+        let LinkRound {
+            leader,
+            term,
+            nodes,
+            followers,
+        } = self.link_round(cluster).await?;
         let hold = Duration::from_millis(self.rng.random_range(2_000..=4_000));
-        let turn = self.slow_rounds % 3;
-        self.slow_rounds += 1;
-        let (slowed, delay) = match turn {
+        let (slowed, delay) = match self.turn(Scenario::SlowLinks) {
             0 => (None, self.rng.random_range(2..=15)),
             1 => (
                 Some(followers[self.rng.random_range(0..followers.len())]),
@@ -449,8 +472,9 @@ impl Nemesis {
             }
         }
         self.faults += 1;
+        let links = cluster.network()?.slow_links();
         self.note(format!(
-            "slowed {} by {delay:?} each way for {hold:?} (leader {leader}, term {term})",
+            "slowed {} for {hold:?} (leader {leader}, term {term}): {links:?}",
             match slowed {
                 None => "every link".to_string(),
                 Some(id) if id == leader => format!("the links of leader {id}"),
@@ -623,6 +647,22 @@ impl Nemesis {
             };
             self.note(format!("probe: {line}"));
         }
+    }
+}
+
+/// Where a round of link faults starts: the leader, its term, every node and the followers.
+struct LinkRound {
+    leader: u64,
+    term: u64,
+    nodes: Vec<u64>,
+    followers: Vec<u64>,
+}
+
+/// How many kinds of fault `scenario` has that take turns (0: it has no turns).
+fn turns_of(scenario: Scenario) -> usize {
+    match scenario {
+        Scenario::OneWay | Scenario::SlowLinks => 3,
+        _ => 0,
     }
 }
 

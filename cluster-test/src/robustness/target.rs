@@ -42,7 +42,7 @@ pub trait Target {
     async fn resume(&mut self, id: u64) -> anyhow::Result<()>;
     /// Cuts node `id` off from every other node (clients still reach it).
     async fn isolate(&mut self, id: u64) -> anyhow::Result<()>;
-    /// Undoes every cut.
+    /// Undoes every cut and slowed link.
     async fn heal_all(&mut self) -> anyhow::Result<()>;
     /// Keeps what the run leaves behind (data, logs) for inspection; returns where it is.
     fn keep(&mut self) -> PathBuf;
