@@ -2,9 +2,9 @@
 //! then undoes every fault it left in place.
 //!
 //! Faults are real: SIGKILL and restart from the data dir, SIGSTOP/SIGCONT, cut or slowed TCP
-//! proxies between nodes ([`crate::proxy`]), membership changes through the admin API. The nemesis never
-//! asks a node to misbehave. The faults aimed at the leader ([`LeaderFault`]) and the recovery
-//! work on any [`Target`], containers included; the others need node processes.
+//! proxies between nodes ([`crate::proxy`]), membership changes through the admin API. The
+//! nemesis never asks a node to misbehave. The faults aimed at the leader ([`LeaderFault`]) and
+//! the recovery work on any [`Target`], containers included; the others need node processes.
 //!
 //! When the leader is paused or isolated, the nemesis also probes it: once a new leader was
 //! elected on the other side and acknowledged a fresh ticket, it sends reads and writes straight
