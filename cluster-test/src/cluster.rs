@@ -78,6 +78,16 @@ impl Default for Options {
     }
 }
 
+impl Options {
+    /// The defaults, with every Raft link through a proxy ([`Cluster::network`]).
+    pub fn proxied() -> Self {
+        Self {
+            proxied: true,
+            ..Self::default()
+        }
+    }
+}
+
 /// How long a power loss holds the nodes' syncs before it kills them, so that the writes in
 /// flight are caught between their `write` and their sync
 /// ([`crate::power_cut::PowerCut::hold_syncs`]).
@@ -287,6 +297,22 @@ impl Cluster {
     /// running node names it at the same term. Returns its id.
     pub async fn leader(&self) -> anyhow::Result<u64> {
         crate::robustness::target::Target::leader(self).await
+    }
+
+    /// Waits up to `limit` until one of `ids` says it leads at a term above `term`; returns its
+    /// id.
+    pub async fn new_leader(&self, ids: &[u64], term: u64, limit: Duration) -> anyhow::Result<u64> {
+        crate::wait::until("a new leader", limit, || async move {
+            for id in ids {
+                if let Ok(info) = self.node_info(*id).await {
+                    if info.role == "leader" && info.term > term {
+                        return Ok(*id);
+                    }
+                }
+            }
+            Err(format!("none of {ids:?} leads above term {term}"))
+        })
+        .await
     }
 
     /// Kills node `id` with SIGKILL (no graceful shutdown) and reaps it.

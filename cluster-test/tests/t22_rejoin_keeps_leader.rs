@@ -28,11 +28,7 @@ struct Setup {
 }
 
 async fn proxied_cluster() -> Setup {
-    let options = Options {
-        proxied: true,
-        ..Options::default()
-    };
-    let cluster = Cluster::start(3, options).await.unwrap();
+    let cluster = Cluster::start(3, Options::proxied()).await.unwrap();
     let leader = cluster.leader().await.unwrap();
     let term = cluster.node_info(leader).await.unwrap().term;
     cluster.wait_all_caught_up().await.unwrap();

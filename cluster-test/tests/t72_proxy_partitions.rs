@@ -178,33 +178,17 @@ async fn t72_a_slowed_link_delays_both_ways_in_order_and_speeds_up_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t72_an_isolated_leader_is_replaced_and_commits_nothing() {
-    let options = Options {
-        proxied: true,
-        ..Options::default()
-    };
-    let cluster = Cluster::start(3, options).await.unwrap();
+    let cluster = Cluster::start(3, Options::proxied()).await.unwrap();
     let old = cluster.leader().await.unwrap();
     let old_term = cluster.node_info(old).await.unwrap().term;
     cluster.network().unwrap().isolate(old);
 
     // The other two elect one of them at a higher term.
     let others: Vec<u64> = cluster.ids().into_iter().filter(|id| *id != old).collect();
-    let new = baton_cluster_test::wait::until("a new leader", Duration::from_secs(20), || {
-        let others = others.clone();
-        let cluster = &cluster;
-        async move {
-            for id in others {
-                if let Ok(info) = cluster.node_info(id).await {
-                    if info.role == "leader" && info.term > old_term {
-                        return Ok(id);
-                    }
-                }
-            }
-            Err("no new leader yet".to_string())
-        }
-    })
-    .await
-    .unwrap();
+    let new = cluster
+        .new_leader(&others, old_term, Duration::from_secs(20))
+        .await
+        .unwrap();
 
     // A client that knows only the isolated node cannot get a write committed.
     let config = baton_rpc::ClientConfig {

@@ -31,7 +31,7 @@
 
 use std::time::{Duration, Instant};
 
-use baton_cluster_test::{client_config, wait, Cluster, Options};
+use baton_cluster_test::{client_config, Cluster, Options};
 use baton_rpc::error::detail_of;
 use baton_rpc::proto::handoff_client::HandoffClient;
 use baton_rpc::proto::{OfferRequest, RequestHeader};
@@ -88,22 +88,10 @@ async fn pending_write_after_heal(
     });
 
     let others: Vec<u64> = cluster.ids().into_iter().filter(|id| *id != old).collect();
-    wait::until("a new leader", Duration::from_secs(20), || {
-        let others = others.clone();
-        let cluster = &cluster;
-        async move {
-            for id in others {
-                if let Ok(info) = cluster.node_info(id).await {
-                    if info.role == "leader" && info.term > term {
-                        return Ok(());
-                    }
-                }
-            }
-            Err("not yet".to_string())
-        }
-    })
-    .await
-    .unwrap();
+    cluster
+        .new_leader(&others, term, Duration::from_secs(20))
+        .await
+        .unwrap();
     let majority: Vec<&str> = others.iter().map(|id| cluster.addr(*id)).collect();
     let majority = Client::connect_with(&majority, client_config())
         .await
@@ -135,11 +123,7 @@ async fn pending_write_after_heal(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t79_control_old_leader_catching_up_from_the_log_answers_its_pending_write() {
-    let options = Options {
-        proxied: true,
-        ..Options::default()
-    };
-    let (after, answer, snapshot) = pending_write_after_heal(options, 200).await;
+    let (after, answer, snapshot) = pending_write_after_heal(Options::proxied(), 200).await;
     println!(
         "t79 control: the old leader (snapshot at {snapshot}) answered {answer} {after:?} after healing"
     );
@@ -153,10 +137,9 @@ async fn t79_control_old_leader_catching_up_from_the_log_answers_its_pending_wri
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t79_issue_old_leader_write_hangs() {
     let options = Options {
-        proxied: true,
         snapshot_every: 50,
         keep_logs: 10,
-        ..Options::default()
+        ..Options::proxied()
     };
     let (after, answer, snapshot) = pending_write_after_heal(options, 200).await;
     println!(

@@ -28,6 +28,7 @@ pub mod service;
 pub mod shutdown;
 pub mod snapshot_file;
 pub mod snapshot_schedule;
+pub mod stalled_leader;
 pub mod stamp;
 pub mod store;
 pub mod sweeper;

@@ -19,11 +19,12 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 
+use crate::node::is_voter;
 use crate::pre_vote::{self, Contact};
 use crate::raft_wire::{self, Kind};
 use crate::tls::PeerAcceptor;
 use crate::types::{NodeId, Raft, TypeConfig};
-use crate::{codec, handover, newer_log_stands};
+use crate::{codec, handover, newer_log_stands, stalled_leader};
 
 /// How long a new connection may take to send its first byte (and a peer its preamble and TLS
 /// handshake) before it is closed. gRPC clients, plain or TLS, speak first too.
@@ -47,6 +48,8 @@ pub struct Local {
     pub contact: Contact,
     /// The election timings pre-votes are judged by.
     pub timing: pre_vote::Timing,
+    /// The leader's progress, by which a stalled leader's messages are refused.
+    pub progress: stalled_leader::Watch,
 }
 
 /// Accepts connections on `listener` until `closed` turns true: Raft connections are answered by
@@ -192,7 +195,32 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
                 codec::decode(&body).map_err(undecodable)?;
             // Heard on arrival, as openraft's own lease clock counts it: a leader's entries
             // can take a long flush, and meanwhile this node must not say yes to a pre-vote.
-            if request.vote.is_committed() && request.vote >= raft.metrics().borrow().vote {
+            // Unless the leader has stalled: then it is not heard at all.
+            let (from_leader, voter) = {
+                let metrics = raft.metrics();
+                let metrics = metrics.borrow();
+                (
+                    request.vote.is_committed() && request.vote >= metrics.vote,
+                    is_voter(&metrics),
+                )
+            };
+            if from_leader {
+                if voter {
+                    let report = stalled_leader::Report {
+                        vote: request.vote,
+                        sent: request
+                            .entries
+                            .last()
+                            .map(|entry| entry.log_id.index)
+                            .or(request.prev_log_id.map(|id| id.index)),
+                        committed: request.leader_commit.map(|id| id.index),
+                    };
+                    if let Err(stalled) = local.progress.judge(&report, local.timing.lease) {
+                        // Answered as a failure, on a connection kept open: to the leader this
+                        // node is unreachable, as it would be behind a cut link.
+                        return Ok(raft_wire::failed(&stalled.to_string()));
+                    }
+                }
                 local.contact.heard_from_leader();
             }
             let result = raft.append_entries(request).await;
@@ -224,6 +252,11 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
             let request: InstallSnapshotRequest<TypeConfig> =
                 codec::decode(&body).map_err(undecodable)?;
             let vote = request.vote;
+            if local.progress.refuses(&vote) {
+                return Ok(raft_wire::failed(
+                    "its leader has stalled; refused meanwhile",
+                ));
+            }
             let result = raft.install_snapshot(request).await;
             if result.as_ref().is_ok_and(|response| response.vote == vote) {
                 local.contact.heard_from_leader();

@@ -40,7 +40,7 @@ use crate::service::{
 use crate::store;
 use crate::tls::NodeTls;
 use crate::types::Raft;
-use crate::{http, raft_server, snapshot_schedule, sweeper, systemd};
+use crate::{http, raft_server, snapshot_schedule, stalled_leader, sweeper, systemd};
 
 /// How long the gRPC server may take to close its connections once a shutdown has drained.
 const CLOSE_LIMIT: Duration = Duration::from_secs(5);
@@ -234,6 +234,7 @@ pub async fn serve_secured(
         raft: raft.clone(),
         contact: contact.clone(),
         timing: config.raft.election_timing(),
+        progress: stalled_leader::Watch::default(),
     };
     let port = raft_server::split(
         listener,
