@@ -49,7 +49,7 @@ pub struct Local {
     /// The election timings pre-votes are judged by.
     pub timing: pre_vote::Timing,
     /// The leader's progress, by which a stalled leader's messages are refused.
-    pub progress: stalled_leader::Watch,
+    pub progress: stalled_leader::LeaderWatch,
 }
 
 /// Accepts connections on `listener` until `closed` turns true: Raft connections are answered by
@@ -204,26 +204,37 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
                     is_voter(&metrics),
                 )
             };
+            let report = stalled_leader::Report {
+                vote: request.vote,
+                first: request.entries.first().map(|entry| entry.log_id.index),
+                sent: request
+                    .entries
+                    .last()
+                    .map(|entry| entry.log_id.index)
+                    .or(request.prev_log_id.map(|id| id.index)),
+                committed: request.leader_commit.map(|id| id.index),
+            };
+            let judged = from_leader && voter;
+            if judged {
+                // Refused like a request that cannot be handled: to the leader this node is
+                // unreachable, as behind a cut link (it drops the connection and dials again).
+                local
+                    .progress
+                    .judge(&report, local.timing.lease)
+                    .map_err(|stalled| stalled.to_string())?;
+            }
             if from_leader {
-                if voter {
-                    let report = stalled_leader::Report {
-                        vote: request.vote,
-                        sent: request
-                            .entries
-                            .last()
-                            .map(|entry| entry.log_id.index)
-                            .or(request.prev_log_id.map(|id| id.index)),
-                        committed: request.leader_commit.map(|id| id.index),
-                    };
-                    if let Err(stalled) = local.progress.judge(&report, local.timing.lease) {
-                        // Answered as a failure, on a connection kept open: to the leader this
-                        // node is unreachable, as it would be behind a cut link.
-                        return Ok(raft_wire::failed(&stalled.to_string()));
-                    }
-                }
                 local.contact.heard_from_leader();
             }
             let result = raft.append_entries(request).await;
+            let acknowledged = match &result {
+                Ok(AppendEntriesResponse::Success) => report.sent,
+                Ok(AppendEntriesResponse::PartialSuccess(matching)) => matching.map(|id| id.index),
+                _ => None,
+            };
+            if judged && acknowledged.is_some() {
+                local.progress.acknowledge(&report.vote, acknowledged);
+            }
             // Every answer but a higher vote means the sender leads this node's term.
             if matches!(
                 result,

@@ -234,7 +234,7 @@ pub async fn serve_secured(
         raft: raft.clone(),
         contact: contact.clone(),
         timing: config.raft.election_timing(),
-        progress: stalled_leader::Watch::default(),
+        progress: stalled_leader::LeaderWatch::default(),
     };
     let port = raft_server::split(
         listener,

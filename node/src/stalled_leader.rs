@@ -10,14 +10,20 @@
 //! from a quorum within an election timeout steps down. openraft 0.9 has no check-quorum and no
 //! way to make a leader step down.
 //!
-//! So each voter watches its leader's progress instead. Every AppendEntries says how far the
-//! leader's log reaches (its last entry, or for a heartbeat the entry before) and how far it has
-//! committed. Entries beyond the commit index of a working leader are committed within a round
-//! trip; when a leader has held entries beyond its commit index for [`STALL_LEASES`] leases
-//! without committing anything, this voter refuses its AppendEntries and snapshots for
-//! [`REFUSAL_LEASES`] leases. Its lease and openraft's run out, its election timer fires, and it
-//! holds a pre-vote: the other followers, which saw the same leader stall, say yes once their
-//! own refusals ran out their leases, and one of them becomes the next leader.
+//! So each voter judges its leader by what the leader sends it. An AppendEntries shows the
+//! leader's commit index, and an index the leader holds for this follower (the last entry it
+//! carries, or for a heartbeat the entry before). A leader is stalled when both hold:
+//!
+//! - for [`STALL_LEASES`] leases it has held entries beyond its commit index without committing
+//!   anything (a working leader commits them within a round trip);
+//! - meanwhile it sent again entries this voter had already acknowledged: this voter's answers
+//!   do not reach it. A leader whose own disk or process is slow gets its followers' answers and
+//!   sends each entry once, so it is waited for, as check-quorum would.
+//!
+//! A stalled leader's AppendEntries and snapshots are refused for [`REFUSAL_LEASES`] leases. This
+//! voter's lease and openraft's run out, its election timer fires, and it holds a pre-vote: the
+//! other followers, which saw the same leader stall, say yes once their own refusals ran out their
+//! leases, and one of them becomes the next leader.
 //!
 //! Refusing messages is losing them, which Raft tolerates at any time: safety is unchanged. A
 //! leader that commits again (its links were slow for a moment) is taken again at its next
@@ -33,8 +39,8 @@ use tokio::time::Instant;
 use crate::types::NodeId;
 
 /// A leader that holds entries beyond its commit index this many leases without committing is
-/// stalled. Two, not one: under load a working leader's commits can lag a lease behind its
-/// entries (a slow sync, a CPU-starved machine), and a wrongly deposed leader costs an election.
+/// stalled (if its followers' answers do not reach it). Two, not one: a wrongly deposed leader
+/// costs an election.
 pub const STALL_LEASES: u32 = 2;
 
 /// How many leases a stalled leader's messages are refused for: one for this voter's lease to run
@@ -51,7 +57,10 @@ pub type Vote = openraft::Vote<NodeId>;
 pub struct Report {
     /// The leader that sent it.
     pub vote: Vote,
-    /// The index of the last entry it carries, or for a heartbeat of the entry before.
+    /// The index of the first entry it carries (none for a heartbeat).
+    pub first: Option<u64>,
+    /// The index of the last entry it carries, or for a heartbeat of the entry before: the
+    /// leader holds the log up to there.
     pub sent: Option<u64>,
     /// The leader's commit index.
     pub committed: Option<u64>,
@@ -60,8 +69,9 @@ pub struct Report {
 /// Why a leader's message is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "leader {leader} (term {term}) has committed nothing for {} ms while holding entries; its \
-     messages are refused for {} ms more so that its followers can elect another",
+    "leader {leader} (term {term}) has committed nothing for {} ms while holding entries, and \
+     sends again what this node acknowledged; its messages are refused for {} ms more so that \
+     its followers can elect another",
     .stalled_for.as_millis(),
     .refusing_for.as_millis()
 )]
@@ -83,8 +93,12 @@ pub struct Progress {
     leader: Option<Vote>,
     /// The highest commit index it reported.
     committed: Option<u64>,
+    /// The highest index this voter acknowledged to it.
+    acknowledged: Option<u64>,
     /// Since when it has held entries beyond `committed` (without committing since).
     waiting_since: Option<Instant>,
+    /// Whether, since `waiting_since`, it sent again entries this voter had acknowledged.
+    resent: bool,
     /// Its messages are refused until then.
     refusing_until: Option<Instant>,
 }
@@ -102,6 +116,7 @@ impl Progress {
             // Progress: whatever was waiting may have been committed, and a refusal is lifted.
             self.committed = report.committed;
             self.waiting_since = None;
+            self.resent = false;
             self.refusing_until = None;
         }
         if let Some(until) = self.refusing_until {
@@ -111,17 +126,32 @@ impl Progress {
             // The refusal ran out and the leader is still there: judged afresh from now.
             self.refusing_until = None;
             self.waiting_since = None;
+            self.resent = false;
         }
         if report.sent > self.committed && self.waiting_since.is_none() {
             self.waiting_since = Some(now);
         }
+        if self.waiting_since.is_some()
+            && report.first.is_some()
+            && report.first <= self.acknowledged
+        {
+            self.resent = true;
+        }
         match self.waiting_since {
-            Some(since) if now.duration_since(since) > lease * STALL_LEASES => {
+            Some(since) if self.resent && now.duration_since(since) > lease * STALL_LEASES => {
                 let until = now + lease * REFUSAL_LEASES;
                 self.refusing_until = Some(until);
                 Err(self.stalled(now, until))
             }
             _ => Ok(()),
+        }
+    }
+
+    /// Records that this voter acknowledged `vote`'s log up to `index` (it appended the entries
+    /// of an AppendEntries, or matched its heartbeat).
+    pub fn acknowledge(&mut self, vote: &Vote, index: Option<u64>) {
+        if self.leader.as_ref() == Some(vote) && index > self.acknowledged {
+            self.acknowledged = index;
         }
     }
 
@@ -146,26 +176,32 @@ impl Progress {
 
 /// [`Progress`] shared by a node's Raft connections.
 #[derive(Clone, Default)]
-pub struct Watch(Arc<Mutex<Progress>>);
+pub struct LeaderWatch(Arc<Mutex<Progress>>);
 
-impl Watch {
+impl LeaderWatch {
     fn progress(&self) -> MutexGuard<'_, Progress> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// [`Progress::judge`] now; a refusal that starts is logged.
+    /// [`Progress::judge`] now; the start of a refusal, and its end by a commit, are logged.
     pub fn judge(&self, report: &Report, lease: Duration) -> Result<(), Stalled> {
+        let now = Instant::now();
         let mut progress = self.progress();
-        let was_refusing = progress.refusing_until.is_some();
-        let verdict = progress.judge(report, lease, Instant::now());
+        let was_refusing = progress.refuses(&report.vote, now);
+        let verdict = progress.judge(report, lease, now);
         match &verdict {
             Err(stalled) if !was_refusing => tracing::warn!(%stalled, "leader stalled"),
             Ok(()) if was_refusing => {
-                tracing::info!("leader commits again; its messages are taken")
+                tracing::info!("the stalled leader commits again; its messages are taken");
             }
             _ => {}
         }
         verdict
+    }
+
+    /// [`Progress::acknowledge`].
+    pub fn acknowledge(&self, vote: &Vote, index: Option<u64>) {
+        self.progress().acknowledge(vote, index);
     }
 
     /// [`Progress::refuses`] now.
@@ -181,15 +217,28 @@ mod tests {
     use super::*;
 
     const LEASE: Duration = Duration::from_millis(100);
+    const LIMIT: Duration = Duration::from_millis(100 * STALL_LEASES as u64);
 
     fn vote(term: u64, leader: NodeId) -> Vote {
         Vote::new_committed(term, leader)
     }
 
-    fn report(vote: Vote, sent: u64, committed: u64) -> Report {
+    /// Entries `first..=last` with the commit index at `committed`.
+    fn entries(vote: Vote, first: u64, last: u64, committed: u64) -> Report {
         Report {
             vote,
-            sent: Some(sent),
+            first: Some(first),
+            sent: Some(last),
+            committed: Some(committed),
+        }
+    }
+
+    /// A heartbeat after entry `matched`.
+    fn heartbeat(vote: Vote, matched: u64, committed: u64) -> Report {
+        Report {
+            vote,
+            first: None,
+            sent: Some(matched),
             committed: Some(committed),
         }
     }
@@ -198,15 +247,28 @@ mod tests {
         Duration::from_millis(n)
     }
 
+    /// Entries 10..=12 arrive at `start` and are acknowledged, and the leader commits nothing.
+    fn waiting(leader: Vote, start: Instant) -> Progress {
+        let mut progress = Progress::default();
+        assert!(progress
+            .judge(&entries(leader, 10, 12, 9), LEASE, start)
+            .is_ok());
+        progress.acknowledge(&leader, Some(12));
+        progress
+    }
+
     #[test]
     fn a_leader_that_commits_what_it_sends_is_never_refused() {
         let mut progress = Progress::default();
         let start = Instant::now();
         let leader = vote(2, 1);
         // Every entry is committed by the next message, for far longer than the stall limit.
-        for i in 0..100u64 {
+        for i in 1..100u64 {
             let at = start + ms(i * 20);
-            assert!(progress.judge(&report(leader, i + 1, i), LEASE, at).is_ok());
+            assert!(progress
+                .judge(&entries(leader, i, i, i - 1), LEASE, at)
+                .is_ok());
+            progress.acknowledge(&leader, Some(i));
         }
     }
 
@@ -215,89 +277,132 @@ mod tests {
         let mut progress = Progress::default();
         let start = Instant::now();
         let leader = vote(2, 1);
-        // Always entries beyond the commit index, but the commit index moves every 1.5 leases.
+        // Always entries beyond the commit index, sent again and again, but the commit index
+        // moves every 1.5 leases.
         for i in 0..40u64 {
             let at = start + ms(i * 50);
             let committed = (i / 3) * 10;
-            assert!(progress
-                .judge(&report(leader, committed + 10, committed), LEASE, at)
-                .is_ok());
+            let report = entries(leader, committed + 1, committed + 10, committed);
+            assert!(progress.judge(&report, LEASE, at).is_ok());
+            progress.acknowledge(&leader, Some(committed + 10));
         }
     }
 
     #[test]
-    fn a_leader_holding_entries_uncommitted_past_the_limit_is_refused_for_the_refusal_time() {
-        let mut progress = Progress::default();
+    fn a_leader_that_gets_the_answers_but_commits_nothing_is_waited_for() {
+        // Its own disk is slow, say: it sends each entry once, and heartbeats.
         let start = Instant::now();
         let leader = vote(3, 2);
-        assert!(progress.judge(&report(leader, 10, 9), LEASE, start).is_ok());
-        // Heartbeats from an older point (the leader's view of this follower never moved) do
-        // not reset the clock: only a commit does.
-        let limit = LEASE * STALL_LEASES;
+        let mut progress = waiting(leader, start);
         assert!(progress
-            .judge(&report(leader, 9, 9), LEASE, start + limit)
+            .judge(&entries(leader, 13, 14, 9), LEASE, start + ms(50))
+            .is_ok());
+        progress.acknowledge(&leader, Some(14));
+        for i in 2..40u64 {
+            let at = start + ms(i * 50);
+            assert!(progress.judge(&heartbeat(leader, 14, 9), LEASE, at).is_ok());
+        }
+    }
+
+    #[test]
+    fn a_leader_resending_entries_uncommitted_past_the_limit_is_refused_for_the_refusal_time() {
+        let start = Instant::now();
+        let leader = vote(3, 2);
+        let mut progress = waiting(leader, start);
+        // The answers did not reach it: it sends the same entries again. Heartbeats from its
+        // older view of this follower do not reset the clock either: only a commit does.
+        assert!(progress
+            .judge(&entries(leader, 10, 12, 9), LEASE, start + ms(100))
+            .is_ok());
+        assert!(progress
+            .judge(&heartbeat(leader, 9, 9), LEASE, start + LIMIT)
             .is_ok());
         let stalled = progress
-            .judge(&report(leader, 10, 9), LEASE, start + limit + ms(1))
+            .judge(&heartbeat(leader, 9, 9), LEASE, start + LIMIT + ms(1))
             .unwrap_err();
         assert_eq!((stalled.leader, stalled.term), (2, 3));
-        assert_eq!(stalled.stalled_for, limit + ms(1));
+        assert_eq!(stalled.stalled_for, LIMIT + ms(1));
         assert_eq!(stalled.refusing_for, LEASE * REFUSAL_LEASES);
-        let refusing_from = start + limit + ms(1);
+        let refusing_from = start + LIMIT + ms(1);
         assert!(progress.refuses(&leader, refusing_from + ms(1)));
         assert!(!progress.refuses(&vote(4, 3), refusing_from + ms(1)));
-        // Heartbeats are refused through the refusal...
+        // Its messages are refused through the refusal...
         let last = refusing_from + LEASE * REFUSAL_LEASES - ms(1);
-        assert!(progress.judge(&report(leader, 9, 9), LEASE, last).is_err());
+        assert!(progress
+            .judge(&entries(leader, 10, 12, 9), LEASE, last)
+            .is_err());
         // ...and after it the leader is judged afresh: taken, until it stalls a limit again.
         let after = refusing_from + LEASE * REFUSAL_LEASES;
         assert!(!progress.refuses(&leader, after));
-        assert!(progress.judge(&report(leader, 10, 9), LEASE, after).is_ok());
         assert!(progress
-            .judge(&report(leader, 10, 9), LEASE, after + limit)
+            .judge(&entries(leader, 10, 12, 9), LEASE, after)
             .is_ok());
         assert!(progress
-            .judge(&report(leader, 10, 9), LEASE, after + limit + ms(1))
+            .judge(&entries(leader, 10, 12, 9), LEASE, after + LIMIT)
+            .is_ok());
+        assert!(progress
+            .judge(&heartbeat(leader, 9, 9), LEASE, after + LIMIT + ms(1))
             .is_err());
+    }
+
+    #[test]
+    fn a_resend_counts_only_while_entries_wait() {
+        let start = Instant::now();
+        let leader = vote(3, 2);
+        let mut progress = Progress::default();
+        // A resend of committed entries (an answer lost once), then the commit index moves.
+        assert!(progress
+            .judge(&entries(leader, 1, 5, 5), LEASE, start)
+            .is_ok());
+        progress.acknowledge(&leader, Some(5));
+        assert!(progress
+            .judge(&entries(leader, 1, 5, 5), LEASE, start)
+            .is_ok());
+        assert!(progress
+            .judge(&entries(leader, 6, 8, 6), LEASE, start)
+            .is_ok());
+        progress.acknowledge(&leader, Some(8));
+        // Entries wait past the limit, but nothing was sent again meanwhile.
+        assert!(progress
+            .judge(&heartbeat(leader, 8, 6), LEASE, start + LIMIT + ms(1))
+            .is_ok());
     }
 
     #[test]
     fn a_commit_lifts_a_refusal_at_once() {
-        let mut progress = Progress::default();
         let start = Instant::now();
         let leader = vote(3, 2);
-        let limit = LEASE * STALL_LEASES;
-        assert!(progress.judge(&report(leader, 10, 9), LEASE, start).is_ok());
+        let mut progress = waiting(leader, start);
         assert!(progress
-            .judge(&report(leader, 10, 9), LEASE, start + limit + ms(1))
+            .judge(&entries(leader, 10, 12, 9), LEASE, start + LIMIT + ms(1))
             .is_err());
         // The leader committed (with the other follower, say): taken again.
         assert!(progress
-            .judge(&report(leader, 10, 10), LEASE, start + limit + ms(2))
+            .judge(&heartbeat(leader, 9, 10), LEASE, start + LIMIT + ms(2))
             .is_ok());
-        assert!(!progress.refuses(&leader, start + limit + ms(3)));
+        assert!(!progress.refuses(&leader, start + LIMIT + ms(3)));
     }
 
     #[test]
     fn a_new_leader_starts_with_a_clean_slate() {
-        let mut progress = Progress::default();
         let start = Instant::now();
         let old = vote(3, 2);
-        let limit = LEASE * STALL_LEASES;
-        assert!(progress.judge(&report(old, 10, 9), LEASE, start).is_ok());
+        let mut progress = waiting(old, start);
         assert!(progress
-            .judge(&report(old, 10, 9), LEASE, start + limit + ms(1))
+            .judge(&entries(old, 10, 12, 9), LEASE, start + LIMIT + ms(1))
             .is_err());
         // Its successor reports a lower commit index than the old leader's highest (it has not
-        // committed its first entry yet): not a stall, a fresh start.
+        // committed its first entry yet), and acknowledgements to the old leader do not count.
         let new = vote(4, 1);
-        let at = start + limit + ms(2);
-        assert!(progress.judge(&report(new, 8, 7), LEASE, at).is_ok());
+        let at = start + LIMIT + ms(2);
+        assert!(progress.judge(&entries(new, 8, 8, 7), LEASE, at).is_ok());
+        assert!(progress.judge(&entries(new, 8, 8, 7), LEASE, at).is_ok());
         assert!(progress
-            .judge(&report(new, 10, 7), LEASE, at + limit)
+            .judge(&entries(new, 8, 8, 7), LEASE, at + LIMIT + ms(1))
             .is_ok());
+        progress.acknowledge(&new, Some(8));
         assert!(progress
-            .judge(&report(new, 10, 7), LEASE, at + limit + ms(1))
+            .judge(&entries(new, 8, 8, 7), LEASE, at + LIMIT + ms(2))
             .is_err());
     }
 
@@ -306,12 +411,15 @@ mod tests {
         let mut progress = Progress::default();
         let start = Instant::now();
         let leader = vote(2, 1);
-        // Catching up on committed entries for a long time, the commit index not moving.
-        for i in 0..40u64 {
+        // Catching up on committed entries for a long time, some sent twice, the commit index
+        // not moving.
+        for i in 1..40u64 {
             let at = start + ms(i * 50);
+            let first = i.saturating_sub(1).max(1);
             assert!(progress
-                .judge(&report(leader, i.min(50), 50), LEASE, at)
+                .judge(&entries(leader, first, i, 50), LEASE, at)
                 .is_ok());
+            progress.acknowledge(&leader, Some(i));
         }
     }
 
@@ -322,6 +430,7 @@ mod tests {
         let leader = vote(1, 1);
         let empty = Report {
             vote: leader,
+            first: None,
             sent: None,
             committed: None,
         };
