@@ -444,9 +444,9 @@ impl Nemesis {
     /// - **one follower's links 60–300 ms each way**: its AppendEntries time out, although they
     ///   arrive; the leader commits with the other follower, and the slow one catches up after.
     /// - **the leader's links 60–300 ms each way**: nothing it sends is answered in time, so it
-    ///   commits nothing; its followers still hear from it, late and, once replication backs off,
-    ///   only every ~0.5 s, so they may or may not elect a new leader between themselves. Either
-    ///   way the cluster must serve again once the links are fast.
+    ///   commits nothing, although its followers still hear from it; they judge it stalled after
+    ///   two leases (`node/src/stalled_leader.rs`) and elect one of themselves, usually before
+    ///   the links are fast again. Either way the cluster must serve again once they are.
     async fn slow_links(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
         let LinkRound {
             leader,
