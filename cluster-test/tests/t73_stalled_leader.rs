@@ -20,9 +20,9 @@ const SLOW: Duration = Duration::from_millis(200);
 
 /// A leader whose followers see it stall is replaced in their first round of refusals, within
 /// this: at the tests' timings (600 ms leases, 300–600 ms election timeouts) the stall is judged
-/// after 1.2 s and an election follows a lease and a timeout later; had the first round failed,
-/// the second would start after the 2.4 s refusal and a new 1.2 s limit, and elect no sooner
-/// than 5.7 s.
+/// after 1.2 s and an election follows within a lease and a timeout (2–4.3 s in all). Had the
+/// first round failed, the second would start after the 2.4 s refusal and a new 1.2 s limit, and
+/// elect no sooner than about 5 s.
 const ONE_ROUND: Duration = Duration::from_secs(5);
 
 /// What a node logs when it starts refusing a stalled leader's messages.

@@ -17,6 +17,7 @@ use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::node::is_voter;
@@ -50,6 +51,8 @@ pub struct Local {
     pub timing: pre_vote::Timing,
     /// The leader's progress, by which a stalled leader's messages are refused.
     pub progress: stalled_leader::LeaderWatch,
+    /// How long a leader waits for an answer to an AppendEntries (`raft.heartbeat`).
+    pub answer_deadline: Duration,
 }
 
 /// Accepts connections on `listener` until `closed` turns true: Raft connections are answered by
@@ -226,14 +229,16 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
             if from_leader {
                 local.contact.heard_from_leader();
             }
+            let arrived = Instant::now();
             let result = raft.append_entries(request).await;
-            let acknowledged = match &result {
-                Ok(AppendEntriesResponse::Success) => report.sent,
-                Ok(AppendEntriesResponse::PartialSuccess(matching)) => matching.map(|id| id.index),
-                _ => None,
-            };
-            if judged && acknowledged.is_some() {
-                local.progress.acknowledge(&report.vote, acknowledged);
+            // A follower in openraft 0.9 answers `Success` or nothing it matched.
+            if judged && matches!(result, Ok(AppendEntriesResponse::Success)) {
+                local.progress.acknowledge(
+                    &report.vote,
+                    report.sent,
+                    arrived.elapsed(),
+                    local.answer_deadline,
+                );
             }
             // Every answer but a higher vote means the sender leads this node's term.
             if matches!(
@@ -264,9 +269,7 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
                 codec::decode(&body).map_err(undecodable)?;
             let vote = request.vote;
             if local.progress.refuses(&vote) {
-                return Ok(raft_wire::failed(
-                    "its leader has stalled; refused meanwhile",
-                ));
+                return Err("its leader has stalled; refused meanwhile".to_string());
             }
             let result = raft.install_snapshot(request).await;
             if result.as_ref().is_ok_and(|response| response.vote == vote) {

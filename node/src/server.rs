@@ -235,6 +235,7 @@ pub async fn serve_secured(
         contact: contact.clone(),
         timing: config.raft.election_timing(),
         progress: stalled_leader::LeaderWatch::default(),
+        answer_deadline: config.raft.heartbeat,
     };
     let port = raft_server::split(
         listener,

@@ -16,9 +16,10 @@
 //!
 //! - for [`STALL_LEASES`] leases it has held entries beyond its commit index without committing
 //!   anything (a working leader commits them within a round trip);
-//! - meanwhile it sent again entries this voter had already acknowledged: this voter's answers
-//!   do not reach it. A leader whose own disk or process is slow gets its followers' answers and
-//!   sends each entry once, so it is waited for, as check-quorum would.
+//! - meanwhile it sent again entries this voter had acknowledged within half the leader's
+//!   deadline for an answer ([`PROMPT`]): the answer was prompt, so the link (or the leader)
+//!   made it too late. A voter slow to write its entries is slow itself: its resent entries say
+//!   nothing of the leader, and do not count.
 //!
 //! A stalled leader's AppendEntries and snapshots are refused for [`REFUSAL_LEASES`] leases. This
 //! voter's lease and openraft's run out, its election timer fires, and it holds a pre-vote: the
@@ -48,6 +49,10 @@ pub const STALL_LEASES: u32 = 2;
 /// which start when their own view of the stall does (their copies of the entries may arrive
 /// later), to overlap with this one.
 pub const REFUSAL_LEASES: u32 = 4;
+
+/// An acknowledgement counts when this voter answered within this part of the leader's deadline
+/// for an answer: the rest is left for the round trip.
+pub const PROMPT: f64 = 0.5;
 
 /// The leader a voter follows, as an AppendEntries names it.
 pub type Vote = openraft::Vote<NodeId>;
@@ -93,11 +98,12 @@ pub struct Progress {
     leader: Option<Vote>,
     /// The highest commit index it reported.
     committed: Option<u64>,
-    /// The highest index this voter acknowledged to it.
+    /// The highest index this voter acknowledged to it promptly.
     acknowledged: Option<u64>,
     /// Since when it has held entries beyond `committed` (without committing since).
     waiting_since: Option<Instant>,
-    /// Whether, since `waiting_since`, it sent again entries this voter had acknowledged.
+    /// Whether, since `waiting_since`, it sent again entries this voter had acknowledged
+    /// promptly.
     resent: bool,
     /// Its messages are refused until then.
     refusing_until: Option<Instant>,
@@ -148,9 +154,17 @@ impl Progress {
     }
 
     /// Records that this voter acknowledged `vote`'s log up to `index` (it appended the entries
-    /// of an AppendEntries, or matched its heartbeat).
-    pub fn acknowledge(&mut self, vote: &Vote, index: Option<u64>) {
-        if self.leader.as_ref() == Some(vote) && index > self.acknowledged {
+    /// of an AppendEntries, or matched its heartbeat) in `took`, where the leader waits
+    /// `deadline` for the answer; only a prompt answer ([`PROMPT`]) counts.
+    pub fn acknowledge(
+        &mut self,
+        vote: &Vote,
+        index: Option<u64>,
+        took: Duration,
+        deadline: Duration,
+    ) {
+        let prompt = took <= deadline.mul_f64(PROMPT);
+        if prompt && self.leader.as_ref() == Some(vote) && index > self.acknowledged {
             self.acknowledged = index;
         }
     }
@@ -200,8 +214,8 @@ impl LeaderWatch {
     }
 
     /// [`Progress::acknowledge`].
-    pub fn acknowledge(&self, vote: &Vote, index: Option<u64>) {
-        self.progress().acknowledge(vote, index);
+    pub fn acknowledge(&self, vote: &Vote, index: Option<u64>, took: Duration, deadline: Duration) {
+        self.progress().acknowledge(vote, index, took, deadline);
     }
 
     /// [`Progress::refuses`] now.
@@ -218,6 +232,10 @@ mod tests {
 
     const LEASE: Duration = Duration::from_millis(100);
     const LIMIT: Duration = Duration::from_millis(100 * STALL_LEASES as u64);
+    /// The leader's deadline for an answer.
+    const DEADLINE: Duration = Duration::from_millis(50);
+    /// A prompt answer.
+    const QUICK: Duration = Duration::from_millis(5);
 
     fn vote(term: u64, leader: NodeId) -> Vote {
         Vote::new_committed(term, leader)
@@ -253,7 +271,7 @@ mod tests {
         assert!(progress
             .judge(&entries(leader, 10, 12, 9), LEASE, start)
             .is_ok());
-        progress.acknowledge(&leader, Some(12));
+        progress.acknowledge(&leader, Some(12), QUICK, DEADLINE);
         progress
     }
 
@@ -268,7 +286,7 @@ mod tests {
             assert!(progress
                 .judge(&entries(leader, i, i, i - 1), LEASE, at)
                 .is_ok());
-            progress.acknowledge(&leader, Some(i));
+            progress.acknowledge(&leader, Some(i), QUICK, DEADLINE);
         }
     }
 
@@ -284,7 +302,7 @@ mod tests {
             let committed = (i / 3) * 10;
             let report = entries(leader, committed + 1, committed + 10, committed);
             assert!(progress.judge(&report, LEASE, at).is_ok());
-            progress.acknowledge(&leader, Some(committed + 10));
+            progress.acknowledge(&leader, Some(committed + 10), QUICK, DEADLINE);
         }
     }
 
@@ -297,7 +315,7 @@ mod tests {
         assert!(progress
             .judge(&entries(leader, 13, 14, 9), LEASE, start + ms(50))
             .is_ok());
-        progress.acknowledge(&leader, Some(14));
+        progress.acknowledge(&leader, Some(14), QUICK, DEADLINE);
         for i in 2..40u64 {
             let at = start + ms(i * 50);
             assert!(progress.judge(&heartbeat(leader, 14, 9), LEASE, at).is_ok());
@@ -350,21 +368,21 @@ mod tests {
         let start = Instant::now();
         let leader = vote(3, 2);
         let mut progress = Progress::default();
-        // A resend of committed entries (an answer lost once), then the commit index moves.
+        // A resend of committed entries (an answer lost once), then new entries.
         assert!(progress
             .judge(&entries(leader, 1, 5, 5), LEASE, start)
             .is_ok());
-        progress.acknowledge(&leader, Some(5));
+        progress.acknowledge(&leader, Some(5), QUICK, DEADLINE);
         assert!(progress
             .judge(&entries(leader, 1, 5, 5), LEASE, start)
             .is_ok());
         assert!(progress
-            .judge(&entries(leader, 6, 8, 6), LEASE, start)
+            .judge(&entries(leader, 6, 8, 5), LEASE, start)
             .is_ok());
-        progress.acknowledge(&leader, Some(8));
+        progress.acknowledge(&leader, Some(8), QUICK, DEADLINE);
         // Entries wait past the limit, but nothing was sent again meanwhile.
         assert!(progress
-            .judge(&heartbeat(leader, 8, 6), LEASE, start + LIMIT + ms(1))
+            .judge(&heartbeat(leader, 8, 5), LEASE, start + LIMIT + ms(1))
             .is_ok());
     }
 
@@ -400,7 +418,7 @@ mod tests {
         assert!(progress
             .judge(&entries(new, 8, 8, 7), LEASE, at + LIMIT + ms(1))
             .is_ok());
-        progress.acknowledge(&new, Some(8));
+        progress.acknowledge(&new, Some(8), QUICK, DEADLINE);
         assert!(progress
             .judge(&entries(new, 8, 8, 7), LEASE, at + LIMIT + ms(2))
             .is_err());
@@ -419,7 +437,7 @@ mod tests {
             assert!(progress
                 .judge(&entries(leader, first, i, 50), LEASE, at)
                 .is_ok());
-            progress.acknowledge(&leader, Some(i));
+            progress.acknowledge(&leader, Some(i), QUICK, DEADLINE);
         }
     }
 
@@ -436,5 +454,31 @@ mod tests {
         };
         assert!(progress.judge(&empty, LEASE, start).is_ok());
         assert!(progress.judge(&empty, LEASE, start + LEASE * 10).is_ok());
+    }
+
+    #[test]
+    fn only_prompt_acknowledgements_to_the_leader_watched_count() {
+        let start = Instant::now();
+        let leader = vote(3, 2);
+        let mut progress = Progress::default();
+        assert!(progress
+            .judge(&entries(leader, 10, 12, 9), LEASE, start)
+            .is_ok());
+        // This voter was slow to write them (over half the deadline): the resend is its own
+        // doing. An acknowledgement to another leader does not count either.
+        progress.acknowledge(&leader, Some(12), DEADLINE / 2 + ms(1), DEADLINE);
+        progress.acknowledge(&vote(2, 1), Some(12), QUICK, DEADLINE);
+        assert!(progress
+            .judge(&entries(leader, 10, 12, 9), LEASE, start + ms(100))
+            .is_ok());
+        assert!(progress
+            .judge(&heartbeat(leader, 9, 9), LEASE, start + LIMIT + ms(1))
+            .is_ok());
+        // A prompt one does; a lower one later does not replace it.
+        progress.acknowledge(&leader, Some(12), DEADLINE / 2, DEADLINE);
+        progress.acknowledge(&leader, Some(11), QUICK, DEADLINE);
+        assert!(progress
+            .judge(&entries(leader, 12, 12, 9), LEASE, start + LIMIT + ms(2))
+            .is_err());
     }
 }
