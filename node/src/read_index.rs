@@ -6,6 +6,14 @@
 //! That is still linearizable: a round that starts after a read arrived confirms a read index at
 //! least as new as any write acknowledged before the read began, and waits until that index is
 //! applied.
+//!
+//! A round that finds no quorum also appends an empty entry (one at a time): a leader whose links
+//! are too slow for any answer to come back in time, serving reads only, has nothing to commit,
+//! and its followers judge a leader stalled only by entries it fails to commit
+//! ([`crate::stalled_leader`]). The empty entry gives them one; it changes no state.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use baton_rpc::error::{infra, infra_status};
 use openraft::error::{CheckIsLeaderError, RaftError};
@@ -13,7 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 use tonic::{Code, Status};
 
 use crate::node::not_leader;
-use crate::types::Raft;
+use crate::types::{Batch, Raft};
 
 /// The queue of reads waiting for the next confirmation round; clones share it.
 #[derive(Clone)]
@@ -52,6 +60,7 @@ async fn round_loop(
     raft: Raft,
     mut waiting: mpsc::UnboundedReceiver<oneshot::Sender<Result<(), Status>>>,
 ) {
+    let nudging = Arc::new(AtomicBool::new(false));
     while let Some(first) = waiting.recv().await {
         let mut round = vec![first];
         while let Ok(next) = waiting.try_recv() {
@@ -66,6 +75,7 @@ async fn round_loop(
                     not_leader(forward)
                 }
                 RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e)) => {
+                    nudge(&raft, &nudging);
                     infra_status(Code::Unavailable, infra::NO_LEADER, e.to_string())
                 }
                 RaftError::Fatal(fatal) => {
@@ -76,4 +86,18 @@ async fn round_loop(
             let _ = done.send(result.clone());
         }
     }
+}
+
+/// Appends an empty entry unless one is still waiting (`nudging`): it resolves once committed,
+/// or once this node no longer leads.
+fn nudge(raft: &Raft, nudging: &Arc<AtomicBool>) {
+    if nudging.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let (raft, nudging) = (raft.clone(), nudging.clone());
+    tokio::spawn(async move {
+        tracing::debug!("no quorum answered a read-index round; appending an empty entry");
+        let _ = raft.client_write(Batch(Vec::new())).await;
+        nudging.store(false, Ordering::Release);
+    });
 }

@@ -28,9 +28,9 @@
 //!
 //! Refusing messages is losing them, which Raft tolerates at any time: safety is unchanged. A
 //! leader that commits again (its links were slow for a moment) is taken again at its next
-//! message. A leader with nothing to commit is not judged: a slow leader of an idle cluster
-//! answers no reads (read-index needs a quorum's heartbeat answers), and is replaced only once it
-//! has a write to commit (a client's, or its sweeper's within a minute).
+//! message. A leader with nothing to commit is not judged, so a slow leader serving only reads
+//! (each failing: read-index needs a quorum's answers in time) appends an empty entry when a
+//! read-index round finds no quorum ([`crate::read_index`]).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
