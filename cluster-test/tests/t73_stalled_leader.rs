@@ -210,6 +210,10 @@ async fn t73_a_leader_with_slow_links_serving_only_reads_is_replaced_too() {
     reader.await.unwrap();
     let new = new.unwrap();
     let took = slowed_at.elapsed();
+    assert!(
+        took < ONE_ROUND,
+        "node {new} took over after {took:?}, not within one refusal"
+    );
     let read_again = wait::until("a read answered", Duration::from_secs(15), || {
         let client = &client;
         async move { client.ticket("read-me").await.map_err(|e| e.to_string()) }

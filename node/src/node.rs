@@ -11,7 +11,7 @@ use openraft::BasicNode;
 use tonic::{Code, Status};
 
 use crate::proposer::Proposer;
-use crate::read_index::ReadIndex;
+use crate::read_index::{Nudge, ReadIndex};
 use crate::stamp;
 use crate::store::{Applied, StateMachineStore};
 use crate::types::{Batch, NodeId, Raft};
@@ -40,12 +40,18 @@ pub type NodeRef = Arc<Node>;
 impl Node {
     /// A node over a started Raft instance and its state machine (starts its proposer task, so
     /// call it inside the runtime).
-    pub fn new(id: NodeId, addr: String, raft: Raft, state_machine: StateMachineStore) -> Self {
+    pub fn new(
+        id: NodeId,
+        addr: String,
+        raft: Raft,
+        state_machine: StateMachineStore,
+        nudge: Nudge,
+    ) -> Self {
         Self {
             id,
             addr,
             proposer: Proposer::start(raft.clone(), id),
-            read_index: ReadIndex::start(raft.clone()),
+            read_index: ReadIndex::start(raft.clone(), nudge),
             raft,
             state_machine,
             read_barrier_term: AtomicU64::new(0),

@@ -7,19 +7,22 @@
 //! least as new as any write acknowledged before the read began, and waits until that index is
 //! applied.
 //!
-//! A round that finds no quorum also appends an empty entry (one at a time): a leader whose links
+//! A round that finds no quorum may also append an empty entry ([`Nudge`]): a leader whose links
 //! are too slow for any answer to come back in time, serving reads only, has nothing to commit,
 //! and its followers judge a leader stalled only by entries it fails to commit
-//! ([`crate::stalled_leader`]). The empty entry gives them one; it changes no state.
+//! ([`crate::stalled_leader`]). The empty entry gives them one; it changes no state (it takes a
+//! revision, like every entry).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::time::Duration;
 
 use baton_rpc::error::{infra, infra_status};
 use openraft::error::{CheckIsLeaderError, RaftError};
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tonic::{Code, Status};
 
+use crate::admission::Admission;
 use crate::node::not_leader;
 use crate::types::{Batch, Raft};
 
@@ -30,10 +33,10 @@ pub struct ReadIndex {
 }
 
 impl ReadIndex {
-    /// Starts the task that runs confirmation rounds for `raft`.
-    pub fn start(raft: Raft) -> Self {
+    /// Starts the task that runs confirmation rounds for `raft`, nudging it by `nudge`.
+    pub fn start(raft: Raft, nudge: Nudge) -> Self {
         let (queue, waiting) = mpsc::unbounded_channel();
-        tokio::spawn(round_loop(raft, waiting));
+        tokio::spawn(round_loop(raft, nudge, waiting));
         Self { queue }
     }
 
@@ -58,9 +61,9 @@ fn stopped() -> Status {
 
 async fn round_loop(
     raft: Raft,
+    mut nudge: Nudge,
     mut waiting: mpsc::UnboundedReceiver<oneshot::Sender<Result<(), Status>>>,
 ) {
-    let nudging = Arc::new(AtomicBool::new(false));
     while let Some(first) = waiting.recv().await {
         let mut round = vec![first];
         while let Ok(next) = waiting.try_recv() {
@@ -75,7 +78,7 @@ async fn round_loop(
                     not_leader(forward)
                 }
                 RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e)) => {
-                    nudge(&raft, &nudging);
+                    nudge.after_no_quorum(&raft);
                     infra_status(Code::Unavailable, infra::NO_LEADER, e.to_string())
                 }
                 RaftError::Fatal(fatal) => {
@@ -88,16 +91,48 @@ async fn round_loop(
     }
 }
 
-/// Appends an empty entry unless one is still waiting (`nudging`): it resolves once committed,
-/// or once this node no longer leads.
-fn nudge(raft: &Raft, nudging: &Arc<AtomicBool>) {
-    if nudging.swap(true, Ordering::AcqRel) {
-        return;
+/// When a round that found no quorum appends an empty entry: not while the node hands over or
+/// shuts down (its admission is closed: it must propose nothing), not while an earlier one is
+/// still pending or was appended less than `spacing` ago, and not while entries wait to be
+/// applied (the followers can judge the leader by those). At most one entry per `spacing`, then,
+/// even when reads keep failing while writes commit (one follower down, the other slow).
+pub struct Nudge {
+    admission: Admission,
+    spacing: Duration,
+    last: Option<Instant>,
+    pending: Option<JoinHandle<()>>,
+}
+
+impl Nudge {
+    /// Nudges at most once per `spacing` (the leader lease), while `admission` is open.
+    pub fn new(admission: Admission, spacing: Duration) -> Self {
+        Self {
+            admission,
+            spacing,
+            last: None,
+            pending: None,
+        }
     }
-    let (raft, nudging) = (raft.clone(), nudging.clone());
-    tokio::spawn(async move {
-        tracing::debug!("no quorum answered a read-index round; appending an empty entry");
-        let _ = raft.client_write(Batch(Vec::new())).await;
-        nudging.store(false, Ordering::Release);
-    });
+
+    fn after_no_quorum(&mut self, raft: &Raft) {
+        let waiting = {
+            let metrics = raft.metrics();
+            let metrics = metrics.borrow();
+            Some(metrics.last_log_index.unwrap_or(0)) > metrics.last_applied.map(|id| id.index)
+        };
+        if waiting
+            || self.admission.is_closed()
+            || self.pending.as_ref().is_some_and(|p| !p.is_finished())
+            || self.last.is_some_and(|last| last.elapsed() < self.spacing)
+        {
+            return;
+        }
+        self.last = Some(Instant::now());
+        let raft = raft.clone();
+        // Resolves once applied, or once a newer leader's log replaces the entry (or Raft stops).
+        self.pending = Some(tokio::spawn(async move {
+            tracing::debug!("no quorum answered a read-index round; appending an empty entry");
+            let _ = raft.client_write(Batch(Vec::new())).await;
+        }));
+    }
 }

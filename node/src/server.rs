@@ -31,6 +31,7 @@ use crate::metrics::{metrics, StoreStats};
 use crate::network::Network;
 use crate::node::{Node, NodeRef};
 use crate::pre_vote::{self, Contact};
+use crate::read_index::Nudge;
 use crate::readiness::Readiness;
 use crate::security::Security;
 use crate::service::{
@@ -146,6 +147,7 @@ pub async fn serve_secured(
         config.advertise.clone(),
         raft.clone(),
         state_machine,
+        Nudge::new(admission.clone(), config.raft.election_timing().lease),
     ));
     tracing::info!(id = config.id, addr = %config.advertise, data_dir = %config.data_dir.display(), "node started");
 
