@@ -118,7 +118,7 @@ impl Nudge {
         let waiting = {
             let metrics = raft.metrics();
             let metrics = metrics.borrow();
-            Some(metrics.last_log_index.unwrap_or(0)) > metrics.last_applied.map(|id| id.index)
+            metrics.last_log_index > metrics.last_applied.map(|id| id.index)
         };
         if waiting
             || self.admission.is_closed()
