@@ -302,17 +302,7 @@ impl Cluster {
     /// Waits up to `limit` until one of `ids` says it leads at a term above `term`; returns its
     /// id.
     pub async fn new_leader(&self, ids: &[u64], term: u64, limit: Duration) -> anyhow::Result<u64> {
-        crate::wait::until("a new leader", limit, || async move {
-            for id in ids {
-                if let Ok(info) = self.node_info(*id).await {
-                    if info.role == "leader" && info.term > term {
-                        return Ok(*id);
-                    }
-                }
-            }
-            Err(format!("none of {ids:?} leads above term {term}"))
-        })
-        .await
+        crate::robustness::target::Target::new_leader(self, ids, term, limit).await
     }
 
     /// Kills node `id` with SIGKILL (no graceful shutdown) and reaps it.

@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use baton_rpc::convert::{handle_from_proto, ticket_from_proto};
 use baton_rpc::error::{detail_of, refusal_of};
 use baton_rpc::proto::handoff_client::HandoffClient;
@@ -599,7 +599,7 @@ impl Nemesis {
             .into_iter()
             .filter(|id| *id != old)
             .collect();
-        let new = new_leader(cluster, &others, term).await?;
+        let new = cluster.new_leader(&others, term, ELECTION_LIMIT).await?;
         self.note(format!("node {new} leads the other side"));
         let key = format!("probe-{}", self.probe_keys.len() / 2);
         let written = format!("{key}-via-old-leader");
@@ -706,24 +706,6 @@ async fn current_leader(cluster: &Cluster, ids: &BTreeSet<u64>) -> Option<u64> {
         }
     }
     None
-}
-
-/// Waits until one of `ids` leads at a term above `term`.
-async fn new_leader<T: Target>(cluster: &T, ids: &[u64], term: u64) -> anyhow::Result<u64> {
-    let started = Instant::now();
-    loop {
-        for id in ids {
-            if let Ok(info) = cluster.node_info(*id).await {
-                if info.role == "leader" && info.term > term {
-                    return Ok(*id);
-                }
-            }
-        }
-        if started.elapsed() > ELECTION_LIMIT {
-            bail!("none of {ids:?} became leader above term {term} within {ELECTION_LIMIT:?}");
-        }
-        tokio::time::sleep(crate::wait::POLL).await;
-    }
 }
 
 /// One request sent straight to an old leader.

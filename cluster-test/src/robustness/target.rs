@@ -53,6 +53,22 @@ pub trait Target {
         process_fault_words(fault)
     }
 
+    /// Waits up to `limit` until one of `ids` says it leads at a term above `term`; returns its
+    /// id.
+    async fn new_leader(&self, ids: &[u64], term: u64, limit: Duration) -> anyhow::Result<u64> {
+        wait::until("a new leader", limit, || async move {
+            for id in ids {
+                if let Ok(info) = self.node_info(*id).await {
+                    if info.role == "leader" && info.term > term {
+                        return Ok(*id);
+                    }
+                }
+            }
+            Err(format!("none of {ids:?} leads above term {term}"))
+        })
+        .await
+    }
+
     /// Waits until the running nodes agree on one leader: it says it leads, and every other
     /// running node names it at the same term. Returns its id.
     async fn leader(&self) -> anyhow::Result<u64> {
