@@ -67,6 +67,66 @@ async fn leader_transfer_moves_leadership_to_the_chosen_voter() {
     client.save_if_newer("after", 1, b"new").await.unwrap();
 }
 
+/// A handover whose caller goes away mid-way (its call dropped after 300 ms, while the leader has
+/// heartbeats off and its gate closed) leaves the old leader serving: it answers client requests
+/// again, and no election storm follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_whose_caller_goes_away_leaves_the_old_leader_serving() {
+    let cluster = Cluster::start(3, Options::default()).await.unwrap();
+    let client = cluster.client().await.unwrap();
+    client.save_if_newer("before", 1, b"kept").await.unwrap();
+    let old = cluster.leader().await.unwrap();
+    let target = cluster.ids().into_iter().find(|id| *id != old).unwrap();
+
+    let asked = tokio::time::timeout(
+        Duration::from_millis(300),
+        client.transfer_leader(Some(target)),
+    )
+    .await;
+    assert!(
+        asked.is_err(),
+        "the handover answered within 300 ms: {asked:?}"
+    );
+
+    // Whoever leads once things settle, the old leader must take client requests again: a client
+    // that knows only that node reads through it (served there, or redirected to the leader).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let only_old = baton_rpc::Client::new(
+        &[cluster.addr(old).to_string()],
+        baton_rpc::ClientConfig {
+            deadline: Duration::from_secs(5),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let read = only_old.load("before").await;
+    assert!(
+        matches!(&read, Ok(saved) if saved.data == b"kept"),
+        "node {old} still refuses client requests after the abandoned handover: {read:?}"
+    );
+
+    // And the leadership is stable: the term does not keep climbing (a leader with heartbeats
+    // off is unseated every lease).
+    cluster.leader().await.unwrap();
+    let first = highest_term(&cluster).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let second = highest_term(&cluster).await;
+    assert_eq!(
+        first, second,
+        "elections went on after the abandoned handover"
+    );
+    only_old.save_if_newer("after", 1, b"new").await.unwrap();
+}
+
+/// The highest term any node reports.
+async fn highest_term(cluster: &Cluster) -> u64 {
+    let mut highest = 0;
+    for id in cluster.ids() {
+        highest = highest.max(cluster.node_info(id).await.unwrap().term);
+    }
+    highest
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_on_the_leader_hands_over_and_loses_no_acknowledged_write() {
     let mut procs = Procs::new(Security::default()).unwrap();

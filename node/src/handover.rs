@@ -50,6 +50,26 @@ const CATCH_UP_LIMIT: Duration = Duration::from_secs(5);
 /// Margin added to the followers' lease, for timers and message delays.
 const LEASE_MARGIN: Duration = Duration::from_millis(50);
 
+/// The longest a handover runs, drain included. Below the client's wait
+/// ([`baton_rpc::HANDOVER_WAIT`]), so a caller hears how it ended rather than a timeout.
+pub const HANDOVER_LIMIT: Duration = Duration::from_secs(25);
+
+/// Turns heartbeats back on and reopens the gate when the handover ends, however it ends: also
+/// when the caller goes away mid-way (its gRPC call dropped) or a step panics. Left closed, the
+/// node would refuse every client request and, leading again, send no heartbeats, so its
+/// followers would unseat it over and over.
+struct Restore<'a> {
+    node: &'a Node,
+    admission: &'a Admission,
+}
+
+impl Drop for Restore<'_> {
+    fn drop(&mut self) {
+        self.node.raft.runtime_config().heartbeat(true);
+        self.admission.reopen();
+    }
+}
+
 /// The `TimeoutNow` message: "start an election now", from the leader to its chosen successor.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TimeoutNow {
@@ -141,6 +161,7 @@ pub async fn hand_over(
             return Err(HandoverError::BadTarget(to));
         }
     }
+    let _restore = Restore { node, admission };
     admission.close(Closed::HandingOver);
     let still_running = admission.drain(drain).await;
     if still_running > 0 {
@@ -150,10 +171,14 @@ pub async fn hand_over(
         );
     }
     node.raft.runtime_config().heartbeat(false);
-    let result = attempts(node, network, to, &voters).await;
-    node.raft.runtime_config().heartbeat(true);
-    admission.reopen();
-    let (leader, term) = result?;
+    let left = HANDOVER_LIMIT.saturating_sub(started.elapsed());
+    let (leader, term) = tokio::time::timeout(left, attempts(node, network, to, &voters))
+        .await
+        .map_err(|_| {
+            HandoverError::Failed(format!(
+                "leadership was not handed over within {HANDOVER_LIMIT:?}"
+            ))
+        })??;
     let took = started.elapsed();
     tracing::info!(leader, term, ?took, "handed leadership over");
     Ok(HandedOver { leader, term, took })

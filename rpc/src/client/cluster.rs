@@ -10,8 +10,9 @@ use crate::error::{detail_of, infra, Error};
 use crate::proto::cluster_client::ClusterClient;
 use crate::proto::{self, snapshot_part, MembershipResponse, SnapshotMeta, TransferLeaderResponse};
 
-/// How long a leadership handover may take on the leader: draining admitted requests, the
-/// followers' lease running out, one election.
+/// How long the client waits for a leadership handover: draining admitted requests, the
+/// followers' lease running out, up to three elections. The leader gives up on its own after
+/// 25 s, so its answer normally arrives before this.
 pub const HANDOVER_WAIT: Duration = Duration::from_secs(30);
 
 /// A snapshot of the state as the leader served it.
