@@ -103,6 +103,44 @@ fn claim_item(id: &str, seq: u64) -> BatchItem {
     }
 }
 
+/// A batch's answers may add up to far more than any one answer: eight concurrent reads of
+/// tickets with near-maximal payloads (about 1 MB each, so a batch of six answers ~6 MB, above
+/// the 4 MiB a gRPC client decodes by default) all succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_answers_add_up_in_a_batch() {
+    let cluster = Cluster::start().await;
+    let client = cluster.client.clone();
+    let payload = |i: usize| vec![b'a' + i as u8; 1_000_000];
+    for i in 0..8 {
+        client
+            .offer(baton_statemachine::handoff::OfferArgs {
+                key: format!("big-{i}"),
+                from: "src".into(),
+                to: "dst".into(),
+                payload: payload(i),
+                reply_to: "src".into(),
+                ttl_ms: 60_000,
+            })
+            .await
+            .unwrap();
+    }
+    let batches_before = baton_node::metrics::metrics().requests_of("baton.v1.Batch/Call");
+    let reads: Vec<_> = (0..8)
+        .map(|i| {
+            let client = client.clone();
+            tokio::spawn(async move { (i, client.ticket(&format!("big-{i}")).await) })
+        })
+        .collect();
+    for read in reads {
+        let (i, ticket) = read.await.unwrap();
+        let ticket = ticket.unwrap_or_else(|e| panic!("reading big-{i}: {e}"));
+        assert!(ticket.payload == payload(i), "big-{i} came back changed");
+    }
+    let batches =
+        baton_node::metrics::metrics().requests_of("baton.v1.Batch/Call") - batches_before;
+    assert!(batches > 0, "the reads travelled in batches");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_item_is_refused_alone_and_changes_nothing() {
     let cluster = Cluster::start().await;

@@ -36,6 +36,13 @@ use crate::proto::{BatchItem, BatchRequest};
 /// less CPU per operation than one or four).
 const BATCHES_IN_FLIGHT: usize = 2;
 
+/// The most a batch's answers may add up to. Each item's answer may be as large as a direct
+/// call's (tonic's default limit of 4 MiB: a task or ticket with a 1 MiB payload is far below it),
+/// so a batch of [`MAX_ITEMS`] answers up to that many times as much. The request side is bounded
+/// by [`MAX_BYTES`]; the answers are not, and a few large payloads read at once would otherwise
+/// fail every call in their batch.
+const MAX_ANSWER_BYTES: usize = MAX_ITEMS * (4 << 20);
+
 /// The gRPC connection to one node, as the generated clients use it.
 pub(crate) type Grpc = InterceptedService<Channel, Credentials>;
 
@@ -253,7 +260,7 @@ async fn send(grpc: Grpc, batch: Vec<Pending>, attempt_timeout: Duration) {
             (item, pending.answer)
         })
         .unzip();
-    let mut client = BatchClient::new(grpc);
+    let mut client = BatchClient::new(grpc).max_decoding_message_size(MAX_ANSWER_BYTES);
     let call = client.call(BatchRequest { items });
     let results = match tokio::time::timeout(attempt_timeout, call).await {
         Ok(Ok(response)) => response.into_inner().results,
