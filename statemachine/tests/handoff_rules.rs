@@ -626,6 +626,36 @@ fn take_of_an_accepted_ticket_is_taken() {
 }
 
 #[test]
+fn take_of_an_overdue_accepted_ticket_is_expired_not_taken_and_the_holder_is_dropped() {
+    // No sweep in between: the take itself judges the deadline, before the state.
+    for late in [T0 + 500, T0 + 501, T0 + 100_000] {
+        let (mut w, handle) = accepted(500);
+        assert_eq!(w.ticket("k").state, TicketState::Accepted);
+        assert_eq!(
+            w.state
+                .prejudge(None, &Command::Handoff(take("k", "bob")), late),
+            None,
+            "an overdue take changes the ticket, so the leader must not answer it unlogged"
+        );
+        assert_eq!(
+            w.take(late, "k", "bob"),
+            Err(Refusal::Expired),
+            "take at {late}"
+        );
+        let ticket = w.ticket("k");
+        assert_eq!(ticket.state, TicketState::Expired);
+        assert_eq!(ticket.holder, None, "an expired ticket has no holder");
+        assert_eq!(ticket.generation, 1);
+        assert_eq!(ticket.deadline_ms, T0 + 500);
+        assert_eq!(w.state.handoff.live(), 0);
+        assert_eq!(w.sweep(late), 0, "the expiry is already materialised");
+        // The old holder's token is dead, and the ticket stays refused.
+        w.assert_refused_unchanged(reply("k", &handle.token, done()), Refusal::Expired);
+        w.assert_refused_unchanged(take("k", "bob"), Refusal::Expired);
+    }
+}
+
+#[test]
 fn take_of_a_closed_or_withdrawn_ticket_is_already_settled() {
     let (mut closed, handle) = accepted(500);
     closed
@@ -943,6 +973,31 @@ fn cancel_of_an_overdue_offered_ticket_is_already_settled_and_materialises_the_e
         "not withdrawn: it expired first"
     );
     assert_eq!(w.state.handoff.live(), 0);
+}
+
+#[test]
+fn cancel_of_an_overdue_accepted_ticket_is_already_settled_and_materialises_the_expiry() {
+    // No sweep in between: the cancel judges the deadline first, so the answer is not TAKEN.
+    for late in [T0 + 500, T0 + 501, T0 + 100_000] {
+        let (mut w, handle) = accepted(500);
+        assert_eq!(
+            w.cancel(late, "k", "alice"),
+            Err(Refusal::AlreadySettled),
+            "cancel at {late}"
+        );
+        let ticket = w.ticket("k");
+        assert_eq!(
+            ticket.state,
+            TicketState::Expired,
+            "not withdrawn: it expired first"
+        );
+        assert_eq!(ticket.holder, None, "an expired ticket has no holder");
+        assert_eq!(ticket.generation, 1);
+        assert_eq!(w.state.handoff.live(), 0);
+        assert_eq!(w.sweep(late), 0, "the expiry is already materialised");
+        w.assert_refused_unchanged(reply("k", &handle.token, done()), Refusal::Expired);
+        w.assert_refused_unchanged(cancel("k", "alice"), Refusal::AlreadySettled);
+    }
 }
 
 #[test]

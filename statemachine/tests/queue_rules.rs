@@ -651,6 +651,47 @@ fn one_lease_batch_takes_at_most_one_task_per_key() {
 }
 
 #[test]
+fn keys_differing_only_in_case_or_normalisation_are_separate_permits() {
+    let mut w = World::new();
+    let keys = ["object/A", "object/a", "caf\u{e9}", "cafe\u{301}"];
+    let submitted: Vec<u64> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, key)| w.submit(spec(Q1, &format!("t{i}"), key)))
+        .collect();
+    // A byte-identical key in the same namespace (another queue) is excluded as usual.
+    let same = w.submit(spec(Q2, "same", "object/A"));
+
+    let got = w.lease(W, 100);
+    assert_eq!(
+        ids(&got),
+        submitted,
+        "one call grants all four; none blocks another"
+    );
+    for ((a, key), id) in got.iter().zip(keys).zip(&submitted) {
+        assert_eq!(a.concurrency_key, key, "frozen byte-exactly");
+        assert_eq!(
+            a.token,
+            Some(1),
+            "{key:?} has its own permit and token counter"
+        );
+        assert_eq!(w.holder(NS, key), Some(*id), "{key:?}");
+        assert_eq!(w.highest(NS, key), 1, "{key:?}");
+    }
+    assert_eq!(w.task(same).state, TaskState::Waiting);
+    assert!(w.task(same).attempts.is_empty());
+
+    // Finishing one key frees only that key.
+    w.finish(&got[1]);
+    assert_eq!(w.holder(NS, "object/a"), None);
+    assert_eq!(w.holder(NS, "object/A"), Some(submitted[0]));
+    assert!(w.lease(W2, 100).is_empty(), "object/A is still held");
+    w.finish(&got[0]);
+    let next = w.lease_only(W2, same);
+    assert_eq!(next.token, Some(2));
+}
+
+#[test]
 fn a_busy_key_leaves_the_task_waiting_without_consuming_attempts() {
     let mut w = World::new();
     let a = w.submit(spec(Q1, "a", K));
@@ -878,10 +919,11 @@ fn a_duplicate_result_does_not_release_twice_nor_touch_a_later_attempts_permit()
     assert_eq!(w.complete(&la, W), Ok(done));
     assert_eq!(w.state.queue, before);
     assert_eq!(w.holder(NS, K), Some(b));
-    // Other late reports about A's finished attempt do not release B's permit either.
-    assert!(w.fail(&la, W, true).is_err());
-    assert!(w.unknown(&la, W).is_err());
-    assert!(w.start(&la, W).is_err());
+    // Other late reports about A's finished attempt are lease lost and release nothing.
+    w.refused(fail_cmd(a, la.attempt, W, true), Refusal::LeaseLost);
+    w.refused(fail_cmd(a, la.attempt, W, false), Refusal::LeaseLost);
+    w.refused(unknown_cmd(a, la.attempt, W), Refusal::LeaseLost);
+    w.refused(start_cmd(a, la.attempt, W), Refusal::LeaseLost);
     assert_eq!(w.state.queue, before);
     assert_eq!(w.holder(NS, K), Some(b));
     assert!(w.lease(W, 100).is_empty());
