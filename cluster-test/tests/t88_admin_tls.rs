@@ -25,6 +25,7 @@ use baton_rpc::proto::checkpoint_client::CheckpointClient;
 use baton_rpc::proto::queue_client::QueueClient;
 use baton_rpc::proto::{LeaseRequest, LoadCheckpointRequest, RequestHeader};
 use baton_rpc::{Client, ClientTls, Security};
+use baton_statemachine::{ChangeFilter, Primitive};
 use futures::{SinkExt, StreamExt};
 use tokio::io::AsyncWriteExt;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
@@ -313,12 +314,37 @@ async fn a_cluster_configured_by_file_runs_tls_and_asks_for_tokens() {
     let client = procs.client(with_token(None)).await.unwrap();
     client.save_if_newer("job", 1, b"secret").await.unwrap();
 
+    // A watch travels over TLS with the token too: it replays the save above.
+    let mut watch = client
+        .watch(
+            ChangeFilter::all().primitive(Primitive::Checkpoint),
+            Some(1),
+        )
+        .await;
+    let first = tokio::time::timeout(Duration::from_secs(10), watch.next()).await;
+    match first {
+        Ok(Some(Ok(event))) => assert_eq!(event.change.key, "job"),
+        other => panic!("the watch saw no change over TLS with a token: {other:?}"),
+    }
+
     // TLS without the token: refused before anything runs.
     let no_token =
         Client::new_with_security(&procs.endpoints(), config(), tls(&certs, None)).unwrap();
     match no_token.save_if_newer("job", 2, b"intruder").await {
         Err(baton_rpc::Error::Server { code, .. }) => assert_eq!(code, "UNAUTHENTICATED"),
         other => panic!("expected UNAUTHENTICATED, got {other:?}"),
+    }
+    // A watch without it too, at once rather than after the client's whole deadline.
+    let refused = tokio::time::timeout(
+        Duration::from_secs(5),
+        no_token.watch(ChangeFilter::all(), Some(1)).await.next(),
+    )
+    .await;
+    match refused {
+        Ok(Some(Err(baton_rpc::Error::Server { code, .. }))) => {
+            assert_eq!(code, "UNAUTHENTICATED")
+        }
+        other => panic!("expected the watch refused UNAUTHENTICATED, got {other:?}"),
     }
     // The token without TLS: no answer at all.
     let quick = baton_rpc::ClientConfig {

@@ -62,7 +62,7 @@ fn jittered(pause: Duration) -> Duration {
     half + half.mul_f64(rand::random::<f64>())
 }
 
-pub(crate) use batcher::Conn;
+pub(crate) use batcher::{Conn, Grpc};
 
 /// Timeouts of a [`Client`].
 #[derive(Debug, Clone)]
@@ -432,6 +432,14 @@ impl Client {
         if let Some(channel) = channels.get(addr) {
             return Ok(channel.clone());
         }
+        let channel = Conn::new(self.grpc(addr)?, self.inner.config.attempt_timeout);
+        channels.insert(addr.to_string(), channel.clone());
+        Ok(channel)
+    }
+
+    /// A new gRPC connection to `addr` (dialled on first use) with this client's TLS settings,
+    /// and its token on every request.
+    fn grpc(&self, addr: &str) -> Result<Grpc, Error> {
         let tls = self.inner.security.tls.as_ref();
         let scheme = if tls.is_some() { "https" } else { "http" };
         let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
@@ -451,12 +459,10 @@ impl Client {
                 .tls_config(tls.config())
                 .map_err(|e| Error::Config(format!("bad TLS settings: {e}")))?;
         }
-        let channel = Conn::new(
-            InterceptedService::new(endpoint.connect_lazy(), self.inner.credentials.clone()),
-            self.inner.config.attempt_timeout,
-        );
-        channels.insert(addr.to_string(), channel.clone());
-        Ok(channel)
+        Ok(InterceptedService::new(
+            endpoint.connect_lazy(),
+            self.inner.credentials.clone(),
+        ))
     }
 }
 

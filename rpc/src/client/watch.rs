@@ -16,12 +16,11 @@ use baton_statemachine::{Change, ChangeFilter};
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use tokio::time::Instant;
-use tonic::transport::Endpoint;
 use tonic::{Status, Streaming};
 
-use super::Client;
+use super::{classify, Client};
 use crate::convert;
-use crate::error::{detail_of, infra, refusal_of, Error};
+use crate::error::{detail_of, infra, Error};
 use crate::proto;
 use crate::proto::watch_client::WatchClient;
 use crate::proto::watch_response::Item;
@@ -133,8 +132,8 @@ impl Client {
 enum Verdict {
     /// The node's history starts later than the position needed.
     Compacted(u64),
-    /// The request itself was refused: final.
-    Refused(Error),
+    /// A final answer (the request was refused, or would fail the same way anywhere).
+    Final(Error),
     /// Reconnect, preferably to another node.
     Elsewhere(String),
     /// Reconnect; the node is fine (it cut a slow reader).
@@ -142,16 +141,24 @@ enum Verdict {
 }
 
 fn judge(status: &Status) -> Verdict {
-    let Some(detail) = detail_of(status) else {
-        return Verdict::Elsewhere(format!("{:?}: {}", status.code(), status.message()));
-    };
-    if let Some(refusal) = refusal_of(&detail) {
-        return Verdict::Refused(Error::Refused(refusal));
+    if let Some(detail) = detail_of(status) {
+        match detail.code.as_str() {
+            infra::COMPACTED => return Verdict::Compacted(detail.oldest_revision),
+            infra::SLOW_CONSUMER => return Verdict::Again,
+            _ => {}
+        }
     }
-    match detail.code.as_str() {
-        infra::COMPACTED => Verdict::Compacted(detail.oldest_revision),
-        infra::SLOW_CONSUMER => Verdict::Again,
-        code => Verdict::Elsewhere(format!("{code}: {}", status.message())),
+    // Everything else as for any other call: what would fail there (a refusal, a missing or
+    // wrong token, a message over the size limit) ends the watch at once rather than after the
+    // whole deadline spent reconnecting.
+    match classify(status) {
+        super::Verdict::Fail(error) => Verdict::Final(error),
+        super::Verdict::Redirect(_) | super::Verdict::Retry(_) | super::Verdict::Backoff(_) => {
+            Verdict::Elsewhere(match detail_of(status) {
+                Some(detail) => format!("{}: {}", detail.code, status.message()),
+                None => format!("{:?}: {}", status.code(), status.message()),
+            })
+        }
     }
 }
 
@@ -202,7 +209,7 @@ impl Watcher {
                 }
                 Err(status) => {
                     match judge(&status) {
-                        Verdict::Refused(error) => {
+                        Verdict::Final(error) => {
                             self.done = true;
                             return Some(Err(error));
                         }
@@ -305,7 +312,7 @@ impl Watcher {
                     return Ok((addr, stream));
                 }
                 Ok(Err(status)) => match judge(&status) {
-                    Verdict::Refused(error) => return Err(error),
+                    Verdict::Final(error) => return Err(error),
                     Verdict::Compacted(oldest) => {
                         compacted.insert(addr.clone(), oldest);
                         if compacted.len() >= self.client.endpoints().len() {
@@ -347,11 +354,10 @@ impl Watcher {
     /// Every stream gets a connection of its own: changes a slow caller has not read yet occupy
     /// its connection's flow-control window, which must not stall the client's other calls.
     async fn open(&mut self, addr: &str) -> Result<Streaming<proto::WatchResponse>, Status> {
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| Status::invalid_argument(format!("bad endpoint {addr:?}: {e}")))?
-            .connect_timeout(self.client.inner.config.connect_timeout)
-            .tcp_nodelay(true)
-            .connect_lazy();
+        let channel = self
+            .client
+            .grpc(addr)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let request = proto::WatchRequest {
             filter: Some(self.filter.clone()),
             start_revision: self.next.map_or(0, |p| p.revision),
