@@ -645,13 +645,31 @@ async fn the_long_poll_lease_waits_without_writing_and_wakes_on_a_submission() {
         lease_ttl_ms: 30_000,
         wait_ms: 20_000,
     };
-    let first = raw.lease(request()).await.unwrap().into_inner().assignments;
+    let answer = raw.lease(request()).await.unwrap().into_inner();
+    let first = answer.assignments;
     assert_eq!(first.len(), 1);
     assert_eq!(first[0].task_id, second.id);
+    // The answer says what is left of the lease: all of it, as it was just granted.
+    let left = first[0].lease_until_ms.saturating_sub(answer.now_ms);
+    assert!(
+        (29_000..=30_000).contains(&left),
+        "{left} ms of a fresh 30 s lease left"
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
     let started = Instant::now();
-    let repeat = raw.lease(request()).await.unwrap().into_inner().assignments;
-    assert_eq!(repeat, first, "the same assignments, not a second lease");
+    let replayed = raw.lease(request()).await.unwrap().into_inner();
+    assert_eq!(
+        replayed.assignments, first,
+        "the same assignments, not a second lease"
+    );
     assert!(started.elapsed() < Duration::from_secs(2));
+    // A replayed answer is made now: what is left of the lease is less by the time since the
+    // grant, so a worker that got only this answer does not count the whole TTL from its arrival.
+    let left = first[0].lease_until_ms.saturating_sub(replayed.now_ms);
+    assert!(
+        left <= 29_400,
+        "{left} ms left of a 30 s lease granted 600 ms before the replay"
+    );
 
     cluster.stop().await;
 }

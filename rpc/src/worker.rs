@@ -581,7 +581,7 @@ impl Worker {
             let polled = tokio::select! {
                 biased;
                 _ = &mut shutdown => break,
-                polled = settings.client.lease(
+                polled = settings.client.lease_timed(
                     &settings.id,
                     &settings.queues,
                     free as u32,
@@ -590,22 +590,25 @@ impl Worker {
                 ) => polled,
             };
             match polled {
-                Ok(assignments) => {
+                Ok(leased) => {
                     pause = Duration::from_millis(100);
                     // A long poll answers empty only after its wait (or when another worker won
                     // the race); guard against a server that answers at once anyway.
-                    if assignments.is_empty() && polled_at.elapsed() < Duration::from_millis(50) {
+                    if leased.assignments.is_empty()
+                        && polled_at.elapsed() < Duration::from_millis(50)
+                    {
                         tokio::select! {
                             biased;
                             _ = &mut shutdown => break,
                             _ = tokio::time::sleep(Duration::from_millis(100)) => {}
                         }
                     }
-                    // The lease was granted at the end of the long poll, not at its start: the
-                    // local estimate of its end counts from the answer's arrival.
-                    let leased_at = Instant::now();
-                    for assignment in assignments {
-                        self.dispatch(assignment, leased_at, &handler, &running, &mut in_flight);
+                    // The lease was granted at the end of the long poll, not at its start, and
+                    // a replayed answer long before it arrived: what the store says is left of
+                    // each lease counts from the answer's arrival.
+                    for assignment in leased.assignments.iter().cloned() {
+                        let lease_end = leased.local_end(&assignment, settings.lease_ttl);
+                        self.dispatch(assignment, lease_end, &handler, &running, &mut in_flight);
                     }
                 }
                 Err(error @ Error::Refused(_)) => {
@@ -687,7 +690,7 @@ impl Worker {
     fn dispatch<H, Fut>(
         &self,
         assignment: Assignment,
-        leased_at: Instant,
+        lease_end: Instant,
         handler: &Arc<H>,
         running: &RunningMap,
         in_flight: &mut JoinSet<Finished>,
@@ -735,7 +738,7 @@ impl Worker {
                     let task_id = assignment.task_id;
                     let attempt = assignment.attempt;
                     let finished =
-                        run_attempt(&settings, assignment, leased_at, handler, lost).await;
+                        run_attempt(&settings, assignment, lease_end, handler, lost).await;
                     let mut map = lock(&running);
                     if map.get(&task_id).is_some_and(|r| r.attempt == attempt) {
                         map.remove(&task_id);
@@ -795,7 +798,7 @@ fn finished(assignment: &Assignment, end: AttemptEnd, detail: String) -> Finishe
 async fn run_attempt<H, Fut>(
     settings: &Arc<Settings>,
     assignment: Assignment,
-    leased_at: Instant,
+    lease_end: Instant,
     handler: Arc<H>,
     lost: Arc<watch::Sender<bool>>,
 ) -> Finished
@@ -821,7 +824,7 @@ where
         settings.clone(),
         task_id,
         attempt,
-        leased_at,
+        lease_end,
         lost.clone(),
     )));
     let context = TaskContext {
@@ -967,21 +970,38 @@ fn end_name(detail: String) -> String {
 }
 
 /// Renews the attempt about every third of the lease TTL until dropped. A refused renewal, or a
-/// lease that (by this worker's clock, counted from the arrival of the lease answer and from the
-/// sending of each successful renewal) has run out, marks the attempt lost.
+/// lease that (by this worker's clock: from `lease_end`, then from the sending of each successful
+/// renewal) has run out, marks the attempt lost.
+///
+/// The first renewal is due a third of the TTL into the lease, and goes out at once when that
+/// moment has passed (the start took long, or the lease answer came late); the lease's end is
+/// watched even while no renewal is due: a handler must not run on a lease that ran out between
+/// two renewals.
 async fn renew_loop(
     settings: Arc<Settings>,
     task_id: u64,
     attempt: u32,
-    leased_at: Instant,
+    lease_end: Instant,
     lost: Arc<watch::Sender<bool>>,
 ) {
     let ttl = settings.lease_ttl;
     let every = ttl / 3;
-    let mut valid_until = leased_at + ttl;
-    let mut next = Instant::now() + every;
+    let mut valid_until = lease_end;
+    // The first renewal is due a third of the TTL into the lease; at once if that has passed.
+    let mut next = valid_until
+        .checked_sub(ttl - every)
+        .unwrap_or_else(Instant::now);
     loop {
-        tokio::time::sleep_until(next).await;
+        tokio::time::sleep_until(next.min(valid_until)).await;
+        if Instant::now() >= valid_until {
+            tracing::warn!(
+                task = task_id,
+                attempt,
+                "the lease ran out before a renewal got through; stopping the handler"
+            );
+            lost.send_replace(true);
+            return;
+        }
         let sent = Instant::now();
         next = sent + every;
         let renewal =
@@ -1021,6 +1041,73 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use crate::client::Leased;
+
+    /// A worker whose client talks to a node that accepts connections and never answers.
+    fn worker_facing_silence(ttl: Duration) -> (Worker, std::net::TcpListener) {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let config = crate::ClientConfig {
+            deadline: Duration::from_secs(30),
+            attempt_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
+        };
+        let client =
+            crate::Client::new(&[silent.local_addr().unwrap().to_string()], config).unwrap();
+        let worker = Worker::builder(client, "w")
+            .queue("q")
+            .lease_ttl(ttl)
+            .build()
+            .unwrap();
+        (worker, silent)
+    }
+
+    /// A lease with little left when its handler starts (a late answer, a slow start) is watched
+    /// to its end: the handler is stopped when it runs out, not at the next renewal a third of
+    /// the TTL later.
+    #[tokio::test]
+    async fn a_lease_that_runs_out_before_the_first_renewal_is_due_stops_the_handler() {
+        let (worker, _silent) = worker_facing_silence(Duration::from_secs(3));
+        let lost = Arc::new(watch::Sender::new(false));
+        let mut seen = lost.subscribe();
+        let started = Instant::now();
+        let lease_end = started + Duration::from_millis(200);
+        let renewer = tokio::spawn(renew_loop(worker.settings.clone(), 7, 1, lease_end, lost));
+        tokio::time::timeout(Duration::from_secs(5), seen.wait_for(|lost| *lost))
+            .await
+            .unwrap()
+            .unwrap();
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_millis(700),
+            "the lease ended at 200 ms, the handler was stopped at {took:?}"
+        );
+        renewer.abort();
+    }
+
+    /// What is left of a lease counts from the answer's arrival: all of it for a fresh grant,
+    /// less for an answer replayed after the grant, the whole TTL from a node that does not say.
+    #[test]
+    fn a_lease_ends_locally_when_the_store_says_it_does() {
+        let arrived = Instant::now();
+        let ttl = Duration::from_secs(30);
+        let leased = |store_now_ms| Leased {
+            assignments: Vec::new(),
+            arrived,
+            store_now_ms,
+        };
+        let mut granted = assignment("", None);
+        granted.lease_until_ms = 1_000_000 + 30_000;
+        let fresh = leased(1_000_000).local_end(&granted, ttl);
+        assert_eq!(fresh, arrived + ttl);
+        let replayed = leased(1_000_000 + 12_000).local_end(&granted, ttl);
+        assert_eq!(replayed, arrived + Duration::from_secs(18));
+        let gone = leased(1_000_000 + 40_000).local_end(&granted, ttl);
+        assert_eq!(gone, arrived);
+        assert_eq!(leased(0).local_end(&granted, ttl), arrived + ttl);
+        // Never more than the TTL asked for, whatever the clocks say.
+        granted.lease_until_ms = 1_000_000 + 90_000;
+        assert_eq!(leased(1_000_000).local_end(&granted, ttl), arrived + ttl);
+    }
 
     fn assignment(key: &str, token: Option<u64>) -> Assignment {
         Assignment {

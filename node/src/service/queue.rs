@@ -28,6 +28,7 @@ use tonic::{Request, Response, Status};
 
 use super::{now_ms, origin, refused, revision, unexpected};
 use crate::node::NodeRef;
+use crate::stamp::wall_clock_ms;
 use crate::store::Applied;
 
 /// A waiting lease re-checks at least this often even when nothing is applied, so retries whose
@@ -355,6 +356,9 @@ impl queue_server::Queue for QueueService {
                     .iter()
                     .map(convert::assignment_to_proto)
                     .collect(),
+                // Read after the apply: a replayed answer's leases are older than this clock,
+                // and the worker counts what is left of them from here.
+                now_ms: wall_clock_ms().max(self.node.state_machine.read().state.clock_ms),
             })),
             other => Err(unexpected(other)),
         }

@@ -63,6 +63,7 @@ fn jittered(pause: Duration) -> Duration {
 }
 
 pub(crate) use batcher::{Conn, Grpc};
+pub(crate) use queue::Leased;
 
 /// Timeouts of a [`Client`].
 #[derive(Debug, Clone)]

@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use baton_statemachine::queue::{
     Assignment, Attempt, Queue, SubmitReceipt, Task, TaskFilter, TaskSpec, Worker, MAX_LIST_PAGE,
 };
@@ -235,6 +237,21 @@ impl Client {
         lease_ttl_ms: i64,
         wait: Duration,
     ) -> Result<Vec<Assignment>, Error> {
+        let leased = self
+            .lease_timed(worker, queues, limit, lease_ttl_ms, wait)
+            .await?;
+        Ok(leased.assignments)
+    }
+
+    /// [`Client::lease`], with what the worker runtime needs to tell locally when each lease ends.
+    pub(crate) async fn lease_timed(
+        &self,
+        worker: &str,
+        queues: &[String],
+        limit: u32,
+        lease_ttl_ms: i64,
+        wait: Duration,
+    ) -> Result<Leased, Error> {
         let wait = wait.min(MAX_LEASE_WAIT);
         let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
         let reply = self
@@ -250,11 +267,15 @@ impl Client {
                 async move { QueueClient::new(channel).lease(request).await }
             })
             .await?;
-        Ok(reply
-            .assignments
-            .into_iter()
-            .map(convert::assignment_from_proto)
-            .collect())
+        Ok(Leased {
+            arrived: Instant::now(),
+            store_now_ms: reply.now_ms,
+            assignments: reply
+                .assignments
+                .into_iter()
+                .map(convert::assignment_from_proto)
+                .collect(),
+        })
     }
 
     /// Confirms the start of a leased attempt; business code may run only after this succeeds.
@@ -375,5 +396,32 @@ impl Client {
             })
             .await?;
         task_of(reply.task, "report_unknown")
+    }
+}
+
+/// A lease answer and when it arrived, so that a lease's end can be told on this machine's clock.
+pub(crate) struct Leased {
+    /// The leased attempts.
+    pub(crate) assignments: Vec<Assignment>,
+    /// When the answer arrived here.
+    pub(crate) arrived: Instant,
+    /// The store's clock when the answer was made (0 from a node that does not say).
+    pub(crate) store_now_ms: u64,
+}
+
+impl Leased {
+    /// When `assignment`'s lease ends by this machine's clock, were it leased for `ttl`: what was
+    /// left of it when the answer was made, counted from the answer's arrival.
+    ///
+    /// Counting the whole TTL from the arrival is right only for an answer made the moment the
+    /// lease was granted. An answer replayed to a retry (the first one lost in a failover) can
+    /// arrive seconds after the grant; a handler trusting the whole TTL would run on after the
+    /// store had handed the task to another worker.
+    pub(crate) fn local_end(&self, assignment: &Assignment, ttl: Duration) -> Instant {
+        if self.store_now_ms == 0 {
+            return self.arrived + ttl;
+        }
+        let left = assignment.lease_until_ms.saturating_sub(self.store_now_ms);
+        self.arrived + Duration::from_millis(left).min(ttl)
     }
 }
