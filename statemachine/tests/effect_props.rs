@@ -241,6 +241,23 @@ impl Model {
         Ok(())
     }
 
+    /// A release passes the three-way check, or holds the resource for this key although the
+    /// attempt is gone (an uncertain key resolved while its hold was kept).
+    fn release_check(&self, act: &Action, lease: &EffectLease) -> Result<(), Refusal> {
+        match self.three_way(act, lease) {
+            Err(Refusal::NotHolder)
+                if lease.key == act.key
+                    && self
+                        .holds
+                        .get(resource_name(&lease.resource))
+                        .is_some_and(|(holder, _)| *holder == lease.holder) =>
+            {
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
     fn free_hold_if(&mut self, resource: &str, holder: &str) {
         let resource = resource_name(resource);
         if self.holds.get(resource).is_some_and(|(h, _)| h == holder) {
@@ -410,7 +427,10 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
                         reason: "prop".into(),
                     },
                 };
-                let expected_check = model.three_way(&act, &lease);
+                let expected_check = match kind {
+                    Holder::Release => model.release_check(&act, &lease),
+                    _ => model.three_way(&act, &lease),
+                };
                 let status = model.keys.get(name).cloned();
                 let reply = send(&mut state, now_ms, Command::Effect(command.clone()));
                 if let (Holder::Complete, Some(KeyModel::Completed(first))) = (kind, &status) {

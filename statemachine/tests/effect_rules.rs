@@ -1019,6 +1019,35 @@ fn mark_uncertain_on_a_completed_key_is_refused() {
 // reconcile
 
 /// A world where key `a` on `r` went uncertain (marked and released); returns the old lease.
+/// `mark_uncertain` leaves the resource held for the caller to release, and a resolution (either
+/// way) does not take that right away: the holder releases its hold afterwards, a stranger cannot,
+/// and the next grant gets the next fence, after which the old lease is stale.
+#[test]
+fn the_hold_kept_through_an_uncertain_key_is_released_by_its_holder_after_a_resolution() {
+    for resolution in [did_not_happen(false), happened("receipt")] {
+        let a = action("a", "r");
+        let mut w = World::new();
+        let la = w.grant(T0, &a, TTL);
+        w.mark_uncertain(T0, &a, &la).unwrap();
+        w.resolve(T0 + 1, &a, resolution.clone()).unwrap();
+        assert_eq!(w.state.effects.holds(), 1, "the resolution kept the hold");
+
+        let stranger = EffectLease {
+            holder: "f".repeat(32),
+            ..la.clone()
+        };
+        w.assert_refused_unchanged(release(&a, &stranger), &Refusal::NotHolder);
+        w.release(T0 + 2, &a, &la).unwrap();
+        assert_eq!(w.state.effects.holds(), 0, "the holder released it");
+
+        if !resolution.happened {
+            let again = w.grant(T0 + 3, &a, TTL);
+            assert_eq!(again.fence, la.fence + 1);
+            w.assert_refused_unchanged(release(&a, &la), &Refusal::FenceStale);
+        }
+    }
+}
+
 fn uncertain(act: &Action) -> (World, EffectLease) {
     let mut w = World::new();
     let lease = w.grant(T0, act, TTL);

@@ -192,7 +192,14 @@ impl Gate {
         lease: &EffectLease,
     ) -> Result<(), Refusal> {
         self.expire_intent_if_overdue(&action.key, clock_ms);
-        self.three_way_check(action, lease)?;
+        match self.three_way_check(action, lease) {
+            Ok(()) => {}
+            // The attempt may be gone while its hold stays: `mark_uncertain` keeps the hold for
+            // the caller to release, and a "did not happen" resolution then clears the attempt.
+            // The hold itself still names its holder and key, and its fence is the latest.
+            Err(Refusal::NotHolder) if self.holds_for(action, lease, clock_ms) => {}
+            Err(refusal) => return Err(refusal),
+        }
         if self.free_hold_if_ours(lease) {
             self.note(
                 ChangeKind::Released,
@@ -483,6 +490,19 @@ impl Gate {
             _ => return Err(Refusal::NotHolder),
         }
         Ok(())
+    }
+
+    /// Whether `lease` still holds `action`'s resource for `action`'s key at `clock_ms` (the
+    /// three-way check's other two parts already passed: same resource, latest fence).
+    fn holds_for(&self, action: &Action, lease: &EffectLease, clock_ms: u64) -> bool {
+        self.resources
+            .get(&lease.resource)
+            .and_then(|resource| resource.hold.as_ref())
+            .is_some_and(|hold| {
+                hold.holder == lease.holder
+                    && hold.key == action.key
+                    && !is_overdue(hold.until_ms, clock_ms)
+            })
     }
 
     /// The intent deadline of a key whose attempt is in progress.
