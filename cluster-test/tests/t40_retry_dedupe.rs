@@ -31,6 +31,7 @@ fn header(client_id: u64, seq: u64, acked_below: u64) -> Option<RequestHeader> {
         client_id,
         seq,
         acked_below,
+        ..Default::default()
     })
 }
 

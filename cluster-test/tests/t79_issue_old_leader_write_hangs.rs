@@ -75,6 +75,7 @@ async fn pending_write_after_heal(
                 client_id: rand::random(),
                 seq: 1,
                 acked_below: 1,
+                ..Default::default()
             }),
             key: "t79-pending".into(),
             from: "src".into(),

@@ -248,6 +248,7 @@ async fn the_connection_limit_applies_to_tls_connections() {
                     client_id: 77,
                     seq: round + 1,
                     acked_below: round + 1,
+                    ..Default::default()
                 }),
                 worker_id: "w".into(),
                 queues: vec!["q".into()],

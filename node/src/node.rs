@@ -62,9 +62,21 @@ impl Node {
     /// waits for it to be committed and applied, and returns the state machine's reply — or the
     /// refusal / infrastructure failure as a gRPC status.
     pub async fn propose(&self, origin: Option<Origin>, command: Command) -> Result<Reply, Status> {
+        self.propose_attempt(origin, false, command).await
+    }
+
+    /// [`Node::propose`] for a request whose client says whether this is a `retry` (an earlier
+    /// attempt may be in the log). A retry is never refused from the state alone; only the
+    /// session table's answer spares it the log.
+    pub async fn propose_attempt(
+        &self,
+        origin: Option<Origin>,
+        retry: bool,
+        command: Command,
+    ) -> Result<Reply, Status> {
         let name = command.name();
         let _timer = crate::metrics::time_proposal(name);
-        let (response, index) = match self.prejudged(origin.as_ref(), &command).await? {
+        let (response, index) = match self.prejudged(origin.as_ref(), retry, &command).await? {
             Some(response) => (response, None),
             None => {
                 let (response, index) = self.proposer.propose(origin, command).await?;
@@ -105,13 +117,15 @@ impl Node {
     async fn prejudged(
         &self,
         origin: Option<&Origin>,
+        retry: bool,
         command: &Command,
     ) -> Result<Option<Response>, Status> {
         let leading = self.raft.metrics().borrow().current_leader == Some(self.id);
-        let judge = |applied: &Applied| {
-            applied
+        let judge = |applied: &Applied| match (retry, origin) {
+            (true, Some(origin)) => applied.state.answered(origin),
+            _ => applied
                 .state
-                .prejudge(origin, command, stamp::wall_clock_ms())
+                .prejudge(origin, command, stamp::wall_clock_ms()),
         };
         if !leading || judge(&self.state_machine.read()).is_none() {
             return Ok(None);

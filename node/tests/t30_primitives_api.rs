@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use baton_node::stamp::wall_clock_ms;
 use baton_rpc::judge;
+use baton_rpc::proto::board_client::BoardClient;
 use baton_rpc::proto::effect_client::EffectClient;
 use baton_rpc::{proto, Error};
 use baton_statemachine::board::{TaskSpec, TaskState};
@@ -379,6 +380,59 @@ async fn a_whole_state_read_larger_than_grpcs_default_limit_arrives_whole() {
     cluster.stop().await;
 }
 
+/// A claim of a held task is refused without a log entry on its first attempt, but a retry (the
+/// client marks every attempt after the first) goes through the log: an earlier attempt may be in
+/// the log unapplied, and only the session table knows its answer. The retry's refusal is then
+/// recorded, so a later retry of the same request, after the task was released, gets that same
+/// refusal rather than a win the caller would never hear of.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_claim_is_judged_through_the_log_and_keeps_its_answer() {
+    let cluster = Cluster::start().await;
+    let c = &cluster.client;
+    c.seed(&[spec("t", &[])]).await.unwrap();
+    let held = c.claim("t", "a", 60_000).await.unwrap();
+    let token = held.lease.unwrap().token;
+    let mut board = BoardClient::connect(format!("http://{}", cluster.addr))
+        .await
+        .unwrap();
+    let claim = |retry| proto::ClaimTaskRequest {
+        header: Some(proto::RequestHeader {
+            client_id: 4711,
+            seq: 1,
+            acked_below: 0,
+            retry,
+        }),
+        id: "t".into(),
+        agent: "b".into(),
+        ttl_ms: 60_000,
+    };
+    let taken = |status: tonic::Status| {
+        let detail = baton_rpc::error::detail_of(&status).unwrap();
+        assert_eq!(detail.code, "TAKEN", "{status:?}");
+    };
+
+    let before = c.tasks().await.unwrap().revision;
+    taken(board.claim(claim(false)).await.unwrap_err());
+    let after_first = c.tasks().await.unwrap().revision;
+    assert_eq!(
+        after_first, before,
+        "a first attempt's refusal needs no log entry"
+    );
+    taken(board.claim(claim(true)).await.unwrap_err());
+    let after_retry = c.tasks().await.unwrap().revision;
+    assert_eq!(
+        after_retry,
+        after_first + 1,
+        "the retry went through the log"
+    );
+
+    c.release_task("t", &token).await.unwrap();
+    taken(board.claim(claim(true)).await.unwrap_err());
+    let task = c.tasks().await.unwrap().tasks.remove(0);
+    assert!(task.lease.is_none(), "the retry did not win: {task:?}");
+    cluster.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_wire_input_is_refused_with_the_field_it_broke() {
     let cluster = Cluster::start().await;
@@ -389,6 +443,7 @@ async fn bad_wire_input_is_refused_with_the_field_it_broke() {
         client_id: 77,
         seq,
         acked_below: 0,
+        ..Default::default()
     };
     let field_of = |status: tonic::Status| {
         assert_eq!(status.code(), tonic::Code::InvalidArgument);

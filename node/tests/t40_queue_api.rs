@@ -417,6 +417,7 @@ async fn bad_wire_input_is_refused_with_the_field_it_broke() {
         client_id: 78,
         seq,
         acked_below: 0,
+        ..Default::default()
     };
     let field_of = |status: tonic::Status| {
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
@@ -638,6 +639,7 @@ async fn the_long_poll_lease_waits_without_writing_and_wakes_on_a_submission() {
             client_id: 4242,
             seq: 1,
             acked_below: 0,
+            ..Default::default()
         }),
         worker_id: "poller".into(),
         queues: queues.clone(),

@@ -80,6 +80,7 @@ async fn hold_a_request(
                 client_id: 77,
                 seq: 1,
                 acked_below: 1,
+                ..Default::default()
             }),
             worker_id: "w".into(),
             queues: vec!["q".into()],

@@ -92,6 +92,7 @@ fn claim_item(id: &str, seq: u64) -> BatchItem {
             client_id: 4242,
             seq,
             acked_below: 1,
+            ..Default::default()
         }),
         id: id.into(),
         agent: "raw".into(),
@@ -208,7 +209,13 @@ async fn a_bad_item_is_refused_alone_and_changes_nothing() {
 }
 
 /// A node of an older version: a board that knows Claim (it counts them) but no batch service.
-struct OldBoard(Arc<AtomicUsize>);
+/// A flaky one answers the first attempt of every claim with a retryable NO_LEADER.
+#[derive(Default)]
+struct OldBoard {
+    claims: Arc<AtomicUsize>,
+    headers: Arc<std::sync::Mutex<Vec<RequestHeader>>>,
+    flaky: bool,
+}
 
 #[tonic::async_trait]
 impl Board for OldBoard {
@@ -220,9 +227,20 @@ impl Board for OldBoard {
     }
     async fn claim(
         &self,
-        _: Request<proto::ClaimTaskRequest>,
+        request: Request<proto::ClaimTaskRequest>,
     ) -> Result<Response<proto::ClaimTaskResponse>, Status> {
-        self.0.fetch_add(1, Ordering::SeqCst);
+        let header = request.into_inner().header.unwrap_or_default();
+        let mut headers = self.headers.lock().unwrap();
+        let first_attempt = !headers.iter().any(|seen| seen.seq == header.seq);
+        headers.push(header);
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        if self.flaky && first_attempt {
+            return Err(baton_rpc::error::infra_status(
+                Code::Unavailable,
+                baton_rpc::error::infra::NO_LEADER,
+                "not yet",
+            ));
+        }
         Err(baton_rpc::error::refusal_status(&Refusal::Blocked))
     }
     async fn release(
@@ -255,10 +273,11 @@ impl Board for OldBoard {
 async fn a_node_without_the_batch_service_is_called_directly() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let claims = Arc::new(AtomicUsize::new(0));
+    let board = OldBoard::default();
+    let claims = board.claims.clone();
     let server = tokio::spawn(
         Server::builder()
-            .add_service(BoardServer::new(OldBoard(claims.clone())))
+            .add_service(BoardServer::new(board))
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
     let client = Client::new(
@@ -276,5 +295,50 @@ async fn a_node_without_the_batch_service_is_called_directly() {
         }
         assert_eq!(claims.load(Ordering::SeqCst), round + 1, "served directly");
     }
+    server.abort();
+}
+
+/// Every attempt after the first of one request says it is a retry (the leader then judges it
+/// through the log, where an earlier attempt may be waiting); a new request starts unmarked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_after_the_first_are_marked_as_retries() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let board = OldBoard {
+        flaky: true,
+        ..OldBoard::default()
+    };
+    let headers = board.headers.clone();
+    let server = tokio::spawn(
+        Server::builder()
+            .add_service(BoardServer::new(board))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let client = Client::new(
+        &[addr.to_string()],
+        ClientConfig {
+            deadline: Duration::from_secs(5),
+            ..ClientConfig::default()
+        },
+    )
+    .unwrap();
+    for _ in 0..2 {
+        match client.claim("x", "a", 1_000).await {
+            Err(Error::Refused(Refusal::Blocked)) => {}
+            other => panic!("want the answer to the retry, got {other:?}"),
+        }
+    }
+    let seen: Vec<(u64, bool)> = headers
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|header| (header.seq, header.retry))
+        .collect();
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    assert_eq!(seen[0], (seen[0].0, false), "{seen:?}");
+    assert_eq!(seen[1], (seen[0].0, true), "{seen:?}");
+    assert_ne!(seen[2].0, seen[0].0, "{seen:?}");
+    assert_eq!(seen[2], (seen[2].0, false), "{seen:?}");
+    assert_eq!(seen[3], (seen[2].0, true), "{seen:?}");
     server.abort();
 }

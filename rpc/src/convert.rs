@@ -1001,6 +1001,7 @@ mod tests {
             client_id: 1,
             seq: 1,
             acked_below: 0,
+            ..Default::default()
         };
         let wire = submit_to_proto(header, &spec);
         assert_eq!(wire.concurrency_key, b"object/42");

@@ -78,19 +78,17 @@ impl State {
     /// Applied through the log, such a command would also move the store clock and record its
     /// answer in the session table; neither is needed for a refusal, which a retry may safely
     /// judge again. The leader uses this, on a state confirmed current by a read index, to answer
-    /// contended requests without a log entry and a quorum fsync.
+    /// contended requests without a log entry and a quorum fsync, for a request's first attempt
+    /// only: a retry gets just [`State::answered`], and the service of every command refused
+    /// here passes the client's retry mark on (`Node::propose_attempt`).
     pub fn prejudge(
         &self,
         origin: Option<&Origin>,
         command: &Command,
         now_ms: u64,
     ) -> Option<Response> {
-        if let Some(origin) = origin {
-            match self.sessions.lookup(origin) {
-                SessionLookup::Seen(first) => return Some(first),
-                SessionLookup::Forgotten => return Some(Response::SessionExpired),
-                SessionLookup::New => {}
-            }
+        if let Some(answer) = origin.and_then(|origin| self.answered(origin)) {
+            return Some(answer);
         }
         let clock = self.clock_ms.max(now_ms);
         let refusal = match command {
@@ -103,6 +101,23 @@ impl State {
             _ => None,
         }?;
         Some(Response::Answer(Err(refusal)))
+    }
+}
+
+impl State {
+    /// The answer the session table holds for `origin`'s request: its first answer, or
+    /// `SessionExpired` when the request is older than the table remembers; `None` when it was
+    /// never applied.
+    ///
+    /// All a retry may be answered with outside the log: an earlier attempt of it may sit in the
+    /// log unapplied, and a refusal judged on the state (see [`State::prejudge`]) could contradict
+    /// what that attempt does once applied.
+    pub fn answered(&self, origin: &Origin) -> Option<Response> {
+        match self.sessions.lookup(origin) {
+            SessionLookup::Seen(first) => Some(first),
+            SessionLookup::Forgotten => Some(Response::SessionExpired),
+            SessionLookup::New => None,
+        }
     }
 }
 

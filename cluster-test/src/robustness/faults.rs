@@ -723,6 +723,7 @@ impl Probe {
             client_id: rand::random(),
             seq: 1,
             acked_below: 1,
+            ..Default::default()
         });
         let (input, outcome) = match self {
             Probe::Read(key) => {

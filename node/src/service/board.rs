@@ -55,6 +55,7 @@ impl board_server::Board for BoardService {
         request: Request<ClaimTaskRequest>,
     ) -> Result<Response<ClaimTaskResponse>, Status> {
         let r = request.into_inner();
+        let retry = r.header.as_ref().is_some_and(|header| header.retry);
         let command = Command::Claim {
             id: r.id,
             agent: r.agent,
@@ -62,7 +63,7 @@ impl board_server::Board for BoardService {
         };
         match self
             .node
-            .propose(Some(origin(r.header)?), Cmd::Board(command))
+            .propose_attempt(Some(origin(r.header)?), retry, Cmd::Board(command))
             .await?
         {
             // The claimer is the one caller who sees the token.

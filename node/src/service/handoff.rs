@@ -58,13 +58,14 @@ impl handoff_server::Handoff for HandoffService {
     #[tracing::instrument(skip_all, fields(command = "take"))]
     async fn take(&self, request: Request<TakeRequest>) -> Result<Response<TakeResponse>, Status> {
         let r = request.into_inner();
+        let retry = r.header.as_ref().is_some_and(|header| header.retry);
         let command = Command::Take {
             key: r.key,
             to: r.to,
         };
         match self
             .node
-            .propose(Some(origin(r.header)?), Cmd::Handoff(command))
+            .propose_attempt(Some(origin(r.header)?), retry, Cmd::Handoff(command))
             .await?
         {
             Reply::Handle(handle) => Ok(Response::new(TakeResponse {

@@ -29,7 +29,7 @@ pub use watch::{Event, WatchPosition, WATCH_SILENCE};
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -63,6 +63,7 @@ fn jittered(pause: Duration) -> Duration {
 }
 
 pub(crate) use batcher::{Conn, Grpc};
+#[cfg(test)]
 pub(crate) use queue::Leased;
 
 /// Timeouts of a [`Client`].
@@ -328,13 +329,17 @@ impl Client {
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let request = InFlight::begin(&self.inner.session);
-        let header = RequestHeader {
-            client_id: self.inner.client_id,
-            seq: request.seq,
-            acked_below: request.acked_below,
-        };
-        self.call_waiting(wait, |channel| attempt(header, channel))
-            .await
+        let sent = AtomicBool::new(false);
+        self.call_waiting(wait, |channel| {
+            let header = RequestHeader {
+                client_id: self.inner.client_id,
+                seq: request.seq,
+                acked_below: request.acked_below,
+                retry: sent.swap(true, Ordering::Relaxed),
+            };
+            attempt(header, channel)
+        })
+        .await
     }
 
     /// Runs one call against the leader, following redirects and retrying infrastructure
