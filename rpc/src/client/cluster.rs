@@ -28,7 +28,7 @@ impl Client {
     /// Adds node `id` at `addr` as a learner and waits until it has caught up with the log.
     /// Adding a learner that is already a member is harmless.
     pub async fn add_learner(&self, id: u64, addr: &str) -> Result<MembershipResponse, Error> {
-        self.call(|channel: Conn| {
+        self.call_patiently(|channel: Conn| {
             let request = proto::AddLearnerRequest {
                 id,
                 addr: addr.to_string(),
@@ -41,7 +41,7 @@ impl Client {
     /// Makes `voters` the cluster's voter set (joint consensus). Every new voter must already be
     /// a learner; members left out are removed from the cluster.
     pub async fn change_membership(&self, voters: &[u64]) -> Result<MembershipResponse, Error> {
-        self.call(|channel: Conn| {
+        self.call_patiently(|channel: Conn| {
             let request = proto::ChangeMembershipRequest {
                 voters: voters.to_vec(),
             };
@@ -94,7 +94,7 @@ impl Client {
     /// a backup.
     pub async fn save_snapshot(&self) -> Result<SavedSnapshot, Error> {
         let mut stream = self
-            .call(|channel: Conn| async move {
+            .call_patiently(|channel: Conn| async move {
                 ClusterClient::new(channel)
                     .save_snapshot(proto::SaveSnapshotRequest {})
                     .await

@@ -359,11 +359,36 @@ impl Client {
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let base = &self.inner.config;
-        let config = &ClientConfig {
+        let config = ClientConfig {
             deadline: base.deadline + wait,
             attempt_timeout: base.attempt_timeout + wait,
             connect_timeout: base.connect_timeout,
         };
+        self.call_within(&config, attempt).await
+    }
+
+    /// [`Client::call`] for a request the leader may work on for long before it answers (a
+    /// snapshot of the whole state, a learner catching up, a membership change): one attempt may
+    /// take the whole deadline, rather than being cut off and sent again to start the work over.
+    async fn call_patiently<T, F, Fut>(&self, attempt: F) -> Result<T, Error>
+    where
+        F: Fn(Conn) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let base = &self.inner.config;
+        let config = ClientConfig {
+            attempt_timeout: base.deadline.max(base.attempt_timeout),
+            ..base.clone()
+        };
+        self.call_within(&config, attempt).await
+    }
+
+    /// Runs one call with `config`'s limits (see [`Client::call`]).
+    async fn call_within<T, F, Fut>(&self, config: &ClientConfig, attempt: F) -> Result<T, Error>
+    where
+        F: Fn(Conn) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
         let started = Instant::now();
         let mut tried: BTreeSet<String> = BTreeSet::new();
         let mut pause = FIRST_RETRY_PAUSE;

@@ -1,0 +1,98 @@
+//! Administrative calls the leader may work on for long (a learner catching up, a snapshot of a
+//! big state) get the client's whole deadline for one attempt: cutting them off at the attempt
+//! timeout would send them again, starting the work over each time, and report a failure for
+//! work that succeeded.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_rpc::proto::cluster_server::{Cluster, ClusterServer};
+use baton_rpc::proto::{self};
+use baton_rpc::{Client, ClientConfig};
+use tonic::transport::Server;
+use tonic::{Request, Response, Status};
+
+/// How long the stand-in leader works on a learner before answering.
+const CATCH_UP: Duration = Duration::from_millis(1_500);
+
+/// A leader whose learners take [`CATCH_UP`] to catch up; it counts the requests.
+#[derive(Default)]
+struct SlowLeader {
+    add_learner: Arc<AtomicUsize>,
+}
+
+#[tonic::async_trait]
+impl Cluster for SlowLeader {
+    async fn node_info(
+        &self,
+        _: Request<proto::NodeInfoRequest>,
+    ) -> Result<Response<proto::NodeInfoResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
+    async fn initialize(
+        &self,
+        _: Request<proto::InitializeRequest>,
+    ) -> Result<Response<proto::InitializeResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
+    async fn add_learner(
+        &self,
+        _: Request<proto::AddLearnerRequest>,
+    ) -> Result<Response<proto::MembershipResponse>, Status> {
+        self.add_learner.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(CATCH_UP).await;
+        Ok(Response::new(proto::MembershipResponse::default()))
+    }
+    async fn change_membership(
+        &self,
+        _: Request<proto::ChangeMembershipRequest>,
+    ) -> Result<Response<proto::MembershipResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
+    async fn transfer_leader(
+        &self,
+        _: Request<proto::TransferLeaderRequest>,
+    ) -> Result<Response<proto::TransferLeaderResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
+    type SaveSnapshotStream =
+        std::pin::Pin<Box<dyn futures::Stream<Item = Result<proto::SnapshotPart, Status>> + Send>>;
+    async fn save_snapshot(
+        &self,
+        _: Request<proto::SaveSnapshotRequest>,
+    ) -> Result<Response<Self::SaveSnapshotStream>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_that_takes_longer_than_an_attempt_is_added_in_one_request() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let leader = SlowLeader::default();
+    let requests = leader.add_learner.clone();
+    let server = tokio::spawn(
+        Server::builder()
+            .add_service(ClusterServer::new(leader))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let client = Client::new(
+        &[addr.to_string()],
+        ClientConfig {
+            deadline: Duration::from_secs(10),
+            attempt_timeout: Duration::from_millis(500),
+            ..ClientConfig::default()
+        },
+    )
+    .unwrap();
+    let added = client.add_learner(4, "127.0.0.1:1").await;
+    assert!(added.is_ok(), "{added:?}");
+    assert_eq!(
+        requests.load(Ordering::SeqCst),
+        1,
+        "the learner was asked for once, not again at every attempt timeout"
+    );
+    server.abort();
+}
