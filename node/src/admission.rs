@@ -33,9 +33,6 @@ const CLUSTER_PATH: &str = "/baton.v1.Cluster/";
 /// Standard gRPC health checks: answered without a token.
 const HEALTH_PATH: &str = "/grpc.health.v1.Health/";
 
-/// The status code of an unauthenticated request (also its Baton detail code).
-pub const UNAUTHENTICATED: &str = "UNAUTHENTICATED";
-
 /// Why the gate is closed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Closed {
@@ -142,7 +139,7 @@ impl Admission {
                 tracing::debug!(path, %why, "request refused: unauthenticated");
                 return Decision::Refuse(infra_status(
                     Code::Unauthenticated,
-                    UNAUTHENTICATED,
+                    infra::UNAUTHENTICATED,
                     why.to_string(),
                 ));
             }

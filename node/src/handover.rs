@@ -25,7 +25,7 @@
 
 use std::time::Duration;
 
-use baton_rpc::error::{infra_status, not_leader_status, refusal_status};
+use baton_rpc::error::{infra, infra_status, not_leader_status, refusal_status};
 use baton_statemachine::Refusal;
 use openraft::ServerState;
 use serde::{Deserialize, Serialize};
@@ -37,9 +37,6 @@ use crate::network::Network;
 use crate::node::{is_voter, Node};
 use crate::pre_vote::Contact;
 use crate::types::{LogId, NodeId, Raft};
-
-/// The Baton detail code of a handover that did not complete.
-pub const HANDOVER_FAILED: &str = "HANDOVER_FAILED";
 
 /// How many elections the leader asks the target for before it gives up.
 const ATTEMPTS: usize = 3;
@@ -120,11 +117,13 @@ impl HandoverError {
             HandoverError::BadTarget(_) => {
                 refusal_status(&Refusal::invalid("to", "must be another voter's id"))
             }
-            HandoverError::NoOtherVoter => {
-                infra_status(Code::FailedPrecondition, HANDOVER_FAILED, self.to_string())
-            }
+            HandoverError::NoOtherVoter => infra_status(
+                Code::FailedPrecondition,
+                infra::HANDOVER_FAILED,
+                self.to_string(),
+            ),
             HandoverError::Failed(_) => {
-                infra_status(Code::Unavailable, HANDOVER_FAILED, self.to_string())
+                infra_status(Code::Unavailable, infra::HANDOVER_FAILED, self.to_string())
             }
         }
     }

@@ -43,6 +43,12 @@ pub mod infra {
     /// The request is larger than the node accepts (gRPC `RESOURCE_EXHAUSTED`); nothing was
     /// done, and sending it again will not help.
     pub const REQUEST_TOO_LARGE: &str = "REQUEST_TOO_LARGE";
+    /// The request carried no token, or one the node does not accept (gRPC `UNAUTHENTICATED`);
+    /// nothing was done. Give the client a listed token (`Security::token`).
+    pub const UNAUTHENTICATED: &str = "UNAUTHENTICATED";
+    /// A leadership handover (`TransferLeader`) did not complete: no other voter, or no election
+    /// won in time; the message says which. Check `baton status` before asking again.
+    pub const HANDOVER_FAILED: &str = "HANDOVER_FAILED";
 }
 
 /// The gRPC status code a refusal travels with.
@@ -294,6 +300,8 @@ mod tests {
             infra::SHUTTING_DOWN,
             infra::OVERLOADED,
             infra::REQUEST_TOO_LARGE,
+            infra::UNAUTHENTICATED,
+            infra::HANDOVER_FAILED,
         ] {
             let status = infra_status(Code::Unavailable, code, "x");
             let detail = detail_of(&status).expect("detail");
