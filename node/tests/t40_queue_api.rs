@@ -676,6 +676,64 @@ async fn the_long_poll_lease_waits_without_writing_and_wakes_on_a_submission() {
     cluster.stop().await;
 }
 
+/// A long poll held while the same client makes more writes than the store remembers answers
+/// for (4,096 per client) still leases when work arrives: polls are numbered apart from the
+/// client's other writes, so the flood cannot push the waiting poll out of the session window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_outlives_thousands_of_writes_from_the_same_client() {
+    let cluster = Cluster::start().await;
+    let c = cluster.client.clone();
+    c.create_queue("flood", "ns").await.unwrap();
+    c.register_worker("patient", false).await.unwrap();
+    let poll = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            c.lease(
+                "patient",
+                &["flood".to_string()],
+                1,
+                30_000,
+                Duration::from_secs(25),
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let writers: Vec<_> = (0..32)
+        .map(|w| {
+            let c = c.clone();
+            tokio::spawn(async move {
+                for seq in 1..=135u64 {
+                    c.save_if_newer(&format!("flood-{w}"), seq, b"x")
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    assert!(
+        !poll.is_finished(),
+        "the poll waits while nothing is leasable"
+    );
+    let task = c
+        .submit(&spec("flood", "late", "h", ""))
+        .await
+        .unwrap()
+        .task;
+    let leased = poll.await.unwrap();
+    match leased {
+        Ok(assignments) => {
+            assert_eq!(assignments.len(), 1);
+            assert_eq!(assignments[0].task_id, task.id);
+        }
+        Err(error) => panic!("the waiting poll was lost to the flood of writes: {error}"),
+    }
+    cluster.stop().await;
+}
+
 /// What the test handler saw, per concurrency key: (token, start, end) of each execution.
 type Executions = Arc<Mutex<BTreeMap<String, Vec<(u64, Instant, Instant)>>>>;
 

@@ -105,6 +105,12 @@ struct Inner {
     cursor: AtomicU64,
     client_id: u64,
     session: Mutex<Session>,
+    /// Long polls number their requests in a session of their own. The store remembers the
+    /// answers of a client's last 4,096 requests; a poll held for seconds while the same client makes thousands of other writes
+    /// would otherwise fall below what the store remembers before it is applied, and come back
+    /// `SESSION_EXPIRED` (outcome unknown) instead of leasing.
+    poll_client_id: u64,
+    poll_session: Mutex<Session>,
 }
 
 /// The client's side of its session with the store.
@@ -113,6 +119,16 @@ struct Session {
     next_seq: u64,
     /// Requests sent and not yet answered (or abandoned).
     in_flight: BTreeSet<u64>,
+}
+
+impl Session {
+    /// A new session: request numbers start at 1.
+    fn new() -> Self {
+        Self {
+            next_seq: 1,
+            in_flight: BTreeSet::new(),
+        }
+    }
 }
 
 /// One write's place in the session: its seq, and every seq below `acked_below` is finished.
@@ -224,10 +240,9 @@ impl Client {
                 leader: Mutex::default(),
                 cursor: AtomicU64::new(0),
                 client_id: rand::random(),
-                session: Mutex::new(Session {
-                    next_seq: 1,
-                    in_flight: BTreeSet::new(),
-                }),
+                session: Mutex::new(Session::new()),
+                poll_client_id: rand::random(),
+                poll_session: Mutex::new(Session::new()),
             }),
         })
     }
@@ -328,11 +343,16 @@ impl Client {
         F: Fn(RequestHeader, Conn) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
-        let request = InFlight::begin(&self.inner.session);
+        let (client_id, session) = if wait.is_zero() {
+            (self.inner.client_id, &self.inner.session)
+        } else {
+            (self.inner.poll_client_id, &self.inner.poll_session)
+        };
+        let request = InFlight::begin(session);
         let sent = AtomicBool::new(false);
         self.call_waiting(wait, |channel| {
             let header = RequestHeader {
-                client_id: self.inner.client_id,
+                client_id,
                 seq: request.seq,
                 acked_below: request.acked_below,
                 retry: sent.swap(true, Ordering::Relaxed),
