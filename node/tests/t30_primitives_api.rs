@@ -144,6 +144,25 @@ async fn every_primitive_call_answers_typed_results_and_refusals() {
     assert_eq!((race.winners.len(), race.losers), (1, 3));
     assert_eq!(judge::check_board(c).await.unwrap(), vec![]);
 
+    // A take race where one taker is not the addressee: that taker never reached the race, so
+    // the judgement fails even though exactly one addressee won.
+    c.offer(OfferArgs {
+        key: "race-ticket".into(),
+        from: "src".into(),
+        to: "dst".into(),
+        payload: Vec::new(),
+        reply_to: "src".into(),
+        ttl_ms: 60_000,
+    })
+    .await
+    .unwrap();
+    let takers = vec!["dst".to_string(), "dst".to_string(), "stranger".to_string()];
+    let race = judge::concurrent_take(c, "race-ticket", &takers, Duration::from_secs(10)).await;
+    assert_eq!(race.winners.len(), 1, "{race:?}");
+    assert_eq!(race.losers, 1, "{race:?}");
+    assert_eq!(race.misses, vec![Refusal::NotAddressee], "{race:?}");
+    assert!(race.verdict().is_err(), "a miss fails the judgement");
+
     // ------------------------------------------------------------ side-effect gate
     let email = action("email-1", "smtp", RetrySafety::Safe);
     assert_eq!(

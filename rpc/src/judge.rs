@@ -167,3 +167,84 @@ pub async fn check_board(client: &Client) -> Result<Vec<BoardProblem>, Error> {
     let snapshot = client.tasks().await?;
     Ok(board::check(&snapshot.tasks, snapshot.now_ms))
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::ClientConfig;
+
+    fn race(winners: usize, losers: usize, misses: Vec<Refusal>, infra: usize) -> Race<()> {
+        Race {
+            winners: vec![(); winners],
+            losers,
+            misses,
+            infra_errors: (0..infra)
+                .map(|_| Error::Protocol("broken".into()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn only_one_winner_and_nothing_but_taken_passes() {
+        assert_eq!(race(1, 4, vec![], 0).verdict(), Ok(()));
+        assert_eq!(race(1, 0, vec![], 0).verdict(), Ok(()));
+        for failing in [
+            race(0, 5, vec![], 0),
+            race(2, 3, vec![], 0),
+            race(1, 3, vec![Refusal::NotAddressee], 0),
+            race(1, 3, vec![], 1),
+            race(0, 0, vec![], 5),
+        ] {
+            assert!(failing.verdict().is_err(), "{failing:?} passed");
+        }
+    }
+
+    fn impatient(addr: &str) -> Client {
+        let config = ClientConfig {
+            deadline: Duration::from_millis(400),
+            attempt_timeout: Duration::from_millis(200),
+            connect_timeout: Duration::from_millis(100),
+        };
+        Client::new(&[addr.to_string()], config).unwrap()
+    }
+
+    fn takers() -> Vec<String> {
+        (0..4).map(|i| format!("taker-{i}")).collect()
+    }
+
+    /// A store nobody answers for cannot pass by having "nobody win": every taker is an
+    /// infrastructure failure, none a loser.
+    #[tokio::test]
+    async fn an_unreachable_store_fails_the_judgement_as_infrastructure() {
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = free.local_addr().unwrap().to_string();
+        drop(free);
+        let race = concurrent_take(&impatient(&addr), "k", &takers(), Duration::from_secs(5)).await;
+        assert_eq!(race.losers, 0, "{race:?}");
+        assert!(race.winners.is_empty(), "{race:?}");
+        assert_eq!(race.infra_errors.len(), 4, "{race:?}");
+        assert!(race.verdict().is_err());
+    }
+
+    /// The judgement's own limit bounds it against a store that accepts and never answers.
+    #[tokio::test]
+    async fn a_silent_store_fails_the_judgement_within_its_limit() {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = silent.local_addr().unwrap().to_string();
+        let config = ClientConfig {
+            deadline: Duration::from_secs(30),
+            attempt_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(30),
+        };
+        let client = Client::new(&[addr], config).unwrap();
+        let started = std::time::Instant::now();
+        let race = concurrent_claim(&client, "t", &takers(), Duration::from_millis(200)).await;
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(2), "the judgement took {took:?}");
+        assert_eq!(race.losers, 0, "{race:?}");
+        assert!(!race.infra_errors.is_empty(), "{race:?}");
+        assert!(race.verdict().is_err());
+    }
+}
