@@ -62,8 +62,11 @@ pub struct Contact {
 }
 
 struct Moments {
-    /// The last leader message this node accepted (or its start).
+    /// The last leader message this node accepted, or the moment it stopped leading itself (or
+    /// its start).
     leader: Instant,
+    /// Whether this node led when its role was last noted.
+    leading: bool,
     /// The last time a pre-vote was refused for the asker's older log (or its start).
     asked_to_stand: Instant,
 }
@@ -75,6 +78,7 @@ impl Default for Moments {
         let now = Instant::now();
         Self {
             leader: now,
+            leading: false,
             asked_to_stand: now,
         }
     }
@@ -89,6 +93,19 @@ impl Contact {
     /// snapshot).
     pub fn heard_from_leader(&self) {
         self.moments().leader = Instant::now();
+    }
+
+    /// Notes this node's role. A node that stops leading counts as having heard from a leader
+    /// at that moment: it was one until then, and another has just been elected (or is being),
+    /// so for the next lease it refuses pre-votes like any follower of a live leader. Otherwise
+    /// its last word from a leader would date from before its own election, and it would say yes
+    /// to a candidate that then unseats the new leader.
+    pub fn note_role(&self, leading: bool) {
+        let mut moments = self.moments();
+        if moments.leading && !leading {
+            moments.leader = Instant::now();
+        }
+        moments.leading = leading;
     }
 
     /// When this node last heard from a leader (or started).
@@ -293,6 +310,7 @@ pub async fn run(
         }
         let due = {
             let m = server.borrow_and_update();
+            contact.note_role(m.state == ServerState::Leader);
             let clock = Clock {
                 leader_at: contact.leader_at(),
                 changed_at,
@@ -620,5 +638,25 @@ mod tests {
         );
         contact.heard_from_leader();
         assert!(contact.leader_at() >= start + Duration::from_millis(20));
+    }
+
+    #[test]
+    fn a_node_that_stops_leading_counts_as_having_just_heard_from_a_leader() {
+        let contact = Contact::default();
+        contact.note_role(true);
+        let elected = contact.leader_at();
+        std::thread::sleep(Duration::from_millis(20));
+        contact.note_role(true);
+        assert_eq!(contact.leader_at(), elected, "leading on changes nothing");
+        contact.note_role(false);
+        let stepped_down = contact.leader_at();
+        assert!(stepped_down >= elected + Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(20));
+        contact.note_role(false);
+        assert_eq!(
+            contact.leader_at(),
+            stepped_down,
+            "following on changes nothing"
+        );
     }
 }
