@@ -33,7 +33,7 @@ use tokio::time::Instant;
 use tonic::{Code, Status};
 
 use crate::admission::{Admission, Closed};
-use crate::network::Network;
+use crate::network::{Declined, Network};
 use crate::node::{is_voter, Node};
 use crate::pre_vote::Contact;
 use crate::types::{LogId, NodeId, Raft};
@@ -255,8 +255,8 @@ async fn attempt_once(
     let addr = node
         .member_addr(target)
         .ok_or_else(|| Step::Failed(format!("node {target} has no address")))?;
-    // Heartbeats stopped before the target caught up, so every follower last heard from this
-    // leader before now: one lease from now, all of them grant votes again.
+    // Heartbeats are off: one lease from now, every follower that has heard nothing since grants
+    // votes again (one still taking entries that were in flight may refuse a while longer).
     let after = lease + LEASE_MARGIN;
     let message = TimeoutNow {
         from: node.id,
@@ -264,10 +264,16 @@ async fn attempt_once(
         last_log,
         after_ms: u64::try_from(after.as_millis()).unwrap_or(u64::MAX),
     };
-    network
-        .timeout_now(target, &addr, &message)
-        .await
-        .map_err(Step::Failed)?;
+    match network.timeout_now(target, &addr, &message).await {
+        Ok(()) => {}
+        Err(Declined::Refused(why)) => return Err(Step::Failed(why)),
+        // The target may have got the message and will stand: see whether it wins before
+        // calling the attempt failed, or the caller would hear "failed" about a handover that
+        // happened.
+        Err(Declined::Unanswered(why)) => {
+            tracing::warn!(target, %why, "no answer to TimeoutNow; waiting for an election anyway")
+        }
+    }
     // The target campaigns after `after`; it wins within a few round trips, well inside a lease.
     let limit = after + lease * 2 + Duration::from_secs(1);
     match wait_new_leader(node, limit).await {

@@ -256,27 +256,25 @@ impl Network {
         Ok((outcome, body))
     }
 
-    /// Asks peer `target` to start an election now (leadership handover); returns its refusal
-    /// or the transport failure as text.
+    /// Asks peer `target` to start an election now (leadership handover).
     pub async fn timeout_now(
         &self,
         target: NodeId,
         addr: &str,
         message: &TimeoutNow,
-    ) -> Result<(), String> {
+    ) -> Result<(), Declined> {
         self.ask(target, addr, Kind::TimeoutNow, message, TIMEOUT_NOW_LIMIT)
             .await
     }
 
-    /// Asks voter `target` whether it would vote for this node (a pre-vote) within `limit`;
-    /// returns its refusal or the transport failure as text.
+    /// Asks voter `target` whether it would vote for this node (a pre-vote) within `limit`.
     pub async fn pre_vote(
         &self,
         target: NodeId,
         addr: &str,
         message: &PreVote,
         limit: Duration,
-    ) -> Result<(), String> {
+    ) -> Result<(), Declined> {
         self.ask(target, addr, Kind::PreVote, message, limit).await
     }
 
@@ -288,20 +286,38 @@ impl Network {
         kind: Kind,
         message: &T,
         limit: Duration,
-    ) -> Result<(), String> {
+    ) -> Result<(), Declined> {
         let deadline = call_deadline(Instant::now(), limit);
         let addr = self.address(target, addr);
-        let frame = raft_wire::request(kind, message).map_err(|e| e.to_string())?;
+        let frame =
+            raft_wire::request(kind, message).map_err(|e| Declined::Unanswered(e.to_string()))?;
         let (outcome, body) = self
             .call(target, &addr, frame, deadline)
             .await
-            .map_err(|e| format!("node {target}: {e}"))?;
+            .map_err(|e| Declined::Unanswered(format!("node {target}: {e}")))?;
         match outcome {
             Outcome::Answered => Ok(()),
-            Outcome::Refused => Err(codec::decode(&body).map_err(|e| e.to_string())?),
-            Outcome::Failed => Err(format!("node {target}: {}", String::from_utf8_lossy(&body))),
+            Outcome::Refused => Err(Declined::Refused(
+                codec::decode(&body).map_err(|e| Declined::Unanswered(e.to_string()))?,
+            )),
+            Outcome::Failed => Err(Declined::Unanswered(format!(
+                "node {target}: {}",
+                String::from_utf8_lossy(&body)
+            ))),
         }
     }
+}
+
+/// Why a peer did not say yes to one of Baton's own requests.
+#[derive(Debug, thiserror::Error)]
+pub enum Declined {
+    /// The peer answered no, for the reason given: it did nothing.
+    #[error("{0}")]
+    Refused(String),
+    /// No answer came (a transport failure, the time limit, an answer that could not be read):
+    /// the peer may have acted on the request all the same.
+    #[error("{0}")]
+    Unanswered(String),
 }
 
 /// When a call given `limit` from `started` gives up on its own: a little before openraft drops
