@@ -27,8 +27,10 @@
 //! leases, and one of them becomes the next leader.
 //!
 //! Refusing messages is losing them, which Raft tolerates at any time: safety is unchanged. A
-//! leader that commits again (its links were slow for a moment) is taken again at its next
-//! message. A leader with nothing to commit is not judged, so a slow leader serving only reads
+//! leader that commits again with the other voters (its links were slow for a moment) is taken
+//! again at its next message. With the other follower down, this voter is the only one the
+//! leader can commit with, so nothing lifts the refusal early: writes wait for it to run out (up
+//! to [`REFUSAL_LEASES`] leases) even once the links recover. A leader with nothing to commit is not judged, so a slow leader serving only reads
 //! (each failing: read-index needs a quorum's answers in time) appends an empty entry when a
 //! read-index round finds no quorum ([`crate::read_index`]).
 
