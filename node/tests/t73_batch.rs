@@ -269,25 +269,32 @@ impl Board for OldBoard {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_without_the_batch_service_is_called_directly() {
+/// Serves `board` on a loopback port; a client of it, and the server's task.
+async fn serve(
+    board: OldBoard,
+) -> (
+    Client,
+    tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let board = OldBoard::default();
-    let claims = board.claims.clone();
     let server = tokio::spawn(
         Server::builder()
             .add_service(BoardServer::new(board))
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
-    let client = Client::new(
-        &[addr.to_string()],
-        ClientConfig {
-            deadline: Duration::from_secs(5),
-            ..ClientConfig::default()
-        },
-    )
-    .unwrap();
+    let config = ClientConfig {
+        deadline: Duration::from_secs(5),
+        ..ClientConfig::default()
+    };
+    (Client::new(&[addr.to_string()], config).unwrap(), server)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_the_batch_service_is_called_directly() {
+    let board = OldBoard::default();
+    let claims = board.claims.clone();
+    let (client, server) = serve(board).await;
     for round in 0..2 {
         match client.claim("x", "a", 1_000).await {
             Err(Error::Refused(Refusal::Blocked)) => {}
@@ -302,26 +309,12 @@ async fn a_node_without_the_batch_service_is_called_directly() {
 /// through the log, where an earlier attempt may be waiting); a new request starts unmarked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attempts_after_the_first_are_marked_as_retries() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let board = OldBoard {
         flaky: true,
         ..OldBoard::default()
     };
     let headers = board.headers.clone();
-    let server = tokio::spawn(
-        Server::builder()
-            .add_service(BoardServer::new(board))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
-    let client = Client::new(
-        &[addr.to_string()],
-        ClientConfig {
-            deadline: Duration::from_secs(5),
-            ..ClientConfig::default()
-        },
-    )
-    .unwrap();
+    let (client, server) = serve(board).await;
     for _ in 0..2 {
         match client.claim("x", "a", 1_000).await {
             Err(Error::Refused(Refusal::Blocked)) => {}

@@ -1016,22 +1016,11 @@ async fn renew_loop(
                 return;
             }
             Ok(Err(error)) => {
-                tracing::warn!(task = task_id, attempt, %error, "renewal failed; will retry");
-                if Instant::now() >= valid_until {
-                    lost.send_replace(true);
-                    return;
-                }
-                next = next.min(valid_until);
+                tracing::warn!(task = task_id, attempt, %error, "renewal failed; will retry")
             }
-            Err(_) => {
-                tracing::warn!(
-                    task = task_id,
-                    attempt,
-                    "the lease ran out before a renewal got through; stopping the handler"
-                );
-                lost.send_replace(true);
-                return;
-            }
+            // The lease ran out while the renewal was on its way: the check above stops the
+            // handler.
+            Err(_) => {}
         }
     }
 }
