@@ -118,6 +118,34 @@ async fn a_handover_whose_caller_goes_away_leaves_the_old_leader_serving() {
     only_old.save_if_newer("after", 1, b"new").await.unwrap();
 }
 
+/// A handover to a voter that is down fails at once (the `TimeoutNow` never left), rather than
+/// waiting out an election per attempt with the gate closed; writes go on through the old
+/// leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_to_a_stopped_voter_fails_at_once() {
+    let mut cluster = Cluster::start(3, Options::default()).await.unwrap();
+    let client = cluster.client().await.unwrap();
+    client.save_if_newer("before", 1, b"kept").await.unwrap();
+    let leader = cluster.leader().await.unwrap();
+    let down = cluster.ids().into_iter().find(|id| *id != leader).unwrap();
+    cluster.kill(down).unwrap();
+
+    let asked = Instant::now();
+    let answer = client.transfer_leader(Some(down)).await;
+    let took = asked.elapsed();
+    match &answer {
+        Err(baton_rpc::Error::Server { code, .. }) => assert_eq!(code, "HANDOVER_FAILED"),
+        other => panic!("expected HANDOVER_FAILED, got {other:?}"),
+    }
+    println!("handover to a stopped voter answered in {took:?}");
+    assert!(
+        took < Duration::from_secs(2),
+        "the handover to a stopped voter took {took:?}"
+    );
+    assert_eq!(cluster.leader().await.unwrap(), leader);
+    client.save_if_newer("after", 1, b"new").await.unwrap();
+}
+
 /// The highest term any node reports.
 async fn highest_term(cluster: &Cluster) -> u64 {
     let mut highest = 0;

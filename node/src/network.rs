@@ -182,20 +182,25 @@ impl Network {
     }
 
     /// Sends `frame` to peer `target` at `addr` and returns the answer by `deadline` (dialing
-    /// included). Every failure is a transport failure, as text.
+    /// included). Every failure is a transport failure.
     async fn call(
         &self,
         target: NodeId,
         addr: &str,
         frame: Bytes,
         deadline: Instant,
-    ) -> Result<(Outcome, Bytes), String> {
-        let unanswered = || format!("node {target} at {addr}: no answer in time");
+    ) -> Result<(Outcome, Bytes), CallFailure> {
+        let unanswered =
+            || CallFailure::sent(format!("node {target} at {addr}: no answer in time"));
         let permits = self.permits(target, addr);
         let _permit = tokio::time::timeout_at(deadline, permits.acquire_owned())
             .await
-            .map_err(|_| format!("node {target} at {addr}: all {MAX_LINKS} connections busy"))?
-            .map_err(|e| e.to_string())?;
+            .map_err(|_| {
+                CallFailure::unsent(format!(
+                    "node {target} at {addr}: all {MAX_LINKS} connections busy"
+                ))
+            })?
+            .map_err(|e| CallFailure::unsent(e.to_string()))?;
         if let Some(link) = self.take_idle(target, addr) {
             match exchange(link, frame.clone(), deadline).await {
                 Ok((link, answer)) => return self.answered(target, addr, link, answer),
@@ -216,21 +221,25 @@ impl Network {
             .flatten()
         {
             if now < until {
-                return Err(format!(
+                return Err(CallFailure::unsent(format!(
                     "node {target} at {addr} was unreachable just now; next try in {:?}",
                     until - now
-                ));
+                )));
             }
         }
         let dialing = self.dial(addr);
         let failure =
             match tokio::time::timeout_at(deadline.min(now + CONNECT_LIMIT), dialing).await {
-                Err(_) => format!("cannot connect to node {target} at {addr} in time"),
-                Ok(Err(why)) => why,
+                Err(_) => CallFailure::unsent(format!(
+                    "cannot connect to node {target} at {addr} in time"
+                )),
+                Ok(Err(why)) => CallFailure::unsent(why),
                 Ok(Ok(link)) => match exchange(link, frame, deadline).await {
                     Ok((link, answer)) => return self.answered(target, addr, link, answer),
                     Err(Failure::Late) => unanswered(),
-                    Err(Failure::Broken(why)) => format!("node {target} at {addr}: {why}"),
+                    Err(Failure::Broken(why)) => {
+                        CallFailure::sent(format!("node {target} at {addr}: {why}"))
+                    }
                 },
             };
         self.with_links(target, addr, |links| {
@@ -247,9 +256,9 @@ impl Network {
         addr: &str,
         link: Link,
         answer: Bytes,
-    ) -> Result<(Outcome, Bytes), String> {
-        let (outcome, body) =
-            raft_wire::parse_answer(answer).map_err(|e| format!("node {target} at {addr}: {e}"))?;
+    ) -> Result<(Outcome, Bytes), CallFailure> {
+        let (outcome, body) = raft_wire::parse_answer(answer)
+            .map_err(|e| CallFailure::sent(format!("node {target} at {addr}: {e}")))?;
         if outcome != Outcome::Failed {
             self.give_back(target, addr, link);
         }
@@ -290,17 +299,25 @@ impl Network {
         let deadline = call_deadline(Instant::now(), limit);
         let addr = self.address(target, addr);
         let frame =
-            raft_wire::request(kind, message).map_err(|e| Declined::Unanswered(e.to_string()))?;
-        let (outcome, body) = self
-            .call(target, &addr, frame, deadline)
-            .await
-            .map_err(|e| Declined::Unanswered(format!("node {target}: {e}")))?;
+            raft_wire::request(kind, message).map_err(|e| Declined::Refused(e.to_string()))?;
+        let (outcome, body) =
+            self.call(target, &addr, frame, deadline)
+                .await
+                .map_err(|failure| {
+                    let why = format!("node {target}: {}", failure.why);
+                    if failure.sent {
+                        Declined::Unanswered(why)
+                    } else {
+                        Declined::Refused(why)
+                    }
+                })?;
         match outcome {
             Outcome::Answered => Ok(()),
             Outcome::Refused => Err(Declined::Refused(
-                codec::decode(&body).map_err(|e| Declined::Unanswered(e.to_string()))?,
+                codec::decode(&body).map_err(|e| Declined::Refused(e.to_string()))?,
             )),
-            Outcome::Failed => Err(Declined::Unanswered(format!(
+            // The peer could not handle the request, so it did not act on it.
+            Outcome::Failed => Err(Declined::Refused(format!(
                 "node {target}: {}",
                 String::from_utf8_lossy(&body)
             ))),
@@ -311,13 +328,31 @@ impl Network {
 /// Why a peer did not say yes to one of Baton's own requests.
 #[derive(Debug, thiserror::Error)]
 pub enum Declined {
-    /// The peer answered no, for the reason given: it did nothing.
+    /// The peer did not act on the request: it answered no (for the reason given), could not
+    /// handle it, or never got it (no connection, the redial pause, every connection busy).
     #[error("{0}")]
     Refused(String),
-    /// No answer came (a transport failure, the time limit, an answer that could not be read):
-    /// the peer may have acted on the request all the same.
+    /// The request went out and no usable answer came (the time limit, a connection that broke
+    /// after the send, an answer that could not be read): the peer may have acted on it.
     #[error("{0}")]
     Unanswered(String),
+}
+
+/// A call that got no answer, and whether its request went out (so the peer may have acted).
+#[derive(Debug)]
+struct CallFailure {
+    why: String,
+    sent: bool,
+}
+
+impl CallFailure {
+    fn sent(why: String) -> Self {
+        Self { why, sent: true }
+    }
+
+    fn unsent(why: String) -> Self {
+        Self { why, sent: false }
+    }
 }
 
 /// When a call given `limit` from `started` gives up on its own: a little before openraft drops
@@ -407,7 +442,7 @@ impl Peer {
             .network
             .call(self.target, &self.addr, frame, deadline)
             .await
-            .map_err(|e| RPCError::Unreachable(Unreachable::new(&TransportError(e))))?;
+            .map_err(|e| RPCError::Unreachable(Unreachable::new(&TransportError(e.why))))?;
         match outcome {
             Outcome::Answered => {
                 codec::decode(&body).map_err(|e| RPCError::Network(NetworkError::new(&e)))
