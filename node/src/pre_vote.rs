@@ -208,6 +208,9 @@ pub fn on_pre_vote(
     ask: &PreVote,
 ) -> Result<(), String> {
     let role = raft.metrics().borrow().state;
+    // Also here, not only in `run`: a node that just stepped down must count it before it
+    // answers, whether or not `run` has looked at the role since.
+    contact.note_role(role == ServerState::Leader);
     let mine = raft.data_metrics().borrow().last_log;
     let verdict = judge(
         role,

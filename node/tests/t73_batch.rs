@@ -104,15 +104,16 @@ fn claim_item(id: &str, seq: u64) -> BatchItem {
     }
 }
 
-/// A batch's answers may add up to far more than any one answer: eight concurrent reads of
-/// tickets with near-maximal payloads (about 1 MB each, so a batch of six answers ~6 MB, above
-/// the 4 MiB a gRPC client decodes by default) all succeed.
+/// A batch's answers may add up to far more than any one answer: sixteen concurrent reads of
+/// tickets with near-maximal payloads (about 1 MB each; with two calls in flight the others
+/// queue and travel in batches of several, each answering well above the 4 MiB a gRPC client
+/// decodes by default) all succeed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_answers_add_up_in_a_batch() {
     let cluster = Cluster::start().await;
     let client = cluster.client.clone();
     let payload = |i: usize| vec![b'a' + i as u8; 1_000_000];
-    for i in 0..8 {
+    for i in 0..16 {
         client
             .offer(baton_statemachine::handoff::OfferArgs {
                 key: format!("big-{i}"),
@@ -126,7 +127,7 @@ async fn large_answers_add_up_in_a_batch() {
             .unwrap();
     }
     let batches_before = baton_node::metrics::metrics().requests_of("baton.v1.Batch/Call");
-    let reads: Vec<_> = (0..8)
+    let reads: Vec<_> = (0..16)
         .map(|i| {
             let client = client.clone();
             tokio::spawn(async move { (i, client.ticket(&format!("big-{i}")).await) })

@@ -1018,7 +1018,6 @@ fn mark_uncertain_on_a_completed_key_is_refused() {
 // ---------------------------------------------------------------------------------------------
 // reconcile
 
-/// A world where key `a` on `r` went uncertain (marked and released); returns the old lease.
 /// `mark_uncertain` leaves the resource held for the caller to release, and a resolution (either
 /// way) does not take that right away: the holder releases its hold afterwards, a stranger cannot,
 /// and the next grant gets the next fence, after which the old lease is stale.
@@ -1048,6 +1047,7 @@ fn the_hold_kept_through_an_uncertain_key_is_released_by_its_holder_after_a_reso
     }
 }
 
+/// A world where key `a` on `r` went uncertain (marked and released); returns the old lease.
 fn uncertain(act: &Action) -> (World, EffectLease) {
     let mut w = World::new();
     let lease = w.grant(T0, act, TTL);

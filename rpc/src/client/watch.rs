@@ -87,8 +87,10 @@ impl Client {
     ///
     /// The stream survives node failures and slow-consumer cut-offs by resuming after the last
     /// event it delivered. It ends with an error only when it cannot go on: [`Error::Compacted`]
-    /// (no node retains the history it needs; resync), [`Error::Refused`] (a bad filter), or
-    /// [`Error::Unavailable`] (no node answered within the client's deadline). After such an
+    /// (no node retains the history it needs; resync), [`Error::Refused`] (a bad filter),
+    /// [`Error::Server`] with [`crate::error::infra::UNAUTHENTICATED`] (no or a wrong token),
+    /// [`Error::Protocol`] (an event over the size limit), or [`Error::Unavailable`] (no node
+    /// answered within the client's deadline). After such an
     /// error the stream yields nothing more; [`Client::watch_from`] resumes at an exact
     /// position.
     pub async fn watch(
@@ -148,17 +150,23 @@ fn judge(status: &Status) -> Verdict {
             _ => {}
         }
     }
-    // Everything else as for any other call: what would fail there (a refusal, a missing or
-    // wrong token, a message over the size limit) ends the watch at once rather than after the
-    // whole deadline spent reconnecting.
+    // What fails the same way on every node (a refusal, a missing or wrong token, a message
+    // over the size limit) ends the watch at once rather than after the whole deadline spent
+    // reconnecting. Anything else, codes this client does not know included, is worth another
+    // node: a watch is long-lived, and a newer node may say something passing.
     match classify(status) {
-        super::Verdict::Fail(error) => Verdict::Final(error),
-        super::Verdict::Redirect(_) | super::Verdict::Retry(_) | super::Verdict::Backoff(_) => {
-            Verdict::Elsewhere(match detail_of(status) {
-                Some(detail) => format!("{}: {}", detail.code, status.message()),
-                None => format!("{:?}: {}", status.code(), status.message()),
-            })
+        super::Verdict::Fail(error @ (Error::Refused(_) | Error::Protocol(_))) => {
+            Verdict::Final(error)
         }
+        super::Verdict::Fail(error @ Error::Server { .. })
+            if detail_of(status).is_some_and(|d| d.code == infra::UNAUTHENTICATED) =>
+        {
+            Verdict::Final(error)
+        }
+        _ => Verdict::Elsewhere(match detail_of(status) {
+            Some(detail) => format!("{}: {}", detail.code, status.message()),
+            None => format!("{:?}: {}", status.code(), status.message()),
+        }),
     }
 }
 
@@ -388,5 +396,57 @@ impl Watcher {
             requested: self.next.map_or(0, |p| p.revision),
             oldest_available: compacted.values().copied().min().unwrap_or(0),
         }
+    }
+}
+
+#[cfg(test)]
+mod judge_tests {
+    use super::*;
+    use crate::error::{infra_status, refusal_status};
+    use baton_statemachine::Refusal;
+    use tonic::Code;
+
+    fn kind(status: Status) -> &'static str {
+        match judge(&status) {
+            Verdict::Compacted(_) => "compacted",
+            Verdict::Final(_) => "final",
+            Verdict::Elsewhere(_) => "elsewhere",
+            Verdict::Again => "again",
+        }
+    }
+
+    /// What fails alike everywhere ends a watch at once; anything else, codes this client does
+    /// not know included, is tried on another node.
+    #[test]
+    fn a_watch_ends_only_on_what_fails_everywhere() {
+        let refusal = Refusal::invalid("filter", "bad");
+        assert_eq!(kind(refusal_status(&refusal)), "final");
+        let token = infra_status(Code::Unauthenticated, infra::UNAUTHENTICATED, "no token");
+        assert_eq!(kind(token), "final");
+        assert_eq!(kind(Status::out_of_range("message too large")), "final");
+        for code in [
+            infra::NOT_LEADER,
+            infra::NO_LEADER,
+            infra::SHUTTING_DOWN,
+            infra::INTERNAL,
+            infra::OVERLOADED,
+            infra::MEMBERSHIP,
+            "SOMETHING_NEW",
+        ] {
+            assert_eq!(
+                kind(infra_status(Code::Unavailable, code, "x")),
+                "elsewhere",
+                "{code}"
+            );
+        }
+        assert_eq!(kind(Status::unavailable("connection reset")), "elsewhere");
+        assert_eq!(
+            kind(infra_status(
+                Code::ResourceExhausted,
+                infra::SLOW_CONSUMER,
+                "x"
+            )),
+            "again"
+        );
     }
 }
