@@ -252,7 +252,8 @@ impl Client {
         &self.inner.endpoints
     }
 
-    /// This client's session identity.
+    /// This client's session identity (its long polls number their requests under a second
+    /// one of their own).
     pub fn client_id(&self) -> u64 {
         self.inner.client_id
     }
