@@ -49,7 +49,7 @@ const LEASE_MARGIN: Duration = Duration::from_millis(50);
 
 /// The longest a handover runs, drain included. Below the client's wait
 /// ([`baton_rpc::HANDOVER_WAIT`]), so a caller hears how it ended rather than a timeout.
-pub const HANDOVER_LIMIT: Duration = Duration::from_secs(25);
+const HANDOVER_LIMIT: Duration = Duration::from_secs(25);
 
 /// Turns heartbeats back on and reopens the gate when the handover ends, however it ends: also
 /// when the caller goes away mid-way (its gRPC call dropped) or a step panics. Left closed, the
