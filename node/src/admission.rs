@@ -234,7 +234,10 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         match self.admission.decide(&request) {
-            Decision::Refuse(status) => Box::pin(async move { Ok(status.into_http()) }),
+            Decision::Refuse(status) => {
+                crate::limits::count_refusal(request.uri().path(), &status);
+                Box::pin(async move { Ok(status.into_http()) })
+            }
             Decision::Pass => Box::pin(self.inner.call(request)),
             Decision::Counted(in_flight) => {
                 let response = self.inner.call(request);

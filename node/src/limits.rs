@@ -52,6 +52,17 @@ fn door(path: &str) -> Door {
     }
 }
 
+/// Counts a request the outer gate ([`crate::admission`]) refused before it reached this layer
+/// (a missing token, a closed gate), so those refusals show in the metrics like any other.
+pub(crate) fn count_refusal(path: &str, status: &Status) {
+    if door(path) == Door::Open {
+        return;
+    }
+    let method = path.trim_start_matches('/');
+    let _in_flight = metrics().request_started(method);
+    metrics().request_failed(method, status);
+}
+
 /// The tower layer that puts [`Admission`] in front of a node's gRPC services.
 #[derive(Clone)]
 pub struct AdmissionLayer {

@@ -6,6 +6,7 @@
 //! that runs several nodes (`baton dev`) adds their work up. The state gauges are read from one
 //! node when [`Metrics::render`] is called for it.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
@@ -17,11 +18,39 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use prost::Message;
 
 use crate::node::Node;
 
 /// The `Content-Type` of [`Metrics::render`]'s text.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The `method` label of a request to gRPC path `method` (without its leading slash): the path
+/// itself when a Baton service declares it, `unknown` otherwise.
+///
+/// Paths come from clients (a request's URI, a batch item's method), and every distinct label is
+/// a series kept for the life of the process: made-up paths must not grow the metrics.
+fn method_label(method: &str) -> &str {
+    static DECLARED: LazyLock<BTreeSet<String>> = LazyLock::new(|| {
+        let set = prost_types::FileDescriptorSet::decode(baton_rpc::proto::FILE_DESCRIPTOR_SET)
+            .unwrap_or_default();
+        set.file
+            .iter()
+            .flat_map(|file| {
+                file.service.iter().flat_map(move |service| {
+                    service.method.iter().map(move |method| {
+                        format!("{}.{}/{}", file.package(), service.name(), method.name())
+                    })
+                })
+            })
+            .collect()
+    });
+    if DECLARED.contains(method) {
+        method
+    } else {
+        "unknown"
+    }
+}
 
 /// The process' metrics.
 pub fn metrics() -> &'static Metrics {
@@ -265,7 +294,7 @@ impl Metrics {
     pub fn request_started(&self, method: &str) -> InFlight {
         self.requests
             .get_or_create(&MethodLabels {
-                method: method.to_string(),
+                method: method_label(method).to_string(),
             })
             .inc();
         self.in_flight.inc();
@@ -276,7 +305,7 @@ impl Metrics {
     pub fn requests_of(&self, method: &str) -> u64 {
         self.requests
             .get_or_create(&MethodLabels {
-                method: method.to_string(),
+                method: method_label(method).to_string(),
             })
             .get()
     }
@@ -294,7 +323,7 @@ impl Metrics {
             .unwrap_or_else(|| format!("{:?}", status.code()));
         self.errors
             .get_or_create(&ErrorLabels {
-                method: method.to_string(),
+                method: method_label(method).to_string(),
                 code,
             })
             .inc();
@@ -463,5 +492,30 @@ impl NodeGauges {
         self.watch_streams.set(history.streams as i64);
         self.watch_history_events.set(history.events as i64);
         self.watch_history_bytes.set(history.bytes as i64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::method_label;
+
+    #[test]
+    fn only_declared_methods_become_labels() {
+        for declared in [
+            "baton.v1.Board/Claim",
+            "baton.v1.Batch/Call",
+            "baton.v1.Cluster/RemoveMember",
+            "baton.v1.Queue/Lease",
+        ] {
+            assert_eq!(method_label(declared), declared);
+        }
+        for made_up in [
+            "baton.v1.Board/Steal",
+            "baton.v1.Nope/Claim",
+            "/baton.v1.Board/Claim",
+            "",
+        ] {
+            assert_eq!(method_label(made_up), "unknown", "{made_up:?}");
+        }
     }
 }

@@ -277,3 +277,104 @@ async fn a_refused_write_is_counted_by_its_code_not_as_an_outage() {
     );
     cluster.stop().await;
 }
+
+/// Request paths come from clients; only methods Baton declares become `method` labels, so
+/// made-up ones (in a batch or called directly) cannot grow the metrics without bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn made_up_methods_share_one_label() {
+    use baton_rpc::proto::batch_client::BatchClient;
+    use baton_rpc::proto::{self, BatchItem, BatchRequest};
+
+    let http = free_addr();
+    let cluster = Cluster::start_custom(|config| config.http = Some(http)).await;
+    let (_, before) = http_get(http, "/metrics").await;
+    let unknown = r#"baton_grpc_requests_total{method="unknown"}"#;
+
+    let items = (0..20)
+        .map(|i| BatchItem {
+            method: format!("/baton.v1.Board/Made{i}"),
+            request: vec![],
+        })
+        .collect();
+    let answer = BatchClient::new(channel(&cluster.addr).await)
+        .call(BatchRequest { items })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.results.len(), 20);
+
+    let mut grpc = tonic::client::Grpc::new(channel(&cluster.addr).await);
+    for i in 0..5 {
+        grpc.ready().await.unwrap();
+        let path = format!("/baton.v1.Board/Steal{i}");
+        let status = grpc
+            .unary(
+                tonic::Request::new(proto::ClaimTaskRequest::default()),
+                http::uri::PathAndQuery::try_from(path).unwrap(),
+                tonic_prost::ProstCodec::<proto::ClaimTaskRequest, proto::ClaimTaskResponse>::default(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
+    }
+
+    let (_, after) = http_get(http, "/metrics").await;
+    assert!(
+        !after.contains("Made") && !after.contains("Steal"),
+        "a made-up method became a label:\n{after}"
+    );
+    assert_eq!(
+        sample(&after, unknown) - sample(&before, unknown),
+        25.0,
+        "{after}"
+    );
+    cluster.stop().await;
+}
+
+/// A request the outer gate refuses (here: no token) never reaches a service, yet it is counted
+/// with its code, so token guessing and gate refusals show on a dashboard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_refused_at_the_gate_are_counted() {
+    use baton_node::auth::Tokens;
+    use baton_node::security::Security;
+
+    let dir = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let http = free_addr();
+    let mut config = NodeConfig::new(1, addr, dir.path().join("node-1"));
+    config.http = Some(http);
+    let security = Security {
+        tls: None,
+        tokens: Some(Tokens::parse("gate-token-5d1e9a7c3b\n").unwrap()),
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(baton_node::server::serve_secured(
+        config,
+        security,
+        listener,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let anonymous = Client::new(&[addr.to_string().as_str()], ClientConfig::default()).unwrap();
+    let err = anonymous.node_info(&addr.to_string()).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Server { code, .. } if code == "UNAUTHENTICATED"),
+        "{err:?}"
+    );
+    let err = anonymous.load("job").await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Server { code, .. } if code == "UNAUTHENTICATED"),
+        "{err:?}"
+    );
+
+    let (_, text) = http_get(http, "/metrics").await;
+    for method in ["baton.v1.Cluster/NodeInfo", "baton.v1.Checkpoint/Load"] {
+        let series =
+            format!(r#"baton_grpc_errors_total{{method="{method}",code="UNAUTHENTICATED"}}"#);
+        assert!(sample(&text, &series) >= 1.0, "{series} missing:\n{text}");
+    }
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+}

@@ -209,6 +209,38 @@ async fn a_bad_item_is_refused_alone_and_changes_nothing() {
     cluster.stop().await;
 }
 
+/// The node admits a batch as one request, so it refuses one with more items than the client
+/// library ever sends, before running any of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_batch_is_refused_whole() {
+    let cluster = Cluster::start().await;
+    let n = batch::MAX_ITEMS + 1;
+    cluster.client.seed(&specs(n)).await.unwrap();
+    let channel = Endpoint::from_shared(format!("http://{}", cluster.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let items = (0..n)
+        .map(|i| claim_item(&format!("t{i}"), i as u64 + 1))
+        .collect();
+    let status = BatchClient::new(channel)
+        .call(BatchRequest { items })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("at most"), "{status:?}");
+    // None of the claims ran: every task is still free.
+    for i in [0, n / 2, n - 1] {
+        cluster
+            .client
+            .claim(&format!("t{i}"), "someone", 30_000)
+            .await
+            .unwrap();
+    }
+    cluster.stop().await;
+}
+
 /// A node of an older version: a board that knows Claim (it counts them) but no batch service.
 /// A flaky one answers the first attempt of every claim with a retryable NO_LEADER.
 #[derive(Default)]

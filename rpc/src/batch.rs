@@ -99,7 +99,8 @@ pub const METHODS: &[&str] = &[
     QUEUE_GET_TASK.path,
 ];
 
-/// The most items the client library puts in one batch.
+/// The most items in one batch: the client library puts no more in one, and a node refuses a
+/// batch with more (`INVALID_ARGUMENT`) without running any of them.
 pub const MAX_ITEMS: usize = 256;
 
 /// The most request bytes the client library puts in one batch (a single larger call still goes

@@ -120,6 +120,14 @@ impl batch_server::Batch for BatchService {
     ) -> Result<Response<BatchResponse>, Status> {
         let items = request.into_inner().items;
         tracing::Span::current().record("items", items.len());
+        // The node admits a batch as one request: its items must stay few enough that a batch
+        // cannot carry unbounded concurrent work past the in-flight limits.
+        if items.len() > batch::MAX_ITEMS {
+            return Err(refused(Refusal::invalid(
+                "items",
+                format!("a batch carries at most {} calls", batch::MAX_ITEMS),
+            )));
+        }
         let results = join_all(items.into_iter().map(|item| self.item(item))).await;
         Ok(Response::new(BatchResponse { results }))
     }
