@@ -71,7 +71,7 @@ const VICTIM_SLEEP: &str = "3";
 /// output becomes the task's result.
 fn command(sleep: &str) -> Vec<String> {
     let script =
-        format!(r#"sleep {sleep}; printf '%s/%s' "$BATON_CONCURRENCY_KEY" "$BATON_TOKEN""#);
+        format!(r#"sleep {sleep}; printf '%s/%s' "$BATON_CONCURRENCY_KEY" "$BATON_FENCE""#);
     vec!["sh".into(), "-c".into(), script]
 }
 

@@ -20,6 +20,25 @@ async fn baton(bin: &Path, endpoints: &str, args: &[&str]) -> Run {
     cli::run(bin, &all, LIMIT).await.unwrap()
 }
 
+/// `baton ticket offer` of `key` from `ci` to `deployer` for `ttl`.
+async fn offer(bin: &Path, endpoints: &str, key: &str, ttl: &str) -> Run {
+    let args = [
+        "ticket",
+        "offer",
+        "--key",
+        key,
+        "--from",
+        "ci",
+        "--to",
+        "deployer",
+        "--reply-to",
+        "ci",
+        "--ttl",
+        ttl,
+    ];
+    baton(bin, endpoints, &args).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t50_cli_contract_against_a_live_cluster() {
     let cluster = Cluster::start(3, Options::default()).await.unwrap();
@@ -27,27 +46,9 @@ async fn t50_cli_contract_against_a_live_cluster() {
     let endpoints = cluster.endpoints().join(",");
     let e = endpoints.as_str();
 
-    let offer = baton(
-        &bin,
-        e,
-        &[
-            "ticket",
-            "offer",
-            "--key",
-            "cli-1",
-            "--from",
-            "ci",
-            "--to",
-            "deployer",
-            "--reply-to",
-            "ci",
-            "--ttl",
-            "5m",
-        ],
-    )
-    .await;
-    assert_eq!(offer.code, Some(0), "{offer}");
-    assert!(offer.stdout.contains("generation=1"), "{offer}");
+    let offered = offer(&bin, e, "cli-1", "5m").await;
+    assert_eq!(offered.code, Some(0), "{offered}");
+    assert!(offered.stdout.contains("generation=1"), "{offered}");
 
     let take = baton(
         &bin,
@@ -151,7 +152,17 @@ async fn t50_cli_contract_against_a_live_cluster() {
         "{race}"
     );
 
-    println!("t50: offer/take 0, second take 3 TAKEN, status/list JSON shapes ok, check 0, race winners=1 losers=7");
+    // A TTL past the year 9999 is legal (the deadline saturates); listing it must not crash the
+    // command for every operator.
+    let forever = offer(&bin, e, "cli-forever", "9000y").await;
+    assert_eq!(forever.code, Some(0), "{forever}");
+    for args in [&["ticket", "list"][..], &["ticket", "list", "--json"][..]] {
+        let list = baton(&bin, e, args).await;
+        assert_eq!(list.code, Some(0), "{list}");
+        assert!(list.stdout.contains("never"), "{list}");
+    }
+
+    println!("t50: offer/take 0, second take 3 TAKEN, status/list JSON shapes ok, check 0, race winners=1 losers=7, far deadline prints never");
 }
 
 #[tokio::test]
@@ -233,4 +244,75 @@ async fn t53_cluster_init_forms_the_cluster_once() {
     assert_eq!(again.code, Some(3), "{again}");
     assert!(again.stderr.contains("ALREADY_INITIALIZED"), "{again}");
     println!("t53: cluster init exit 0 (leader node {leader}, 3 voters); second init exit 3 ALREADY_INITIALIZED");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t54_members_remove_takes_out_learners_and_voters_and_refuses_strangers() {
+    let cluster = Cluster::start(3, Options::default()).await.unwrap();
+    let bin = cluster.bin().to_path_buf();
+    let endpoints = cluster.endpoints().join(",");
+    let e = endpoints.as_str();
+    let leader = cluster.leader().await.unwrap();
+    let voters = |members: &[baton_rpc::proto::Member]| -> Vec<u64> {
+        members.iter().filter(|m| m.voter).map(|m| m.id).collect()
+    };
+
+    // A learner at an address nobody answers (a typo): it is recorded though it never catches
+    // up.
+    let add = baton(
+        &bin,
+        e,
+        &[
+            "--timeout",
+            "2s",
+            "members",
+            "add",
+            "--id",
+            "4",
+            "--addr",
+            "127.0.0.1:1",
+        ],
+    )
+    .await;
+    let members = cluster.node_info(leader).await.unwrap().members;
+    assert!(
+        members.iter().any(|m| m.id == 4 && !m.voter),
+        "{add}\n{members:?}"
+    );
+
+    let remove = baton(&bin, e, &["members", "remove", "--id", "4"]).await;
+    assert_eq!(remove.code, Some(0), "{remove}");
+    let members = cluster.node_info(leader).await.unwrap().members;
+    assert!(
+        members.iter().all(|m| m.id != 4),
+        "learner 4 gone: {members:?}"
+    );
+    assert_eq!(members.len(), 3, "{members:?}");
+
+    // Not a member (any more): refused, exit 3, nothing changes.
+    let stranger = baton(&bin, e, &["members", "remove", "--id", "4"]).await;
+    assert_eq!(stranger.code, Some(3), "{stranger}");
+    assert!(
+        stranger.stderr.contains("INVALID_ARGUMENT") && stranger.stderr.contains("not a member"),
+        "{stranger}"
+    );
+    assert_eq!(
+        cluster.node_info(leader).await.unwrap().members.len(),
+        3,
+        "a refused removal changes nothing"
+    );
+
+    // A voter leaves the voter set and the membership.
+    let follower = cluster
+        .live_ids()
+        .into_iter()
+        .find(|id| *id != leader)
+        .unwrap();
+    let follower_arg = follower.to_string();
+    let out = baton(&bin, e, &["members", "remove", "--id", &follower_arg]).await;
+    assert_eq!(out.code, Some(0), "{out}");
+    let members = cluster.node_info(leader).await.unwrap().members;
+    assert_eq!(members.len(), 2, "{members:?}");
+    assert!(!voters(&members).contains(&follower), "{members:?}");
+    println!("t54: learner 4 removed, stranger refused exit 3, voter {follower} removed");
 }

@@ -129,4 +129,72 @@ async fn only_clients_with_a_listed_token_reach_the_store() {
     flagged.extend(args);
     let allowed = procs.cli(&flagged).unwrap();
     assert!(allowed.status.success(), "{}", show(&allowed));
+
+    worker_commands_reach_the_cluster_as_the_worker_does(&procs, &client).await;
+}
+
+/// `baton worker run` given its token as a flag: the command it runs for a keyed task fences a
+/// write through `baton sink write`, which needs the worker's endpoints and token (passed on in
+/// `BATON_ENDPOINTS` / `BATON_TOKEN`) and the task's permit token (`BATON_FENCE`).
+async fn worker_commands_reach_the_cluster_as_the_worker_does(procs: &Procs, client: &Client) {
+    use baton_statemachine::queue::{TaskSpec, TaskState};
+    client.create_queue("t87q", "t87").await.unwrap();
+    let task = client
+        .submit(&TaskSpec {
+            queue: "t87q".into(),
+            idempotency_key: "fenced-write".into(),
+            handler: "write".into(),
+            handler_version: "v1".into(),
+            payload_version: "v1".into(),
+            payload: b"{}".to_vec(),
+            concurrency_key: "object/1".into(),
+            business_key: String::new(),
+            max_attempts: 1,
+            ttl_ms: 60_000,
+        })
+        .await
+        .unwrap()
+        .task
+        .id;
+    let script = r#""$0" sink write --resource t87-object --fence "$BATON_FENCE" --value "task-$BATON_TASK_ID""#;
+    let joined = procs.endpoints().join(",");
+    let mut worker = tokio::process::Command::new(procs.bin())
+        .args(["--endpoints", &joined, "--auth-token", TOKEN])
+        .args(["worker", "run", "--id", "w87", "--queue", "t87q"])
+        .args(["--concurrency-keys", "--", "sh", "-c", script])
+        .arg(procs.bin())
+        .env_remove("BATON_TOKEN")
+        .env_remove("BATON_ENDPOINTS")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let done = baton_cluster_test::wait::until("the task ends", admin_support::TIMEOUT, || async {
+        let task = client.queue_task(task).await.map_err(|e| e.to_string())?;
+        match task.state {
+            TaskState::Succeeded | TaskState::Failed => Ok(task),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    worker.start_kill().unwrap();
+    let output = worker.wait_with_output().await.unwrap();
+    let log = format!(
+        "worker stdout: {}\nworker stderr: {}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let done = done.unwrap_or_else(|e| panic!("{e}\n{log}"));
+    assert_eq!(
+        done.state,
+        TaskState::Succeeded,
+        "{}: {}\n{log}",
+        done.last_error,
+        String::from_utf8_lossy(&done.result)
+    );
+    let fence = done.attempts[0].token.unwrap();
+    let written = client.read_sink("t87-object").await.unwrap();
+    assert_eq!(written.seen_fence, fence, "{log}");
+    assert_eq!(written.value, format!("task-{task}").into_bytes(), "{log}");
 }

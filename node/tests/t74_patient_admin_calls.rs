@@ -51,6 +51,12 @@ impl Cluster for SlowLeader {
     ) -> Result<Response<proto::MembershipResponse>, Status> {
         Err(Status::unimplemented("not in this test"))
     }
+    async fn remove_member(
+        &self,
+        _: Request<proto::RemoveMemberRequest>,
+    ) -> Result<Response<proto::MembershipResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
     async fn transfer_leader(
         &self,
         _: Request<proto::TransferLeaderRequest>,

@@ -62,14 +62,7 @@ pub async fn run(command: MembersCommand, client: &Client) -> u8 {
             }
             client.change_membership(&next).await
         }
-        MembersCommand::Remove { id } => {
-            let next: Vec<u64> = voters.iter().copied().filter(|v| *v != id).collect();
-            if next.is_empty() {
-                eprintln!("baton: refusing to remove the last voter");
-                return exit::USAGE;
-            }
-            client.change_membership(&next).await
-        }
+        MembersCommand::Remove { id } => client.remove_member(id).await,
     };
     match result {
         Ok(MembershipResponse { members, log_index }) => {

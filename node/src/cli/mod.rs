@@ -282,7 +282,11 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Checkpoint(command) => checkpoint::run(command, &client).await,
         Command::Queue(command) => queue::run_queue(command, &client).await,
         Command::Task(command) => queue::run_task(command, &client).await,
-        Command::Worker(command) => queue::run_worker(command, &client).await,
+        Command::Worker(command) => {
+            let mut env = cli.security.child_env();
+            env.push(("BATON_ENDPOINTS", endpoints.join(",").into()));
+            queue::run_worker(command, &client, env).await
+        }
         Command::Watch(args) => watch::run(args, &client).await,
         Command::Leader(command) => leader::run(command, &client).await,
         Command::Snapshot(command) => snapshot::run(command, &client).await,
@@ -332,8 +336,17 @@ pub fn ttl_ms(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// Formats Unix milliseconds as RFC 3339 UTC.
+/// The last millisecond RFC 3339 can write (9999-12-31T23:59:59.999Z).
+const LAST_RFC3339_MS: u64 = 253_402_300_799_999;
+
+/// Formats Unix milliseconds as RFC 3339 UTC, or `never` past the year 9999.
+///
+/// The store accepts any positive TTL and saturates the deadline it derives, so a grant for
+/// "practically ever" is legal and must print rather than bring the command down.
 pub fn rfc3339(ms: u64) -> String {
+    if ms > LAST_RFC3339_MS {
+        return "never".to_string();
+    }
     let time = std::time::UNIX_EPOCH + Duration::from_millis(ms);
     humantime::format_rfc3339_millis(time).to_string()
 }
@@ -372,4 +385,17 @@ fn report_problems<'a>(
     }
     println!("{count} problems");
     exit::FAILURE
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadlines_print_up_to_the_last_writable_millisecond_and_never_panic_beyond() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(LAST_RFC3339_MS), "9999-12-31T23:59:59.999Z");
+        assert_eq!(rfc3339(LAST_RFC3339_MS + 1), "never");
+        assert_eq!(rfc3339(u64::MAX), "never");
+    }
 }

@@ -103,7 +103,10 @@ pub enum TaskCommand {
 #[derive(Subcommand, Debug)]
 pub enum WorkerCommand {
     /// Run a demo worker: CMD runs once per task with BATON_TASK_ID, BATON_ATTEMPT,
-    /// BATON_QUEUE, BATON_HANDLER, BATON_PAYLOAD, BATON_CONCURRENCY_KEY and BATON_TOKEN set;
+    /// BATON_QUEUE, BATON_HANDLER, BATON_PAYLOAD, BATON_CONCURRENCY_KEY and BATON_FENCE (the
+    /// permit token of a keyed task) set, and BATON_ENDPOINTS and the TLS and token settings
+    /// (BATON_TLS_*, BATON_TOKEN) of the worker itself, so `baton` commands in CMD reach the
+    /// same cluster;
     /// exit 0 completes the task with stdout as its result, any other exit fails it retryably
     /// with the tail of stderr. Runs until Ctrl-C / SIGTERM, then drains.
     Run {
@@ -113,7 +116,7 @@ pub enum WorkerCommand {
         /// A queue to lease from (repeatable; none = every queue).
         #[arg(long = "queue")]
         queues: Vec<String>,
-        /// Accept keyed tasks (CMD must fence its writes with BATON_TOKEN).
+        /// Accept keyed tasks (CMD must fence its writes with BATON_FENCE).
         #[arg(long)]
         concurrency_keys: bool,
         /// How many tasks may run at once.
@@ -388,7 +391,13 @@ fn print_attempts(attempts: &[Attempt]) {
 /// The most of stderr a failure carries.
 const STDERR_TAIL_BYTES: usize = 2_000;
 
-pub async fn run_worker(command: WorkerCommand, client: &Client) -> u8 {
+/// Runs a worker whose command gets `env` (how to reach the cluster) besides the task's own
+/// variables.
+pub async fn run_worker(
+    command: WorkerCommand,
+    client: &Client,
+    env: Vec<(&'static str, std::ffi::OsString)>,
+) -> u8 {
     let WorkerCommand::Run {
         id,
         queues,
@@ -420,9 +429,10 @@ pub async fn run_worker(command: WorkerCommand, client: &Client) -> u8 {
         if concurrency_keys { "on" } else { "off" },
     );
     let program = std::sync::Arc::new(command);
+    let env = std::sync::Arc::new(env);
     let handler = move |ctx: TaskContext| {
-        let program = program.clone();
-        async move { run_command(&program, ctx).await }
+        let (program, env) = (program.clone(), env.clone());
+        async move { run_command(&program, &env, ctx).await }
     };
     match worker.run(handler, shutdown_signal()).await {
         Ok(summary) => {
@@ -465,12 +475,17 @@ fn print_summary(s: &WorkerSummary) {
 }
 
 /// Runs the worker's command for one task.
-async fn run_command(program: &[String], ctx: TaskContext) -> Result<Vec<u8>, TaskError> {
+async fn run_command(
+    program: &[String],
+    env: &[(&'static str, std::ffi::OsString)],
+    ctx: TaskContext,
+) -> Result<Vec<u8>, TaskError> {
     let Some((cmd, args)) = program.split_first() else {
         return Err(TaskError::non_retryable("no command to run"));
     };
     let output = tokio::process::Command::new(cmd)
         .args(args)
+        .envs(env.iter().map(|(name, value)| (name, value)))
         .env("BATON_TASK_ID", ctx.task_id.to_string())
         .env("BATON_ATTEMPT", ctx.attempt.to_string())
         .env("BATON_QUEUE", &ctx.queue)
@@ -484,7 +499,7 @@ async fn run_command(program: &[String], ctx: TaskContext) -> Result<Vec<u8>, Ta
             ctx.concurrency_key.as_deref().unwrap_or(""),
         )
         .env(
-            "BATON_TOKEN",
+            "BATON_FENCE",
             ctx.token.map_or_else(String::new, |t| t.to_string()),
         )
         .stdin(Stdio::null())

@@ -33,6 +33,24 @@ pub struct SecurityArgs {
 }
 
 impl SecurityArgs {
+    /// These settings as the environment variables client commands read, so a command the
+    /// worker runs (`baton sink write ...`) reaches the cluster the way the worker does.
+    pub fn child_env(&self) -> Vec<(&'static str, std::ffi::OsString)> {
+        let paths = [
+            ("BATON_TLS_CA", &self.tls_ca),
+            ("BATON_TLS_CERT", &self.tls_cert),
+            ("BATON_TLS_KEY", &self.tls_key),
+        ];
+        let mut env: Vec<_> = paths
+            .into_iter()
+            .filter_map(|(name, path)| Some((name, path.as_ref()?.clone().into_os_string())))
+            .collect();
+        if let Some(token) = &self.auth_token {
+            env.push(("BATON_TOKEN", token.into()));
+        }
+        env
+    }
+
     /// What a client command presents.
     pub fn client(&self) -> anyhow::Result<Security> {
         let tls = match &self.tls_ca {

@@ -1,6 +1,6 @@
 //! Cluster introspection, initialisation, membership changes, leadership handover and backups.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -9,11 +9,12 @@ use baton_rpc::proto::cluster_server;
 use baton_rpc::proto::{
     snapshot_part, AddLearnerRequest, ChangeMembershipRequest, InitializeRequest,
     InitializeResponse, Member, MembershipResponse, NodeInfoRequest, NodeInfoResponse,
-    SaveSnapshotRequest, SnapshotMeta, SnapshotPart, TransferLeaderRequest, TransferLeaderResponse,
+    RemoveMemberRequest, SaveSnapshotRequest, SnapshotMeta, SnapshotPart, TransferLeaderRequest,
+    TransferLeaderResponse,
 };
 use baton_statemachine::Refusal;
 use openraft::error::{InitializeError, RaftError};
-use openraft::{BasicNode, ServerState, StoredMembership};
+use openraft::{BasicNode, ChangeMembers, ServerState, StoredMembership};
 use tonic::{Code, Request, Response, Status};
 
 use crate::admission::Admission;
@@ -188,6 +189,46 @@ impl cluster_server::Cluster for ClusterService {
             .node
             .raft
             .change_membership(voters, false)
+            .await
+            .map_err(write_error)?;
+        Ok(Response::new(membership_response(&written)))
+    }
+
+    async fn remove_member(
+        &self,
+        request: Request<RemoveMemberRequest>,
+    ) -> Result<Response<MembershipResponse>, Status> {
+        let id = request.into_inner().id;
+        let (is_member, voters) = {
+            let metrics = self.node.raft.metrics();
+            let metrics = metrics.borrow();
+            let membership = metrics.membership_config.membership();
+            let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+            (membership.get_node(&id).is_some(), voters)
+        };
+        // Voters and learners leave by different changes: openraft's voter replacement keeps
+        // learners, and its node removal refuses voters.
+        let change = if voters.contains(&id) {
+            if voters.len() == 1 {
+                return Err(refusal_status(&Refusal::invalid(
+                    "id",
+                    format!("node {id} is the last voter and cannot be removed"),
+                )));
+            }
+            ChangeMembers::RemoveVoters(BTreeSet::from([id]))
+        } else if is_member {
+            ChangeMembers::RemoveNodes(BTreeSet::from([id]))
+        } else {
+            return Err(refusal_status(&Refusal::invalid(
+                "id",
+                format!("node {id} is not a member of the cluster"),
+            )));
+        };
+        tracing::info!(id, ?change, "removing member");
+        let written = self
+            .node
+            .raft
+            .change_membership(change, false)
             .await
             .map_err(write_error)?;
         Ok(Response::new(membership_response(&written)))

@@ -50,6 +50,16 @@ impl Client {
         .await
     }
 
+    /// Removes member `id`, voter or learner, from the cluster. Refused (`INVALID_ARGUMENT`) for
+    /// a node that is not a member and for the last voter.
+    pub async fn remove_member(&self, id: u64) -> Result<MembershipResponse, Error> {
+        self.call_patiently(|channel: Conn| {
+            let request = proto::RemoveMemberRequest { id };
+            async move { ClusterClient::new(channel).remove_member(request).await }
+        })
+        .await
+    }
+
     /// Asks the leader to hand leadership to voter `to` (or to the most caught-up other voter)
     /// and returns the new leader once it is elected.
     ///
