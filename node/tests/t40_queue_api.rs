@@ -675,6 +675,40 @@ async fn the_long_poll_lease_waits_without_writing_and_wakes_on_a_submission() {
 /// A long poll held while the same client makes more writes than the store remembers answers
 /// for (4,096 per client) still leases when work arrives: polls are numbered apart from the
 /// client's other writes, so the flood cannot push the waiting poll out of the session window.
+/// Tasks with payloads near the largest allowed, as many as the worker has slots: every lease
+/// answer reaches the worker (the store hands out no more than an answer can carry), and tasks
+/// it did not hand out stay waiting instead of being held by attempts nobody runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_of_large_tasks_reach_the_worker() {
+    let cluster = Cluster::start().await;
+    let c = &cluster.client;
+    c.create_queue("big", "ns").await.unwrap();
+    c.register_worker("w-big", false).await.unwrap();
+    let mut waiting = Vec::new();
+    for i in 0..5 {
+        let mut task = spec("big", &format!("big-{i}"), "h", "");
+        task.payload = vec![b'0' + i as u8; 900_000];
+        waiting.push(c.submit(&task).await.unwrap().task.id);
+    }
+    while !waiting.is_empty() {
+        let leased = c
+            .lease("w-big", &[], 5, 60_000, Duration::ZERO)
+            .await
+            .unwrap_or_else(|e| panic!("a lease answer failed to arrive: {e}"));
+        assert!(!leased.is_empty(), "nothing leased; waiting {waiting:?}");
+        for a in &leased {
+            assert_eq!(a.payload.len(), 900_000);
+            let pos = waiting.iter().position(|id| *id == a.task_id).unwrap();
+            waiting.remove(pos);
+        }
+        for id in &waiting {
+            let task = c.queue_task(*id).await.unwrap();
+            assert_eq!(task.state, TaskState::Waiting, "task {id} held unseen");
+        }
+    }
+    cluster.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_poll_outlives_thousands_of_writes_from_the_same_client() {
     let cluster = Cluster::start().await;

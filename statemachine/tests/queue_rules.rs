@@ -5,9 +5,10 @@
 //! and `w2` declared `concurrency_keys = true`; `old` did not.
 #![allow(clippy::unwrap_used)]
 
+use baton_statemachine::limits::MAX_PAYLOAD_BYTES;
 use baton_statemachine::queue::{
     self, Assignment, AttemptOutcome, SubmitReceipt, Task, TaskFilter, TaskSpec, TaskState,
-    MAX_KEY_CHARS,
+    MAX_KEY_CHARS, MAX_LEASE_BYTES,
 };
 use baton_statemachine::{
     apply, Command, Envelope, Origin, Refusal, Reply, Response, Stamp, State,
@@ -647,6 +648,43 @@ fn one_lease_batch_takes_at_most_one_task_per_key() {
     assert_eq!(ids(&got), vec![k[0], free]);
     for id in &k[1..] {
         assert_eq!(w.task(*id).state, TaskState::Waiting);
+    }
+}
+
+/// A lease answer must reach its worker whole: large tasks are handed out only as many as fit
+/// in [`MAX_LEASE_BYTES`], in order, and one task of the largest payload always goes alone.
+#[test]
+fn one_lease_hands_out_no_more_bytes_than_an_answer_can_carry() {
+    let mut w = World::new();
+    let big = |w: &mut World, name: &str, bytes: usize| {
+        let mut task = spec(Q1, name, "");
+        task.payload = vec![b'x'; bytes];
+        w.submit(task)
+    };
+    let third = MAX_LEASE_BYTES / 3;
+    let bigs: Vec<u64> = (0..5)
+        .map(|i| big(&mut w, &format!("b{i}"), third))
+        .collect();
+    let small = w.submit(spec(Q1, "small", ""));
+
+    // Two thirds and their strings fit; a third third would pass the bound. Order is kept: the
+    // small task behind them does not jump the queue.
+    let first = w.lease(W, 100);
+    assert_eq!(ids(&first), bigs[..2].to_vec());
+    let sent: usize = first.iter().map(|a| a.payload.len()).sum();
+    assert!(sent <= MAX_LEASE_BYTES, "{sent}");
+    for id in &bigs[2..] {
+        assert_eq!(w.task(*id).state, TaskState::Waiting);
+    }
+    assert_eq!(ids(&w.lease(W, 100)), bigs[2..4].to_vec());
+    assert_eq!(ids(&w.lease(W, 100)), vec![bigs[4], small]);
+
+    // The largest payload there is goes alone, even beyond the bound's share.
+    let huge: Vec<u64> = (0..3)
+        .map(|i| big(&mut w, &format!("h{i}"), MAX_PAYLOAD_BYTES))
+        .collect();
+    for id in huge {
+        assert_eq!(ids(&w.lease(W, 100)), vec![id]);
     }
 }
 

@@ -23,8 +23,8 @@ pub use key::{
     MAX_KEY_CHARS,
 };
 pub use scheduler::{
-    backoff_ms, TaskFilter, TaskPage, TaskQueue, MAX_ATTEMPTS, MAX_LEASE_BATCH, MAX_LIST_PAGE,
-    MAX_LIST_SCAN,
+    backoff_ms, TaskFilter, TaskPage, TaskQueue, MAX_ATTEMPTS, MAX_LEASE_BATCH, MAX_LEASE_BYTES,
+    MAX_LIST_PAGE, MAX_LIST_SCAN,
 };
 pub use types::{
     Assignment, Attempt, AttemptOutcome, Command, Queue, SubmitReceipt, Task, TaskSpec, TaskState,

@@ -21,6 +21,14 @@ use crate::validate;
 pub const MAX_ATTEMPTS: u32 = 100;
 /// Most tasks one lease may hand out.
 pub const MAX_LEASE_BATCH: u32 = 1000;
+
+/// The most bytes of tasks one lease hands out, unless its first task alone is larger.
+///
+/// A lease answer must reach its worker whole: tasks leased in an answer the client cannot
+/// decode (gRPC's default limit is 4 MiB) would be held by attempts nobody runs, and leased again
+/// the same way after their leases lapse. Any one task fits (its payload is at most
+/// [`crate::limits::MAX_PAYLOAD_BYTES`]), so a lease always gets at least one.
+pub const MAX_LEASE_BYTES: usize = 2 << 20;
 /// Most tasks one page of a task listing may hold.
 pub const MAX_LIST_PAGE: u32 = 10_000;
 /// Most tasks one page of a task listing looks at: a filter that matches few tasks returns a
@@ -155,6 +163,19 @@ impl From<Stored> for TaskQueue {
     }
 }
 
+/// What `task` adds to a lease answer, near enough: its payload and the strings that travel
+/// with it (the fixed-size fields are small change against [`MAX_LEASE_BYTES`]).
+fn lease_bytes(task: &Task) -> usize {
+    let spec = &task.spec;
+    spec.payload.len()
+        + spec.queue.len()
+        + task.namespace.len()
+        + spec.handler.len()
+        + spec.handler_version.len()
+        + spec.payload_version.len()
+        + spec.concurrency_key.len()
+}
+
 /// Whether `task`'s concurrency key, if it has one, has no holder.
 fn key_is_free(permits: &BTreeMap<PermitKey, Permit>, task: &Task) -> bool {
     permit_key(task).is_none_or(|key| permits.get(&key).is_none_or(|p| p.holder.is_none()))
@@ -253,7 +274,7 @@ impl TaskQueue {
 
     /// Leases up to `limit` waiting tasks from `queues` (all queues when empty), oldest first,
     /// skipping keyed tasks the worker cannot take and tasks whose key is busy before the limit
-    /// applies.
+    /// applies, and stopping before the answer would pass [`MAX_LEASE_BYTES`].
     pub fn lease(
         &mut self,
         clock_ms: u64,
@@ -279,6 +300,7 @@ impl TaskQueue {
         self.sweep(clock_ms);
 
         let mut chosen = Vec::new();
+        let mut bytes = 0;
         let mut exhausted = Vec::new();
         let mut keys_taken: BTreeSet<PermitKey> = BTreeSet::new();
         for id in self.leasable.candidates(&queues, capable) {
@@ -289,18 +311,22 @@ impl TaskQueue {
                 continue;
             };
             // A keyed candidate's key has no holder (the index holds no other).
-            let Some(key) = permit_key(task) else {
-                chosen.push(id);
-                continue;
-            };
-            if keys_taken.contains(&key) {
-                continue;
+            let key = permit_key(task);
+            if let Some(key) = &key {
+                if keys_taken.contains(key) {
+                    continue;
+                }
+                if self.token_exhausted(key) {
+                    exhausted.extend(self.leasable.waiting_on(key, &task.spec.queue));
+                    continue;
+                }
             }
-            if self.token_exhausted(&key) {
-                exhausted.extend(self.leasable.waiting_on(&key, &task.spec.queue));
-                continue;
+            // In order: a large task is not passed over for smaller ones behind it.
+            bytes += lease_bytes(task);
+            if bytes > MAX_LEASE_BYTES && !chosen.is_empty() {
+                break;
             }
-            keys_taken.insert(key);
+            keys_taken.extend(key);
             chosen.push(id);
         }
         for id in exhausted {
