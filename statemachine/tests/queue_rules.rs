@@ -8,7 +8,7 @@
 use baton_statemachine::limits::MAX_PAYLOAD_BYTES;
 use baton_statemachine::queue::{
     self, Assignment, AttemptOutcome, SubmitReceipt, Task, TaskFilter, TaskSpec, TaskState,
-    MAX_KEY_CHARS, MAX_LEASE_BYTES,
+    MAX_KEY_CHARS, MAX_LEASE_BYTES, MAX_LEASE_SWEEP,
 };
 use baton_statemachine::{
     apply, Command, Envelope, Origin, Refusal, Reply, Response, Stamp, State,
@@ -686,6 +686,58 @@ fn one_lease_hands_out_no_more_bytes_than_an_answer_can_carry() {
     for id in huge {
         assert_eq!(ids(&w.lease(W, 100)), vec![id]);
     }
+}
+
+fn count_in(w: &World, state: TaskState) -> usize {
+    w.state
+        .queue
+        .list(&TaskFilter::default())
+        .filter(|t| t.state == state)
+        .count()
+}
+
+/// A lease is a client command: a mass expiry must not become one huge apply through it. It
+/// materialises at most [`MAX_LEASE_SWEEP`] expired leases; the sweeper takes the rest.
+#[test]
+fn a_lease_materialises_a_bounded_number_of_expired_leases() {
+    let mut w = World::new();
+    let n = 3 * MAX_LEASE_SWEEP;
+    for i in 0..n {
+        w.submit(spec(Q1, &format!("t{i}"), ""));
+    }
+    for _ in 0..3 {
+        assert_eq!(w.lease(W, MAX_LEASE_SWEEP as u32).len(), MAX_LEASE_SWEEP);
+    }
+    w.advance(LEASE as u64);
+    assert_eq!(w.lease(W, 1).len(), 1);
+    assert_eq!(
+        count_in(&w, TaskState::Leased),
+        n - MAX_LEASE_SWEEP + 1,
+        "the first {MAX_LEASE_SWEEP} expiries taken, one of them leased again"
+    );
+    assert_eq!(w.sweep(), (n - MAX_LEASE_SWEEP) as u64);
+    assert_eq!(count_in(&w, TaskState::Leased), 1);
+}
+
+/// The total deadlines a lease leaves to the sweeper still bind: a waiting task past its
+/// deadline is failed when a lease comes to it, never leased.
+#[test]
+fn a_lease_fails_a_task_past_its_deadline_that_no_sweep_reached() {
+    let mut w = World::new();
+    for i in 0..MAX_LEASE_SWEEP {
+        let mut early = spec(Q1, &format!("early-{i}"), "");
+        early.ttl_ms = 1_000;
+        w.submit(early);
+    }
+    let mut late = spec(Q1, "late", "");
+    late.ttl_ms = 2_000;
+    let late = w.submit(late);
+    w.advance(5_000);
+    assert!(w.lease(W, 10).is_empty());
+    let task = w.task(late);
+    assert_eq!(task.state, TaskState::Failed, "{task:?}");
+    assert!(task.attempts.is_empty());
+    assert_eq!(count_in(&w, TaskState::Failed), MAX_LEASE_SWEEP + 1);
 }
 
 #[test]

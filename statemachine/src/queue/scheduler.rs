@@ -22,6 +22,15 @@ pub const MAX_ATTEMPTS: u32 = 100;
 /// Most tasks one lease may hand out.
 pub const MAX_LEASE_BATCH: u32 = 1000;
 
+/// The most due expiries of each kind (lease expiries, ended back-offs, passed total deadlines)
+/// one lease materialises before it looks for tasks.
+///
+/// A lease is a client command: through it a mass expiry must not become one huge apply, which
+/// the leader's own sweeps avoid by taking [`crate::sweep::SWEEP_BATCH`] at a time. What a lease
+/// leaves due the sweeper takes; a candidate already past its total deadline is failed, not
+/// leased.
+pub const MAX_LEASE_SWEEP: usize = 1000;
+
 /// The most bytes of tasks one lease hands out, unless its first task alone is larger.
 ///
 /// A lease answer must reach its worker whole: tasks leased in an answer the client cannot
@@ -297,11 +306,12 @@ impl TaskQueue {
             .ok_or(Refusal::UnknownWorker)?
             .concurrency_keys;
         let queues = self.resolve_queues(queues)?;
-        self.sweep(clock_ms);
+        self.sweep_first(clock_ms, MAX_LEASE_SWEEP, MAX_LEASE_SWEEP, MAX_LEASE_SWEEP);
 
         let mut chosen = Vec::new();
         let mut bytes = 0;
         let mut exhausted = Vec::new();
+        let mut past_deadline = Vec::new();
         let mut keys_taken: BTreeSet<PermitKey> = BTreeSet::new();
         for id in self.leasable.candidates(&queues, capable) {
             if chosen.len() as u32 >= limit {
@@ -310,6 +320,10 @@ impl TaskQueue {
             let Some(task) = self.tasks.get(&id) else {
                 continue;
             };
+            if is_overdue(task.deadline_ms, clock_ms) {
+                past_deadline.push(id);
+                continue;
+            }
             // A keyed candidate's key has no holder (the index holds no other).
             let key = permit_key(task);
             if let Some(key) = &key {
@@ -328,6 +342,9 @@ impl TaskQueue {
             }
             keys_taken.extend(key);
             chosen.push(id);
+        }
+        for id in past_deadline {
+            self.fail_if_past_deadline(clock_ms, id);
         }
         for id in exhausted {
             const EXHAUSTED: &str = "the concurrency key's permit tokens are exhausted";
