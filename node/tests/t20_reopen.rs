@@ -317,3 +317,116 @@ async fn a_snapshot_built_during_applies_matches_its_last_log_id() {
     // The applies take at least 0.3 s (1 ms apart); a build takes far less.
     assert!(built_mid_stream > 0, "no snapshot was built mid-stream");
 }
+
+/// A build that copied the state before a newer snapshot was installed must not write its older
+/// image over the installed one: after a restart the node would resume from the older snapshot
+/// with the log already purged up to the newer one, and could not start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_build_finishing_after_a_newer_install_leaves_the_newer_snapshot_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let newer = 1_000_000;
+    {
+        let (_log, mut sm) = store::open(dir.path()).unwrap();
+        // Enough state that encoding it takes far longer than installing a small snapshot.
+        let per_entry = 1_000;
+        let entries: Vec<_> = (1..=200u64)
+            .map(|i| {
+                let mut entry = offer(i, "");
+                let EntryPayload::Normal(Batch(envelopes)) = &mut entry.payload else {
+                    unreachable!()
+                };
+                let template = envelopes.pop().unwrap();
+                for j in 0..per_entry {
+                    let mut envelope = template.clone();
+                    if let Command::Handoff(Handoff::Offer(args)) = &mut envelope.command {
+                        args.key = format!("k{i}-{j}");
+                    }
+                    envelope.origin = None;
+                    envelopes.push(envelope);
+                }
+                entry
+            })
+            .collect();
+        sm.apply(entries).await.unwrap();
+
+        let build = {
+            let mut builder = sm.get_snapshot_builder().await;
+            tokio::spawn(async move { builder.build_snapshot().await.unwrap() })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        // An apply waits until the build's copy of the state is done.
+        sm.apply(vec![offer(201, "after-the-copy")]).await.unwrap();
+
+        let small = baton_node::codec::encode(&baton_statemachine::State::default()).unwrap();
+        let meta = openraft::SnapshotMeta {
+            last_log_id: Some(LogId::new(CommittedLeaderId::new(2, 1), newer)),
+            last_membership: openraft::StoredMembership::default(),
+            snapshot_id: "from-the-leader".into(),
+        };
+        sm.install_snapshot(&meta, Box::new(std::io::Cursor::new(small)))
+            .await
+            .unwrap();
+        let built = build.await.unwrap();
+        assert!(
+            built.meta.last_log_id.unwrap().index <= 201,
+            "the build copied the state before the install: {:?}",
+            built.meta
+        );
+        let current = sm.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(current.meta.snapshot_id, "from-the-leader");
+    }
+    let (_log, mut sm) = reopen(dir.path()).await;
+    let (applied, _) = sm.applied_state().await.unwrap();
+    assert_eq!(applied.map(|id| id.index), Some(newer));
+}
+
+/// openraft purges the log up to a snapshot from the leader as soon as it hands the snapshot to
+/// the state machine, without waiting for the install. A node killed while the install still
+/// writes must restart from its old snapshot and the entries after it: the purge waits until the
+/// new snapshot is on disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_for_a_snapshot_streaming_in_waits_until_it_is_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let at = |index| LogId::new(CommittedLeaderId::new(1, 1), index);
+    {
+        let (mut log, mut sm) = store::open(dir.path()).unwrap();
+        let entries: Vec<_> = (1..=10).map(|i| offer(i, &format!("k{i}"))).collect();
+        log.blocking_append(entries.clone()).await.unwrap();
+        log.save_committed(Some(at(10))).await.unwrap();
+        sm.apply(entries[..5].to_vec()).await.unwrap();
+        sm.get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        // Up to the snapshot on disk: at once.
+        log.purge(at(3)).await.unwrap();
+
+        // A snapshot up to 50 streams in; openraft asks for the purge before it is installed.
+        let _data = sm.begin_receiving_snapshot().await.unwrap();
+        let purge = {
+            let mut log = log.clone();
+            tokio::spawn(async move { log.purge(at(50)).await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(
+            !purge.is_finished(),
+            "purged past a snapshot not yet on disk"
+        );
+        // The node dies before the install is stored.
+        purge.abort();
+    }
+    let (mut log, mut sm) = reopen(dir.path()).await;
+    let (applied, _) = sm.applied_state().await.unwrap();
+    assert_eq!(applied.map(|id| id.index), Some(5));
+    let state = log.get_log_state().await.unwrap();
+    assert_eq!(state.last_purged_log_id.map(|id| id.index), Some(3));
+    let indexes: Vec<u64> = log
+        .try_get_log_entries(6..11)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.log_id.index)
+        .collect();
+    assert_eq!(indexes, vec![6, 7, 8, 9, 10], "the entries to re-apply");
+}

@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{Entry, ErrorSubject, ErrorVerb, LogState, RaftLogReader, Vote};
 
+use super::cover::Cover;
 use super::disk::Disk;
 use super::io_error;
 use super::recent::Recent;
@@ -30,6 +31,8 @@ const LAST_PURGED: &[u8] = b"last_purged";
 #[derive(Clone)]
 pub struct LogStore {
     disk: Disk,
+    /// What the durable snapshot covers: a purge never goes past it while one streams in.
+    cover: Cover,
     log: sled::Tree,
     meta: sled::Tree,
     /// The newest entries, decoded, for the reads that follow an append.
@@ -37,7 +40,7 @@ pub struct LogStore {
 }
 
 impl LogStore {
-    pub(super) fn new(disk: &Disk) -> Result<Self, StorageError> {
+    pub(super) fn new(disk: &Disk, cover: Cover) -> Result<Self, StorageError> {
         let open = |name: &str| {
             disk.db()
                 .open_tree(name)
@@ -45,6 +48,7 @@ impl LogStore {
         };
         Ok(Self {
             disk: disk.clone(),
+            cover,
             log: open("log")?,
             meta: open("meta")?,
             recent: Arc::default(),
@@ -260,6 +264,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        // Not past a snapshot still on its way to disk (see `cover`).
+        self.cover.purge_allowed(log_id).await.map_err(|why| {
+            io_error(
+                ErrorSubject::Logs,
+                ErrorVerb::Delete,
+                std::io::Error::other(why),
+            )
+        })?;
         // Record the purge point first: a crash in between leaves extra entries, never a hole.
         self.write_meta(LAST_PURGED, &log_id, ErrorSubject::Logs)
             .await?;

@@ -10,6 +10,7 @@
 //! its durable image is the latest snapshot plus the log suffix, which openraft re-applies on
 //! start-up up to the saved committed index.
 
+mod cover;
 mod disk;
 mod log;
 mod recent;
@@ -43,10 +44,9 @@ pub fn open_with(
             .cache_capacity(SNAPSHOT_STORE_CACHE),
         &images_path,
     )?;
-    Ok((
-        LogStore::new(&log)?,
-        StateMachineStore::new(&log, &images, limits)?,
-    ))
+    let state_machine = StateMachineStore::new(&log, &images, limits)?;
+    let log = LogStore::new(&log, state_machine.cover())?;
+    Ok((log, state_machine))
 }
 
 /// The snapshot store's sled directory inside the log's (sled ignores entries it does not know;

@@ -23,6 +23,7 @@ use openraft::{
 
 use tokio::sync::watch;
 
+use super::cover::Cover;
 use super::disk::Disk;
 use super::io_error;
 use crate::codec;
@@ -94,6 +95,11 @@ pub struct StateMachineStore {
     history: History,
     /// The snapshot store (its own sled database, not the log's).
     images: Disk,
+    /// What the image on disk covers, shared with the log store (see `cover`).
+    cover: Cover,
+    /// Held while an image is checked against the stored one and written, so that a build that
+    /// finishes after a newer snapshot was installed cannot write its older image over it.
+    saving: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl StateMachineStore {
@@ -112,11 +118,19 @@ impl StateMachineStore {
             applied_index: Arc::new(watch::Sender::new(0)),
             history: History::new(limits, 0),
             images: images.clone(),
+            cover: Cover::new(None),
+            saving: Arc::default(),
         };
         if let Some(snapshot) = store.load_snapshot()? {
             store.restore(&snapshot.meta, snapshot.snapshot.get_ref())?;
+            store.cover.stored(snapshot.meta.last_log_id);
         }
         Ok(store)
+    }
+
+    /// What the image on disk covers, for the log store.
+    pub(super) fn cover(&self) -> Cover {
+        self.cover.clone()
     }
 
     /// Read access to the applied state (never hold the guard across an `.await`).
@@ -232,7 +246,9 @@ impl StateMachineStore {
         Ok((data, meta))
     }
 
-    /// Makes `meta` and `data` the durable snapshot.
+    /// Makes `meta` and `data` the durable snapshot, unless the stored one is as new already
+    /// (a build that copied the state before a newer snapshot was installed); returns whether
+    /// it wrote.
     ///
     /// One plain insert of one value, never a `sled::Batch`: sled 0.34 runs every batch under a
     /// lock shared by all its databases in the process, and from the first batch on every other
@@ -243,7 +259,12 @@ impl StateMachineStore {
         &self,
         meta: &SnapshotMeta<NodeId, BasicNode>,
         data: &[u8],
-    ) -> Result<(), StorageError> {
+    ) -> Result<bool, StorageError> {
+        let _saving = self.saving.lock().await;
+        let stored = self.cover.durable();
+        if stored.is_some() && stored >= meta.last_log_id {
+            return Ok(false);
+        }
         let subject = || ErrorSubject::Snapshot(Some(meta.signature()));
         let meta_bytes =
             codec::encode(meta).map_err(|e| io_error(subject(), ErrorVerb::Write, e))?;
@@ -258,7 +279,8 @@ impl StateMachineStore {
             .sync()
             .await
             .map_err(|e| io_error(subject(), ErrorVerb::Write, e))?;
-        Ok(())
+        self.cover.stored(meta.last_log_id);
+        Ok(true)
     }
 
     fn load_snapshot(&self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
@@ -344,8 +366,14 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
         let (data, meta) = tokio::task::spawn_blocking(move || store.encode_snapshot())
             .await
             .map_err(|e| io_error(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))??;
-        self.save_snapshot(&meta, &data).await?;
-        tracing::info!(snapshot = %meta.snapshot_id, bytes = data.len(), "built snapshot");
+        if self.save_snapshot(&meta, &data).await? {
+            tracing::info!(snapshot = %meta.snapshot_id, bytes = data.len(), "built snapshot");
+        } else {
+            tracing::info!(
+                snapshot = %meta.snapshot_id,
+                "built snapshot not stored: a newer one is on disk"
+            );
+        }
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(data)),
@@ -421,6 +449,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        self.cover.receiving();
         Ok(Box::new(Cursor::new(Vec::new())))
     }
 
@@ -430,8 +459,16 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
         let data = snapshot.into_inner();
-        self.restore(meta, &data)?;
-        self.save_snapshot(meta, &data).await?;
+        let installed = async {
+            self.restore(meta, &data)?;
+            self.save_snapshot(meta, &data).await
+        };
+        if let Err(error) = installed.await {
+            self.cover.abandoned();
+            return Err(error);
+        }
+        // Stored now, or a snapshot as new was already: either way the stream has landed.
+        self.cover.stored(meta.last_log_id);
         tracing::info!(snapshot = %meta.snapshot_id, bytes = data.len(), "installed snapshot");
         Ok(())
     }

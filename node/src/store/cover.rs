@@ -1,0 +1,135 @@
+//! What the durable snapshot covers, shared by the two stores so that the log never purges an
+//! entry that only a snapshot not yet on disk covers.
+//!
+//! openraft 0.9 hands a snapshot received from the leader to the state machine worker and, in
+//! the same step, purges the log up to the snapshot's last entry without waiting for the
+//! install. The install (decode, write of the image, sync) can take seconds for a large state. A
+//! node killed in that window restarted with its old snapshot, a purge point past it, and the
+//! entries in between gone: openraft could not re-apply them and the node could not start. So a
+//! purge waits while a snapshot streams in and the durable one does not reach the purge point.
+//!
+//! Every other purge is up to a snapshot already on disk (openraft only purges what its latest
+//! snapshot covers, and a build writes its image before openraft sees it), so it never waits.
+
+use tokio::sync::watch;
+
+use crate::types::LogId;
+
+/// How far the durable snapshot reaches and whether one is streaming in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Covered {
+    /// The last entry of the snapshot stored on disk, if any.
+    durable: Option<LogId>,
+    /// Whether a snapshot from the leader is on its way in (its purge is near).
+    receiving: bool,
+}
+
+/// The shared record; clones share it.
+#[derive(Debug, Clone)]
+pub(crate) struct Cover(watch::Sender<Covered>);
+
+impl Cover {
+    /// A record of a store whose durable snapshot ends at `durable`.
+    pub(crate) fn new(durable: Option<LogId>) -> Self {
+        Self(watch::Sender::new(Covered {
+            durable,
+            receiving: false,
+        }))
+    }
+
+    /// The last entry of the snapshot stored on disk.
+    pub(crate) fn durable(&self) -> Option<LogId> {
+        self.0.borrow().durable
+    }
+
+    /// A snapshot from the leader starts streaming in.
+    pub(crate) fn receiving(&self) {
+        self.0.send_modify(|c| c.receiving = true);
+    }
+
+    /// A snapshot ending at `last` is on disk (synced); whatever was streaming in has landed.
+    pub(crate) fn stored(&self, last: Option<LogId>) {
+        self.0.send_modify(|c| {
+            c.durable = c.durable.max(last);
+            c.receiving = false;
+        });
+    }
+
+    /// The snapshot streaming in will not be stored (its install failed).
+    pub(crate) fn abandoned(&self) {
+        self.0.send_modify(|c| c.receiving = false);
+    }
+
+    /// Waits until purging up to `upto` is safe: the durable snapshot reaches it, or no
+    /// snapshot is streaming in. Errs when a snapshot that was to cover it was abandoned
+    /// (purging then would leave a hole no restart can fill).
+    pub(crate) async fn purge_allowed(&self, upto: LogId) -> Result<(), String> {
+        let mut seen = self.0.subscribe();
+        let was_receiving = seen.borrow().receiving;
+        let settled = seen
+            .wait_for(|c| c.durable >= Some(upto) || !c.receiving)
+            .await
+            .map_err(|_| "the snapshot store is gone".to_string())?;
+        if settled.durable < Some(upto) && was_receiving {
+            return Err(format!(
+                "no snapshot on disk covers the purge up to {upto}: the one streaming in was \
+                 not stored"
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::time::Duration;
+
+    use openraft::CommittedLeaderId;
+
+    use super::*;
+
+    fn id(index: u64) -> LogId {
+        LogId::new(CommittedLeaderId::new(1, 1), index)
+    }
+
+    #[tokio::test]
+    async fn a_purge_waits_for_the_snapshot_streaming_in_to_be_stored() {
+        let cover = Cover::new(Some(id(10)));
+        cover.purge_allowed(id(10)).await.unwrap();
+        cover.purge_allowed(id(50)).await.unwrap();
+
+        cover.receiving();
+        cover.purge_allowed(id(5)).await.unwrap();
+        let purge = tokio::spawn({
+            let cover = cover.clone();
+            async move { cover.purge_allowed(id(50)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!purge.is_finished(), "purged past the durable snapshot");
+        cover.stored(Some(id(50)));
+        purge.await.unwrap().unwrap();
+        assert_eq!(cover.durable(), Some(id(50)));
+    }
+
+    #[tokio::test]
+    async fn an_abandoned_install_fails_the_purge_it_was_to_cover() {
+        let cover = Cover::new(Some(id(10)));
+        cover.receiving();
+        let purge = tokio::spawn({
+            let cover = cover.clone();
+            async move { cover.purge_allowed(id(50)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        cover.abandoned();
+        assert!(purge.await.unwrap().is_err());
+    }
+
+    #[test]
+    fn an_older_snapshot_never_lowers_what_is_covered() {
+        let cover = Cover::new(Some(id(50)));
+        cover.stored(Some(id(20)));
+        assert_eq!(cover.durable(), Some(id(50)));
+    }
+}
