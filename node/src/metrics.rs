@@ -284,6 +284,12 @@ impl Metrics {
         self.snapshot_build_seconds.set(took.as_secs_f64());
     }
 
+    /// The node resumed from its own snapshot of `bytes` at start-up (not an install: only the
+    /// size is reported).
+    pub fn snapshot_resumed(&self, bytes: usize) {
+        self.snapshot_bytes.set(bytes as i64);
+    }
+
     /// A snapshot of `bytes` installed from the leader.
     pub fn snapshot_installed(&self, bytes: usize) {
         self.snapshots_installed.inc();

@@ -16,7 +16,7 @@ use baton_rpc::proto::handoff_server::HandoffServer;
 use baton_rpc::proto::queue_server::QueueServer;
 use baton_rpc::proto::sink_server::SinkServer;
 use baton_rpc::proto::watch_server::WatchServer;
-use openraft::storage::{RaftLogStorage, RaftStateMachine};
+use openraft::storage::RaftLogStorage;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic_health::ServingStatus;
@@ -107,10 +107,10 @@ pub async fn serve_secured(
     }
     let admission = Admission::new(security.tokens.clone());
     let stats = StoreStats::shared();
-    let mut metered_state_machine = MeteredStateMachine::new(state_machine.clone());
-    if let Ok(Some(snapshot)) = metered_state_machine.get_current_snapshot().await {
-        metrics().snapshot_installed(snapshot.snapshot.get_ref().len());
+    if let Some(bytes) = state_machine.opened_from_snapshot() {
+        metrics().snapshot_resumed(bytes);
     }
+    let metered_state_machine = MeteredStateMachine::new(state_machine.clone());
     let mut log_store = log_store;
     let stored = log_store
         .get_log_state()

@@ -378,3 +378,76 @@ async fn requests_refused_at_the_gate_are_counted() {
     let _ = stop.send(());
     server.await.unwrap().unwrap();
 }
+
+/// `baton_snapshots_installed_total` counts snapshots received from a leader; a node resuming
+/// from its own snapshot at start-up only reports the snapshot's size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resuming_from_its_own_snapshot_is_not_an_install() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = free_addr();
+    let start = |listener: tokio::net::TcpListener| {
+        let addr = listener.local_addr().unwrap();
+        let mut config = NodeConfig::new(1, addr, dir.path().join("node-1"));
+        config.http = Some(http);
+        config.raft = RaftTuning {
+            heartbeat: Duration::from_millis(50),
+            election_timeout: (Duration::from_millis(150), Duration::from_millis(300)),
+            snapshot_every: 5,
+            ..RaftTuning::default()
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(baton_node::server::serve(config, listener, async move {
+            let _ = stopped.await;
+        }));
+        (addr.to_string(), stop, server)
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (addr, stop, server) = start(listener);
+    let config = ClientConfig {
+        deadline: Duration::from_secs(10),
+        ..ClientConfig::default()
+    };
+    Client::new(&[addr.as_str()], config.clone())
+        .unwrap()
+        .initialize(&addr, &[(1, addr.clone())])
+        .await
+        .unwrap();
+    let client = Client::connect_with(&[addr.as_str()], config.clone())
+        .await
+        .unwrap();
+    for i in 0..20 {
+        client.offer(offer(&format!("s{i}"))).await.unwrap();
+    }
+    metric_until(http, "baton_snapshots_built_total", |n| n >= 1.0).await;
+    drop(client);
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+
+    let listener = tokio::net::TcpListener::bind(addr.as_str()).await.unwrap();
+    let (_, stop, server) = start(listener);
+    while tokio::net::TcpStream::connect(http).await.is_err() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, text) = http_get(http, "/metrics").await;
+    assert_eq!(
+        sample(&text, "baton_snapshots_installed_total"),
+        0.0,
+        "{text}"
+    );
+    assert!(sample(&text, "baton_snapshot_size_bytes") > 0.0, "{text}");
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+}
+
+/// Scrapes `/metrics` until `series` satisfies `want` (at most 10 s).
+async fn metric_until(http: std::net::SocketAddr, series: &str, want: impl Fn(f64) -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, text) = http_get(http, "/metrics").await;
+        if want(sample(&text, series)) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{series}:\n{text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -100,6 +100,8 @@ pub struct StateMachineStore {
     /// Held while an image is checked against the stored one and written, so that a build that
     /// finishes after a newer snapshot was installed cannot write its older image over it.
     saving: Arc<tokio::sync::Mutex<()>>,
+    /// The size of the snapshot the store resumed from when it was opened, if any.
+    opened_from: Option<usize>,
 }
 
 impl StateMachineStore {
@@ -112,7 +114,7 @@ impl StateMachineStore {
     ) -> Result<Self, StorageError> {
         move_legacy_snapshot(log, images)
             .map_err(|e| io_error(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))?;
-        let store = Self {
+        let mut store = Self {
             applied: Arc::default(),
             copying: Arc::default(),
             applied_index: Arc::new(watch::Sender::new(0)),
@@ -120,12 +122,19 @@ impl StateMachineStore {
             images: images.clone(),
             cover: Cover::new(None),
             saving: Arc::default(),
+            opened_from: None,
         };
         if let Some(snapshot) = store.load_snapshot()? {
             store.restore(&snapshot.meta, snapshot.snapshot.get_ref())?;
             store.cover.stored(snapshot.meta.last_log_id);
+            store.opened_from = Some(snapshot.snapshot.get_ref().len());
         }
         Ok(store)
+    }
+
+    /// The size in bytes of the snapshot the store resumed from when it was opened, if any.
+    pub fn opened_from_snapshot(&self) -> Option<usize> {
+        self.opened_from
     }
 
     /// What the image on disk covers, for the log store.
