@@ -159,6 +159,53 @@ fn bad_configuration_names_the_key_and_exits_2() {
     assert_each_refused(&["--check-config"], cases);
 }
 
+/// Values that parse but could not work: `--check-config` says so (exit 2, naming the key)
+/// rather than passing them to a node that fails to start or misbehaves.
+#[test]
+fn unworkable_values_are_refused_by_the_check() {
+    let cases: Vec<Case> = vec![
+        // An election timeout one late heartbeat would trip.
+        (
+            vec!["--heartbeat", "100ms", "--election-timeout", "250ms"],
+            vec![],
+            "raft.election_timeout",
+        ),
+        // Doubled for the upper bound, it would overflow.
+        (
+            vec!["--election-timeout", "300000000000y"],
+            vec![],
+            "raft.election_timeout",
+        ),
+        // An address peers and clients cannot dial.
+        (vec!["--advertise", "10.0.0.5"], vec![], "advertise"),
+        (vec!["--set", "peer_addrs.2=peer2"], vec![], "peer_addrs.2"),
+        // The metrics endpoint on the gRPC port.
+        (
+            vec!["--listen", "127.0.0.1:7100", "--http", "127.0.0.1:7100"],
+            vec![],
+            "http",
+        ),
+        // Smaller than a request carrying the largest payload.
+        (
+            vec!["--max-request-bytes", "262144"],
+            vec![],
+            "limits.max_request_bytes",
+        ),
+        // A slow stream would be cut only after its resume point left the history.
+        (
+            vec![
+                "--set",
+                "watch.history=1000",
+                "--set",
+                "watch.max_backlog=1000",
+            ],
+            vec![],
+            "watch.max_backlog",
+        ),
+    ];
+    assert_each_refused(&["--check-config", "--id", "1"], cases);
+}
+
 /// A case of a refused configuration: flags, environment, and what the error must say.
 type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
 

@@ -257,6 +257,31 @@ fn nonzero(key: &str, value: Duration) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// `addr` must be `host:port` with a port peers can dial.
+fn dialable(key: &str, addr: &str) -> Result<(), Invalid> {
+    let port = addr
+        .rsplit_once(':')
+        .map(|(host, port)| (host.trim(), port));
+    match port {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => {
+            Ok(())
+        }
+        _ => Err(invalid(
+            key,
+            format!("{addr:?} is not host:port (e.g. 10.0.0.5:7001)"),
+        )),
+    }
+}
+
+/// The smallest `limits.max_request_bytes`: room for a call carrying the largest payload
+/// (1 MiB) with the rest of its request, and for the client library's batches (at most 512 KiB,
+/// or one call alone).
+const MIN_REQUEST_BYTES: usize = 2 << 20;
+
+/// How many heartbeats an election timeout must span at least, so that one late heartbeat
+/// (the heartbeat is also the AppendEntries deadline) does not start an election.
+const MIN_HEARTBEATS_PER_ELECTION: u32 = 3;
+
 impl Settings {
     /// Settings with every optional key given, so that serializing them names every key
     /// (`peer_addrs` stands for its whole table with one made-up entry).
@@ -290,7 +315,10 @@ impl Settings {
             Some(advertise) if advertise.trim().is_empty() => {
                 return Err(invalid("advertise", "is empty"))
             }
-            Some(advertise) => advertise.trim().to_string(),
+            Some(advertise) => {
+                dialable("advertise", advertise.trim())?;
+                advertise.trim().to_string()
+            }
             None if self.listen.ip().is_unspecified() => {
                 return Err(invalid(
                     "advertise",
@@ -304,6 +332,15 @@ impl Settings {
         };
         if self.data_dir.as_os_str().is_empty() {
             return Err(invalid("data_dir", "is empty"));
+        }
+        if self.http == Some(self.listen) {
+            return Err(invalid(
+                "http",
+                format!(
+                    "is the gRPC address too ({}); give it a port of its own",
+                    self.listen
+                ),
+            ));
         }
         nonzero("sweep_interval", self.sweep_interval)?;
         tracing_subscriber::EnvFilter::try_new(&self.log.filter)
@@ -366,6 +403,7 @@ impl Settings {
             if addr.trim().is_empty() {
                 return Err(invalid(&key, "the address is empty"));
             }
+            dialable(&key, addr.trim())?;
             peers.insert(id, addr.trim().to_string());
         }
         Ok(peers)
@@ -375,19 +413,25 @@ impl Settings {
 impl RaftSettings {
     fn to_tuning(&self) -> Result<RaftTuning, Invalid> {
         nonzero("raft.heartbeat", self.heartbeat)?;
-        if self.election_timeout <= self.heartbeat {
+        let shortest = self.heartbeat.checked_mul(MIN_HEARTBEATS_PER_ELECTION);
+        if shortest.is_none_or(|shortest| self.election_timeout < shortest) {
             return Err(invalid(
                 "raft.election_timeout",
                 format!(
-                    "must be longer than raft.heartbeat ({})",
+                    "must be at least {MIN_HEARTBEATS_PER_ELECTION} times raft.heartbeat ({}): \
+                     a heartbeat that comes late must not start an election",
                     humantime::format_duration(self.heartbeat)
                 ),
             ));
         }
+        // The node waits between the timeout and twice it.
+        let Some(longest) = self.election_timeout.checked_mul(2) else {
+            return Err(invalid("raft.election_timeout", "is too long"));
+        };
         positive("raft.snapshot_every", self.snapshot_every)?;
         let tuning = RaftTuning {
             heartbeat: self.heartbeat,
-            election_timeout: (self.election_timeout, self.election_timeout * 2),
+            election_timeout: (self.election_timeout, longest),
             snapshot_every: self.snapshot_every,
             keep_logs: self.keep_logs,
         };
@@ -407,6 +451,14 @@ impl WatchSettings {
         nonzero("watch.leaderless_cutoff", self.leaderless_cutoff)?;
         let max_backlog = self.max_backlog.unwrap_or((self.history / 2).max(1));
         positive("watch.max_backlog", max_backlog as u64)?;
+        if max_backlog >= self.history {
+            // A stream must be cut while its resume point is still in the history, or it gets
+            // COMPACTED instead of the resumable SLOW_CONSUMER.
+            return Err(invalid(
+                "watch.max_backlog",
+                format!("must be below watch.history ({})", self.history),
+            ));
+        }
         Ok(WatchTuning {
             history: HistoryLimits {
                 events: self.history,
@@ -422,7 +474,15 @@ impl WatchSettings {
 
 impl LimitSettings {
     fn to_limits(&self) -> Result<Limits, Invalid> {
-        positive("limits.max_request_bytes", self.max_request_bytes as u64)?;
+        if self.max_request_bytes < MIN_REQUEST_BYTES {
+            return Err(invalid(
+                "limits.max_request_bytes",
+                format!(
+                    "must be at least {MIN_REQUEST_BYTES} (2 MiB): room for the largest payload \
+                     (1 MiB) with its request, and for the client library's batches"
+                ),
+            ));
+        }
         positive("limits.max_in_flight", self.max_in_flight as u64)?;
         positive(
             "limits.max_in_flight_per_connection",
