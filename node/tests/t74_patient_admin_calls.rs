@@ -14,6 +14,8 @@ use baton_rpc::{Client, ClientConfig};
 use tonic::transport::Server;
 use tonic::{Request, Response, Status};
 
+mod support;
+
 /// How long the stand-in leader works on a learner before answering.
 const CATCH_UP: Duration = Duration::from_millis(1_500);
 
@@ -101,4 +103,55 @@ async fn a_learner_that_takes_longer_than_an_attempt_is_added_in_one_request() {
         "the learner was asked for once, not again at every attempt timeout"
     );
     server.abort();
+}
+
+/// A snapshot save holds an encoded copy of the whole state until its client has read it, and
+/// cluster administration is never refused by the client limits: a node serves one save at a
+/// time and answers another `OVERLOADED` (retried by the client library) meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_serves_one_snapshot_save_at_a_time() {
+    use baton_rpc::error::detail_of;
+    use baton_rpc::proto::cluster_client::ClusterClient;
+
+    let cluster = support::Cluster::start().await;
+    // More state than the transport buffers, so an unread save stays in flight.
+    for i in 0..8 {
+        let mut args = support::offer(&format!("big-{i}"));
+        args.payload = vec![b'x'; 1_000_000];
+        cluster.client.offer(args).await.unwrap();
+    }
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", cluster.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut admin = ClusterClient::new(channel).max_decoding_message_size(64 << 20);
+    let unread = admin
+        .save_snapshot(proto::SaveSnapshotRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+
+    let second = admin
+        .save_snapshot(proto::SaveSnapshotRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(second.code(), tonic::Code::ResourceExhausted, "{second:?}");
+    assert_eq!(detail_of(&second).unwrap().code, "OVERLOADED");
+
+    // Once the first client goes away, the next save is served (and read to the end).
+    drop(unread);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let saved = loop {
+        match cluster.client.save_snapshot().await {
+            Ok(saved) => break saved,
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("not yet: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert!(saved.state.len() > 8_000_000, "{}", saved.state.len());
+    cluster.stop().await;
 }

@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use baton_rpc::error::{infra, infra_status, refusal_status};
@@ -13,8 +14,10 @@ use baton_rpc::proto::{
     TransferLeaderResponse,
 };
 use baton_statemachine::Refusal;
+use futures::StreamExt;
 use openraft::error::{InitializeError, RaftError};
 use openraft::{BasicNode, ChangeMembers, ServerState, StoredMembership};
+use tokio::sync::Semaphore;
 use tonic::{Code, Request, Response, Status};
 
 use crate::admission::Admission;
@@ -37,6 +40,9 @@ pub struct ClusterService {
     node: NodeRef,
     admission: Admission,
     network: Network,
+    /// One snapshot save at a time: each holds an encoded copy of the whole state until its
+    /// client has read it, and cluster administration is never refused by the client limits.
+    saving: Arc<Semaphore>,
 }
 
 impl ClusterService {
@@ -46,6 +52,7 @@ impl ClusterService {
             node,
             admission,
             network,
+            saving: Arc::new(Semaphore::new(1)),
         }
     }
 }
@@ -261,6 +268,13 @@ impl cluster_server::Cluster for ClusterService {
         &self,
         _request: Request<SaveSnapshotRequest>,
     ) -> Result<Response<SnapshotStream>, Status> {
+        let Ok(saving) = self.saving.clone().try_acquire_owned() else {
+            return Err(infra_status(
+                Code::ResourceExhausted,
+                infra::OVERLOADED,
+                "a snapshot save is already running on this node; retry when it ends",
+            ));
+        };
         // A linearizable read: the state includes every write acknowledged before this call.
         // Only a copy is taken under the lock (its tasks, tickets and keys are shared, not
         // copied); the encode runs after the lock is released, off the runtime.
@@ -312,15 +326,21 @@ impl cluster_server::Cluster for ClusterService {
             served_by: self.node.id,
             served_at_ms: wall_clock_ms(),
         };
-        let mut parts = vec![Ok(SnapshotPart {
+        let head = futures::stream::once(std::future::ready(Ok(SnapshotPart {
             part: Some(snapshot_part::Part::Meta(meta)),
-        })];
-        parts.extend(state.chunks(SNAPSHOT_CHUNK).map(|chunk| {
+        })));
+        // Chunks are copied out one at a time as the client reads them, and the save holds its
+        // place until the stream ends (read to the end, or dropped with the client).
+        let chunks = (0..state.len()).step_by(SNAPSHOT_CHUNK).map(move |start| {
+            let _saving = &saving;
+            let chunk = state[start..(start + SNAPSHOT_CHUNK).min(state.len())].to_vec();
             Ok(SnapshotPart {
-                part: Some(snapshot_part::Part::Chunk(chunk.to_vec())),
+                part: Some(snapshot_part::Part::Chunk(chunk)),
             })
-        }));
-        Ok(Response::new(Box::pin(futures::stream::iter(parts))))
+        });
+        Ok(Response::new(Box::pin(
+            head.chain(futures::stream::iter(chunks)),
+        )))
     }
 }
 
