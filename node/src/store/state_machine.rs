@@ -126,7 +126,7 @@ impl StateMachineStore {
         };
         if let Some(snapshot) = store.load_snapshot()? {
             store.restore(&snapshot.meta, snapshot.snapshot.get_ref())?;
-            store.cover.stored(snapshot.meta.last_log_id);
+            store.cover.on_disk(snapshot.meta.last_log_id);
             store.opened_from = Some(snapshot.snapshot.get_ref().len());
         }
         Ok(store)
@@ -288,7 +288,7 @@ impl StateMachineStore {
             .sync()
             .await
             .map_err(|e| io_error(subject(), ErrorVerb::Write, e))?;
-        self.cover.stored(meta.last_log_id);
+        self.cover.on_disk(meta.last_log_id);
         Ok(true)
     }
 
@@ -477,7 +477,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             return Err(error);
         }
         // Stored now, or a snapshot as new was already: either way the stream has landed.
-        self.cover.stored(meta.last_log_id);
+        self.cover.installed(meta.last_log_id);
         tracing::info!(snapshot = %meta.snapshot_id, bytes = data.len(), "installed snapshot");
         Ok(())
     }
