@@ -740,6 +740,24 @@ fn a_lease_fails_a_task_past_its_deadline_that_no_sweep_reached() {
     assert_eq!(count_in(&w, TaskState::Failed), MAX_LEASE_SWEEP + 1);
 }
 
+/// Failing candidates past their deadline is bounded too: behind the swept ones, one lease fails
+/// at most [`MAX_LEASE_SWEEP`] more, and leaves the rest to later leases and the sweeper.
+#[test]
+fn a_lease_fails_a_bounded_number_of_tasks_past_their_deadline() {
+    let mut w = World::new();
+    let n = 3 * MAX_LEASE_SWEEP;
+    for i in 0..n {
+        let mut task = spec(Q1, &format!("t{i}"), "");
+        // Deadlines in submission order, so the sweep takes the oldest first.
+        task.ttl_ms = 1_000 + i as i64;
+        w.submit(task);
+    }
+    w.advance(10_000);
+    assert!(w.lease(W, 10).is_empty());
+    assert_eq!(count_in(&w, TaskState::Failed), 2 * MAX_LEASE_SWEEP);
+    assert_eq!(count_in(&w, TaskState::Waiting), MAX_LEASE_SWEEP);
+}
+
 #[test]
 fn keys_differing_only_in_case_or_normalisation_are_separate_permits() {
     let mut w = World::new();

@@ -321,6 +321,11 @@ impl TaskQueue {
                 continue;
             };
             if is_overdue(task.deadline_ms, clock_ms) {
+                // Bounded like the sweep: a backlog past its deadline is failed a batch at a
+                // time, by leases and the sweeper, never all in one apply.
+                if past_deadline.len() >= MAX_LEASE_SWEEP {
+                    break;
+                }
                 past_deadline.push(id);
                 continue;
             }
