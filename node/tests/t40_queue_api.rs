@@ -672,9 +672,6 @@ async fn the_long_poll_lease_waits_without_writing_and_wakes_on_a_submission() {
     cluster.stop().await;
 }
 
-/// A long poll held while the same client makes more writes than the store remembers answers
-/// for (4,096 per client) still leases when work arrives: polls are numbered apart from the
-/// client's other writes, so the flood cannot push the waiting poll out of the session window.
 /// Tasks with payloads near the largest allowed, as many as the worker has slots: every lease
 /// answer reaches the worker (the store hands out no more than an answer can carry), and tasks
 /// it did not hand out stay waiting instead of being held by attempts nobody runs.
@@ -709,6 +706,9 @@ async fn leases_of_large_tasks_reach_the_worker() {
     cluster.stop().await;
 }
 
+/// A long poll held while the same client makes more writes than the store remembers answers
+/// for (4,096 per client) still leases when work arrives: polls are numbered apart from the
+/// client's other writes, so the flood cannot push the waiting poll out of the session window.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_poll_outlives_thousands_of_writes_from_the_same_client() {
     let cluster = Cluster::start().await;

@@ -62,7 +62,15 @@ pub async fn run(command: MembersCommand, client: &Client) -> u8 {
             }
             client.change_membership(&next).await
         }
-        MembersCommand::Remove { id } => client.remove_member(id).await,
+        MembersCommand::Remove { id } => {
+            // The store answers a removal of a stranger with success (a retry must succeed);
+            // a typo on the command line deserves better.
+            if !current.iter().any(|m| m.id == id) {
+                eprintln!("baton: node {id} is not a member; `baton members list` shows them");
+                return exit::USAGE;
+            }
+            client.remove_member(id).await
+        }
     };
     match result {
         Ok(MembershipResponse { members, log_index }) => {

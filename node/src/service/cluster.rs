@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_rpc::error::{infra, infra_status, refusal_status};
+use baton_rpc::error::{infra, infra_status, not_leader_status, refusal_status};
 use baton_rpc::proto::cluster_server;
 use baton_rpc::proto::{
     snapshot_part, AddLearnerRequest, ChangeMembershipRequest, InitializeRequest,
@@ -206,13 +206,28 @@ impl cluster_server::Cluster for ClusterService {
         request: Request<RemoveMemberRequest>,
     ) -> Result<Response<MembershipResponse>, Status> {
         let id = request.into_inner().id;
-        let (is_member, voters) = {
+        let (leader, stored) = {
             let metrics = self.node.raft.metrics();
             let metrics = metrics.borrow();
-            let membership = metrics.membership_config.membership();
-            let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
-            (membership.get_node(&id).is_some(), voters)
+            let stored = (*metrics.membership_config).clone();
+            (metrics.current_leader, stored)
         };
+        // Judged on the leader's membership, not on what a follower has seen so far.
+        if leader != Some(self.node.id) {
+            let known = leader.and_then(|l| stored.membership().get_node(&l).map(|n| (l, n)));
+            return Err(not_leader_status(
+                known.map(|(l, node)| (l, node.addr.clone())),
+            ));
+        }
+        let membership = stored.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        if membership.get_node(&id).is_none() {
+            // Already gone (a retry of a removal that went through): nothing to change.
+            return Ok(Response::new(MembershipResponse {
+                members: members_of(&stored),
+                log_index: stored.log_id().map_or(0, |id| id.index),
+            }));
+        }
         // Voters and learners leave by different changes: openraft's voter replacement keeps
         // learners, and its node removal refuses voters.
         let change = if voters.contains(&id) {
@@ -223,13 +238,8 @@ impl cluster_server::Cluster for ClusterService {
                 )));
             }
             ChangeMembers::RemoveVoters(BTreeSet::from([id]))
-        } else if is_member {
-            ChangeMembers::RemoveNodes(BTreeSet::from([id]))
         } else {
-            return Err(refusal_status(&Refusal::invalid(
-                "id",
-                format!("node {id} is not a member of the cluster"),
-            )));
+            ChangeMembers::RemoveNodes(BTreeSet::from([id]))
         };
         tracing::info!(id, ?change, "removing member");
         let written = self

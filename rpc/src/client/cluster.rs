@@ -51,7 +51,8 @@ impl Client {
     }
 
     /// Removes member `id`, voter or learner, from the cluster. Refused (`INVALID_ARGUMENT`) for
-    /// a node that is not a member and for the last voter.
+    /// the last voter; for a node that is not a member (any more) it changes nothing and answers
+    /// the current membership, so that a retry of a removal that went through succeeds.
     pub async fn remove_member(&self, id: u64) -> Result<MembershipResponse, Error> {
         self.call_patiently(|channel: Conn| {
             let request = proto::RemoveMemberRequest { id };
