@@ -164,8 +164,13 @@ impl SnapshotFile {
 
     /// Writes the file atomically: to a temporary file beside `path`, synced, then renamed over
     /// `path` (and the directory synced), so a crash leaves either no file or the whole file.
+    ///
+    /// The bytes are read back first with every check `restore` makes (the state decodes, its
+    /// length is the header's): a backup that could not be restored is refused when it is
+    /// taken, not discovered on the day it is needed.
     pub fn write(&self, path: &Path) -> anyhow::Result<()> {
         let bytes = self.to_bytes()?;
+        Self::from_bytes(&bytes).context("the snapshot is not one restore would accept")?;
         durable_file::write(path, &bytes)
             .with_context(|| format!("cannot save the snapshot to {}", path.display()))
     }
@@ -267,6 +272,20 @@ mod tests {
         let read = SnapshotFile::from_bytes(&file.to_bytes().expect("bytes")).expect("valid");
         assert_eq!(read.header, file.header);
         assert_eq!(read.state, file.state);
+    }
+
+    #[test]
+    fn a_snapshot_restore_would_refuse_is_never_written() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let path = dir.path().join("backup.baton");
+        let mut bad = sample();
+        bad.state = vec![0xff; 9];
+        bad.header.state_bytes = 9;
+        let error = bad.write(&path).expect_err("refused");
+        assert!(format!("{error:#}").contains("does not decode"), "{error:#}");
+        assert!(!path.exists());
+        sample().write(&path).expect("a good one is written");
+        SnapshotFile::read(&path).expect("and reads back");
     }
 
     #[test]
