@@ -282,7 +282,10 @@ mod tests {
         bad.state = vec![0xff; 9];
         bad.header.state_bytes = 9;
         let error = bad.write(&path).expect_err("refused");
-        assert!(format!("{error:#}").contains("does not decode"), "{error:#}");
+        assert!(
+            format!("{error:#}").contains("does not decode"),
+            "{error:#}"
+        );
         assert!(!path.exists());
         sample().write(&path).expect("a good one is written");
         SnapshotFile::read(&path).expect("and reads back");
