@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_rpc::error::{infra, infra_status, not_leader_status, refusal_status};
+use baton_rpc::error::{infra, infra_status, refusal_status};
 use baton_rpc::proto::cluster_server;
 use baton_rpc::proto::{
     snapshot_part, AddLearnerRequest, ChangeMembershipRequest, InitializeRequest,
@@ -206,19 +206,13 @@ impl cluster_server::Cluster for ClusterService {
         request: Request<RemoveMemberRequest>,
     ) -> Result<Response<MembershipResponse>, Status> {
         let id = request.into_inner().id;
-        let (leader, stored) = {
-            let metrics = self.node.raft.metrics();
-            let metrics = metrics.borrow();
-            let stored = (*metrics.membership_config).clone();
-            (metrics.current_leader, stored)
-        };
-        // Judged on the leader's membership, not on what a follower has seen so far.
-        if leader != Some(self.node.id) {
-            let known = leader.and_then(|l| stored.membership().get_node(&l).map(|n| (l, n)));
-            return Err(not_leader_status(
-                known.map(|(l, node)| (l, node.addr.clone())),
-            ));
-        }
+        // Judged on the committed and applied membership, read linearizably (which also
+        // redirects a follower to the leader): an answer of "already gone" must not rest on a
+        // change the log may still lose.
+        let stored = self
+            .node
+            .read(|applied| applied.membership.clone())
+            .await?;
         let membership = stored.membership();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
         if membership.get_node(&id).is_none() {
