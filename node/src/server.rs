@@ -46,6 +46,9 @@ use crate::{http, raft_server, snapshot_schedule, stalled_leader, sweeper, syste
 /// How long the gRPC server may take to close its connections once a shutdown has drained.
 const CLOSE_LIMIT: Duration = Duration::from_secs(5);
 
+/// How often a client connection is checked for life, and how long its answer may take.
+const CLIENT_KEEPALIVE: Duration = Duration::from_secs(20);
+
 /// Runs a node until `shutdown` resolves, then leaves gracefully ([`crate::shutdown`]), stops
 /// serving and shuts Raft down.
 pub async fn run(
@@ -181,7 +184,12 @@ pub async fn serve_secured(
     let (stop_serving_tx, stop_serving) = tokio::sync::oneshot::channel::<()>();
 
     let max_request = config.limits.max_request_bytes;
-    let mut builder = tonic::transport::Server::builder();
+    // Keepalives find clients that went away without closing (a dead host, a partition): their
+    // connections, and what their streams hold (a snapshot save's place, a watch), are let go.
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(CLIENT_KEEPALIVE))
+        .http2_keepalive_timeout(Some(CLIENT_KEEPALIVE))
+        .tcp_keepalive(Some(CLIENT_KEEPALIVE));
     if let Some(tls) = &tls {
         builder = builder
             .tls_config(tls.server())
