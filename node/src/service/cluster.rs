@@ -209,10 +209,7 @@ impl cluster_server::Cluster for ClusterService {
         // Judged on the committed and applied membership, read linearizably (which also
         // redirects a follower to the leader): an answer of "already gone" must not rest on a
         // change the log may still lose.
-        let stored = self
-            .node
-            .read(|applied| applied.membership.clone())
-            .await?;
+        let stored = self.node.read(|applied| applied.membership.clone()).await?;
         let membership = stored.membership();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
         if membership.get_node(&id).is_none() {
