@@ -243,18 +243,25 @@ fn the_example_config_shipped_in_deploy_is_valid() {
     assert_eq!(get(&settings, "data_dir").as_str(), Some("/var/lib/baton"));
 }
 
-/// A directory with stand-in PEM files (`--check-config` only reads them) and a token file.
+/// A directory with a CA and a node certificate made by `baton certs` (copies of the CA stand
+/// in for other CAs), a file that is not a certificate, and token files.
 fn security_files() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    for name in [
-        "ca.pem",
-        "node.pem",
-        "node-key.pem",
-        "other-ca.pem",
-        "flag-ca.pem",
-    ] {
-        std::fs::write(dir.path().join(name), "-----BEGIN CERTIFICATE-----\n").unwrap();
+    let out = dir.path().display().to_string();
+    let made = Command::new(BATON)
+        .args(["certs", "generate", "--out", &out, "--name", "node"])
+        .args(["--hosts", "127.0.0.1"])
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", stderr(&made));
+    for copy in ["other-ca.pem", "flag-ca.pem"] {
+        std::fs::copy(dir.path().join("ca.pem"), dir.path().join(copy)).unwrap();
     }
+    std::fs::write(
+        dir.path().join("not-a-cert.pem"),
+        "-----BEGIN CERTIFICATE-----\n",
+    )
+    .unwrap();
     std::fs::write(dir.path().join("tokens"), "# ops\n0123456789abcdef0123\n").unwrap();
     std::fs::write(dir.path().join("short-tokens"), "abc\n").unwrap();
     dir
@@ -328,6 +335,7 @@ fn unusable_tls_or_token_settings_name_their_key_and_exit_2() {
     let path = |name: &str| dir.path().join(name).display().to_string();
     let (ca, cert, key) = (path("ca.pem"), path("node.pem"), path("node-key.pem"));
     let missing = path("missing.pem");
+    let garbage = path("not-a-cert.pem");
     let (tokens, short) = (path("tokens"), path("short-tokens"));
     let folder = dir.path().display().to_string();
     let config = dir.path().join("baton.toml");
@@ -355,6 +363,12 @@ fn unusable_tls_or_token_settings_name_their_key_and_exit_2() {
             vec![],
             "config key `tls.cert` (from flag --tls-cert): cannot read",
         ),
+        // Readable, but not a certificate: the check parses the files as the start would.
+        (
+            vec!["--tls-ca", &ca, "--tls-cert", &garbage, "--tls-key", &key],
+            vec![],
+            "config key `tls`",
+        ),
         (
             vec![],
             vec![("BATON_AUTH_TOKEN_FILE", &missing)],
@@ -372,4 +386,19 @@ fn unusable_tls_or_token_settings_name_their_key_and_exit_2() {
         &[],
     );
     assert!(good.status.success(), "{}", stderr(&good));
+    let good_tls = baton_node(
+        &[
+            "--check-config",
+            "--id",
+            "1",
+            "--tls-ca",
+            &ca,
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+        ],
+        &[],
+    );
+    assert!(good_tls.status.success(), "{}", stderr(&good_tls));
 }

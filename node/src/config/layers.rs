@@ -108,6 +108,9 @@ impl Loaded {
                 std::fs::read(path)
                     .map_err(|e| invalid(key, format!("cannot read {}: {e}", path.display())))?;
             }
+            // Parsed as the node will at start, so a file that is not what it should be fails
+            // the check too, not only the start.
+            crate::tls::NodeTls::load(files).map_err(|e| invalid("tls", format!("{e:#}")))?;
         }
         let tokens = match &self.settings.auth.token_file {
             None => None,
