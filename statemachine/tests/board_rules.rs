@@ -972,6 +972,27 @@ fn check_output_is_sorted_by_id_then_code() {
     );
 }
 
+/// Codes of one task sort by their stable strings, as handoff's do: `dependency_not_done`
+/// before `holder_mismatch`, although the enum declares them the other way round.
+#[test]
+fn problems_of_one_task_sort_by_their_code_strings() {
+    let tasks = vec![
+        // Done while still leased, and while its dependency is open: two codes.
+        Task {
+            state: TaskState::Done,
+            deps: vec!["d".into()],
+            max_fence: 1,
+            ..claimed("t", 1, T0 + 60_000)
+        },
+        open("d", &[]),
+    ];
+    let got: Vec<&str> = codes(&tasks, T0)
+        .iter()
+        .map(|(_, code)| code.as_str())
+        .collect();
+    assert_eq!(got, vec!["dependency_not_done", "holder_mismatch"]);
+}
+
 #[test]
 fn check_codes_have_stable_names() {
     let names: Vec<&str> = [

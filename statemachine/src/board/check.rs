@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 use super::{Task, TaskState};
 use crate::time::is_overdue;
 
-/// The machine-readable kind of a board problem.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// The machine-readable kind of a board problem. Ordered by its stable code (as handoff's
+/// problems are), so every implementation, in any language, sorts a check's output alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BoardProblemCode {
     /// A task has an empty id.
     EmptyId,
@@ -26,6 +27,18 @@ pub enum BoardProblemCode {
     DependencyNotDone,
     /// A dependency that names no task.
     UnknownDependency,
+}
+
+impl Ord for BoardProblemCode {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
+
+impl PartialOrd for BoardProblemCode {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
 }
 
 impl BoardProblemCode {
