@@ -316,3 +316,48 @@ fn a_held_task_and_a_taken_ticket_are_prejudged_and_a_lapsed_lease_is_not() {
         Some(first)
     );
 }
+
+/// The clock a prejudgement uses is the later of the leader's and the store's: a leader whose
+/// clock lags the store clock (an entry stamped by an earlier leader with a faster clock) must
+/// not refuse a claim the log would grant because, by the store clock, the lease has lapsed.
+#[test]
+fn a_lease_lapsed_by_the_store_clock_is_not_prejudged_on_a_lagging_leader_clock() {
+    let mut world = World::new();
+    let claim = |id: &str, agent: &str| {
+        Command::Board(board::Command::Claim {
+            id: id.into(),
+            agent: agent.into(),
+            ttl_ms: 100,
+        })
+    };
+    assert!(matches!(
+        world.send(claim("a", "w1")),
+        Response::Answer(Ok(_))
+    ));
+    // Another entry moves the store clock past a's lease.
+    let lapsed = world.now + 150;
+    world.now = lapsed;
+    assert!(matches!(
+        world.send(claim("b", "w1")),
+        Response::Answer(Ok(_))
+    ));
+
+    // A new leader whose clock reads earlier judges the claim of a.
+    let lagging = lapsed - 100;
+    let origin = Origin {
+        client_id: 2,
+        seq: 1,
+        acked_below: 0,
+    };
+    assert_eq!(
+        world
+            .state
+            .prejudge(Some(&origin), &claim("a", "w2"), lagging),
+        None,
+        "prejudged on the lagging clock"
+    );
+    // What the log does with that claim, stamped with the lagging clock: it grants.
+    world.now = lagging;
+    let granted = world.apply(origin, claim("a", "w2"));
+    assert!(matches!(granted, Response::Answer(Ok(_))), "{granted:?}");
+}
