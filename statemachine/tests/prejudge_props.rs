@@ -259,26 +259,36 @@ proptest! {
     }
 }
 
-#[test]
-fn a_held_task_and_a_taken_ticket_are_prejudged_and_a_lapsed_lease_is_not() {
-    let mut world = World::new();
-    let claim = |agent: &str| {
-        Command::Board(board::Command::Claim {
-            id: "a".into(),
-            agent: agent.into(),
-            ttl_ms: 100,
-        })
-    };
-    assert!(matches!(world.send(claim("w1")), Response::Answer(Ok(_))));
-    let origin = Origin {
+/// A claim of task `id` by `agent` for 100 ms.
+fn claim(id: &str, agent: &str) -> Command {
+    Command::Board(board::Command::Claim {
+        id: id.into(),
+        agent: agent.into(),
+        ttl_ms: 100,
+    })
+}
+
+/// The first request of a second client.
+fn second_client() -> Origin {
+    Origin {
         client_id: 2,
         seq: 1,
         acked_below: 0,
-    };
+    }
+}
+
+#[test]
+fn a_held_task_and_a_taken_ticket_are_prejudged_and_a_lapsed_lease_is_not() {
+    let mut world = World::new();
+    assert!(matches!(
+        world.send(claim("a", "w1")),
+        Response::Answer(Ok(_))
+    ));
+    let origin = second_client();
     assert_eq!(
         world
             .state
-            .prejudge(Some(&origin), &claim("w2"), world.now + 99),
+            .prejudge(Some(&origin), &claim("a", "w2"), world.now + 99),
         Some(Response::Answer(Err(baton_statemachine::Refusal::Taken)))
     );
     // At the deadline the lease has lapsed: the claim must go through the log (it expires the
@@ -286,15 +296,11 @@ fn a_held_task_and_a_taken_ticket_are_prejudged_and_a_lapsed_lease_is_not() {
     assert_eq!(
         world
             .state
-            .prejudge(Some(&origin), &claim("w2"), world.now + 100),
+            .prejudge(Some(&origin), &claim("a", "w2"), world.now + 100),
         None
     );
     // A free task is never prejudged.
-    let free = Command::Board(board::Command::Claim {
-        id: "b".into(),
-        agent: "w2".into(),
-        ttl_ms: 100,
-    });
+    let free = claim("b", "w2");
     assert_eq!(world.state.prejudge(Some(&origin), &free, world.now), None);
     // A retry is answered with its first response.
     let (first_origin, first_command) = world.sent[1].clone();
@@ -323,13 +329,6 @@ fn a_held_task_and_a_taken_ticket_are_prejudged_and_a_lapsed_lease_is_not() {
 #[test]
 fn a_lease_lapsed_by_the_store_clock_is_not_prejudged_on_a_lagging_leader_clock() {
     let mut world = World::new();
-    let claim = |id: &str, agent: &str| {
-        Command::Board(board::Command::Claim {
-            id: id.into(),
-            agent: agent.into(),
-            ttl_ms: 100,
-        })
-    };
     assert!(matches!(
         world.send(claim("a", "w1")),
         Response::Answer(Ok(_))
@@ -344,11 +343,7 @@ fn a_lease_lapsed_by_the_store_clock_is_not_prejudged_on_a_lagging_leader_clock(
 
     // A new leader whose clock reads earlier judges the claim of a.
     let lagging = lapsed - 100;
-    let origin = Origin {
-        client_id: 2,
-        seq: 1,
-        acked_below: 0,
-    };
+    let origin = second_client();
     assert_eq!(
         world
             .state
