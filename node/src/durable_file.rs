@@ -6,26 +6,42 @@
 //! and a file created just before is then found empty after the restart.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::Context;
 
 /// Writes `bytes` to `path` atomically and durably.
 pub fn write(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+    let dir = parent(path);
     let mut temp = tempfile::Builder::new()
         .prefix(".baton-")
-        .tempfile_in(&dir)
+        .tempfile_in(dir)
         .with_context(|| format!("cannot create a temporary file in {}", dir.display()))?;
     temp.write_all(bytes)
         .and_then(|()| temp.as_file().sync_all())
         .with_context(|| format!("cannot write a temporary file in {}", dir.display()))?;
     temp.persist(path)
         .with_context(|| format!("cannot rename a temporary file to {}", path.display()))?;
-    std::fs::File::open(&dir)
+    sync_dir(dir)
+}
+
+/// Removes `path` durably: once this returns, a power cut does not bring it back.
+pub fn remove(path: &Path) -> anyhow::Result<()> {
+    std::fs::remove_file(path).with_context(|| format!("cannot remove {}", path.display()))?;
+    sync_dir(parent(path))
+}
+
+/// The directory `path` is named in.
+fn parent(path: &Path) -> &Path {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    }
+}
+
+/// Makes the names created, renamed or removed in `dir` durable.
+fn sync_dir(dir: &Path) -> anyhow::Result<()> {
+    std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .with_context(|| format!("cannot sync {}", dir.display()))
 }

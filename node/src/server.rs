@@ -99,6 +99,7 @@ pub async fn serve_secured(
     };
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
+    crate::snapshot_file::refuse_unfinished_restore(&config.data_dir)?;
     claim_identity(&config)?;
     let (log_store, state_machine) =
         store::open_with(&config.data_dir.join("db"), config.watch.history)

@@ -200,18 +200,17 @@ pub async fn restore(
         members.contains_key(&id),
         "the new members must include this node (id {id})"
     );
-    if data_dir.exists() {
-        let mut entries = std::fs::read_dir(data_dir)
-            .with_context(|| format!("cannot read {}", data_dir.display()))?;
-        if entries.next().is_some() {
-            bail!(
-                "{} is not empty: restore only into a new data dir",
-                data_dir.display()
-            );
-        }
-    }
-    std::fs::create_dir_all(data_dir)
-        .with_context(|| format!("cannot create {}", data_dir.display()))?;
+    prepare_restore_dir(data_dir)?;
+    // Marked first and unmarked last: a node refuses to start a half-restored dir, and running
+    // the same restore again starts over.
+    durable_file::write(
+        &data_dir.join(UNFINISHED_RESTORE),
+        format!(
+            "restoring node {id} from index {}\n",
+            snapshot.header.last_log_index
+        )
+        .as_bytes(),
+    )?;
     let (mut log, mut state_machine) = store::open(&data_dir.join("db"))
         .with_context(|| format!("cannot create storage in {}", data_dir.display()))?;
 
@@ -236,7 +235,50 @@ pub async fn restore(
         .install_snapshot(&meta, Box::new(Cursor::new(snapshot.state.clone())))
         .await?;
     drop((log, state_machine));
-    crate::server::record_identity(data_dir, id)
+    crate::server::record_identity(data_dir, id)?;
+    durable_file::remove(&data_dir.join(UNFINISHED_RESTORE))
+}
+
+/// The file that marks a data dir whose restore has not finished.
+const UNFINISHED_RESTORE: &str = "restore-unfinished";
+
+/// Makes `data_dir` an empty dir to restore into: a new or empty one, or one an earlier restore
+/// left unfinished (its contents are then removed). Anything else holds data and is refused.
+fn prepare_restore_dir(data_dir: &Path) -> anyhow::Result<()> {
+    if data_dir.exists() {
+        let unfinished = data_dir.join(UNFINISHED_RESTORE).exists();
+        let entries: Vec<_> = std::fs::read_dir(data_dir)
+            .and_then(|entries| entries.collect::<Result<_, _>>())
+            .with_context(|| format!("cannot read {}", data_dir.display()))?;
+        if !entries.is_empty() && !unfinished {
+            bail!(
+                "{} is not empty: restore only into a new data dir",
+                data_dir.display()
+            );
+        }
+        for entry in entries {
+            let path = entry.path();
+            let removed = if entry.file_type()?.is_dir() {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+            removed.with_context(|| format!("cannot remove {}", path.display()))?;
+        }
+    }
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("cannot create {}", data_dir.display()))
+}
+
+/// Refuses to start a node on a data dir whose restore did not finish (its log may already be
+/// purged while its state machine is still empty).
+pub fn refuse_unfinished_restore(data_dir: &Path) -> anyhow::Result<()> {
+    ensure!(
+        !data_dir.join(UNFINISHED_RESTORE).exists(),
+        "a `baton snapshot restore` into {} did not finish; run it again (it starts over)",
+        data_dir.display()
+    );
+    Ok(())
 }
 
 #[cfg(test)]
@@ -328,5 +370,28 @@ mod tests {
         restore(&sample(), &dir.path().join("b"), 1, &members)
             .await
             .expect("a fresh dir is seeded");
+    }
+
+    #[tokio::test]
+    async fn a_restore_that_stopped_half_way_blocks_the_node_and_runs_again_from_the_start() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data_dir = dir.path().join("node");
+        let members = BTreeMap::from([(1, "127.0.0.1:1".to_string())]);
+        // A state that does not decode stops the restore after the log was purged.
+        let mut broken = sample();
+        broken.state = vec![0xff; 16];
+        restore(&broken, &data_dir, 1, &members)
+            .await
+            .expect_err("the state does not decode");
+        let error = refuse_unfinished_restore(&data_dir).expect_err("half restored");
+        assert!(format!("{error:#}").contains("did not finish"), "{error:#}");
+
+        restore(&sample(), &data_dir, 1, &members)
+            .await
+            .expect("the same restore runs again");
+        refuse_unfinished_restore(&data_dir).expect("finished");
+        let (_log, mut state_machine) = store::open(&data_dir.join("db")).expect("opens");
+        let (applied, _) = state_machine.applied_state().await.expect("applied");
+        assert_eq!(applied, Some(sample().last_log_id()));
     }
 }
