@@ -32,6 +32,15 @@ enum Step {
     Complete {
         task: usize,
     },
+    Renew {
+        task: usize,
+        ttl_ms: i64,
+    },
+    /// Re-seed a task: it loses its lease and depends on `dep` (if any) from then on.
+    Seed {
+        task: usize,
+        dep: Option<usize>,
+    },
     Offer {
         key: usize,
         ttl_ms: i64,
@@ -41,6 +50,9 @@ enum Step {
         to: usize,
     },
     Reply {
+        key: usize,
+    },
+    Cancel {
         key: usize,
     },
     /// Send one of the earlier requests again, with its original origin.
@@ -59,9 +71,15 @@ fn step() -> impl Strategy<Value = Step> {
         ),
         (0..3usize).prop_map(|task| Step::Release { task }),
         (0..3usize).prop_map(|task| Step::Complete { task }),
+        (0..3usize, 1i64..600).prop_map(|(task, ttl_ms)| Step::Renew { task, ttl_ms }),
+        (0..3usize, proptest::option::of(0..3usize)).prop_map(|(task, dep)| Step::Seed {
+            task,
+            dep: dep.filter(|dep| *dep != task),
+        }),
         (0..3usize, 1i64..600).prop_map(|(key, ttl_ms)| Step::Offer { key, ttl_ms }),
         (0..4usize, 0..2usize).prop_map(|(key, to)| Step::Take { key, to }),
         (0..3usize).prop_map(|key| Step::Reply { key }),
+        (0..3usize).prop_map(|key| Step::Cancel { key }),
         (0..64usize).prop_map(Step::Retry),
     ]
 }
@@ -134,6 +152,21 @@ impl World {
                 token: self.board_tokens[*task]
                     .clone()
                     .unwrap_or_else(|| "none".into()),
+            }),
+            Step::Renew { task, ttl_ms } => Command::Board(board::Command::Renew {
+                id: TASKS[*task].into(),
+                token: self.board_tokens[*task]
+                    .clone()
+                    .unwrap_or_else(|| "none".into()),
+                ttl_ms: *ttl_ms,
+            }),
+            Step::Seed { task, dep } => Command::Board(board::Command::Seed(vec![TaskSpec {
+                id: TASKS[*task].into(),
+                deps: dep.iter().map(|dep| TASKS[*dep].into()).collect(),
+            }])),
+            Step::Cancel { key } => Command::Handoff(handoff::Command::Cancel {
+                key: format!("k{key}"),
+                by: "src".into(),
             }),
             Step::Offer { key, ttl_ms } => Command::Handoff(handoff::Command::Offer(OfferArgs {
                 key: format!("k{key}"),
