@@ -533,6 +533,27 @@ async fn bad_wire_input_is_refused_with_the_field_it_broke() {
     cluster.stop().await;
 }
 
+/// A read naming a key no command could have written (empty, or over 512 bytes) is refused as
+/// invalid input, naming the field, rather than answered "not found" (contract §0, Validation):
+/// `seen_fence("")` must not say 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_of_malformed_keys_are_refused_with_the_field() {
+    let cluster = Cluster::start().await;
+    let c = &cluster.client;
+    let long = "k".repeat(513);
+    for key in ["", long.as_str()] {
+        assert_eq!(invalid_field(c.ticket(key).await), "key");
+        assert_eq!(invalid_field(c.show_action(key).await), "key");
+        assert_eq!(invalid_field(c.read_sink(key).await), "resource");
+        assert_eq!(invalid_field(c.seen_fence(key).await), "resource");
+        assert_eq!(invalid_field(c.load(key).await), "run");
+    }
+    // Well-formed keys that were never written are still "not found".
+    assert_eq!(refusal(c.ticket("none").await), Refusal::UnknownKey);
+    assert_eq!(c.seen_fence("none").await.unwrap(), 0);
+    cluster.stop().await;
+}
+
 /// Deadlines are `store clock + ttl`, and the store clock follows the leader's wall clock
 /// (contract §0 "Store clock").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -32,3 +32,4 @@ pub use error::Refusal;
 pub use session::{SessionLookup, Sessions, SESSION_IDLE_TTL_MS};
 pub use state::{apply, apply_with_changes, State};
 pub use time::{deadline_after, is_overdue};
+pub use validate::read_key;

@@ -1,6 +1,14 @@
 //! Validation rules shared by every primitive: required and bounded strings, positive TTLs.
 
 use crate::error::Refusal;
+use crate::limits::MAX_KEY_BYTES;
+
+/// A key a read names (a ticket key, an action key, a resource, a run): the rule every command
+/// applies to it, so a read of a key no command could have written is refused as invalid rather
+/// than answered "not found".
+pub fn read_key(field: &str, value: &str) -> Result<(), Refusal> {
+    required(field, value, MAX_KEY_BYTES)
+}
 
 /// A required string of at most `max` bytes.
 pub(crate) fn required(field: &str, value: &str, max: usize) -> Result<(), Refusal> {

@@ -5,7 +5,7 @@ use baton_rpc::proto::{
     LoadCheckpointRequest, LoadCheckpointResponse, SaveIfNewerRequest, SaveIfNewerResponse,
 };
 use baton_statemachine::checkpoint::Command;
-use baton_statemachine::{Command as Cmd, Refusal};
+use baton_statemachine::{read_key, Command as Cmd, Refusal};
 use tonic::{Request, Response, Status};
 
 use super::{origin, refused, revision};
@@ -48,6 +48,7 @@ impl checkpoint_server::Checkpoint for CheckpointService {
         request: Request<LoadCheckpointRequest>,
     ) -> Result<Response<LoadCheckpointResponse>, Status> {
         let run = request.into_inner().run;
+        read_key("run", &run).map_err(refused)?;
         let reply = self
             .node
             .read(|applied| {

@@ -11,7 +11,7 @@ use baton_rpc::proto::{
     ShowActionResponse,
 };
 use baton_statemachine::effect::{Action, Command, EffectLease};
-use baton_statemachine::{Command as Cmd, Refusal, Reply};
+use baton_statemachine::{read_key, Command as Cmd, Refusal, Reply};
 use tonic::{Request, Response, Status};
 
 use super::{now_ms, origin, refused, revision, unexpected};
@@ -187,6 +187,7 @@ impl effect_server::Effect for EffectService {
         request: Request<ShowActionRequest>,
     ) -> Result<Response<ShowActionResponse>, Status> {
         let key = request.into_inner().key;
+        read_key("key", &key).map_err(refused)?;
         let reply = self
             .node
             .read(|applied| {

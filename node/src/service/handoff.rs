@@ -9,7 +9,7 @@ use baton_rpc::proto::{
     TakeResponse,
 };
 use baton_statemachine::handoff::{Command, OfferArgs};
-use baton_statemachine::{Command as Cmd, Refusal, Reply};
+use baton_statemachine::{read_key, Command as Cmd, Refusal, Reply};
 use tonic::{Request, Response, Status};
 
 use super::{now_ms, origin, revision, unexpected};
@@ -139,6 +139,7 @@ impl handoff_server::Handoff for HandoffService {
         request: Request<GetTicketRequest>,
     ) -> Result<Response<GetTicketResponse>, Status> {
         let key = request.into_inner().key;
+        read_key("key", &key).map_err(|refusal| refusal_status(&refusal))?;
         let reply = self
             .node
             .read(|applied| {
