@@ -24,6 +24,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use super::security::Credentials;
+use super::MAX_ANSWER_BYTES;
 use crate::batch::{Method, MAX_BYTES, MAX_ITEMS};
 use crate::error::detail_of;
 use crate::proto::batch_client::BatchClient;
@@ -35,13 +36,6 @@ use crate::proto::{BatchItem, BatchRequest};
 /// for its slowest item does not hold up the rest. Two measured best (`baton bench`, 64 clients:
 /// less CPU per operation than one or four).
 const BATCHES_IN_FLIGHT: usize = 2;
-
-/// The most a batch's answers may add up to. Each item's answer may be as large as a direct
-/// call's (tonic's default limit of 4 MiB: a task or ticket with a 1 MiB payload is far below it),
-/// so a batch of [`MAX_ITEMS`] answers up to that many times as much. The request side is bounded
-/// by [`MAX_BYTES`]; the answers are not, and a few large payloads read at once would otherwise
-/// fail every call in their batch.
-const MAX_ANSWER_BYTES: usize = MAX_ITEMS * (4 << 20);
 
 /// The gRPC connection to one node, as the generated clients use it.
 pub(crate) type Grpc = InterceptedService<Channel, Credentials>;
@@ -105,7 +99,7 @@ where
     Req: Message + Send + Sync + 'static,
     Resp: Message + Default + Send + Sync + 'static,
 {
-    let mut grpc = tonic::client::Grpc::new(grpc);
+    let mut grpc = tonic::client::Grpc::new(grpc).max_decoding_message_size(MAX_ANSWER_BYTES);
     grpc.ready()
         .await
         .map_err(|e| Status::unavailable(format!("connection not ready: {e}")))?;

@@ -2,7 +2,7 @@
 
 use baton_statemachine::board::{Task, TaskSpec};
 
-use super::{answered, Client, MAX_LISTING_BYTES};
+use super::{answered, Client, MAX_ANSWER_BYTES};
 use crate::batch;
 use crate::convert;
 use crate::error::Error;
@@ -103,7 +103,7 @@ impl Client {
         let reply = self
             .call(|channel| async move {
                 BoardClient::new(channel)
-                    .max_decoding_message_size(MAX_LISTING_BYTES)
+                    .max_decoding_message_size(MAX_ANSWER_BYTES)
                     .list(proto::ListTasksRequest {})
                     .await
             })

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
-use super::{final_error, normalize, Client, Conn};
+use super::{final_error, normalize, Client, Conn, MAX_ANSWER_BYTES};
 use crate::error::{detail_of, infra, Error};
 use crate::proto::cluster_client::ClusterClient;
 use crate::proto::{self, snapshot_part, MembershipResponse, SnapshotMeta, TransferLeaderResponse};
@@ -119,7 +119,9 @@ impl Client {
                 let part = part.map_err(|status| final_error(&status))?;
                 match (part.part, &meta) {
                     (Some(snapshot_part::Part::Meta(m)), None) => {
-                        state.reserve(usize::try_from(m.state_bytes).unwrap_or(0));
+                        // A hint only: a size past what the client decodes would not fit.
+                        let announced = usize::try_from(m.state_bytes).unwrap_or(usize::MAX);
+                        state.reserve(announced.min(MAX_ANSWER_BYTES));
                         meta = Some(m);
                     }
                     (Some(snapshot_part::Part::Chunk(chunk)), Some(_)) => {

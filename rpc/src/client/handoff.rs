@@ -2,7 +2,7 @@
 
 use baton_statemachine::handoff::{Handle, OfferArgs, Receipt, Ticket};
 
-use super::{Client, MAX_LISTING_BYTES};
+use super::{Client, MAX_ANSWER_BYTES};
 use crate::batch;
 use crate::convert;
 use crate::error::Error;
@@ -95,7 +95,7 @@ impl Client {
         let reply = self
             .call(|channel| async move {
                 HandoffClient::new(channel)
-                    .max_decoding_message_size(MAX_LISTING_BYTES)
+                    .max_decoding_message_size(MAX_ANSWER_BYTES)
                     .list(proto::ListTicketsRequest {})
                     .await
             })

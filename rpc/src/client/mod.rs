@@ -43,10 +43,12 @@ use crate::proto::cluster_client::ClusterClient;
 use crate::proto::{self, RequestHeader};
 use security::Credentials;
 
-/// The largest answer this client decodes. Whole-state reads (every ticket, every board task) grow
-/// with the store: with gRPC's default limit of 4 MiB, `baton ticket list` and `baton check`
-/// failed from about 30,000 tickets on.
-pub(crate) const MAX_LISTING_BYTES: usize = 1 << 30;
+/// The largest answer this client decodes, to any call or batch. Whole-state reads (every ticket,
+/// every board task) grow with the store: with gRPC's default limit of 4 MiB, `baton ticket list`
+/// and `baton check` failed from about 30,000 tickets on. One queue task grows with its attempts'
+/// notes, and a write whose answer the client cannot decode was applied all the same: the limit
+/// is there against a broken server, not to judge answers.
+pub(crate) const MAX_ANSWER_BYTES: usize = 1 << 30;
 
 /// The first pause before retrying a failed attempt; it doubles up to [`MAX_RETRY_PAUSE`].
 const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(20);

@@ -12,7 +12,7 @@ use baton_statemachine::queue::{
     Assignment, Attempt, Queue, SubmitReceipt, Task, TaskFilter, TaskSpec, Worker, MAX_LIST_PAGE,
 };
 
-use super::{answered, decoded, Client, MAX_LISTING_BYTES};
+use super::{answered, decoded, Client, MAX_ANSWER_BYTES};
 use crate::batch;
 use crate::convert;
 use crate::error::Error;
@@ -166,7 +166,7 @@ impl Client {
                 };
                 async move {
                     QueueClient::new(channel)
-                        .max_decoding_message_size(MAX_LISTING_BYTES)
+                        .max_decoding_message_size(MAX_ANSWER_BYTES)
                         .list_tasks(request)
                         .await
                 }
@@ -190,6 +190,7 @@ impl Client {
         let reply = self
             .call(|channel| async move {
                 QueueClient::new(channel)
+                    .max_decoding_message_size(MAX_ANSWER_BYTES)
                     .attempts(proto::AttemptsRequest { task_id })
                     .await
             })
