@@ -549,3 +549,160 @@ async fn t80_a_watch_from_a_compacted_revision_gets_compacted_and_the_resync_wor
     assert_eq!(run.code, Some(1), "{run}");
     println!("t80: every node's history starts after its snapshot (oldest {oldest:?}); a watch from 1 is COMPACTED; the resync works");
 }
+
+/// A client of the cluster's nodes but `skip`.
+fn client_without(cluster: &Cluster, skip: u64) -> Client {
+    let endpoints: Vec<String> = cluster
+        .ids()
+        .into_iter()
+        .filter(|id| *id != skip)
+        .map(|id| cluster.addr(id).to_string())
+        .collect();
+    Client::new(&endpoints, baton_cluster_test::client_config()).unwrap()
+}
+
+/// A follower of the current leader.
+async fn a_follower(cluster: &Cluster) -> u64 {
+    let leader = cluster.leader().await.unwrap();
+    cluster.ids().into_iter().find(|id| *id != leader).unwrap()
+}
+
+/// A follower cut off from the others still names its old leader (it never stands in an election
+/// it cannot win), so "has a leader" says nothing about whether its history is current. Its
+/// watch streams must end `NO_LEADER` once it has heard nothing from a leader for the cutoff, so
+/// the library moves to a current node instead of waiting for the partition to heal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t80_a_watch_on_a_follower_cut_off_from_the_others_moves_to_a_current_node() {
+    let cluster = Cluster::start(3, Options::proxied()).await.unwrap();
+    let cut = a_follower(&cluster).await;
+    let writer = client_without(&cluster, cut);
+    let watched = collect(
+        client_starting_at(&cluster, cut)
+            .watch(ChangeFilter::all().primitive(Primitive::Sink), None)
+            .await,
+    );
+    writer.write_fenced("before", 1, b"b").await.unwrap();
+    wait::until("the first change", Duration::from_secs(20), || async {
+        match lock(&watched.events).len() {
+            0 => Err("nothing yet".to_string()),
+            _ => Ok(()),
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        watch_hosts(&cluster).await,
+        vec![cut],
+        "the watch starts on {cut}"
+    );
+
+    cluster.network().unwrap().isolate(cut);
+    writer.write_fenced("after", 1, b"a").await.unwrap();
+    // The cutoff is 3 s, checked once a second while the stream idles; then a reconnect.
+    let delivered = wait::until(
+        "the change made after the cut",
+        Duration::from_secs(20),
+        || {
+            let watched = watched.clone();
+            async move {
+                if let Some(error) = lock(&watched.failed).as_ref() {
+                    panic!("the watch failed: {error}");
+                }
+                let keys: Vec<String> = lock(&watched.events)
+                    .iter()
+                    .map(|event| event.change.key.clone())
+                    .collect();
+                if keys.iter().any(|key| key == "after") {
+                    Ok(keys)
+                } else {
+                    Err(format!("seen {keys:?}"))
+                }
+            }
+        },
+    )
+    .await;
+    cluster.network().unwrap().heal_all();
+    assert_eq!(delivered.unwrap(), vec!["before", "after"]);
+    assert!(!watch_hosts(&cluster).await.contains(&cut));
+}
+
+/// A stream whose follower installs a snapshot while the stream waits for its reader has lost
+/// the history it still owes: it must end `COMPACTED` (the library then looks elsewhere or
+/// reports a resync), not `SLOW_CONSUMER`, whose resume point no node holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t80_a_stream_whose_node_installs_a_snapshot_under_it_ends_compacted() {
+    let options = Options {
+        snapshot_every: 50,
+        keep_logs: 10,
+        ..Options::proxied()
+    };
+    let cluster = Cluster::start(3, options).await.unwrap();
+    let follower = a_follower(&cluster).await;
+    let writer = client_without(&cluster, follower);
+    writer.write_fenced("warm-up", 1, b"w").await.unwrap();
+    cluster.wait_all_caught_up().await.unwrap();
+    let start = cluster.node_info(follower).await.unwrap().applied_index + 1;
+    let mut raw = baton_rpc::proto::watch_client::WatchClient::connect(format!(
+        "http://{}",
+        cluster.addr(follower)
+    ))
+    .await
+    .unwrap()
+    .watch(baton_rpc::proto::WatchRequest {
+        filter: None,
+        start_revision: start,
+        start_index: 0,
+    })
+    .await
+    .unwrap()
+    .into_inner();
+    // Read nothing: 256 changes fill the node's buffer, about 60 of 32 KiB the HTTP/2 window,
+    // and the stream's pump then waits with the rest unsent.
+    let value = vec![b'x'; 32 << 10];
+    for i in 0..400u64 {
+        writer.write_fenced("big", i + 1, &value).await.unwrap();
+    }
+    cluster.wait_all_caught_up().await.unwrap();
+    // Entries the follower misses while cut off are purged from the leader's log, so the
+    // follower catches up by installing a snapshot.
+    cluster.network().unwrap().isolate(follower);
+    for i in 0..200u64 {
+        writer.write_fenced("small", i + 1, b"s").await.unwrap();
+    }
+    cluster.network().unwrap().heal_all();
+    cluster.wait_all_caught_up().await.unwrap();
+    let oldest = cluster
+        .node_info(follower)
+        .await
+        .unwrap()
+        .watch_oldest_revision;
+    assert!(oldest > start + 400, "the follower installed a snapshot");
+
+    let mut last = None;
+    let status = loop {
+        match tokio::time::timeout(Duration::from_secs(30), raw.message()).await {
+            Ok(Ok(Some(response))) => {
+                if let Some(baton_rpc::proto::watch_response::Item::Event(event)) = response.item {
+                    last = Some(event.revision);
+                }
+            }
+            Ok(Ok(None)) => panic!("the stream ended without an error"),
+            Ok(Err(status)) => break status,
+            Err(_) => panic!("the stream neither moved nor ended in 30 s"),
+        }
+    };
+    let detail = baton_rpc::error::detail_of(&status).unwrap();
+    assert_eq!(
+        (status.code(), detail.code.as_str()),
+        (tonic::Code::OutOfRange, baton_rpc::error::infra::COMPACTED),
+        "{status:?}"
+    );
+    let last = last.expect("the stream delivered what it had buffered");
+    assert!(last < start + 400, "it was cut before the end ({last})");
+    // The history restarted after the installed snapshot (a later install may move it on).
+    assert!(
+        detail.oldest_revision > last && detail.oldest_revision <= oldest,
+        "oldest {} at the cut, {oldest} now, last delivered {last}",
+        detail.oldest_revision
+    );
+}

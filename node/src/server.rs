@@ -233,6 +233,7 @@ pub async fn serve_secured(
         )))
         .add_service(WatchServer::new(WatchService::new(
             node.clone(),
+            contact.clone(),
             config.watch.clone(),
             closing,
         )))

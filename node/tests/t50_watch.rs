@@ -208,6 +208,21 @@ async fn a_watch_from_a_compacted_revision_gets_compacted_and_a_resync_from_a_sn
     }
     assert!(events.next().await.is_none());
 
+    // Only when every node said so: a node that does not answer may still hold the history.
+    let partly = baton_rpc::Client::new(
+        &[cluster.addr.clone(), "127.0.0.1:1".to_string()],
+        baton_rpc::ClientConfig {
+            deadline: Duration::from_secs(2),
+            ..baton_rpc::ClientConfig::default()
+        },
+    )
+    .unwrap();
+    let mut events = partly.watch(ChangeFilter::all(), Some(1)).await;
+    match events.next().await {
+        Some(Err(Error::Unavailable { .. })) => {}
+        other => panic!("want UNAVAILABLE, got {other:?}"),
+    }
+
     // The oldest retained revision itself is still served, from its first change.
     let mut oldest = client
         .watch(ChangeFilter::all(), Some(info.watch_oldest_revision))
@@ -339,6 +354,41 @@ async fn a_slow_consumer_is_cut_off_with_bounded_memory_and_the_client_resumes_w
         "the cut stream's pump is gone ({streams_after_cut} open)"
     );
     drop((stuck, library, resumed));
+    cluster.stop().await;
+}
+
+/// A change applied while the stream waited for its reader is sent as soon as the reader drains
+/// the stream, not at the next progress tick (the wait for room must not swallow its wake-up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_made_while_the_stream_waits_for_room_follows_without_delay() {
+    let mut tuning = WatchTuning::with_history(2_000);
+    tuning.stream_buffer = 1;
+    tuning.progress_every = Duration::from_secs(60);
+    let cluster = Cluster::start_with(tuning).await;
+    let client = &cluster.client;
+    client.write_fenced("warm-up", 1, b"w").await.unwrap();
+    let start = node_info(&cluster).await.applied_index + 1;
+    let mut stream = raw_watch(&cluster, start).await.unwrap();
+    // 32 KiB values: about 60 fill the HTTP/2 window, and the pump waits for room.
+    let value = vec![b'x'; 32 << 10];
+    for i in 0..100u64 {
+        client.write_fenced("big", i + 1, &value).await.unwrap();
+    }
+    client.write_fenced("last", 1, b"l").await.unwrap();
+    let drained = tokio::time::Instant::now();
+    let mut events = 0;
+    while events < 101 {
+        match tokio::time::timeout(Duration::from_secs(10), stream.message()).await {
+            Ok(Ok(Some(response))) => {
+                if let Some(Item::Event(_)) = response.item {
+                    events += 1;
+                }
+            }
+            other => panic!("after {events} events: {other:?}"),
+        }
+    }
+    assert!(drained.elapsed() < Duration::from_secs(10));
+    drop(stream);
     cluster.stop().await;
 }
 

@@ -11,13 +11,14 @@
 //! - `SLOW_CONSUMER` when the buffer is full and the changes left unread behind the stream exceed
 //!   the backlog limit (the node keeps no more per stream than the buffer: the history is shared
 //!   and bounded);
-//! - `NO_LEADER` when the node has known no leader for a while (it may be partitioned away and
-//!   stale), and `SHUTTING_DOWN` when the node stops.
+//! - `NO_LEADER` when the node has not heard from a leader for a while (it may be partitioned
+//!   away and stale; also refused at the start), and `SHUTTING_DOWN` when the node stops.
 //!
 //! The client library resumes after the last change it received, on another node if needed.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use baton_rpc::error::{compacted_status, infra, infra_status, slow_consumer_status};
 use baton_rpc::proto::watch_response::Item;
@@ -34,6 +35,7 @@ use super::refused;
 use crate::config::WatchTuning;
 use crate::history::History;
 use crate::node::NodeRef;
+use crate::pre_vote::Contact;
 
 /// Changes a pump reads from the history at a time.
 const READ_BATCH: usize = 256;
@@ -41,15 +43,23 @@ const READ_BATCH: usize = 256;
 /// Serves watches.
 pub struct WatchService {
     node: NodeRef,
+    contact: Contact,
     tuning: WatchTuning,
     closing: watch::Receiver<bool>,
 }
 
 impl WatchService {
-    /// Serves `node`'s history; streams end when `closing` turns true (the node shuts down).
-    pub fn new(node: NodeRef, tuning: WatchTuning, closing: watch::Receiver<bool>) -> Self {
+    /// Serves `node`'s history while `contact` says it hears from a leader; streams end when
+    /// `closing` turns true (the node shuts down).
+    pub fn new(
+        node: NodeRef,
+        contact: Contact,
+        tuning: WatchTuning,
+        closing: watch::Receiver<bool>,
+    ) -> Self {
         Self {
             node,
+            contact,
             tuning,
             closing,
         }
@@ -67,6 +77,14 @@ impl watch_server::Watch for WatchService {
     ) -> Result<Response<Self::WatchStream>, Status> {
         let request = request.into_inner();
         let filter = convert::filter_from_proto(request.filter).map_err(refused)?;
+        let freshness = Freshness {
+            node: self.node.clone(),
+            contact: self.contact.clone(),
+            cutoff: self.tuning.leaderless_cutoff,
+        };
+        if freshness.out_of_touch() {
+            return Err(out_of_touch());
+        }
         let history = self.node.state_machine.history().clone();
         let start = if request.start_revision == 0 {
             WatchPosition::at(history.head() + 1)
@@ -82,7 +100,7 @@ impl watch_server::Watch for WatchService {
         let (events, buffered) = mpsc::channel(self.tuning.stream_buffer.max(1));
         let (end_tx, end) = oneshot::channel();
         let pump = Pump {
-            node: self.node.clone(),
+            freshness,
             history,
             filter,
             next: start,
@@ -137,7 +155,7 @@ impl Stream for WatchOutput {
 
 /// Moves changes from the history into one stream's buffer.
 struct Pump {
-    node: NodeRef,
+    freshness: Freshness,
     history: History,
     filter: ChangeFilter,
     /// The next position to look at.
@@ -164,7 +182,6 @@ impl Pump {
             return None;
         }
         let mut last_progress = Instant::now();
-        let mut leaderless_since: Option<Instant> = None;
         loop {
             // Mark the head seen before reading, so a change recorded after the read wakes us.
             head.borrow_and_update();
@@ -205,6 +222,10 @@ impl Pump {
                 tokio::task::yield_now().await;
                 continue;
             }
+            if self.history.head() != batch.head {
+                // Recorded while the batch was handed over (`hand_over` saw that wake-up).
+                continue;
+            }
             let wait = self
                 .tuning
                 .progress_every
@@ -221,18 +242,8 @@ impl Pump {
                 batch.head.max(self.next.revision.saturating_sub(1)),
             ));
             last_progress = Instant::now();
-            if self.has_leader() {
-                leaderless_since = None;
-            } else {
-                let since = *leaderless_since.get_or_insert_with(Instant::now);
-                if since.elapsed() >= self.tuning.leaderless_cutoff {
-                    return Some(infra_status(
-                        Code::Unavailable,
-                        infra::NO_LEADER,
-                        "this node has known no leader for a while and may be stale; watch \
-                         from another node",
-                    ));
-                }
+            if self.freshness.out_of_touch() {
+                return Some(out_of_touch());
             }
         }
     }
@@ -256,8 +267,15 @@ impl Pump {
                     if changed.is_err() {
                         return Err(Some(shutting_down()));
                     }
-                    // `None`: what the stream still owes is no longer held at all.
-                    let backlog = self.history.backlog(after).unwrap_or(usize::MAX);
+                    // `None`: a snapshot install restarted the history past what the stream
+                    // still owes; the client resumes after the last change it received.
+                    let Some(backlog) = self.history.backlog(after) else {
+                        let resume = self.last_sent.map_or(self.next, |p| WatchPosition {
+                            revision: p.revision,
+                            index: p.index.saturating_add(1),
+                        });
+                        return Err(Some(compacted_status(resume.revision, self.history.oldest())));
+                    };
                     if backlog > self.tuning.max_backlog {
                         let (revision, index) = self
                             .last_sent
@@ -269,10 +287,44 @@ impl Pump {
             }
         }
     }
+}
 
-    fn has_leader(&self) -> bool {
-        self.node.raft.metrics().borrow().current_leader.is_some()
+/// Whether this node's history is current: it hears from a leader, or leads with a quorum's
+/// acknowledgement. A follower cut off from the others keeps its last leader in Raft's view (it
+/// never starts an election it cannot win, see [`crate::pre_vote`]), so the leader's name alone
+/// says nothing; the time since the node last heard from it does.
+struct Freshness {
+    node: NodeRef,
+    contact: Contact,
+    /// Out of touch for this long, the node is presumed stale.
+    cutoff: Duration,
+}
+
+impl Freshness {
+    fn out_of_touch(&self) -> bool {
+        let (leader, quorum_silence) = {
+            let metrics = self.node.raft.metrics();
+            let metrics = metrics.borrow();
+            (metrics.current_leader, metrics.millis_since_quorum_ack)
+        };
+        match leader {
+            // A leader just elected has no acknowledgement yet; a stalled one steps down
+            // (crate::stalled_leader), and then it is a follower like any other.
+            Some(leader) if leader == self.node.id => {
+                quorum_silence.is_some_and(|ms| Duration::from_millis(ms) >= self.cutoff)
+            }
+            _ => self.contact.leader_at().elapsed() >= self.cutoff,
+        }
     }
+}
+
+fn out_of_touch() -> Status {
+    infra_status(
+        Code::Unavailable,
+        infra::NO_LEADER,
+        "this node has not heard from a leader for a while and may be stale; watch from another \
+         node",
+    )
 }
 
 fn progress(revision: u64) -> WatchResponse {

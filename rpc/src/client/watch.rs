@@ -341,9 +341,8 @@ impl Watcher {
             }
             let waited = started.elapsed();
             if waited + pause >= config.deadline {
-                if !compacted.is_empty() {
-                    return Err(self.compacted_error(&compacted));
-                }
+                // Some nodes may have said COMPACTED, but one that did not answer may still
+                // hold the position: the caller can resume there later (`watch_from`).
                 return Err(Error::Unavailable {
                     endpoints: tried,
                     waited,
