@@ -202,6 +202,12 @@ fn unworkable_values_are_refused_by_the_check() {
             vec![],
             "watch.max_backlog",
         ),
+        // Idle streams would go silent long enough for clients to drop them.
+        (
+            vec!["--set", "watch.progress_every=10s"],
+            vec![],
+            "watch.progress_every",
+        ),
     ];
     assert_each_refused(&["--check-config", "--id", "1"], cases);
 }

@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use baton_rpc::WATCH_SILENCE;
 use serde::{Deserialize, Serialize};
 
 use super::{Limits, NodeConfig, RaftTuning, WatchTuning};
@@ -448,6 +449,17 @@ impl WatchSettings {
         positive("watch.history_bytes", self.history_bytes as u64)?;
         positive("watch.stream_buffer", self.stream_buffer as u64)?;
         nonzero("watch.progress_every", self.progress_every)?;
+        if self.progress_every > WATCH_SILENCE / 2 {
+            // Clients take a stream silent for WATCH_SILENCE for a dead node and move on.
+            return Err(invalid(
+                "watch.progress_every",
+                format!(
+                    "must be at most {:?} (clients give up on a stream silent for {:?})",
+                    WATCH_SILENCE / 2,
+                    WATCH_SILENCE
+                ),
+            ));
+        }
         nonzero("watch.leaderless_cutoff", self.leaderless_cutoff)?;
         let max_backlog = self.max_backlog.unwrap_or((self.history / 2).max(1));
         positive("watch.max_backlog", max_backlog as u64)?;
