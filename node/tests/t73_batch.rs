@@ -248,6 +248,8 @@ struct OldBoard {
     claims: Arc<AtomicUsize>,
     headers: Arc<std::sync::Mutex<Vec<RequestHeader>>>,
     flaky: bool,
+    /// Every claim is answered with a retryable NO_LEADER.
+    down: bool,
     /// Claims succeed, with an answer of about this many bytes (0: claims are refused).
     answer_bytes: usize,
 }
@@ -269,7 +271,7 @@ impl Board for OldBoard {
         let first_attempt = !headers.iter().any(|seen| seen.seq == header.seq);
         headers.push(header);
         self.claims.fetch_add(1, Ordering::SeqCst);
-        if self.flaky && first_attempt {
+        if self.down || (self.flaky && first_attempt) {
             return Err(baton_rpc::error::infra_status(
                 Code::Unavailable,
                 baton_rpc::error::infra::NO_LEADER,
@@ -364,6 +366,32 @@ async fn an_answer_over_four_mebibytes_is_decoded() {
     let (client, server) = serve(board).await;
     let task = client.claim("x", "a", 1_000).await.unwrap();
     assert_eq!(task.deps.len(), (6 << 20) / 1_000);
+    server.abort();
+}
+
+/// A judgement that ran out of time stops its contenders: left running, they would go on
+/// claiming after the verdict, and a late win would hold the task with nobody to release it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_race_past_its_time_limit_stops_its_contenders() {
+    let board = OldBoard {
+        down: true,
+        ..OldBoard::default()
+    };
+    let claims = board.claims.clone();
+    let (client, server) = serve(board).await;
+    let agents: Vec<String> = ["a", "b", "c"].iter().map(|a| a.to_string()).collect();
+    let race =
+        baton_rpc::judge::concurrent_claim(&client, "x", &agents, Duration::from_millis(150)).await;
+    assert!(race.verdict().is_err(), "nobody could win");
+    let at_verdict = claims.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = claims.load(Ordering::SeqCst);
+    // At most one attempt per contender was already on the wire when it was stopped.
+    assert!(
+        after - at_verdict <= agents.len(),
+        "{} claims arrived after the verdict",
+        after - at_verdict
+    );
     server.abort();
 }
 

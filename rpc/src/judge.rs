@@ -94,13 +94,21 @@ where
         })
         .collect();
     let mut race = Race::default();
+    let aborts: Vec<_> = tasks.iter().map(|task| task.abort_handle()).collect();
     let all = futures::future::join_all(tasks);
     match tokio::time::timeout(limit, all).await {
-        Err(_) => race.infra_errors.push(Error::Unavailable {
-            endpoints: client.endpoints().to_vec(),
-            waited: limit,
-            last: "the race did not finish within its time limit".into(),
-        }),
+        Err(_) => {
+            // The judgement is over: contenders still retrying must not change the store
+            // after it (a late win nobody would release).
+            for abort in aborts {
+                abort.abort();
+            }
+            race.infra_errors.push(Error::Unavailable {
+                endpoints: client.endpoints().to_vec(),
+                waited: limit,
+                last: "the race did not finish within its time limit".into(),
+            })
+        }
         Ok(results) => {
             for result in results {
                 match result {
