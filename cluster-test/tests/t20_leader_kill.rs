@@ -110,3 +110,41 @@ async fn t20_leader_sigkill_under_load_loses_no_acknowledged_operation() {
         verified.ambiguous, verified.tickets
     );
 }
+
+/// A new leader commits one entry of its own term before it serves reads; the reads that arrive
+/// together right after the election share that entry instead of proposing one each (a leader
+/// without a quorum would otherwise pile one up in its log per read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t20_the_first_reads_of_a_new_leader_share_one_barrier_entry() {
+    let mut cluster = Cluster::start(3, Options::default()).await.unwrap();
+    let old = cluster.leader().await.unwrap();
+    let term = cluster.node_info(old).await.unwrap().term;
+    cluster.kill(old).unwrap();
+    let others: Vec<u64> = cluster.ids().into_iter().filter(|id| *id != old).collect();
+    let leader = cluster
+        .new_leader(&others, term, Duration::from_secs(20))
+        .await
+        .unwrap();
+    let client = baton_rpc::Client::new(
+        &[cluster.addr(leader).to_string()],
+        baton_cluster_test::client_config(),
+    )
+    .unwrap();
+    let before = cluster.node_info(leader).await.unwrap().last_log_index;
+    let reads: Vec<_> = (0..50)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move { client.tasks().await })
+        })
+        .collect();
+    for read in reads {
+        read.await.unwrap().unwrap();
+    }
+    let after = cluster.node_info(leader).await.unwrap().last_log_index;
+    // One barrier entry, and room for a sweep the leader may propose meanwhile.
+    assert!(
+        after - before <= 3,
+        "50 reads appended {} entries",
+        after - before
+    );
+}

@@ -28,6 +28,9 @@ pub struct Node {
     pub state_machine: StateMachineStore,
     /// The highest term in which this node, as leader, has committed an entry of its own.
     read_barrier_term: AtomicU64,
+    /// Held while that entry is proposed: the reads arriving meanwhile wait for the one entry
+    /// instead of proposing one each (a leader without a quorum would pile them up in its log).
+    read_barrier: tokio::sync::Mutex<()>,
     /// The queue that packs client commands into log entries.
     proposer: Proposer,
     /// The queue of reads waiting for a leadership confirmation.
@@ -55,6 +58,7 @@ impl Node {
             raft,
             state_machine,
             read_barrier_term: AtomicU64::new(0),
+            read_barrier: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -143,6 +147,10 @@ impl Node {
     /// it, as the Raft paper requires of a leader before it answers read-only queries (§8).
     async fn commit_in_current_term(&self) -> Result<(), Status> {
         let term = self.raft.metrics().borrow().current_term;
+        if self.read_barrier_term.load(Ordering::Acquire) >= term {
+            return Ok(());
+        }
+        let _proposing = self.read_barrier.lock().await;
         if self.read_barrier_term.load(Ordering::Acquire) >= term {
             return Ok(());
         }
