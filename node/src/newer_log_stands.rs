@@ -25,13 +25,20 @@ use crate::node::is_voter;
 use crate::pre_vote::Contact;
 use crate::types::{NodeId, Raft};
 
-/// Whether a vote this node refused tells it to stand: it refused a current candidate whose log
-/// is older than its own.
-pub fn should_stand(request: &VoteRequest<NodeId>, response: &VoteResponse<NodeId>) -> bool {
+/// Whether a vote node `me` refused tells it to stand: it refused a current candidate whose log
+/// is older than its own, and has not voted for another node in the candidate's term (standing
+/// would take that vote back, openraft ordering same-term votes by node id, and unseat the
+/// leader it just helped elect).
+pub fn should_stand(
+    me: NodeId,
+    request: &VoteRequest<NodeId>,
+    response: &VoteResponse<NodeId>,
+) -> bool {
+    let (held, asked) = (response.vote.leader_id(), request.vote.leader_id());
     !response.vote_granted
         && !request.vote.is_committed()
         && response.last_log_id > request.last_log_id
-        && response.vote.leader_id().term <= request.vote.leader_id().term
+        && (held.term < asked.term || (held.term == asked.term && held.voted_for() == Some(me)))
 }
 
 /// Called after this node answered `request` with `response`: if it refused a candidate for the
@@ -44,15 +51,12 @@ pub async fn after_vote(
     request: &VoteRequest<NodeId>,
     response: &VoteResponse<NodeId>,
 ) {
-    if !should_stand(request, response) || contact.is_leaving() {
-        return;
-    }
     let (me, voter) = {
         let metrics = raft.metrics();
         let m = metrics.borrow();
         (m.id, is_voter(&m) && m.state != ServerState::Leader)
     };
-    if !voter {
+    if !voter || !should_stand(me, request, response) || contact.is_leaving() {
         return;
     }
     let term = request.vote.leader_id().term;
@@ -83,6 +87,9 @@ mod tests {
     use super::*;
     use crate::types::LogId;
 
+    /// The node that refused.
+    const ME: NodeId = 3;
+
     fn log(term: u64, index: u64) -> Option<LogId> {
         Some(LogId::new(openraft::CommittedLeaderId::new(term, 1), index))
     }
@@ -100,21 +107,25 @@ mod tests {
         // This node still holds the dead leader's committed vote of term 3 (lease over).
         let held = Vote::new_committed(3, 1);
         assert!(should_stand(
+            ME,
             &candidate(4, 2, log(3, 10)),
             &refused(held, log(3, 12))
         ));
         // Equal term: this node is itself a candidate in the term the other one took.
         assert!(should_stand(
+            ME,
             &candidate(4, 2, log(3, 10)),
             &refused(Vote::new(4, 3), log(3, 12))
         ));
         // An older last term counts as an older log even with a higher index.
         assert!(should_stand(
+            ME,
             &candidate(4, 2, log(2, 50)),
             &refused(held, log(3, 12))
         ));
         // A candidate with no log at all.
         assert!(should_stand(
+            ME,
             &candidate(4, 2, None),
             &refused(held, log(1, 1))
         ));
@@ -123,7 +134,7 @@ mod tests {
     #[test]
     fn a_grant_never_makes_this_node_stand() {
         let granted = VoteResponse::new(Vote::new(4, 2), log(3, 12), true);
-        assert!(!should_stand(&candidate(4, 2, log(3, 10)), &granted));
+        assert!(!should_stand(ME, &candidate(4, 2, log(3, 10)), &granted));
     }
 
     #[test]
@@ -132,10 +143,12 @@ mod tests {
         // candidate's log is as new as ours, so it may well win elsewhere.
         let held = Vote::new_committed(3, 1);
         assert!(!should_stand(
+            ME,
             &candidate(4, 2, log(3, 12)),
             &refused(held, log(3, 12))
         ));
         assert!(!should_stand(
+            ME,
             &candidate(4, 2, log(3, 13)),
             &refused(held, log(3, 12))
         ));
@@ -145,12 +158,25 @@ mod tests {
     fn a_candidate_behind_this_nodes_term_is_not_a_reason() {
         // This node already voted in a later term (its own election, or another candidate's).
         assert!(!should_stand(
+            ME,
             &candidate(4, 2, log(3, 10)),
             &refused(Vote::new(5, 3), log(3, 12))
         ));
         assert!(!should_stand(
+            ME,
             &candidate(4, 2, log(3, 10)),
             &refused(Vote::new_committed(5, 3), log(3, 12))
+        ));
+    }
+
+    #[test]
+    fn a_vote_given_to_another_node_in_the_candidates_term_is_not_taken_back() {
+        // This node voted for node 1 in term 4 (which may win with it); node 2's candidacy in
+        // the same term, with an older log, must not make it unseat node 1.
+        assert!(!should_stand(
+            ME,
+            &candidate(4, 2, log(3, 10)),
+            &refused(Vote::new(4, 1), log(3, 12))
         ));
     }
 
@@ -159,6 +185,7 @@ mod tests {
         // Leaders do not send vote requests with committed votes; such a message is not a
         // candidacy and must not start an election.
         assert!(!should_stand(
+            ME,
             &VoteRequest::new(Vote::new_committed(4, 2), log(3, 10)),
             &refused(Vote::new_committed(3, 1), log(3, 12))
         ));
