@@ -392,6 +392,51 @@ async fn a_change_made_while_the_stream_waits_for_room_follows_without_delay() {
     cluster.stop().await;
 }
 
+/// This process's resident memory in KiB.
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// Streams whose readers stop hold a few MiB each, not `stream_buffer` whole changes: 256
+/// changes of 256 KiB would be 64 MiB per stream (docs/watch.md, "Slow consumers").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_that_read_nothing_hold_a_bounded_number_of_bytes() {
+    let mut tuning = WatchTuning::with_history(2_000);
+    // Room for every change written below, so no stream is cut for falling out of it.
+    tuning.history.bytes = 128 << 20;
+    let cluster = Cluster::start_with(tuning).await;
+    let client = &cluster.client;
+    client.write_fenced("warm-up", 1, b"w").await.unwrap();
+    let start = node_info(&cluster).await.applied_index + 1;
+    let mut streams = Vec::new();
+    for _ in 0..16 {
+        streams.push(raw_watch(&cluster, start).await.unwrap());
+    }
+    let before = rss_kib();
+    let value = vec![b'x'; 256 << 10];
+    for i in 0..300u64 {
+        client
+            .write_fenced(&format!("r{}", i % 5), i + 1, &value)
+            .await
+            .unwrap();
+    }
+    // Let the pumps fill what they may.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let grown_mib = rss_kib().saturating_sub(before) >> 10;
+    println!("memory grew by {grown_mib} MiB");
+    // The history (75 MiB here), storage and 16 streams of a few MiB each fit under this (about
+    // 300 MiB measured); buffers of whole changes need over 1 GiB (1,235 MiB measured).
+    assert!(grown_mib < 700, "memory grew by {grown_mib} MiB");
+    assert_eq!(node_info(&cluster).await.watch_streams, 16);
+    drop(streams);
+    cluster.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_loss_reaches_the_holders_watch() {
     let cluster = Cluster::start().await;

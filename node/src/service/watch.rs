@@ -17,6 +17,7 @@
 //! The client library resumes after the last change it received, on another node if needed.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -27,7 +28,8 @@ use baton_rpc::proto::{WatchRequest, WatchResponse};
 use baton_rpc::{convert, WatchPosition};
 use baton_statemachine::ChangeFilter;
 use futures::{Future, Stream};
-use tokio::sync::{mpsc, oneshot, watch};
+use prost::Message;
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tonic::{Code, Request, Response, Status};
 
@@ -39,6 +41,15 @@ use crate::pre_vote::Contact;
 
 /// Changes a pump reads from the history at a time.
 const READ_BATCH: usize = 256;
+
+/// The most bytes of changes a stream holds ahead of its consumer, besides what HTTP/2 flow
+/// control lets into the connection: `stream_buffer` bounds the count, this the size (256
+/// changes of 1 MiB values would otherwise be 256 MiB per stream). A larger change goes alone.
+const STREAM_BUFFER_BYTES: usize = 4 << 20;
+
+/// A change handed to the connection, with the share of the stream's byte budget it holds until
+/// the connection takes it.
+type Buffered = (WatchResponse, Option<OwnedSemaphorePermit>);
 
 /// Serves watches.
 pub struct WatchService {
@@ -98,6 +109,7 @@ impl watch_server::Watch for WatchService {
             .check_start(start)
             .map_err(|oldest| compacted_status(start.revision, oldest))?;
         let (events, buffered) = mpsc::channel(self.tuning.stream_buffer.max(1));
+        let budget = Arc::new(Semaphore::new(STREAM_BUFFER_BYTES));
         let (end_tx, end) = oneshot::channel();
         let pump = Pump {
             freshness,
@@ -106,6 +118,7 @@ impl watch_server::Watch for WatchService {
             next: start,
             last_sent: None,
             events,
+            budget,
             tuning: self.tuning.clone(),
             closing: self.closing.clone(),
         };
@@ -125,7 +138,7 @@ impl watch_server::Watch for WatchService {
 
 /// A stream's output: the buffered changes, then the error that ended the stream, if any.
 pub struct WatchOutput {
-    buffered: mpsc::Receiver<WatchResponse>,
+    buffered: mpsc::Receiver<Buffered>,
     end: Option<oneshot::Receiver<Status>>,
 }
 
@@ -134,7 +147,8 @@ impl Stream for WatchOutput {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         match self.buffered.poll_recv(cx) {
-            Poll::Ready(Some(response)) => Poll::Ready(Some(Ok(response))),
+            // The connection has it now: its bytes leave the stream's budget.
+            Poll::Ready(Some((response, _bytes))) => Poll::Ready(Some(Ok(response))),
             Poll::Pending => Poll::Pending,
             // The pump is gone: it sent its verdict (if any) before dropping the buffer's sender.
             Poll::Ready(None) => {
@@ -162,7 +176,9 @@ struct Pump {
     next: WatchPosition,
     /// The last change handed to the buffer.
     last_sent: Option<WatchPosition>,
-    events: mpsc::Sender<WatchResponse>,
+    events: mpsc::Sender<Buffered>,
+    /// [`STREAM_BUFFER_BYTES`] of permits.
+    budget: Arc<Semaphore>,
     tuning: WatchTuning,
     closing: watch::Receiver<bool>,
 }
@@ -175,7 +191,7 @@ impl Pump {
         // The first message says where the stream starts (what "now" was, for a watch from now).
         if self
             .events
-            .send(progress(self.next.revision.saturating_sub(1)))
+            .send((progress(self.next.revision.saturating_sub(1)), None))
             .await
             .is_err()
         {
@@ -216,7 +232,7 @@ impl Pump {
                     // Busy skipping changes that do not match: still tell the client how far
                     // the stream got, so a reconnect need not go back further.
                     let passed = self.next.revision.saturating_sub(1);
-                    let _ = self.events.try_send(progress(passed));
+                    let _ = self.events.try_send((progress(passed), None));
                     last_progress = Instant::now();
                 }
                 tokio::task::yield_now().await;
@@ -238,8 +254,9 @@ impl Pump {
             }
             // Idle for a while: report progress (also the stream's keep-alive), and make sure
             // this node is still current.
-            let _ = self.events.try_send(progress(
-                batch.head.max(self.next.revision.saturating_sub(1)),
+            let _ = self.events.try_send((
+                progress(batch.head.max(self.next.revision.saturating_sub(1))),
+                None,
             ));
             last_progress = Instant::now();
             if self.freshness.out_of_touch() {
@@ -248,19 +265,27 @@ impl Pump {
         }
     }
 
-    /// Waits for room in the buffer and hands `response` over. Ends the stream when the client
-    /// is gone (`Err(None)`), falls too far behind, or the node closes (`Err(Some(status))`).
+    /// Waits for room in the buffer (a place, and the change's bytes) and hands `response` over.
+    /// Ends the stream when the client is gone (`Err(None)`), falls too far behind, or the node
+    /// closes (`Err(Some(status))`).
     async fn hand_over(
         &mut self,
         response: WatchResponse,
         after: WatchPosition,
         head: &mut watch::Receiver<u64>,
     ) -> Result<(), Option<Status>> {
+        let cost = response.encoded_len().clamp(1, STREAM_BUFFER_BYTES);
+        let cost = u32::try_from(cost).unwrap_or(u32::MAX);
         loop {
+            let room = async {
+                let bytes = self.budget.clone().acquire_many_owned(cost).await;
+                let place = self.events.reserve().await;
+                (bytes, place)
+            };
             tokio::select! {
-                permit = self.events.reserve() => {
-                    let permit = permit.map_err(|_| None)?;
-                    permit.send(response);
+                (bytes, place) = room => {
+                    let place = place.map_err(|_| None)?;
+                    place.send((response, bytes.ok()));
                     return Ok(());
                 }
                 changed = head.changed() => {
