@@ -256,7 +256,12 @@ fn prepare_restore_dir(data_dir: &Path) -> anyhow::Result<()> {
                 data_dir.display()
             );
         }
+        // The mark stays until the restore is done: cleared half way, it would leave an
+        // unmarked half-restored dir.
         for entry in entries {
+            if entry.file_name() == UNFINISHED_RESTORE {
+                continue;
+            }
             let path = entry.path();
             let removed = if entry.file_type()?.is_dir() {
                 std::fs::remove_dir_all(&path)
