@@ -43,11 +43,13 @@ use crate::proto::cluster_client::ClusterClient;
 use crate::proto::{self, RequestHeader};
 use security::Credentials;
 
-/// The largest answer this client decodes, to any call or batch. Whole-state reads (every ticket,
-/// every board task) grow with the store: with gRPC's default limit of 4 MiB, `baton ticket list`
-/// and `baton check` failed from about 30,000 tickets on. One queue task grows with its attempts'
-/// notes, and a write whose answer the client cannot decode was applied all the same: the limit
-/// is there against a broken server, not to judge answers.
+/// The largest answer this client decodes: to a batch, a call made on its own, and every call
+/// whose answer carries queue tasks or a listing (the other answers are bounded far below gRPC's
+/// default 4 MiB by the store's own limits). Whole-state reads (every ticket, every board task)
+/// grow with the store: with gRPC's default limit, `baton ticket list` and `baton check` failed
+/// from about 30,000 tickets on. One queue task grows with its attempts' notes, and a write whose
+/// answer the client cannot decode was applied all the same: the limit is there against a broken
+/// server, not to judge answers.
 pub(crate) const MAX_ANSWER_BYTES: usize = 1 << 30;
 
 /// The first pause before retrying a failed attempt; it doubles up to [`MAX_RETRY_PAUSE`].

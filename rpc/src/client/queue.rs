@@ -217,7 +217,12 @@ impl Client {
                     header: Some(header),
                     id,
                 };
-                async move { QueueClient::new(channel).cancel_task(request).await }
+                async move {
+                    QueueClient::new(channel)
+                        .max_decoding_message_size(MAX_ANSWER_BYTES)
+                        .cancel_task(request)
+                        .await
+                }
             })
             .await?;
         task_of(reply.task, "cancel_task")
@@ -265,7 +270,12 @@ impl Client {
                     lease_ttl_ms,
                     wait_ms,
                 };
-                async move { QueueClient::new(channel).lease(request).await }
+                async move {
+                    QueueClient::new(channel)
+                        .max_decoding_message_size(MAX_ANSWER_BYTES)
+                        .lease(request)
+                        .await
+                }
             })
             .await?;
         Ok(Leased {
@@ -393,7 +403,12 @@ impl Client {
                     worker_id: worker.to_string(),
                     note: note.to_string(),
                 };
-                async move { QueueClient::new(channel).report_unknown(request).await }
+                async move {
+                    QueueClient::new(channel)
+                        .max_decoding_message_size(MAX_ANSWER_BYTES)
+                        .report_unknown(request)
+                        .await
+                }
             })
             .await?;
         task_of(reply.task, "report_unknown")
