@@ -7,7 +7,8 @@
 //! that it does not match). It ends the stream with a typed error when it cannot go on:
 //!
 //! - `COMPACTED` when its position is older than the history holds (at the start, or after a
-//!   snapshot install restarted the history);
+//!   snapshot install restarted the history, or the history's byte limit evicted what the
+//!   stream still owed);
 //! - `SLOW_CONSUMER` when the buffer is full and the changes left unread behind the stream exceed
 //!   the backlog limit (the node keeps no more per stream than the buffer: the history is shared
 //!   and bounded);
@@ -293,7 +294,8 @@ impl Pump {
                         return Err(Some(shutting_down()));
                     }
                     // `None`: a snapshot install restarted the history past what the stream
-                    // still owes; the client resumes after the last change it received.
+                    // still owes, or the byte limit evicted it; the client resumes after the
+                    // last change it received (elsewhere, or it resyncs).
                     let Some(backlog) = self.history.backlog(after) else {
                         let resume = self.last_sent.map_or(self.next, |p| WatchPosition {
                             revision: p.revision,
@@ -333,8 +335,8 @@ impl Freshness {
             (metrics.current_leader, metrics.millis_since_quorum_ack)
         };
         match leader {
-            // A leader just elected has no acknowledgement yet; a stalled one steps down
-            // (crate::stalled_leader), and then it is a follower like any other.
+            // A leader just elected has no acknowledgement yet (fresh); one cut off from the
+            // others goes without acknowledgements from then on.
             Some(leader) if leader == self.node.id => {
                 quorum_silence.is_some_and(|ms| Duration::from_millis(ms) >= self.cutoff)
             }

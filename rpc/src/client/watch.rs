@@ -341,8 +341,12 @@ impl Watcher {
             }
             let waited = started.elapsed();
             if waited + pause >= config.deadline {
-                // Some nodes may have said COMPACTED, but one that did not answer may still
-                // hold the position: the caller can resume there later (`watch_from`).
+                // Some nodes said COMPACTED and the others did not answer in time: resync. (One
+                // of those may hold the position, but a node down for good would make a caller
+                // that waits for it retry forever; a resync always moves on.)
+                if !compacted.is_empty() {
+                    return Err(self.compacted_error(&compacted));
+                }
                 return Err(Error::Unavailable {
                     endpoints: tried,
                     waited,
