@@ -208,6 +208,19 @@ fn unworkable_values_are_refused_by_the_check() {
             vec![],
             "watch.progress_every",
         ),
+        // Healthy followers would take a gap between heartbeats for a partition.
+        (
+            vec![
+                "--heartbeat",
+                "2s",
+                "--election-timeout",
+                "6s",
+                "--set",
+                "watch.leaderless_cutoff=3s",
+            ],
+            vec![],
+            "watch.leaderless_cutoff",
+        ),
     ];
     assert_each_refused(&["--check-config", "--id", "1"], cases);
 }

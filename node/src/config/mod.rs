@@ -109,8 +109,9 @@ pub struct WatchTuning {
     pub stream_buffer: usize,
     /// How often an idle stream sends its progress, which is also its keep-alive (default 1 s).
     pub progress_every: Duration,
-    /// A node that knows no leader for this long ends its streams with `NO_LEADER`, so clients
-    /// move to a node that is current (default 3 s).
+    /// A node that has not heard from a leader (or, leading, from a quorum) for this long ends its
+    /// streams with `NO_LEADER` and refuses new ones, so clients move to a node that is current
+    /// (default 3 s).
     pub leaderless_cutoff: Duration,
 }
 

@@ -93,7 +93,7 @@ pub struct WatchSettings {
     /// How often an idle stream reports its progress.
     #[serde(with = "humantime_serde")]
     pub progress_every: Duration,
-    /// A node without a leader for this long ends its streams `NO_LEADER`.
+    /// A node that has not heard from a leader for this long ends its streams `NO_LEADER`.
     #[serde(with = "humantime_serde")]
     pub leaderless_cutoff: Duration,
 }
@@ -353,6 +353,15 @@ impl Settings {
         config.sweep_interval = self.sweep_interval;
         config.raft = self.raft.to_tuning()?;
         config.watch = self.watch.to_tuning()?;
+        let three_heartbeats = config.raft.heartbeat.saturating_mul(3);
+        if config.watch.leaderless_cutoff < three_heartbeats {
+            // A follower hears from its leader every heartbeat; a cutoff within a few of them
+            // would take a late one for a partition and drop healthy streams.
+            return Err(invalid(
+                "watch.leaderless_cutoff",
+                format!("must be at least three heartbeats ({three_heartbeats:?})"),
+            ));
+        }
         config.limits = self.limits.to_limits()?;
         config.peer_addrs = self.peer_addrs()?;
         self.tls_files()?;
