@@ -146,12 +146,17 @@ impl Node {
     /// its own (a sweep, harmless at any time) advances the commit index past everything before
     /// it, as the Raft paper requires of a leader before it answers read-only queries (§8).
     async fn commit_in_current_term(&self) -> Result<(), Status> {
-        let term = self.raft.metrics().borrow().current_term;
+        let (term, leading) = self.term_and_leading();
         if self.read_barrier_term.load(Ordering::Acquire) >= term {
             return Ok(());
         }
-        let _proposing = self.read_barrier.lock().await;
-        if self.read_barrier_term.load(Ordering::Acquire) >= term {
+        // A follower's write is refused at once (with the leader's address): no need to queue.
+        let _proposing = if leading {
+            Some(self.read_barrier.lock().await)
+        } else {
+            None
+        };
+        if self.read_barrier_term.load(Ordering::Acquire) >= self.term_and_leading().0 {
             return Ok(());
         }
         let sweep = Envelope {
@@ -167,6 +172,16 @@ impl Node {
         self.read_barrier_term
             .fetch_max(written.log_id.leader_id.term, Ordering::AcqRel);
         Ok(())
+    }
+
+    /// This node's current term, and whether it leads in it.
+    fn term_and_leading(&self) -> (u64, bool) {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        (
+            metrics.current_term,
+            metrics.current_leader == Some(self.id),
+        )
     }
 
     /// The address of a member, from the current membership.
