@@ -14,6 +14,8 @@ use baton_statemachine::board::{self, BoardProblem, Task};
 use baton_statemachine::handoff::{self, Handle, Problem};
 use baton_statemachine::Refusal;
 use tokio::sync::Barrier;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 use crate::{Client, Error};
 
@@ -82,44 +84,37 @@ where
     Fut: Future<Output = Result<W, Error>> + Send + 'static,
 {
     let barrier = Arc::new(Barrier::new(contenders.len()));
-    let tasks: Vec<_> = contenders
-        .iter()
-        .map(|name| {
-            let barrier = barrier.clone();
-            let attempt = run(client.clone(), name.clone());
-            tokio::spawn(async move {
-                barrier.wait().await;
-                attempt.await
-            })
-        })
-        .collect();
+    let mut running = JoinSet::new();
+    for name in contenders {
+        let barrier = barrier.clone();
+        let attempt = run(client.clone(), name.clone());
+        running.spawn(async move {
+            barrier.wait().await;
+            attempt.await
+        });
+    }
     let mut race = Race::default();
-    let aborts: Vec<_> = tasks.iter().map(|task| task.abort_handle()).collect();
-    let all = futures::future::join_all(tasks);
-    match tokio::time::timeout(limit, all).await {
-        Err(_) => {
-            // The judgement is over: contenders still retrying must not change the store
-            // after it (a late win nobody would release).
-            for abort in aborts {
-                abort.abort();
-            }
-            race.infra_errors.push(Error::Unavailable {
-                endpoints: client.endpoints().to_vec(),
-                waited: limit,
-                last: "the race did not finish within its time limit".into(),
-            })
-        }
-        Ok(results) => {
-            for result in results {
-                match result {
-                    Ok(Ok(won)) => race.winners.push(won),
-                    Ok(Err(Error::Refused(Refusal::Taken))) => race.losers += 1,
-                    Ok(Err(Error::Refused(other))) => race.misses.push(other),
-                    Ok(Err(error)) => race.infra_errors.push(error),
-                    Err(join) => race
-                        .infra_errors
-                        .push(Error::Protocol(format!("contender task failed: {join}"))),
-                }
+    let deadline = Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(deadline, running.join_next()).await {
+            Ok(None) => break,
+            Ok(Some(Ok(Ok(won)))) => race.winners.push(won),
+            Ok(Some(Ok(Err(Error::Refused(Refusal::Taken))))) => race.losers += 1,
+            Ok(Some(Ok(Err(Error::Refused(other))))) => race.misses.push(other),
+            Ok(Some(Ok(Err(error)))) => race.infra_errors.push(error),
+            Ok(Some(Err(join))) => race
+                .infra_errors
+                .push(Error::Protocol(format!("contender task failed: {join}"))),
+            Err(_) => {
+                // The judgement is over: the contenders still running are stopped (dropping
+                // the set aborts them), so none changes the store after it; those that
+                // finished in time are counted above, a winner among them included.
+                race.infra_errors.push(Error::Unavailable {
+                    endpoints: client.endpoints().to_vec(),
+                    waited: limit,
+                    last: "the race did not finish within its time limit".into(),
+                });
+                break;
             }
         }
     }
