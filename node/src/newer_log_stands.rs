@@ -51,12 +51,17 @@ pub async fn after_vote(
     request: &VoteRequest<NodeId>,
     response: &VoteResponse<NodeId>,
 ) {
-    let (me, voter) = {
+    let (me, voter, vote) = {
         let metrics = raft.metrics();
         let m = metrics.borrow();
-        (m.id, is_voter(&m) && m.state != ServerState::Leader)
+        (m.id, is_voter(&m) && m.state != ServerState::Leader, m.vote)
     };
-    if !voter || !should_stand(me, request, response) || contact.is_leaving() {
+    // A vote granted since the answer (this runs a moment later) must not be taken back either.
+    if !voter
+        || vote != response.vote
+        || !should_stand(me, request, response)
+        || contact.is_leaving()
+    {
         return;
     }
     let term = request.vote.leader_id().term;
