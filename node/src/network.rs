@@ -20,7 +20,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::sync::Semaphore;
+use tokio::sync::{oneshot, Semaphore};
 use tokio::time::Instant;
 
 use crate::codec;
@@ -181,6 +181,27 @@ impl Network {
         Ok(raft_wire::link(stream))
     }
 
+    /// Dials `addr` (within [`CONNECT_LIMIT`]) in a task of its own. When the caller stops
+    /// waiting, the connection, once made, is kept for the next call to `target`: on a link where
+    /// a new connection takes longer than a call may (TLS takes about three round trips, an
+    /// AppendEntries gets one heartbeat), dialing only within calls would fail every time, and
+    /// the peer would not be reached again.
+    async fn dial_kept(&self, target: NodeId, addr: &str) -> Result<Link, String> {
+        let (made, wanted) = oneshot::channel();
+        let (network, addr) = (self.clone(), addr.to_string());
+        tokio::spawn(async move {
+            let dialed = tokio::time::timeout(CONNECT_LIMIT, network.dial(&addr))
+                .await
+                .unwrap_or_else(|_| Err(format!("cannot connect to {addr} in {CONNECT_LIMIT:?}")));
+            if let Err(Ok(link)) = made.send(dialed) {
+                network.give_back(target, &addr, link);
+            }
+        });
+        wanted
+            .await
+            .unwrap_or_else(|_| Err("the dial was cancelled".to_string()))
+    }
+
     /// Sends `frame` to peer `target` at `addr` and returns the answer by `deadline` (dialing
     /// included). Every failure is a transport failure.
     async fn call(
@@ -227,21 +248,19 @@ impl Network {
                 )));
             }
         }
-        let dialing = self.dial(addr);
-        let failure =
-            match tokio::time::timeout_at(deadline.min(now + CONNECT_LIMIT), dialing).await {
-                Err(_) => CallFailure::unsent(format!(
-                    "cannot connect to node {target} at {addr} in time"
-                )),
-                Ok(Err(why)) => CallFailure::unsent(why),
-                Ok(Ok(link)) => match exchange(link, frame, deadline).await {
-                    Ok((link, answer)) => return self.answered(target, addr, link, answer),
-                    Err(Failure::Late) => unanswered(),
-                    Err(Failure::Broken(why)) => {
-                        CallFailure::sent(format!("node {target} at {addr}: {why}"))
-                    }
-                },
-            };
+        let failure = match tokio::time::timeout_at(deadline, self.dial_kept(target, addr)).await {
+            Err(_) => {
+                CallFailure::unsent(format!("cannot connect to node {target} at {addr} in time"))
+            }
+            Ok(Err(why)) => CallFailure::unsent(why),
+            Ok(Ok(link)) => match exchange(link, frame, deadline).await {
+                Ok((link, answer)) => return self.answered(target, addr, link, answer),
+                Err(Failure::Late) => unanswered(),
+                Err(Failure::Broken(why)) => {
+                    CallFailure::sent(format!("node {target} at {addr}: {why}"))
+                }
+            },
+        };
         self.with_links(target, addr, |links| {
             links.quiet_until = Some(Instant::now() + REDIAL_PAUSE);
         });

@@ -141,3 +141,84 @@ async fn a_stopping_node_closes_raft_connections_at_every_stage() {
         "open connection still open"
     );
 }
+
+/// A Raft peer whose new connections take `delay` before the TLS handshake starts (a slow link:
+/// a new TLS connection costs several round trips), and which then answers every request at once
+/// with the refusal "no, thanks". Returns its address and the directory of its certificates.
+async fn slow_to_connect_peer(delay: Duration) -> (String, tempfile::TempDir) {
+    let certs = tempfile::tempdir().unwrap();
+    let made = std::process::Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args([
+            "certs",
+            "generate",
+            "--name",
+            "node",
+            "--hosts",
+            "127.0.0.1",
+        ])
+        .arg("--out")
+        .arg(certs.path())
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let tls = baton_node::tls::NodeTls::load(&baton_node::tls::TlsFiles {
+        cert: certs.path().join("node.pem"),
+        key: certs.path().join("node-key.pem"),
+        ca: certs.path().join("ca.pem"),
+    })
+    .unwrap();
+    let acceptor = tls.peer_acceptor();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let mut preamble = [0u8; raft_wire::PREAMBLE.len()];
+                stream.read_exact(&mut preamble).await.unwrap();
+                let Ok(tls) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let mut link = raft_wire::link(Box::new(tls));
+                while let Some(Ok(_request)) = link.next().await {
+                    let no = raft_wire::answer::<(), String>(&Err("no, thanks".into())).unwrap();
+                    if link.send(no).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, certs)
+}
+
+/// A peer that takes longer to connect to than a call may wait (TLS across a slow link, calls
+/// limited to a heartbeat) is still reached: the connection a call gave up on is finished in
+/// the background and kept for the next call. Dialing only within calls failed every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_slower_to_connect_than_a_call_may_wait_is_reached_by_a_later_call() {
+    let (addr, certs) = slow_to_connect_peer(Duration::from_millis(300)).await;
+    let read = |name: &str| std::fs::read(certs.path().join(name)).unwrap();
+    let (ca, cert, key) = (read("ca.pem"), read("node.pem"), read("node-key.pem"));
+    let connector =
+        baton_node::tls::PeerConnector::from_pem(&ca, Some((cert.as_slice(), key.as_slice())))
+            .unwrap();
+    let network = baton_node::network::Network::new(Default::default()).with_tls(connector);
+    let question = baton_node::pre_vote::PreVote {
+        from: 1,
+        last_log: None,
+    };
+    let mut answers = Vec::new();
+    for _ in 0..10 {
+        match network
+            .pre_vote(2, &addr, &question, Duration::from_millis(100))
+            .await
+        {
+            Err(baton_node::network::Declined::Refused(why)) if why == "no, thanks" => return,
+            other => answers.push(format!("{other:?}")),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("the peer was never reached: {answers:#?}");
+}
