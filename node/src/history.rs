@@ -49,6 +49,8 @@ struct Revision {
     /// How many changes the history recorded before this entry's first (counts only grow), so
     /// the number held after any position is a subtraction.
     seq: u64,
+    /// The same for bytes.
+    byte_seq: u64,
 }
 
 /// One change at its position (a handle on its entry's changes).
@@ -78,6 +80,15 @@ pub struct Batch {
     pub head: u64,
 }
 
+/// What a stream still owes: the changes held at or after its position, and their size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backlog {
+    /// Changes.
+    pub changes: usize,
+    /// Bytes (as the history counts them; a position inside an entry counts the whole entry).
+    pub bytes: usize,
+}
+
 /// What the history holds right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HistoryStats {
@@ -102,6 +113,8 @@ struct Ring {
     bytes: usize,
     /// Changes recorded since the history began (held or evicted).
     recorded: u64,
+    /// Their bytes.
+    recorded_bytes: u64,
     /// Every change of a revision at or above this is held (or not applied yet).
     oldest: u64,
     /// The last applied revision.
@@ -145,6 +158,7 @@ impl History {
                     events: 0,
                     bytes: 0,
                     recorded: 0,
+                    recorded_bytes: 0,
                     oldest: applied + 1,
                     head: applied,
                 }),
@@ -188,8 +202,9 @@ impl History {
                 if changes.is_empty() {
                     continue;
                 }
-                let seq = ring.recorded;
+                let (seq, byte_seq) = (ring.recorded, ring.recorded_bytes);
                 ring.recorded += changes.len() as u64;
+                ring.recorded_bytes += bytes as u64;
                 ring.events += changes.len();
                 ring.bytes += bytes;
                 ring.revisions.push_back(Arc::new(Revision {
@@ -197,6 +212,7 @@ impl History {
                     changes,
                     bytes,
                     seq,
+                    byte_seq,
                 }));
             }
             ring.head = ring.head.max(applied);
@@ -259,19 +275,21 @@ impl History {
     }
 
     /// The index of the first held revision at or after `from`'s, and the position's change
-    /// sequence number (`recorded` when nothing held is at or after it).
-    fn locate(ring: &Ring, from: WatchPosition) -> (usize, u64) {
+    /// and byte sequence numbers (`recorded`, `recorded_bytes` when nothing held is at or after
+    /// it; a position inside an entry is at the entry's first byte).
+    fn locate(ring: &Ring, from: WatchPosition) -> (usize, u64, u64) {
         let at = ring
             .revisions
             .partition_point(|r| r.revision < from.revision);
-        let seq = match ring.revisions.get(at) {
-            Some(r) if r.revision == from.revision => {
-                r.seq + (from.index as u64).min(r.changes.len() as u64)
+        let (seq, byte_seq) = match ring.revisions.get(at) {
+            Some(r) if r.revision == from.revision && from.index as usize >= r.changes.len() => {
+                (r.seq + r.changes.len() as u64, r.byte_seq + r.bytes as u64)
             }
-            Some(r) => r.seq,
-            None => ring.recorded,
+            Some(r) if r.revision == from.revision => (r.seq + from.index as u64, r.byte_seq),
+            Some(r) => (r.seq, r.byte_seq),
+            None => (ring.recorded, ring.recorded_bytes),
         };
-        (at, seq)
+        (at, seq, byte_seq)
     }
 
     /// Up to `max` changes from `from` on, or `Err(oldest)` when `from` is older than the history
@@ -281,7 +299,7 @@ impl History {
         if from.revision < ring.oldest {
             return Err(ring.oldest);
         }
-        let (at, _) = Self::locate(&ring, from);
+        let (at, _, _) = Self::locate(&ring, from);
         let mut events = Vec::new();
         let mut caught_up = true;
         'revisions: for revision in ring.revisions.range(at..) {
@@ -311,14 +329,17 @@ impl History {
         })
     }
 
-    /// How many held changes are at or after `from`, or `None` when `from` is no longer held.
-    pub fn backlog(&self, from: WatchPosition) -> Option<usize> {
+    /// What is held at or after `from`, or `None` when `from` is no longer held.
+    pub fn backlog(&self, from: WatchPosition) -> Option<Backlog> {
         let ring = self.ring();
         if from.revision < ring.oldest {
             return None;
         }
-        let (_, seq) = Self::locate(&ring, from);
-        Some((ring.recorded - seq) as usize)
+        let (_, seq, byte_seq) = Self::locate(&ring, from);
+        Some(Backlog {
+            changes: (ring.recorded - seq) as usize,
+            bytes: (ring.recorded_bytes - byte_seq) as usize,
+        })
     }
 
     /// Whether a watch may start at `from`: `Err(oldest)` when it is older than the history holds.
@@ -422,7 +443,7 @@ mod tests {
         assert_eq!(positions(&batch), vec![(2, 1)]);
         assert!(!batch.caught_up);
         assert!(history.read(at(9, 0), 10).unwrap().events.is_empty());
-        assert_eq!(history.backlog(at(2, 1)), Some(2));
+        assert_eq!(history.backlog(at(2, 1)).map(|b| b.changes), Some(2));
     }
 
     #[test]
@@ -567,10 +588,28 @@ mod tests {
                     model.held.iter().map(|(r, i, _)| (*r, *i)).collect();
                 assert_eq!(positions(&held), expected, "{context}");
                 for (i, (r, index, _)) in model.held.iter().enumerate() {
-                    let backlog = history.backlog(at(*r, *index));
-                    assert_eq!(backlog, Some(model.held.len() - i), "{context}");
+                    // Bytes count from the first change of the position's entry.
+                    let bytes = model
+                        .held
+                        .iter()
+                        .filter(|(at, _, _)| at >= r)
+                        .map(|e| e.2)
+                        .sum();
+                    let backlog = Backlog {
+                        changes: model.held.len() - i,
+                        bytes,
+                    };
+                    assert_eq!(history.backlog(at(*r, *index)), Some(backlog), "{context}");
                 }
-                assert_eq!(history.backlog(at(revision + 1, 0)), Some(0), "{context}");
+                let none = Backlog {
+                    changes: 0,
+                    bytes: 0,
+                };
+                assert_eq!(
+                    history.backlog(at(revision + 1, 0)),
+                    Some(none),
+                    "{context}"
+                );
                 if model.oldest > 1 {
                     assert_eq!(
                         history.check_start(at(model.oldest - 1, 0)),

@@ -377,6 +377,77 @@ async fn a_change_made_while_the_stream_waits_for_room_follows_without_delay() {
     cluster.stop().await;
 }
 
+/// Large values fill the history's bytes long before its count: a stream falling behind by size
+/// is cut SLOW_CONSUMER while its resume point is still held, and resumes from there; it used to
+/// be cut only once that point had been evicted (COMPACTED: resync).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_behind_by_half_the_historys_bytes_is_cut_where_it_can_resume() {
+    let mut tuning = WatchTuning::with_history(2_000);
+    tuning.history.bytes = 12 << 20;
+    let cluster = Cluster::start_with(tuning).await;
+    let client = &cluster.client;
+    client.write_fenced("warm-up", 1, b"w").await.unwrap();
+    let start = node_info(&cluster).await.applied_index + 1;
+    let mut stuck = raw_watch(&cluster, start).await.unwrap();
+    // 400 changes of 32 KiB (12.5 MiB): the stream takes about 6 MiB of them before its reader
+    // stops it, and is 6 MiB behind about 200 changes later.
+    let value = vec![b'x'; 32 << 10];
+    for i in 0..400u64 {
+        client.write_fenced("big", i + 1, &value).await.unwrap();
+    }
+    let mut delivered: Vec<u64> = Vec::new();
+    let until = tokio::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        match tokio::time::timeout_at(until, stuck.message()).await {
+            Ok(Ok(Some(response))) => {
+                if let Some(Item::Event(event)) = response.item {
+                    delivered.push(event.revision);
+                }
+            }
+            Ok(Ok(None)) => panic!("the stream ended without an error"),
+            Ok(Err(status)) => break status,
+            Err(_) => panic!(
+                "no cut-off within 20 s ({} changes delivered)",
+                delivered.len()
+            ),
+        }
+    };
+    let detail = detail_of(&status).unwrap();
+    assert_eq!(
+        (status.code(), detail.code.as_str()),
+        (Code::ResourceExhausted, infra::SLOW_CONSUMER),
+        "{status:?}"
+    );
+    assert_eq!(delivered.last().copied(), Some(detail.last_revision));
+    let oldest = node_info(&cluster).await.watch_oldest_revision;
+    assert!(
+        oldest <= detail.last_revision + 1,
+        "the resume point {} is gone (oldest {oldest})",
+        detail.last_revision + 1
+    );
+
+    // Resuming right after the last delivered change gives the rest, exactly.
+    let mut resumed = client
+        .watch_from(
+            ChangeFilter::all(),
+            Some(WatchPosition {
+                revision: detail.last_revision,
+                index: detail.last_index + 1,
+            }),
+        )
+        .await;
+    let mut all = delivered;
+    while all.len() < 400 {
+        all.push(next(&mut resumed).await.revision);
+    }
+    assert!(
+        all.windows(2).all(|w| w[0] < w[1]),
+        "in order, no duplicate"
+    );
+    drop((stuck, resumed));
+    cluster.stop().await;
+}
+
 /// This process's resident memory in KiB.
 fn rss_kib() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
@@ -392,8 +463,8 @@ fn rss_kib() -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_that_read_nothing_hold_a_bounded_number_of_bytes() {
     let mut tuning = WatchTuning::with_history(2_000);
-    // Room for every change written below, so no stream is cut for falling out of it.
-    tuning.history.bytes = 128 << 20;
+    // Room for every change written below, twice: no stream is cut for falling behind.
+    tuning.history.bytes = 256 << 20;
     let cluster = Cluster::start_with(tuning).await;
     let client = &cluster.client;
     client.write_fenced("warm-up", 1, b"w").await.unwrap();

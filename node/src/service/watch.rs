@@ -303,11 +303,15 @@ impl Pump {
                         });
                         return Err(Some(compacted_status(resume.revision, self.history.oldest())));
                     };
-                    if backlog > self.tuning.max_backlog {
+                    // Cut while the resume point is still held: by count (max_backlog is below
+                    // the history's count), and by size (large values can fill the history's
+                    // bytes long before its count).
+                    let held_bytes = self.history.limits().bytes;
+                    if backlog.changes > self.tuning.max_backlog || backlog.bytes > held_bytes / 2 {
                         let (revision, index) = self
                             .last_sent
                             .map_or((0, 0), |p| (p.revision, p.index));
-                        return Err(Some(slow_consumer_status(revision, index, backlog)));
+                        return Err(Some(slow_consumer_status(revision, index, backlog.changes)));
                     }
                 }
                 _ = self.closing.changed() => return Err(Some(shutting_down())),
