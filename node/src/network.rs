@@ -20,7 +20,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::codec;
@@ -33,8 +33,9 @@ use crate::types::{NodeId, TypeConfig};
 /// How long `TimeoutNow` may take to be answered.
 const TIMEOUT_NOW_LIMIT: Duration = Duration::from_secs(2);
 
-/// How long dialing a peer may take (within the call's own limit).
-const CONNECT_LIMIT: Duration = Duration::from_millis(500);
+/// How long dialing a peer may take. A call waits for it only until its own limit; the dial goes
+/// on, and a connection made later is kept (see `Network::dial_kept`).
+const CONNECT_LIMIT: Duration = Duration::from_secs(2);
 
 /// How many connections to one peer there are at most; a call that finds them all in use waits
 /// (within its own deadline) for one to come free.
@@ -155,11 +156,14 @@ impl Network {
             .flatten()
     }
 
-    /// Keeps `link`, just answered, for the next call to `target` at `addr`.
+    /// Keeps `link`, just answered (or just made), for the next call to `target` at `addr`;
+    /// beyond [`MAX_LINKS`] kept, it is closed.
     fn give_back(&self, target: NodeId, addr: &str, link: Link) {
         self.with_links(target, addr, |links| {
             links.quiet_until = None;
-            links.idle.push(link);
+            if links.idle.len() < MAX_LINKS {
+                links.idle.push(link);
+            }
         });
     }
 
@@ -181,25 +185,43 @@ impl Network {
         Ok(raft_wire::link(stream))
     }
 
-    /// Dials `addr` (within [`CONNECT_LIMIT`]) in a task of its own. When the caller stops
-    /// waiting, the connection, once made, is kept for the next call to `target`: on a link where
-    /// a new connection takes longer than a call may (TLS takes about three round trips, an
-    /// AppendEntries gets one heartbeat), dialing only within calls would fail every time, and
-    /// the peer would not be reached again.
-    async fn dial_kept(&self, target: NodeId, addr: &str) -> Result<Link, String> {
-        let (made, wanted) = oneshot::channel();
-        let (network, addr) = (self.clone(), addr.to_string());
+    /// Dials `addr` (within [`CONNECT_LIMIT`]) in a task of its own, which holds `permit` (one
+    /// of the peer's [`MAX_LINKS`]) until the dial ends, and hands the connection and the permit
+    /// back by `deadline`. When the caller has stopped waiting, the connection, once made, is
+    /// kept for the next call to `target`: on a link where a new connection takes longer than a
+    /// call may (TLS takes about three round trips, an AppendEntries gets one heartbeat), dialing
+    /// only within calls would fail every time, and the peer would not be reached again.
+    async fn dial_kept(
+        &self,
+        target: NodeId,
+        addr: &str,
+        permit: OwnedSemaphorePermit,
+        deadline: Instant,
+    ) -> Result<(Link, OwnedSemaphorePermit), String> {
+        let (made, mut wanted) = oneshot::channel();
+        let (network, owned) = (self.clone(), addr.to_string());
         tokio::spawn(async move {
+            let addr = owned;
             let dialed = tokio::time::timeout(CONNECT_LIMIT, network.dial(&addr))
                 .await
                 .unwrap_or_else(|_| Err(format!("cannot connect to {addr} in {CONNECT_LIMIT:?}")));
-            if let Err(Ok(link)) = made.send(dialed) {
-                network.give_back(target, &addr, link);
+            match made.send(dialed.map(|link| (link, permit))) {
+                Ok(()) => {}
+                Err(Ok((link, _permit))) => network.give_back(target, &addr, link),
+                Err(Err(why)) => tracing::debug!(peer = target, %why, "a dial outlived its call"),
             }
         });
-        wanted
-            .await
-            .unwrap_or_else(|_| Err("the dial was cancelled".to_string()))
+        match tokio::time::timeout_at(deadline, &mut wanted).await {
+            Ok(dialed) => dialed.unwrap_or_else(|_| Err("the dial task ended".to_string())),
+            Err(_) => {
+                // Made just as the wait ended: kept all the same.
+                wanted.close();
+                if let Ok(Ok((link, _permit))) = wanted.try_recv() {
+                    self.give_back(target, addr, link);
+                }
+                Err(format!("cannot connect to node {target} at {addr} in time"))
+            }
+        }
     }
 
     /// Sends `frame` to peer `target` at `addr` and returns the answer by `deadline` (dialing
@@ -214,7 +236,7 @@ impl Network {
         let unanswered =
             || CallFailure::sent(format!("node {target} at {addr}: no answer in time"));
         let permits = self.permits(target, addr);
-        let _permit = tokio::time::timeout_at(deadline, permits.acquire_owned())
+        let permit = tokio::time::timeout_at(deadline, permits.acquire_owned())
             .await
             .map_err(|_| {
                 CallFailure::unsent(format!(
@@ -248,12 +270,9 @@ impl Network {
                 )));
             }
         }
-        let failure = match tokio::time::timeout_at(deadline, self.dial_kept(target, addr)).await {
-            Err(_) => {
-                CallFailure::unsent(format!("cannot connect to node {target} at {addr} in time"))
-            }
-            Ok(Err(why)) => CallFailure::unsent(why),
-            Ok(Ok(link)) => match exchange(link, frame, deadline).await {
+        let failure = match self.dial_kept(target, addr, permit, deadline).await {
+            Err(why) => CallFailure::unsent(why),
+            Ok((link, _permit)) => match exchange(link, frame, deadline).await {
                 Ok((link, answer)) => return self.answered(target, addr, link, answer),
                 Err(Failure::Late) => unanswered(),
                 Err(Failure::Broken(why)) => {
