@@ -383,16 +383,17 @@ async fn a_change_made_while_the_stream_waits_for_room_follows_without_delay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_behind_by_half_the_historys_bytes_is_cut_where_it_can_resume() {
     let mut tuning = WatchTuning::with_history(2_000);
-    tuning.history.bytes = 12 << 20;
+    // The smallest history a node accepts (watch.history_bytes).
+    tuning.history.bytes = 32 << 20;
     let cluster = Cluster::start_with(tuning).await;
     let client = &cluster.client;
     client.write_fenced("warm-up", 1, b"w").await.unwrap();
     let start = node_info(&cluster).await.applied_index + 1;
     let mut stuck = raw_watch(&cluster, start).await.unwrap();
-    // 400 changes of 32 KiB (12.5 MiB): the stream takes about 6 MiB of them before its reader
-    // stops it, and is 6 MiB behind about 200 changes later.
+    // 800 changes of 32 KiB (25 MiB, all held): the stream takes about 6 MiB of them before
+    // its reader stops it, and is 16 MiB behind about 500 changes later.
     let value = vec![b'x'; 32 << 10];
-    for i in 0..400u64 {
+    for i in 0..800u64 {
         client.write_fenced("big", i + 1, &value).await.unwrap();
     }
     let mut delivered: Vec<u64> = Vec::new();
@@ -437,7 +438,7 @@ async fn a_stream_behind_by_half_the_historys_bytes_is_cut_where_it_can_resume()
         )
         .await;
     let mut all = delivered;
-    while all.len() < 400 {
+    while all.len() < 800 {
         all.push(next(&mut resumed).await.revision);
     }
     assert!(

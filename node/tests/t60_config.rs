@@ -208,6 +208,12 @@ fn unworkable_values_are_refused_by_the_check() {
             vec![],
             "watch.progress_every",
         ),
+        // A slow stream cut at half of it could not resume where its reader stopped.
+        (
+            vec!["--set", "watch.history_bytes=1048576"],
+            vec![],
+            "watch.history_bytes",
+        ),
         // Healthy followers would take a gap between heartbeats for a partition.
         (
             vec![

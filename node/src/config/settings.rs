@@ -452,10 +452,21 @@ impl RaftSettings {
     }
 }
 
+/// The smallest `watch.history_bytes` that leaves a cut slow stream room to resume.
+const MIN_HISTORY_BYTES: usize = 32 << 20;
+
 impl WatchSettings {
     fn to_tuning(&self) -> Result<WatchTuning, Invalid> {
         positive("watch.history", self.history as u64)?;
-        positive("watch.history_bytes", self.history_bytes as u64)?;
+        if self.history_bytes < MIN_HISTORY_BYTES {
+            // A slow stream is cut at half the history's bytes, and up to ~6 MiB of its changes
+            // are still on their way to the reader, who resumes after the last one it got: that
+            // point must still be held when it asks.
+            return Err(invalid(
+                "watch.history_bytes",
+                format!("must be at least {MIN_HISTORY_BYTES} (32 MiB)"),
+            ));
+        }
         positive("watch.stream_buffer", self.stream_buffer as u64)?;
         nonzero("watch.progress_every", self.progress_every)?;
         if self.progress_every > WATCH_SILENCE / 2 {
