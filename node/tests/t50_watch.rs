@@ -47,6 +47,24 @@ async fn node_info(cluster: &Cluster) -> proto::NodeInfoResponse {
     cluster.client.node_info(&cluster.addr).await.unwrap()
 }
 
+/// Makes one change and returns the revision a watch from now starts at after it.
+async fn next_revision(cluster: &Cluster) -> u64 {
+    cluster
+        .client
+        .write_fenced("warm-up", 1, b"w")
+        .await
+        .unwrap();
+    node_info(cluster).await.applied_index + 1
+}
+
+/// Writes `n` sink values of `bytes` bytes each to `resource`, with fences 1 to `n`.
+async fn write_values(client: &baton_rpc::Client, resource: &str, n: u64, bytes: usize) {
+    let value = vec![b'x'; bytes];
+    for fence in 1..=n {
+        client.write_fenced(resource, fence, &value).await.unwrap();
+    }
+}
+
 /// A raw watch stream on the node, for what the client library hides.
 async fn raw_watch(
     cluster: &Cluster,
@@ -244,8 +262,7 @@ async fn a_slow_consumer_is_cut_off_with_bounded_memory_and_the_client_resumes_w
     // 32 KiB values: the stream's HTTP/2 flow-control window (2 MiB) holds about 60 of them, so
     // a consumer that reads nothing makes the node's pump wait, and the backlog grow.
     let value = vec![b'x'; 32 << 10];
-    client.write_fenced("warm-up", 1, b"w").await.unwrap();
-    let start = node_info(&cluster).await.applied_index + 1;
+    let start = next_revision(&cluster).await;
 
     // A raw stream that reads nothing while 300 changes are made.
     let mut stuck = raw_watch(&cluster, start).await.unwrap();
@@ -351,14 +368,10 @@ async fn a_change_made_while_the_stream_waits_for_room_follows_without_delay() {
     tuning.progress_every = Duration::from_secs(60);
     let cluster = Cluster::start_with(tuning).await;
     let client = &cluster.client;
-    client.write_fenced("warm-up", 1, b"w").await.unwrap();
-    let start = node_info(&cluster).await.applied_index + 1;
+    let start = next_revision(&cluster).await;
     let mut stream = raw_watch(&cluster, start).await.unwrap();
     // 32 KiB values: about 60 fill the HTTP/2 window, and the pump waits for room.
-    let value = vec![b'x'; 32 << 10];
-    for i in 0..100u64 {
-        client.write_fenced("big", i + 1, &value).await.unwrap();
-    }
+    write_values(client, "big", 100, 32 << 10).await;
     client.write_fenced("last", 1, b"l").await.unwrap();
     let drained = tokio::time::Instant::now();
     let mut events = 0;
@@ -387,15 +400,11 @@ async fn a_stream_behind_by_half_the_historys_bytes_is_cut_where_it_can_resume()
     tuning.history.bytes = 32 << 20;
     let cluster = Cluster::start_with(tuning).await;
     let client = &cluster.client;
-    client.write_fenced("warm-up", 1, b"w").await.unwrap();
-    let start = node_info(&cluster).await.applied_index + 1;
+    let start = next_revision(&cluster).await;
     let mut stuck = raw_watch(&cluster, start).await.unwrap();
     // 800 changes of 32 KiB (25 MiB, all held): the stream takes about 6 MiB of them before
     // its reader stops it, and is 16 MiB behind about 500 changes later.
-    let value = vec![b'x'; 32 << 10];
-    for i in 0..800u64 {
-        client.write_fenced("big", i + 1, &value).await.unwrap();
-    }
+    write_values(client, "big", 800, 32 << 10).await;
     let mut delivered: Vec<u64> = Vec::new();
     let until = tokio::time::Instant::now() + Duration::from_secs(20);
     let status = loop {
@@ -468,20 +477,13 @@ async fn streams_that_read_nothing_hold_a_bounded_number_of_bytes() {
     tuning.history.bytes = 256 << 20;
     let cluster = Cluster::start_with(tuning).await;
     let client = &cluster.client;
-    client.write_fenced("warm-up", 1, b"w").await.unwrap();
-    let start = node_info(&cluster).await.applied_index + 1;
+    let start = next_revision(&cluster).await;
     let mut streams = Vec::new();
     for _ in 0..16 {
         streams.push(raw_watch(&cluster, start).await.unwrap());
     }
     let before = rss_kib();
-    let value = vec![b'x'; 256 << 10];
-    for i in 0..300u64 {
-        client
-            .write_fenced(&format!("r{}", i % 5), i + 1, &value)
-            .await
-            .unwrap();
-    }
+    write_values(client, "big", 300, 256 << 10).await;
     // Let the pumps fill what they may.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let grown_mib = rss_kib().saturating_sub(before) >> 10;
