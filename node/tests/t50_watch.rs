@@ -65,6 +65,46 @@ async fn write_values(client: &baton_rpc::Client, resource: &str, n: u64, bytes:
     }
 }
 
+/// Reads a stream whose reader had stopped until the node ends it (within 20 s): the changes
+/// it delivered, as (revision, index), and the status it ended with.
+async fn read_until_cut(
+    stream: &mut tonic::Streaming<proto::WatchResponse>,
+) -> (Vec<(u64, u32)>, tonic::Status) {
+    let mut delivered = Vec::new();
+    let until = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match tokio::time::timeout_at(until, stream.message()).await {
+            Ok(Ok(Some(response))) => {
+                if let Some(Item::Event(event)) = response.item {
+                    delivered.push((event.revision, event.index));
+                }
+            }
+            Ok(Ok(None)) => panic!("the stream ended without an error"),
+            Ok(Err(status)) => return (delivered, status),
+            Err(_) => panic!(
+                "no cut-off within 20 s ({} changes delivered)",
+                delivered.len()
+            ),
+        }
+    }
+}
+
+/// A library watch of everything, from right after the last change a cut stream delivered.
+async fn resume_after(
+    client: &baton_rpc::Client,
+    cut: &proto::ErrorDetail,
+) -> BoxStream<'static, Result<Event, Error>> {
+    client
+        .watch_from(
+            ChangeFilter::all(),
+            Some(WatchPosition {
+                revision: cut.last_revision,
+                index: cut.last_index + 1,
+            }),
+        )
+        .await
+}
+
 /// A raw watch stream on the node, for what the client library hides.
 async fn raw_watch(
     cluster: &Cluster,
@@ -281,22 +321,7 @@ async fn a_slow_consumer_is_cut_off_with_bounded_memory_and_the_client_resumes_w
 
     // The stuck stream delivers what was buffered, then the typed cut-off naming the last change
     // it delivered.
-    let mut delivered: Vec<(u64, u32)> = Vec::new();
-    let until = tokio::time::Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        match tokio::time::timeout_at(until, stuck.message()).await {
-            Ok(Ok(Some(response))) => match response.item {
-                Some(Item::Event(event)) => delivered.push((event.revision, event.index)),
-                Some(Item::Progress(_)) | None => {}
-            },
-            Ok(Ok(None)) => panic!("the stream ended without an error"),
-            Ok(Err(status)) => break status,
-            Err(_) => panic!(
-                "no cut-off within 20 s ({} changes delivered)",
-                delivered.len()
-            ),
-        }
-    };
+    let (delivered, status) = read_until_cut(&mut stuck).await;
     assert_eq!(status.code(), Code::ResourceExhausted);
     let detail = detail_of(&status).unwrap();
     assert_eq!(detail.code, infra::SLOW_CONSUMER);
@@ -318,15 +343,7 @@ async fn a_slow_consumer_is_cut_off_with_bounded_memory_and_the_client_resumes_w
     let streams_after_cut = node_info(&cluster).await.watch_streams;
 
     // Resuming right after the last delivered change gives the rest, exactly.
-    let mut resumed = client
-        .watch_from(
-            ChangeFilter::all(),
-            Some(WatchPosition {
-                revision: detail.last_revision,
-                index: detail.last_index + 1,
-            }),
-        )
-        .await;
+    let mut resumed = resume_after(client, &detail).await;
     let mut rest = Vec::new();
     while delivered.len() + rest.len() < 300 {
         rest.push(next(&mut resumed).await.revision);
@@ -405,30 +422,14 @@ async fn a_stream_behind_by_half_the_historys_bytes_is_cut_where_it_can_resume()
     // 800 changes of 32 KiB (25 MiB, all held): the stream takes about 6 MiB of them before
     // its reader stops it, and is 16 MiB behind about 500 changes later.
     write_values(client, "big", 800, 32 << 10).await;
-    let mut delivered: Vec<u64> = Vec::new();
-    let until = tokio::time::Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        match tokio::time::timeout_at(until, stuck.message()).await {
-            Ok(Ok(Some(response))) => {
-                if let Some(Item::Event(event)) = response.item {
-                    delivered.push(event.revision);
-                }
-            }
-            Ok(Ok(None)) => panic!("the stream ended without an error"),
-            Ok(Err(status)) => break status,
-            Err(_) => panic!(
-                "no cut-off within 20 s ({} changes delivered)",
-                delivered.len()
-            ),
-        }
-    };
+    let (delivered, status) = read_until_cut(&mut stuck).await;
     let detail = detail_of(&status).unwrap();
     assert_eq!(
         (status.code(), detail.code.as_str()),
         (Code::ResourceExhausted, infra::SLOW_CONSUMER),
         "{status:?}"
     );
-    assert_eq!(delivered.last().copied(), Some(detail.last_revision));
+    assert_eq!(delivered.last().map(|d| d.0), Some(detail.last_revision));
     let oldest = node_info(&cluster).await.watch_oldest_revision;
     assert!(
         oldest <= detail.last_revision + 1,
@@ -437,16 +438,8 @@ async fn a_stream_behind_by_half_the_historys_bytes_is_cut_where_it_can_resume()
     );
 
     // Resuming right after the last delivered change gives the rest, exactly.
-    let mut resumed = client
-        .watch_from(
-            ChangeFilter::all(),
-            Some(WatchPosition {
-                revision: detail.last_revision,
-                index: detail.last_index + 1,
-            }),
-        )
-        .await;
-    let mut all = delivered;
+    let mut resumed = resume_after(client, &detail).await;
+    let mut all: Vec<u64> = delivered.iter().map(|d| d.0).collect();
     while all.len() < 800 {
         all.push(next(&mut resumed).await.revision);
     }
