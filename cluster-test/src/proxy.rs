@@ -15,6 +15,8 @@
 //! is passed on (a long or congested path; order is kept, nothing is lost). A new delay applies to
 //! the bytes read from then on, on the connections the link already carries too; bytes already
 //! held keep theirs, and later bytes never overtake them. Opening a connection is not delayed.
+//! The way back alone can be slowed too (answers late, requests on time), a path no symmetric
+//! delay can imitate: what was sent arrives when the sender expects, only the news of it is late.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -46,6 +48,7 @@ pub struct Proxy {
     target: Arc<Mutex<String>>,
     mode: watch::Sender<Mode>,
     delay: watch::Sender<Duration>,
+    answer_delay: watch::Sender<Duration>,
     accept: JoinHandle<()>,
 }
 
@@ -59,17 +62,19 @@ impl Proxy {
         let target = Arc::new(Mutex::new(target.to_string()));
         let (mode, _) = watch::channel(Mode::Open);
         let (delay, _) = watch::channel(Duration::ZERO);
+        let (answer_delay, _) = watch::channel(Duration::ZERO);
         let accept = tokio::spawn(accept_loop(
             listener,
             target.clone(),
             mode.clone(),
-            delay.clone(),
+            [delay.clone(), answer_delay.clone()],
         ));
         Ok(Proxy {
             addr,
             target,
             mode,
             delay,
+            answer_delay,
             accept,
         })
     }
@@ -105,6 +110,12 @@ impl Proxy {
         self.delay.send_replace(delay);
     }
 
+    /// Holds the bytes coming back from the target, on top of [`Proxy::slow`]'s delay, for
+    /// `delay` (zero: no extra delay), on the connections already carried too.
+    pub fn slow_answers(&self, delay: Duration) {
+        self.answer_delay.send_replace(delay);
+    }
+
     /// The link's current delay.
     pub fn delay(&self) -> Duration {
         *self.delay.borrow()
@@ -128,7 +139,7 @@ async fn accept_loop(
     listener: TcpListener,
     target: Arc<Mutex<String>>,
     mode: watch::Sender<Mode>,
-    delay: watch::Sender<Duration>,
+    delays: [watch::Sender<Duration>; 2],
 ) {
     loop {
         let inbound = match listener.accept().await {
@@ -140,7 +151,14 @@ async fn accept_loop(
             }
         };
         let target = lock(&target).clone();
-        tokio::spawn(carry(inbound, target, mode.subscribe(), delay.subscribe()));
+        let [both, back] = &delays;
+        tokio::spawn(carry(
+            inbound,
+            target,
+            mode.subscribe(),
+            both.subscribe(),
+            back.subscribe(),
+        ));
     }
 }
 
@@ -150,6 +168,7 @@ async fn carry(
     target: String,
     mut mode: watch::Receiver<Mode>,
     delay: watch::Receiver<Duration>,
+    answer_delay: watch::Receiver<Duration>,
 ) {
     let _ = inbound.set_nodelay(true);
     let current = *mode.borrow_and_update();
@@ -175,8 +194,8 @@ async fn carry(
             tokio::select! {
                 _ = async {
                     tokio::join!(
-                        pass_on(from_inbound, to_upstream, delay.clone()),
-                        pass_on(from_upstream, to_inbound, delay),
+                        pass_on(from_inbound, to_upstream, delay.clone(), None),
+                        pass_on(from_upstream, to_inbound, delay, Some(answer_delay)),
                     )
                 } => {}
                 _ = mode.wait_for(|m| *m != Mode::Open) => {}
@@ -189,12 +208,14 @@ async fn carry(
 /// beyond that its reader waits, so a slow link pushes back on the sender as a full path does.
 const IN_FLIGHT: usize = 1024;
 
-/// Passes bytes from `from` to `to`, each chunk held until the link's delay (read when the chunk
-/// arrives) has passed, in order; at the end of `from`, shuts `to` down for writing.
+/// Passes bytes from `from` to `to`, each chunk held until the link's delay plus this
+/// direction's `extra` (read when the chunk arrives) has passed, in order; at the end of `from`,
+/// shuts `to` down for writing.
 async fn pass_on(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
     delay: watch::Receiver<Duration>,
+    extra: Option<watch::Receiver<Duration>>,
 ) {
     let (held, mut due) = mpsc::channel::<(Instant, Vec<u8>)>(IN_FLIGHT);
     let read = async move {
@@ -204,7 +225,10 @@ async fn pass_on(
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
-            let at = Instant::now() + *delay.borrow();
+            let extra = extra
+                .as_ref()
+                .map_or(Duration::ZERO, |extra| *extra.borrow());
+            let at = Instant::now() + *delay.borrow() + extra;
             if held.send((at, buf[..n].to_vec())).await.is_err() {
                 break;
             }

@@ -292,7 +292,8 @@ pub enum AttemptEnd {
     /// or its lease ran out. The handler did not run, was stopped, or its answer was not
     /// recorded.
     LeaseLost,
-    /// The handler finished but the cluster could not be reached to record its answer; the
+    /// The cluster could not be reached to record the handler's answer, or to confirm the
+    /// attempt's start (then the handler did not run: [`Finished::detail`] says which). The
     /// lease will expire and the store recovers the attempt.
     Unreported,
     /// The assignment broke the protocol; the handler never ran and the attempt was failed for
@@ -810,14 +811,36 @@ where
     let (task_id, attempt, worker) = (assignment.task_id, assignment.attempt, &settings.id);
 
     // Business code runs only once the store confirmed this attempt.
-    if let Err(error) = client.start_attempt(task_id, attempt, worker).await {
-        let end = if error.is_infrastructure() {
-            AttemptEnd::Unreported
-        } else {
-            AttemptEnd::LeaseLost
-        };
-        tracing::warn!(task = task_id, attempt, %error, "start not confirmed; handler not run");
-        return finished(&assignment, end, format!("start not confirmed: {error}"));
+    let start_sent = Instant::now();
+    let started = match client.start_attempt(task_id, attempt, worker).await {
+        Ok(task) => task,
+        Err(error) => {
+            let end = if error.is_infrastructure() {
+                AttemptEnd::Unreported
+            } else {
+                AttemptEnd::LeaseLost
+            };
+            tracing::warn!(task = task_id, attempt, %error, "start not confirmed; handler not run");
+            return finished(
+                &assignment,
+                end,
+                format!("start not confirmed (the handler did not run): {error}"),
+            );
+        }
+    };
+    let lease_end = lease_end_after_start(&started, attempt, start_sent)
+        .map_or(lease_end, |bound| bound.min(lease_end));
+    if Instant::now() >= lease_end {
+        tracing::warn!(
+            task = task_id,
+            attempt,
+            "the lease ran out before its start was confirmed; handler not run"
+        );
+        return finished(
+            &assignment,
+            AttemptEnd::LeaseLost,
+            "the lease ran out before its start was confirmed (the handler did not run)".into(),
+        );
     }
 
     let _renewer = AbortOnDrop(tokio::spawn(renew_loop(
@@ -905,6 +928,25 @@ where
             )
         }
     }
+}
+
+/// The latest moment, by this machine's clock, at which the store can still hold `attempt`'s
+/// lease, judged from the answer to its start (`started`), whose first sending was at `sent`.
+///
+/// The store applied the start at its time `started_at_ms`, necessarily after `sent`, with
+/// `lease_until_ms - started_at_ms` of the lease left then; so the lease ends no earlier than
+/// `sent` plus that. The estimate made from the lease's own answer counts from that answer's
+/// arrival instead, and is too late by however long the answer took to be seen here (a slow
+/// path back, a worker process that stalled); this one is not, and the handler starts on the
+/// earlier of the two. `None` when the answer does not show the attempt started.
+fn lease_end_after_start(started: &QueueTask, attempt: u32, sent: Instant) -> Option<Instant> {
+    let record = started
+        .attempts
+        .iter()
+        .rev()
+        .find(|a| a.number == attempt)?;
+    let left = record.lease_until_ms.saturating_sub(record.started_at_ms?);
+    Some(sent + Duration::from_millis(left))
 }
 
 /// Reports a handler's error as the variant says.
@@ -1096,6 +1138,60 @@ mod tests {
         // Never more than the TTL asked for, whatever the clocks say.
         granted.lease_until_ms = 1_000_000 + 90_000;
         assert_eq!(leased(1_000_000).local_end(&granted, ttl), arrived + ttl);
+    }
+
+    /// The start's answer bounds the lease from the start's sending: what the store says was
+    /// left when it applied the start, whenever the answer arrives.
+    #[test]
+    fn a_started_attempt_s_lease_ends_what_was_left_after_the_start_was_sent() {
+        let sent = Instant::now();
+        let record = |number, started_at_ms| baton_statemachine::queue::Attempt {
+            number,
+            worker: "w".into(),
+            token: None,
+            leased_at_ms: 1_000_000,
+            lease_until_ms: 1_002_000,
+            started_at_ms,
+            ended_at_ms: None,
+            outcome: baton_statemachine::queue::AttemptOutcome::Active,
+            note: String::new(),
+        };
+        let task = |attempts| QueueTask {
+            id: 7,
+            namespace: "ns".into(),
+            spec: baton_statemachine::queue::TaskSpec {
+                queue: "q".into(),
+                idempotency_key: "k".into(),
+                handler: "h".into(),
+                handler_version: "v1".into(),
+                payload_version: "v1".into(),
+                payload: Vec::new(),
+                concurrency_key: String::new(),
+                business_key: String::new(),
+                max_attempts: 3,
+                ttl_ms: 60_000,
+            },
+            state: baton_statemachine::queue::TaskState::Running,
+            attempts,
+            submitted_at_ms: 999_000,
+            deadline_ms: 1_059_000,
+            retry_at_ms: None,
+            result: Vec::new(),
+            last_error: String::new(),
+        };
+        // Started 1.5 s into a 2 s lease: half a second from the sending.
+        let started = task(vec![record(1, Some(1_001_500))]);
+        assert_eq!(
+            lease_end_after_start(&started, 1, sent),
+            Some(sent + Duration::from_millis(500))
+        );
+        // Another attempt's record says nothing about this one; nor does an unstarted one.
+        assert_eq!(lease_end_after_start(&started, 2, sent), None);
+        let unstarted = task(vec![record(1, None)]);
+        assert_eq!(lease_end_after_start(&unstarted, 1, sent), None);
+        // Applied after the lease's end (cannot be, but must not wrap): nothing left.
+        let late = task(vec![record(1, Some(1_003_000))]);
+        assert_eq!(lease_end_after_start(&late, 1, sent), Some(sent));
     }
 
     fn assignment(key: &str, token: Option<u64>) -> Assignment {

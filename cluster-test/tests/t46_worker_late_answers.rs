@@ -1,0 +1,146 @@
+//! Claim: a queue worker never starts a handler on a lease the store may already have ended
+//! (seed 004 §4: business code runs only on a confirmed attempt whose lease is this worker's).
+//!
+//! The worker reaches the node through a proxy whose way back is slow: requests arrive on time,
+//! answers 1.5 s late, with a 2 s lease. The store grants the lease at T, the worker sees it at
+//! T+1.5 s and sends its start, which the store applies at T+1.5 s (inside the lease), and the
+//! confirmation reaches the worker at T+3 s — a second after the store's lease ended. Counting
+//! the lease from the arrival of the lease answer would give the handler until T+3.5 s; the
+//! start's answer shows only 0.5 s of lease were left when the start was sent, so the handler
+//! must not run. A task handled with no delay first shows the same worker and handler run.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use baton_cluster_test::proxy::Proxy;
+use baton_cluster_test::{Cluster, Options};
+use baton_rpc::worker::{AttemptEnd, Finished, Worker};
+use baton_rpc::{Client, ClientConfig};
+use baton_statemachine::queue::TaskSpec;
+use tokio::sync::mpsc;
+
+const QUEUE: &str = "t46";
+const LEASE_TTL: Duration = Duration::from_secs(2);
+const ANSWER_DELAY: Duration = Duration::from_millis(1_500);
+
+fn spec(name: &str) -> TaskSpec {
+    TaskSpec {
+        queue: QUEUE.into(),
+        idempotency_key: name.into(),
+        handler: "h".into(),
+        handler_version: "v1".into(),
+        payload_version: "v1".into(),
+        payload: name.as_bytes().to_vec(),
+        concurrency_key: String::new(),
+        business_key: String::new(),
+        max_attempts: 1,
+        ttl_ms: 600_000,
+    }
+}
+
+fn wall_clock_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t46_a_start_confirmed_after_the_lease_ended_does_not_run_the_handler() {
+    let cluster = Cluster::start(1, Options::default()).await.unwrap();
+    let direct = cluster.client().await.unwrap();
+    direct.create_queue(QUEUE, "ns").await.unwrap();
+
+    // The worker's only way to the node: the proxy (no discovery, so no direct connection).
+    let proxy = Proxy::start(cluster.addr(1)).await.unwrap();
+    let config = ClientConfig {
+        deadline: Duration::from_secs(20),
+        attempt_timeout: Duration::from_secs(5),
+        connect_timeout: Duration::from_secs(2),
+    };
+    let proxied = Client::new(&[proxy.addr().to_string()], config).unwrap();
+
+    let ran: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+    let (finished_tx, mut finished_rx) = mpsc::unbounded_channel::<Finished>();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let worker = Worker::builder(proxied, "t46-worker")
+        .queue(QUEUE)
+        .lease_ttl(LEASE_TTL)
+        .poll_wait(Duration::from_secs(2))
+        .on_finish(move |finished| {
+            let _ = finished_tx.send(finished.clone());
+        })
+        .build()
+        .unwrap();
+    let handler_ran = ran.clone();
+    let running = tokio::spawn(worker.run(
+        move |ctx| {
+            let ran = handler_ran.clone();
+            async move {
+                ran.lock().unwrap().push(ctx.payload.clone());
+                Ok(b"done".to_vec())
+            }
+        },
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+    let next_finished = async |rx: &mut mpsc::UnboundedReceiver<Finished>| {
+        tokio::time::timeout(Duration::from_secs(30), rx.recv())
+            .await
+            .expect("no attempt finished within 30 s")
+            .unwrap()
+    };
+
+    // No delay: the handler runs and its result is recorded.
+    let prompt = direct.submit(&spec("prompt")).await.unwrap().task.id;
+    let first = next_finished(&mut finished_rx).await;
+    assert_eq!(
+        (first.task_id, first.end),
+        (prompt, AttemptEnd::Completed),
+        "{first:?}"
+    );
+    assert_eq!(*ran.lock().unwrap(), vec![b"prompt".to_vec()]);
+
+    // Answers 1.5 s late: the start is confirmed after the store's lease ended.
+    proxy.slow_answers(ANSWER_DELAY);
+    let late = direct.submit(&spec("late")).await.unwrap().task.id;
+    let second = next_finished(&mut finished_rx).await;
+    let seen_at_ms = wall_clock_ms();
+    let _ = stop_tx.send(());
+    let task = direct.queue_task(late).await.unwrap();
+    let record = task.attempts.first().unwrap();
+    assert!(
+        record.started_at_ms.is_some(),
+        "the store never confirmed the start, so the test showed nothing: {task:?}"
+    );
+    assert!(
+        record.lease_until_ms < seen_at_ms,
+        "the store's lease (until {}) had not ended when the worker finished the attempt \
+         ({seen_at_ms}), so the test showed nothing",
+        record.lease_until_ms
+    );
+    assert_eq!(
+        (second.task_id, second.end),
+        (late, AttemptEnd::LeaseLost),
+        "{second:?}"
+    );
+    assert!(
+        second.detail.contains("before its start was confirmed"),
+        "{second:?}"
+    );
+    assert_eq!(
+        *ran.lock().unwrap(),
+        vec![b"prompt".to_vec()],
+        "the handler ran on a lease the store had already ended"
+    );
+
+    proxy.slow_answers(Duration::ZERO);
+    let summary = tokio::time::timeout(Duration::from_secs(30), running)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!((summary.completed, summary.lost), (1, 1), "{summary:?}");
+}
