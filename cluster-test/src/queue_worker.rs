@@ -109,6 +109,8 @@ impl WorkerProcess {
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out)
+            // A group of its own, as a shell gives a foreground job (see `interrupt_group`).
+            .process_group(0)
             .kill_on_drop(true);
         let child = command
             .spawn()
@@ -160,6 +162,26 @@ impl WorkerProcess {
         if !sent.success() {
             bail!(
                 "kill -TERM {} (worker {}) failed: {sent}",
+                self.pid,
+                self.id
+            );
+        }
+        self.wait(limit).await
+    }
+
+    /// Sends SIGINT to the worker's whole process group, as Ctrl-C at its terminal would, and
+    /// waits at most `limit` for the worker to exit.
+    pub async fn interrupt_group(&mut self, limit: Duration) -> anyhow::Result<ExitStatus> {
+        if let Some(status) = self.exit_status()? {
+            bail!("worker {} had already exited ({status})", self.id);
+        }
+        let sent = std::process::Command::new("kill")
+            .args(["-INT", "--", &format!("-{}", self.pid)])
+            .status()
+            .context("cannot run kill")?;
+        if !sent.success() {
+            bail!(
+                "kill -INT -{} (worker {}) failed: {sent}",
                 self.pid,
                 self.id
             );

@@ -16,6 +16,7 @@ pub mod runtime;
 mod security;
 mod sink;
 mod snapshot;
+mod task_command;
 mod ticket;
 mod watch;
 

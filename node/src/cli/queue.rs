@@ -1,16 +1,14 @@
 //! `baton queue ...`, `baton task ...` and `baton worker run`: the keyed-concurrency task queue.
 
-use std::process::Stdio;
 use std::time::Duration;
 
-use baton_rpc::worker::{Finished, TaskContext, TaskError, Worker, WorkerSummary};
+use baton_rpc::worker::{Finished, TaskContext, Worker, WorkerSummary};
 use baton_rpc::Client;
-use baton_statemachine::limits::MAX_PAYLOAD_BYTES;
 use baton_statemachine::queue::{Attempt, Task, TaskFilter, TaskSpec, TaskState};
 use clap::Subcommand;
 use serde_json::{json, Value};
 
-use super::{exit, rfc3339, shutdown_signal, ttl_ms};
+use super::{exit, rfc3339, shutdown_signal, task_command, ttl_ms};
 
 /// `baton queue ...`
 #[derive(Subcommand, Debug)]
@@ -102,13 +100,16 @@ pub enum TaskCommand {
 /// `baton worker ...`
 #[derive(Subcommand, Debug)]
 pub enum WorkerCommand {
-    /// Run a demo worker: CMD runs once per task with BATON_TASK_ID, BATON_ATTEMPT,
-    /// BATON_QUEUE, BATON_HANDLER, BATON_PAYLOAD, BATON_CONCURRENCY_KEY and BATON_FENCE (the
-    /// permit token of a keyed task) set, and BATON_ENDPOINTS and the TLS and token settings
-    /// (BATON_TLS_*, BATON_TOKEN) of the worker itself, so `baton` commands in CMD reach the
-    /// same cluster;
-    /// exit 0 completes the task with stdout as its result, any other exit fails it retryably
-    /// with the tail of stderr. Runs until Ctrl-C / SIGTERM, then drains.
+    /// Run a worker: CMD runs once per task, in a process group of its own, with the payload
+    /// on its standard input (and in BATON_PAYLOAD when it is text up to 32 KiB), and
+    /// BATON_TASK_ID, BATON_ATTEMPT, BATON_QUEUE, BATON_HANDLER, BATON_PAYLOAD_BYTES,
+    /// BATON_CONCURRENCY_KEY and BATON_FENCE (the permit token of a keyed task) set, besides
+    /// BATON_ENDPOINTS and the TLS and token settings (BATON_TLS_*, BATON_TOKEN) of the worker
+    /// itself, so `baton` commands in CMD reach the same cluster.
+    /// Exit 0 completes the task with stdout (at most 1 MiB) as its result; another exit code
+    /// fails it retryably with the tail of stderr; death by a signal reports its effect unknown.
+    /// When an attempt ends (or its lease is lost) its whole process group is killed. Runs until
+    /// Ctrl-C / SIGTERM, then drains.
     Run {
         /// The worker identity (its concurrency-key support is fixed for the identity's life).
         #[arg(long)]
@@ -388,9 +389,6 @@ fn print_attempts(attempts: &[Attempt]) {
 
 // ---------------------------------------------------------------- worker run
 
-/// The most of stderr a failure carries.
-const STDERR_TAIL_BYTES: usize = 2_000;
-
 /// Runs a worker whose command gets `env` (how to reach the cluster) besides the task's own
 /// variables.
 pub async fn run_worker(
@@ -432,7 +430,7 @@ pub async fn run_worker(
     let env = std::sync::Arc::new(env);
     let handler = move |ctx: TaskContext| {
         let (program, env) = (program.clone(), env.clone());
-        async move { run_command(&program, &env, ctx).await }
+        async move { task_command::run(&program, &env, ctx).await }
     };
     match worker.run(handler, shutdown_signal()).await {
         Ok(summary) => {
@@ -472,54 +470,4 @@ fn print_summary(s: &WorkerSummary) {
         "completed={} failed={} unknown={} lost={} protocol_errors={} drained={}",
         s.completed, s.failed, s.unknown, s.lost, s.protocol_errors, s.drained
     );
-}
-
-/// Runs the worker's command for one task.
-async fn run_command(
-    program: &[String],
-    env: &[(&'static str, std::ffi::OsString)],
-    ctx: TaskContext,
-) -> Result<Vec<u8>, TaskError> {
-    let Some((cmd, args)) = program.split_first() else {
-        return Err(TaskError::non_retryable("no command to run"));
-    };
-    let output = tokio::process::Command::new(cmd)
-        .args(args)
-        .envs(env.iter().map(|(name, value)| (name, value)))
-        .env("BATON_TASK_ID", ctx.task_id.to_string())
-        .env("BATON_ATTEMPT", ctx.attempt.to_string())
-        .env("BATON_QUEUE", &ctx.queue)
-        .env("BATON_HANDLER", &ctx.handler)
-        .env(
-            "BATON_PAYLOAD",
-            String::from_utf8_lossy(&ctx.payload).as_ref(),
-        )
-        .env(
-            "BATON_CONCURRENCY_KEY",
-            ctx.concurrency_key.as_deref().unwrap_or(""),
-        )
-        .env(
-            "BATON_FENCE",
-            ctx.token.map_or_else(String::new, |t| t.to_string()),
-        )
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // A lost lease drops this future: the command must not outlive it.
-        .kill_on_drop(true)
-        .output()
-        .await
-        .map_err(|e| TaskError::non_retryable(format!("cannot run {cmd:?}: {e}")))?;
-    if output.status.success() {
-        let mut stdout = output.stdout;
-        stdout.truncate(MAX_PAYLOAD_BYTES);
-        return Ok(stdout);
-    }
-    let stderr = &output.stderr[output.stderr.len().saturating_sub(STDERR_TAIL_BYTES)..];
-    let tail = String::from_utf8_lossy(stderr).trim().to_string();
-    Err(TaskError::retryable(if tail.is_empty() {
-        format!("{cmd} exited with {}", output.status)
-    } else {
-        format!("{cmd} exited with {}: {tail}", output.status)
-    }))
 }
