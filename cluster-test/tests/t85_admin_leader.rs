@@ -67,6 +67,72 @@ async fn leader_transfer_moves_leadership_to_the_chosen_voter() {
     client.save_if_newer("after", 1, b"new").await.unwrap();
 }
 
+/// A worker's long poll waiting on the leader does not hold a handover up: the poll is answered
+/// retryably when the gate closes (the handover's drain does not wait out its 5 s limit), and it
+/// goes on waiting on the new leader, where a task submitted afterwards reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_does_not_hold_a_handover_up() {
+    let cluster = Cluster::start(3, Options::default()).await.unwrap();
+    let client = cluster.client().await.unwrap();
+    client.create_queue("t85", "ns").await.unwrap();
+    client.register_worker("t85-w", false).await.unwrap();
+    let first = cluster.leader().await.unwrap();
+    let polling = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            client
+                .lease(
+                    "t85-w",
+                    &["t85".to_string()],
+                    1,
+                    30_000,
+                    Duration::from_secs(25),
+                )
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !polling.is_finished(),
+        "the poll should wait: nothing is leasable"
+    );
+
+    let handed = client.transfer_leader(None).await.unwrap();
+    println!(
+        "handover {first} -> {} with a long poll waiting took {} ms",
+        handed.leader_id, handed.took_ms
+    );
+    assert!(
+        handed.took_ms < 4_000,
+        "the handover waited {} ms: its drain (5 s at most) waited for the long poll",
+        handed.took_ms
+    );
+
+    let spec = baton_statemachine::queue::TaskSpec {
+        queue: "t85".into(),
+        idempotency_key: "after-handover".into(),
+        handler: "h".into(),
+        handler_version: "v1".into(),
+        payload_version: "v1".into(),
+        payload: Vec::new(),
+        concurrency_key: String::new(),
+        business_key: String::new(),
+        max_attempts: 1,
+        ttl_ms: 600_000,
+    };
+    let id = client.submit(&spec).await.unwrap().task.id;
+    let leased = tokio::time::timeout(Duration::from_secs(20), polling)
+        .await
+        .expect("the poll did not come back")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        leased.iter().map(|a| a.task_id).collect::<Vec<_>>(),
+        vec![id],
+        "the poll, moved to the new leader, should lease the task submitted after the handover"
+    );
+}
+
 /// A handover whose caller goes away mid-way (its call dropped after 300 ms, while the leader has
 /// heartbeats off and its gate closed) leaves the old leader serving: it answers client requests
 /// again, and no election storm follows.

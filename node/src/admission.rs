@@ -17,7 +17,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -50,7 +50,9 @@ pub struct Admission {
 
 struct Inner {
     tokens: Option<Tokens>,
-    closed: Mutex<Option<Closed>>,
+    /// Watched, so that a request admitted to wait (a lease's long poll) can stop waiting when
+    /// the gate closes instead of holding up the handover or shutdown that closed it.
+    closed: watch::Sender<Option<Closed>>,
     in_flight: watch::Sender<usize>,
     /// Held while a leadership handover runs: one at a time.
     handover: tokio::sync::Mutex<()>,
@@ -72,7 +74,7 @@ impl Admission {
         Self {
             inner: Arc::new(Inner {
                 tokens,
-                closed: Mutex::new(None),
+                closed: watch::Sender::new(None),
                 in_flight: watch::Sender::new(0),
                 handover: tokio::sync::Mutex::new(()),
             }),
@@ -82,23 +84,44 @@ impl Admission {
     /// Refuses new client requests from now on, for `why` (a shutdown is never downgraded to a
     /// handover).
     pub fn close(&self, why: Closed) {
-        let mut closed = lock(&self.inner.closed);
-        if *closed != Some(Closed::ShuttingDown) {
-            *closed = Some(why);
-        }
+        self.inner.closed.send_if_modified(|closed| {
+            let changed = *closed != Some(Closed::ShuttingDown) && *closed != Some(why);
+            if changed {
+                *closed = Some(why);
+            }
+            changed
+        });
     }
 
     /// Admits client requests again (after a handover; never after a shutdown began).
     pub fn reopen(&self) {
-        let mut closed = lock(&self.inner.closed);
-        if *closed == Some(Closed::HandingOver) {
-            *closed = None;
-        }
+        self.inner.closed.send_if_modified(|closed| {
+            let changed = *closed == Some(Closed::HandingOver);
+            if changed {
+                *closed = None;
+            }
+            changed
+        });
     }
 
     /// Whether the gate is closed (the leader must not propose while it is).
     pub fn is_closed(&self) -> bool {
-        lock(&self.inner.closed).is_some()
+        self.inner.closed.borrow().is_some()
+    }
+
+    /// Resolves when the gate is closed (at once if it is), with the status a new request would
+    /// be refused with then.
+    pub async fn closed(&self) -> tonic::Status {
+        let mut closed = self.inner.closed.subscribe();
+        // The sender lives in `self`: waiting cannot fail.
+        let why = match closed.wait_for(Option::is_some).await {
+            Ok(why) => *why,
+            Err(_) => None,
+        };
+        match why {
+            Some(why) => refusal(why),
+            None => std::future::pending().await,
+        }
     }
 
     /// The right to run a leadership handover, if no other one is running.
@@ -147,26 +170,28 @@ impl Admission {
         if path.starts_with(CLUSTER_PATH) {
             return Decision::Pass;
         }
-        match *lock(&self.inner.closed) {
+        let closed = *self.inner.closed.borrow();
+        match closed {
             None => Decision::Counted(InFlight::begin(&self.inner.in_flight)),
-            Some(Closed::HandingOver) => Decision::Refuse(infra_status(
-                Code::Unavailable,
-                infra::NO_LEADER,
-                "leadership is being handed to another node; retry shortly",
-            )),
-            Some(Closed::ShuttingDown) => Decision::Refuse(infra_status(
-                Code::Unavailable,
-                infra::SHUTTING_DOWN,
-                "this node is shutting down; use another node",
-            )),
+            Some(why) => Decision::Refuse(refusal(why)),
         }
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+/// The retryable status a client request gets while the gate is closed for `why`.
+fn refusal(why: Closed) -> tonic::Status {
+    match why {
+        Closed::HandingOver => infra_status(
+            Code::Unavailable,
+            infra::NO_LEADER,
+            "leadership is being handed to another node; retry shortly",
+        ),
+        Closed::ShuttingDown => infra_status(
+            Code::Unavailable,
+            infra::SHUTTING_DOWN,
+            "this node is shutting down; use another node",
+        ),
+    }
 }
 
 /// One admitted client request; leaves the count when dropped (also when the call is cancelled).
@@ -311,6 +336,27 @@ mod tests {
         gate.close(Closed::ShuttingDown);
         gate.reopen();
         assert!(gate.is_closed(), "a shutdown is never undone");
+    }
+
+    #[tokio::test]
+    async fn a_waiter_learns_when_the_gate_closes_and_why() {
+        let gate = Admission::new(None);
+        let waiting = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.closed().await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiting.is_finished(), "the gate is open");
+        gate.close(Closed::HandingOver);
+        let status = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the waiter should learn of the closing")
+            .expect("the waiter should not fail");
+        assert_eq!(status.code(), Code::Unavailable);
+        assert!(status.message().contains("handed"), "{status:?}");
+        gate.close(Closed::ShuttingDown);
+        let status = gate.closed().await;
+        assert!(status.message().contains("shutting down"), "{status:?}");
     }
 
     #[tokio::test]

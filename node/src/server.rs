@@ -208,7 +208,7 @@ pub async fn serve_secured(
                 .max_decoding_message_size(max_request),
         )
         .add_service(
-            BatchServer::new(BatchService::new(node.clone()))
+            BatchServer::new(BatchService::new(node.clone(), admission.clone()))
                 .max_decoding_message_size(max_request),
         )
         .add_service(
@@ -223,7 +223,7 @@ pub async fn serve_secured(
                 .max_decoding_message_size(max_request),
         )
         .add_service(
-            QueueServer::new(QueueService::new(node.clone()))
+            QueueServer::new(QueueService::new(node.clone(), admission.clone()))
                 .max_decoding_message_size(max_request),
         )
         .add_service(ClusterServer::new(ClusterService::new(

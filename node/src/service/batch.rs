@@ -19,6 +19,7 @@ use prost::Message;
 use tonic::{Request, Response, Status};
 
 use super::{refused, BoardService, HandoffService, QueueService};
+use crate::admission::Admission;
 use crate::metrics::metrics;
 use crate::node::NodeRef;
 
@@ -30,12 +31,12 @@ pub struct BatchService {
 }
 
 impl BatchService {
-    /// The batch service of `node`.
-    pub fn new(node: NodeRef) -> Self {
+    /// The batch service of `node`, behind `admission`'s gate.
+    pub fn new(node: NodeRef, admission: Admission) -> Self {
         Self {
             board: BoardService::new(node.clone()),
             handoff: HandoffService::new(node.clone()),
-            queue: QueueService::new(node),
+            queue: QueueService::new(node, admission),
         }
     }
 

@@ -27,6 +27,7 @@ use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
 use super::{now_ms, origin, refused, revision, unexpected};
+use crate::admission::Admission;
 use crate::node::NodeRef;
 use crate::stamp::wall_clock_ms;
 use crate::store::Applied;
@@ -40,12 +41,13 @@ const DEFAULT_LIST_PAGE: u32 = 1_000;
 /// Serves the task queue.
 pub struct QueueService {
     node: NodeRef,
+    admission: Admission,
 }
 
 impl QueueService {
-    /// Serves `node`.
-    pub fn new(node: NodeRef) -> Self {
-        Self { node }
+    /// Serves `node`; a waiting lease gives up when `admission`'s gate closes.
+    pub fn new(node: NodeRef, admission: Admission) -> Self {
+        Self { node, admission }
     }
 
     async fn propose_task(&self, origin: Origin, command: Command) -> Result<Task, Status> {
@@ -62,7 +64,9 @@ impl QueueService {
     /// Holds a lease request until proposing it is worthwhile: something is leasable for
     /// `request`'s worker, the request is a retry the session table already answered, the
     /// state machine would refuse it anyway, this node stopped leading, or `wait` ran out.
-    /// Reads only; writes nothing.
+    /// Reads only; writes nothing. When the gate closes (a handover or a shutdown begins) it
+    /// answers as the gate would a new request, retryably and without proposing: a long poll
+    /// must neither hold the drain up nor append an entry while leadership moves.
     async fn wait_until_leasable(
         &self,
         origin: &Origin,
@@ -87,10 +91,13 @@ impl QueueService {
                 return Ok(());
             }
             let tick = (until - now).min(LEASE_RECHECK);
-            match tokio::time::timeout(tick, applied_index.changed()).await {
-                Ok(Ok(())) | Err(_) => {}
-                // The store is gone (shutting down): stop waiting, the proposal will say why.
-                Ok(Err(_)) => return Ok(()),
+            tokio::select! {
+                refusal = self.admission.closed() => return Err(refusal),
+                changed = tokio::time::timeout(tick, applied_index.changed()) => match changed {
+                    Ok(Ok(())) | Err(_) => {}
+                    // The store is gone (shutting down): stop waiting, the proposal will say why.
+                    Ok(Err(_)) => return Ok(()),
+                },
             }
             if !self.is_leader() {
                 return Ok(());
