@@ -82,6 +82,47 @@ impl AdmissionLayer {
     }
 }
 
+impl AdmissionLayer {
+    /// The places on the node's limit that batches take for their calls ([`BatchPlaces`]).
+    pub fn batch_places(&self) -> BatchPlaces {
+        BatchPlaces {
+            gate: self.gate.clone(),
+        }
+    }
+}
+
+/// A batch is admitted at the door as one request, before its calls are known; once they are,
+/// each call beyond the first takes a place of its own on the node's in-flight limit (up to the
+/// whole limit), so that batching carries no more concurrent work — and no more answers held in
+/// memory — past [`Limits::max_in_flight`] than the same calls made one by one would.
+#[derive(Clone)]
+pub struct BatchPlaces {
+    gate: Arc<Gate>,
+}
+
+impl BatchPlaces {
+    /// Places for a batch of `calls` (given back when dropped), or the `OVERLOADED` answer: the
+    /// batch is then refused whole and none of its calls runs.
+    pub fn take(&self, calls: usize) -> Result<Option<OwnedSemaphorePermit>, Status> {
+        let limit = self.gate.limits.max_in_flight;
+        let extra = calls.min(limit).saturating_sub(1);
+        if extra == 0 {
+            return Ok(None);
+        }
+        let extra = u32::try_from(extra).unwrap_or(u32::MAX);
+        self.gate
+            .node
+            .clone()
+            .try_acquire_many_owned(extra)
+            .map(Some)
+            .map_err(|_| {
+                overloaded(format!(
+                    "this node cannot take the {calls} calls of this batch within its limit of                      {limit} client requests (limits.max_in_flight); retry with back-off or use                      another node"
+                ))
+            })
+    }
+}
+
 impl<S> Layer<S> for AdmissionLayer {
     type Service = Admission<S>;
 

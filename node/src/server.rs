@@ -196,9 +196,10 @@ pub async fn serve_secured(
             .tls_config(tls.server())
             .context("invalid TLS settings")?;
     }
+    let limits = AdmissionLayer::new(config.limits);
     let router = builder
         .layer(admission.layer())
-        .layer(AdmissionLayer::new(config.limits))
+        .layer(limits.clone())
         .add_service(
             HandoffServer::new(HandoffService::new(node.clone()))
                 .max_decoding_message_size(max_request),
@@ -208,8 +209,12 @@ pub async fn serve_secured(
                 .max_decoding_message_size(max_request),
         )
         .add_service(
-            BatchServer::new(BatchService::new(node.clone(), admission.clone()))
-                .max_decoding_message_size(max_request),
+            BatchServer::new(BatchService::new(
+                node.clone(),
+                admission.clone(),
+                limits.batch_places(),
+            ))
+            .max_decoding_message_size(max_request),
         )
         .add_service(
             EffectServer::new(EffectService::new(node.clone()))

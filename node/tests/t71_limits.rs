@@ -6,9 +6,11 @@
 use std::time::Duration;
 
 use baton_rpc::error::{detail_of, infra};
+use baton_rpc::proto::batch_client::BatchClient;
+use baton_rpc::proto::batch_result::Outcome;
 use baton_rpc::proto::checkpoint_client::CheckpointClient;
 use baton_rpc::proto::queue_client::QueueClient;
-use baton_rpc::proto::{LeaseRequest, LoadCheckpointRequest, RequestHeader};
+use baton_rpc::proto::{BatchRequest, LeaseRequest, LoadCheckpointRequest, RequestHeader};
 use baton_rpc::{Client, ClientConfig, Error};
 use baton_statemachine::handoff::OfferArgs;
 use baton_statemachine::Refusal;
@@ -16,7 +18,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
 
 mod support;
-use support::Cluster;
+use support::{claim_item, Cluster};
 
 fn offer(key: &str, payload: Vec<u8>) -> OfferArgs {
     OfferArgs {
@@ -162,6 +164,70 @@ async fn beyond_the_node_limit_requests_are_refused_overloaded_not_queued() {
         Some(&Refusal::NotFound),
         "the held place was given back"
     );
+    cluster.stop().await;
+}
+
+/// A batch takes a place on the node's limit for each of its calls: with 4 places and one held,
+/// a batch of 4 claims is refused whole (OVERLOADED, none of them runs) while a batch of 2 runs.
+/// Admitted as one request, a batch would carry up to 256 calls — and their answers, up to
+/// 1 MiB each — past the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_takes_a_place_for_each_of_its_calls() {
+    let cluster = Cluster::start_custom(|config| config.limits.max_in_flight = 4).await;
+    let specs: Vec<_> = (0..6)
+        .map(|i| baton_statemachine::board::TaskSpec {
+            id: format!("b{i}"),
+            deps: Vec::new(),
+        })
+        .collect();
+    cluster.client.seed(&specs).await.unwrap();
+    let held = hold_a_request(
+        &cluster,
+        channel(&cluster.addr).await,
+        Duration::from_secs(3),
+    )
+    .await;
+
+    let batches = BatchClient::new(channel(&cluster.addr).await);
+    let four = (0..4)
+        .map(|i| claim_item(&format!("b{i}"), i + 1))
+        .collect();
+    let status = batches
+        .clone()
+        .call(BatchRequest { items: four })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains("calls of this batch"),
+        "{status:?}"
+    );
+    for i in 0..4 {
+        cluster
+            .client
+            .claim(&format!("b{i}"), "someone", 30_000)
+            .await
+            .unwrap_or_else(|e| panic!("b{i} was claimed by the refused batch: {e:?}"));
+    }
+
+    let two = (4..6)
+        .map(|i| claim_item(&format!("b{i}"), i + 1))
+        .collect();
+    let answered = batches
+        .clone()
+        .call(BatchRequest { items: two })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answered.results.len(), 2);
+    for result in &answered.results {
+        assert!(
+            matches!(result.outcome, Some(Outcome::Response(_))),
+            "{result:?}"
+        );
+    }
+
+    held.await.unwrap().unwrap();
     cluster.stop().await;
 }
 

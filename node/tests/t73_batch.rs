@@ -16,12 +16,11 @@ use baton_rpc::proto::{self, BatchItem, BatchRequest, RequestHeader};
 use baton_rpc::{Client, ClientConfig, Error};
 use baton_statemachine::board::TaskSpec;
 use baton_statemachine::Refusal;
-use prost::Message;
 use tonic::transport::{Endpoint, Server};
 use tonic::{Code, Request, Response, Status};
 
 mod support;
-use support::Cluster;
+use support::{claim_item, Cluster};
 
 fn specs(n: usize) -> Vec<TaskSpec> {
     (0..n)
@@ -84,24 +83,6 @@ async fn concurrent_calls_share_batches_and_each_gets_its_own_answer() {
         "72 concurrent calls should share batches, but took {batches}"
     );
     cluster.stop().await;
-}
-
-fn claim_item(id: &str, seq: u64) -> BatchItem {
-    let request = proto::ClaimTaskRequest {
-        header: Some(RequestHeader {
-            client_id: 4242,
-            seq,
-            acked_below: 1,
-            ..Default::default()
-        }),
-        id: id.into(),
-        agent: "raw".into(),
-        ttl_ms: 30_000,
-    };
-    BatchItem {
-        method: batch::BOARD_CLAIM.path.into(),
-        request: request.encode_to_vec(),
-    }
 }
 
 /// A batch's answers may add up to far more than any one answer: sixteen concurrent reads of

@@ -20,6 +20,7 @@ use tonic::{Request, Response, Status};
 
 use super::{refused, BoardService, HandoffService, QueueService};
 use crate::admission::Admission;
+use crate::limits::BatchPlaces;
 use crate::metrics::metrics;
 use crate::node::NodeRef;
 
@@ -28,15 +29,17 @@ pub struct BatchService {
     board: BoardService,
     handoff: HandoffService,
     queue: QueueService,
+    places: BatchPlaces,
 }
 
 impl BatchService {
-    /// The batch service of `node`, behind `admission`'s gate.
-    pub fn new(node: NodeRef, admission: Admission) -> Self {
+    /// The batch service of `node`, behind `admission`'s gate, its calls taking `places`.
+    pub fn new(node: NodeRef, admission: Admission, places: BatchPlaces) -> Self {
         Self {
             board: BoardService::new(node.clone()),
             handoff: HandoffService::new(node.clone()),
             queue: QueueService::new(node, admission),
+            places,
         }
     }
 
@@ -121,14 +124,13 @@ impl batch_server::Batch for BatchService {
     ) -> Result<Response<BatchResponse>, Status> {
         let items = request.into_inner().items;
         tracing::Span::current().record("items", items.len());
-        // The node admits a batch as one request: its items must stay few enough that a batch
-        // cannot carry unbounded concurrent work past the in-flight limits.
         if items.len() > batch::MAX_ITEMS {
             return Err(refused(Refusal::invalid(
                 "items",
                 format!("a batch carries at most {} calls", batch::MAX_ITEMS),
             )));
         }
+        let _places = self.places.take(items.len())?;
         let results = join_all(items.into_iter().map(|item| self.item(item))).await;
         Ok(Response::new(BatchResponse { results }))
     }

@@ -9,6 +9,26 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+/// A batch item that claims board task `id` for agent "raw", under client 4242's `seq`.
+pub fn claim_item(id: &str, seq: u64) -> baton_rpc::proto::BatchItem {
+    use prost::Message;
+    let request = baton_rpc::proto::ClaimTaskRequest {
+        header: Some(baton_rpc::proto::RequestHeader {
+            client_id: 4242,
+            seq,
+            acked_below: 1,
+            ..Default::default()
+        }),
+        id: id.into(),
+        agent: "raw".into(),
+        ttl_ms: 30_000,
+    };
+    baton_rpc::proto::BatchItem {
+        method: baton_rpc::batch::BOARD_CLAIM.path.into(),
+        request: request.encode_to_vec(),
+    }
+}
+
 /// A free 127.0.0.1 port for a listener the node binds itself (e.g. its HTTP endpoint).
 pub fn free_addr() -> std::net::SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
