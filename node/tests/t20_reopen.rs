@@ -430,3 +430,57 @@ async fn a_purge_for_a_snapshot_streaming_in_waits_until_it_is_on_disk() {
         .collect();
     assert_eq!(indexes, vec![6, 7, 8, 9, 10], "the entries to re-apply");
 }
+
+/// A power loss can leave sled with an entry's record but not the file that holds its value
+/// (values over ~128 KiB live in files of their own under `blobs/`); sled then skips that entry
+/// and keeps the later ones. Reopened, the log drops everything from the hole on (none of it was
+/// reported stored) instead of presenting a log with a hole, which openraft cannot read across.
+#[tokio::test]
+async fn an_entry_lost_with_its_blob_file_takes_the_later_entries_along() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    {
+        let (mut log, _sm) = store::open(&path).unwrap();
+        let mut big = offer(2, "big");
+        if let EntryPayload::Normal(Batch(envelopes)) = &mut big.payload {
+            if let Command::Handoff(Handoff::Offer(args)) = &mut envelopes[0].command {
+                args.payload = vec![7; 300 << 10];
+            }
+        }
+        log.blocking_append(vec![offer(1, "a"), big, offer(3, "c")])
+            .await
+            .unwrap();
+        log.save_committed(Some(LogId::new(CommittedLeaderId::new(1, 1), 3)))
+            .await
+            .unwrap();
+    }
+    // The power loss: the large entry's file never reached the disk.
+    let blobs = path.join("blobs");
+    let mut lost = 0;
+    for file in std::fs::read_dir(&blobs).unwrap() {
+        std::fs::remove_file(file.unwrap().path()).unwrap();
+        lost += 1;
+    }
+    assert!(
+        lost > 0,
+        "the large entry was not kept in a file of its own"
+    );
+
+    let (mut log, _sm) = reopen(&path).await;
+    let state = log.get_log_state().await.unwrap();
+    assert_eq!(state.last_log_id.map(|id| id.index), Some(1), "{state:?}");
+    let entries = log.try_get_log_entries(0..10).await.unwrap();
+    assert_eq!(
+        entries.iter().map(|e| e.log_id.index).collect::<Vec<_>>(),
+        vec![1]
+    );
+    assert_eq!(
+        log.read_committed().await.unwrap().map(|id| id.index),
+        Some(1),
+        "the committed pointer stays within the log"
+    );
+    // The log goes on from the hole.
+    log.blocking_append(vec![offer(2, "b2")]).await.unwrap();
+    let entries = log.try_get_log_entries(0..10).await.unwrap();
+    assert_eq!(entries.len(), 2);
+}

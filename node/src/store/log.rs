@@ -46,13 +46,74 @@ impl LogStore {
                 .open_tree(name)
                 .map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Read, e))
         };
-        Ok(Self {
+        let store = Self {
             disk: disk.clone(),
             cover,
             log: open("log")?,
             meta: open("meta")?,
             recent: Arc::default(),
-        })
+        };
+        store.drop_entries_after_a_hole()?;
+        Ok(store)
+    }
+
+    /// Makes the log contiguous again after a power loss that left a hole in it.
+    ///
+    /// sled keeps an entry too large for its log segments (a big batch) in a file of its own
+    /// and recovers, after a crash, the record that points to that file even when the file
+    /// itself did not reach the disk: it then skips the entry and keeps the later ones. Its
+    /// background flusher can make such a record durable before the append's own sync has
+    /// synced the file. An entry after a hole was appended no earlier than the lost one, so no
+    /// append that holds it has been reported stored (each reports only after syncing every
+    /// file it wrote): the entries from the hole on are dropped, as a crash before the sync
+    /// would have, and the committed pointer is kept within what is left.
+    fn drop_entries_after_a_hole(&self) -> Result<(), StorageError> {
+        let error = |e| io_error(ErrorSubject::Logs, ErrorVerb::Read, e);
+        let last_purged: Option<LogId> = self.read_meta(LAST_PURGED, ErrorSubject::Logs)?;
+        let mut expected = last_purged.map(|id| id.index + 1);
+        let mut hole_at = None;
+        for key in self.log.range(index_key(expected.unwrap_or(0))..).keys() {
+            let key = key.map_err(error)?;
+            let index = key
+                .as_ref()
+                .try_into()
+                .map(u64::from_be_bytes)
+                .map_err(|_| {
+                    io_error(
+                        ErrorSubject::Logs,
+                        ErrorVerb::Read,
+                        std::io::Error::other("a log key is not 8 bytes"),
+                    )
+                })?;
+            if expected.is_some_and(|expected| index != expected) {
+                hole_at = expected;
+                break;
+            }
+            expected = Some(index + 1);
+        }
+        let Some(missing) = hole_at else {
+            return Ok(());
+        };
+        tracing::warn!(
+            missing,
+            "the log lost entry {missing} in a crash but kept later ones; dropping them (never \
+             reported stored)"
+        );
+        self.remove_range(index_key(missing).., Removal::NewestFirst)?;
+        let last = self.last_entry()?.map(|entry| entry.log_id).or(last_purged);
+        let committed: Option<LogId> = self
+            .read_meta::<Option<LogId>>(COMMITTED, ErrorSubject::Store)?
+            .flatten();
+        if committed.is_some_and(|committed| Some(committed.index) > last.map(|id| id.index)) {
+            let bytes = codec::encode(&last)
+                .map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Write, e))?;
+            self.meta
+                .insert(COMMITTED, bytes)
+                .map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Write, e))?;
+        }
+        self.disk
+            .sync_blocking()
+            .map_err(|e| io_error(ErrorSubject::Logs, ErrorVerb::Delete, e))
     }
 
     fn recent(&self) -> MutexGuard<'_, Recent> {
@@ -233,9 +294,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         // Plain inserts, not a `sled::Batch`: sled writes out its IO buffer before and after a
         // batch's manifest (two extra disk writes, each through its thread pool, per append),
-        // and atomicity is not needed here. sled recovers a prefix of its writes in order, and
-        // nothing is reported durable before the sync below, so a crash can only lose a suffix
-        // of unacknowledged entries, which Raft allows.
+        // and atomicity is not needed here. sled recovers a prefix of its writes in order (but
+        // for large entries' files: see `drop_entries_after_a_hole`), and nothing is reported
+        // durable before the sync below, so a crash can only lose a suffix of unacknowledged
+        // entries, which Raft allows.
         let mut recent = self.recent();
         for entry in entries {
             let bytes = codec::encode(&entry)
