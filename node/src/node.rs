@@ -114,6 +114,15 @@ impl Node {
         Ok(read(&applied))
     }
 
+    /// [`Node::read`] for a read that copies much of the state (a backup): applies wait for it
+    /// without blocking a runtime worker (see [`crate::store::StateMachineStore::copy`]).
+    pub async fn read_copy<T>(&self, read: impl FnOnce(&Applied) -> T) -> Result<T, Status> {
+        let _timer = crate::metrics::time_read();
+        self.commit_in_current_term().await?;
+        self.read_index.confirm().await?;
+        Ok(self.state_machine.copy(read))
+    }
+
     /// The answer to `command` when it needs no log entry: a retry already answered, or a
     /// refusal that changes nothing (see `State::prejudge`), judged on state confirmed current
     /// by a read index, so the answer is linearizable. Only a command the local state already

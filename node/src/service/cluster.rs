@@ -281,7 +281,7 @@ impl cluster_server::Cluster for ClusterService {
         // copied); the encode runs after the lock is released, off the runtime.
         let (state, last_applied, membership) = self
             .node
-            .read(|applied| {
+            .read_copy(|applied| {
                 (
                     applied.state.clone(),
                     applied.last_applied,

@@ -11,7 +11,7 @@
 //! [`History`] that watch streams read; installing a snapshot restarts the history after it.
 
 use std::io::Cursor;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
 use baton_statemachine::{apply_with_changes, State};
@@ -33,12 +33,21 @@ use crate::types::{Batch, LogId, NodeId, Responses, StorageError, TypeConfig};
 /// How often an apply waiting for a snapshot's copy of the state checks the lock.
 const COPY_POLL: std::time::Duration = std::time::Duration::from_millis(1);
 
-/// Clears the copying flag when the copy ends, however it ends.
-struct CopyDone<'a>(&'a AtomicBool);
+/// One copy of the state in progress, counted while it lasts (however it ends): copies may
+/// overlap (a snapshot build and a backup), and the first to end must not tell applies that
+/// nothing is copying any more.
+struct Copying<'a>(&'a AtomicUsize);
 
-impl Drop for CopyDone<'_> {
+impl<'a> Copying<'a> {
+    fn start(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        Self(count)
+    }
+}
+
+impl Drop for Copying<'_> {
     fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -87,7 +96,7 @@ pub struct Applied {
 pub struct StateMachineStore {
     applied: Arc<RwLock<Applied>>,
     /// Set while a snapshot build copies the state under the read lock.
-    copying: Arc<AtomicBool>,
+    copying: Arc<AtomicUsize>,
     /// The last applied log index (0 before anything), bumped after every apply batch and every
     /// snapshot install.
     applied_index: Arc<watch::Sender<u64>>,
@@ -181,7 +190,7 @@ impl StateMachineStore {
     /// (docs/benchmarks.md, "State scale").
     async fn write_for_apply(&self) -> RwLockWriteGuard<'_, Applied> {
         loop {
-            if !self.copying.load(Ordering::Acquire) {
+            if self.copying.load(Ordering::Acquire) == 0 {
                 return self.write();
             }
             match self.applied.try_write() {
@@ -191,6 +200,14 @@ impl StateMachineStore {
             }
             tokio::time::sleep(COPY_POLL).await;
         }
+    }
+
+    /// Runs `copy` on the applied state under the read lock, telling applies meanwhile to wait
+    /// for the lock without blocking a runtime worker ([`Self::write_for_apply`]). For reads
+    /// that take long because they copy much of the state: a snapshot build, a backup.
+    pub fn copy<T>(&self, copy: impl FnOnce(&Applied) -> T) -> T {
+        let _copying = Copying::start(&self.copying);
+        copy(&self.read())
     }
 
     /// Replaces the in-memory state with a snapshot's.
@@ -226,16 +243,13 @@ impl StateMachineStore {
     /// leases, against 0.3–1.1 s for the encode that applies used to wait for
     /// (docs/benchmarks.md, "State scale").
     fn encode_snapshot(&self) -> Result<(Vec<u8>, SnapshotMeta<NodeId, BasicNode>), StorageError> {
-        let (state, last_applied, last_membership) = {
-            self.copying.store(true, Ordering::Release);
-            let _done = CopyDone(&self.copying);
-            let applied = self.read();
+        let (state, last_applied, last_membership) = self.copy(|applied| {
             (
                 applied.state.clone(),
                 applied.last_applied,
                 applied.membership.clone(),
             )
-        };
+        });
         let data = codec::encode(&state)
             .map_err(|e| io_error(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))?;
         let snapshot_id = match last_applied {
@@ -525,19 +539,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (_log, mut sm) = crate::store::open(dir.path()).unwrap();
 
-        // Stand in for a copy: the flag set and the read lock held on another thread.
+        // A long copy on another thread, overlapping a short one that ends first.
         let (held_tx, held_rx) = std::sync::mpsc::channel();
         let copier = {
             let sm = sm.clone();
             std::thread::spawn(move || {
-                sm.copying.store(true, Ordering::Release);
-                let _done = CopyDone(&sm.copying);
-                let _guard = sm.read();
-                held_tx.send(()).unwrap();
-                std::thread::sleep(Duration::from_millis(300));
+                sm.copy(|_| {
+                    held_tx.send(()).unwrap();
+                    std::thread::sleep(Duration::from_millis(300));
+                })
             })
         };
         held_rx.recv().unwrap();
+        sm.copy(|_| ());
 
         let ticks = Arc::new(AtomicUsize::new(0));
         let ticker = {
