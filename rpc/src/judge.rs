@@ -107,8 +107,10 @@ where
                 .push(Error::Protocol(format!("contender task failed: {join}"))),
             Err(_) => {
                 // The judgement is over: the contenders still running are stopped (dropping
-                // the set aborts them), so none changes the store after it; those that
-                // finished in time are counted above, a winner among them included.
+                // the set aborts them) and no longer wait for answers; those that finished in
+                // time are counted above, a winner among them included. A request already sent
+                // may still be applied after this (the verdict is an error then anyway), so a
+                // caller that judges again uses a fresh key.
                 race.infra_errors.push(Error::Unavailable {
                     endpoints: client.endpoints().to_vec(),
                     waited: limit,
