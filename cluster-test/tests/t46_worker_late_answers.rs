@@ -8,6 +8,10 @@
 //! the lease from the arrival of the lease answer would give the handler until T+3.5 s; the
 //! start's answer shows only 0.5 s of lease were left when the start was sent, so the handler
 //! must not run. A task handled with no delay first shows the same worker and handler run.
+//!
+//! Claim: a drain that times out stops the handlers still running, not an attempt whose handler
+//! finished and whose answer is on its way: that answer is recorded (seed 004 §4: finished work
+//! is reported, not recovered and done again).
 #![allow(clippy::unwrap_used)]
 
 use std::sync::{Arc, Mutex};
@@ -143,4 +147,63 @@ async fn t46_a_start_confirmed_after_the_lease_ended_does_not_run_the_handler() 
         .unwrap()
         .unwrap();
     assert_eq!((summary.completed, summary.lost), (1, 1), "{summary:?}");
+}
+
+/// A drain that times out stops handlers still running, not an attempt whose handler finished
+/// and whose answer is on its way: with answers 1.5 s late and a 300 ms drain, the completion is
+/// still recorded and counted (aborted, the finished work would be recovered and done again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t46_a_timed_out_drain_lets_a_finished_handler_s_answer_be_recorded() {
+    let cluster = Cluster::start(1, Options::default()).await.unwrap();
+    let direct = cluster.client().await.unwrap();
+    direct.create_queue(QUEUE, "ns").await.unwrap();
+    let proxy = Proxy::start(cluster.addr(1)).await.unwrap();
+    proxy.slow_answers(ANSWER_DELAY);
+    let config = ClientConfig {
+        deadline: Duration::from_secs(20),
+        attempt_timeout: Duration::from_secs(5),
+        connect_timeout: Duration::from_secs(2),
+    };
+    let proxied = Client::new(&[proxy.addr().to_string()], config).unwrap();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<u64>();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let worker = Worker::builder(proxied, "t46-drainer")
+        .queue(QUEUE)
+        .lease_ttl(Duration::from_secs(20))
+        .poll_wait(Duration::from_secs(2))
+        .drain_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let running = tokio::spawn(worker.run(
+        move |ctx| {
+            let done = done_tx.clone();
+            async move {
+                let _ = done.send(ctx.task_id);
+                Ok(b"done".to_vec())
+            }
+        },
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+    let id = direct.submit(&spec("drained")).await.unwrap().task.id;
+    let handled = tokio::time::timeout(Duration::from_secs(30), done_rx.recv())
+        .await
+        .expect("the handler never ran")
+        .unwrap();
+    assert_eq!(handled, id);
+    // Shut down while the completion's answer is on its way (1.5 s), beyond the 300 ms drain.
+    let _ = stop_tx.send(());
+    let summary = tokio::time::timeout(Duration::from_secs(30), running)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (summary.completed, summary.lost),
+        (1, 0),
+        "the finished attempt was abandoned mid-report: {summary:?}"
+    );
+    let task = direct.queue_task(id).await.unwrap();
+    assert_eq!(task.state, baton_statemachine::queue::TaskState::Succeeded);
 }

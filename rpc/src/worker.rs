@@ -369,6 +369,10 @@ impl WorkerSummary {
 
 type FinishHook = Arc<dyn Fn(&Finished) + Send + Sync>;
 
+/// How long, after the drain timed out, an attempt whose handler has finished may still take to
+/// report its answer before it is abandoned too.
+pub const REPORT_GRACE: Duration = Duration::from_secs(5);
+
 /// Builds a [`Worker`].
 pub struct WorkerBuilder {
     client: Client,
@@ -428,7 +432,9 @@ impl WorkerBuilder {
     }
 
     /// How long shutdown waits for in-flight handlers (default 30 s). Handlers still running
-    /// then are stopped; their leases run out and the store recovers their attempts.
+    /// then are stopped; their leases run out and the store recovers their attempts. An
+    /// attempt whose handler has finished is not stopped while it reports its answer (for up to
+    /// [`REPORT_GRACE`] more), so finished work is recorded rather than done again.
     pub fn drain_timeout(mut self, timeout: Duration) -> Self {
         self.drain_timeout = timeout;
         self
@@ -649,8 +655,16 @@ impl Worker {
                 stopped = in_flight.len(),
                 "drain timed out; stopping the remaining handlers (their leases will run out)"
             );
+            // A stopped handler's attempt ends at once; one whose handler already finished goes
+            // on reporting its answer, for a while: aborted, finished work would be done again.
             for entry in lock(&running).values() {
                 entry.lost.send_replace(true);
+            }
+            let grace_until = Instant::now() + REPORT_GRACE;
+            while let Ok(Some(joined)) =
+                tokio::time::timeout_at(grace_until, in_flight.join_next()).await
+            {
+                self.tally(&mut summary, joined);
             }
             in_flight.abort_all();
             while let Some(joined) = in_flight.join_next().await {
@@ -830,16 +844,21 @@ where
     };
     let lease_end = lease_end_after_start(&started, attempt, start_sent)
         .map_or(lease_end, |bound| bound.min(lease_end));
-    if Instant::now() >= lease_end {
+    // Also when the attempt was stopped while its start was on its way (a drain that timed out,
+    // a newer attempt of the task, a protocol error).
+    if Instant::now() >= lease_end || *lost.borrow() {
         tracing::warn!(
             task = task_id,
             attempt,
-            "the lease ran out before its start was confirmed; handler not run"
+            "the lease ran out or the attempt was stopped before its start was confirmed; \
+             handler not run"
         );
         return finished(
             &assignment,
             AttemptEnd::LeaseLost,
-            "the lease ran out before its start was confirmed (the handler did not run)".into(),
+            "the lease ran out or the attempt was stopped before its start was confirmed (the \
+             handler did not run)"
+                .into(),
         );
     }
 
