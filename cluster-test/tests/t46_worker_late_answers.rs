@@ -2,12 +2,12 @@
 //! (seed 004 §4: business code runs only on a confirmed attempt whose lease is this worker's).
 //!
 //! The worker reaches the node through a proxy whose way back is slow: requests arrive on time,
-//! answers 1.5 s late, with a 2 s lease. The store grants the lease at T, the worker sees it at
-//! T+1.5 s and sends its start, which the store applies at T+1.5 s (inside the lease), and the
-//! confirmation reaches the worker at T+3 s — a second after the store's lease ended. Counting
-//! the lease from the arrival of the lease answer would give the handler until T+3.5 s; the
-//! start's answer shows only 0.5 s of lease were left when the start was sent, so the handler
-//! must not run. A task handled with no delay first shows the same worker and handler run.
+//! answers 3 s late, with a 5 s lease. The store grants the lease at T, the worker sees it at
+//! T+3 s and sends its start, which the store applies at T+3 s (inside the lease, 2 s to spare
+//! on a busy machine), and the confirmation reaches the worker at T+6 s — a second after the
+//! store's lease ended. Counting the lease from the arrival of the lease answer would give the
+//! handler until T+8 s; the start's answer shows only 2 s of lease were left when the start was
+//! sent, so the handler must not run. A task handled with no delay first shows the same worker and handler run.
 //!
 //! Claim: a drain that times out stops the handlers still running, not an attempt whose handler
 //! finished and whose answer is on its way: that answer is recorded (seed 004 §4: finished work
@@ -18,15 +18,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use baton_cluster_test::proxy::Proxy;
-use baton_cluster_test::{Cluster, Options};
+use baton_cluster_test::{wait, Cluster, Options};
 use baton_rpc::worker::{AttemptEnd, Finished, Worker};
 use baton_rpc::{Client, ClientConfig};
-use baton_statemachine::queue::TaskSpec;
+use baton_statemachine::queue::{TaskSpec, TaskState};
 use tokio::sync::mpsc;
 
 const QUEUE: &str = "t46";
-const LEASE_TTL: Duration = Duration::from_secs(2);
-const ANSWER_DELAY: Duration = Duration::from_millis(1_500);
+const LEASE_TTL: Duration = Duration::from_secs(5);
+const ANSWER_DELAY: Duration = Duration::from_secs(3);
 
 fn spec(name: &str) -> TaskSpec {
     TaskSpec {
@@ -60,7 +60,7 @@ async fn t46_a_start_confirmed_after_the_lease_ended_does_not_run_the_handler() 
     let proxy = Proxy::start(cluster.addr(1)).await.unwrap();
     let config = ClientConfig {
         deadline: Duration::from_secs(20),
-        attempt_timeout: Duration::from_secs(5),
+        attempt_timeout: Duration::from_secs(10),
         connect_timeout: Duration::from_secs(2),
     };
     let proxied = Client::new(&[proxy.addr().to_string()], config).unwrap();
@@ -107,7 +107,7 @@ async fn t46_a_start_confirmed_after_the_lease_ended_does_not_run_the_handler() 
     );
     assert_eq!(*ran.lock().unwrap(), vec![b"prompt".to_vec()]);
 
-    // Answers 1.5 s late: the start is confirmed after the store's lease ended.
+    // Answers 3 s late: the start is confirmed after the store's lease ended.
     proxy.slow_answers(ANSWER_DELAY);
     let late = direct.submit(&spec("late")).await.unwrap().task.id;
     let second = next_finished(&mut finished_rx).await;
@@ -150,7 +150,7 @@ async fn t46_a_start_confirmed_after_the_lease_ended_does_not_run_the_handler() 
 }
 
 /// A drain that times out stops handlers still running, not an attempt whose handler finished
-/// and whose answer is on its way: with answers 1.5 s late and a 300 ms drain, the completion is
+/// and whose answer is on its way: with answers 3 s late and a 300 ms drain, the completion is
 /// still recorded and counted (aborted, the finished work would be recovered and done again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t46_a_timed_out_drain_lets_a_finished_handler_s_answer_be_recorded() {
@@ -161,7 +161,7 @@ async fn t46_a_timed_out_drain_lets_a_finished_handler_s_answer_be_recorded() {
     proxy.slow_answers(ANSWER_DELAY);
     let config = ClientConfig {
         deadline: Duration::from_secs(20),
-        attempt_timeout: Duration::from_secs(5),
+        attempt_timeout: Duration::from_secs(10),
         connect_timeout: Duration::from_secs(2),
     };
     let proxied = Client::new(&[proxy.addr().to_string()], config).unwrap();
@@ -192,7 +192,7 @@ async fn t46_a_timed_out_drain_lets_a_finished_handler_s_answer_be_recorded() {
         .expect("the handler never ran")
         .unwrap();
     assert_eq!(handled, id);
-    // Shut down while the completion's answer is on its way (1.5 s), beyond the 300 ms drain.
+    // Shut down while the completion's answer is on its way (3 s), beyond the 300 ms drain.
     let _ = stop_tx.send(());
     let summary = tokio::time::timeout(Duration::from_secs(30), running)
         .await
@@ -205,5 +205,91 @@ async fn t46_a_timed_out_drain_lets_a_finished_handler_s_answer_be_recorded() {
         "the finished attempt was abandoned mid-report: {summary:?}"
     );
     let task = direct.queue_task(id).await.unwrap();
-    assert_eq!(task.state, baton_statemachine::queue::TaskState::Succeeded);
+    assert_eq!(task.state, TaskState::Succeeded);
+}
+
+/// An attempt stopped while its start is on its way (here: a drain that timed out) does not run
+/// its handler once the start is confirmed, and says so to the store, which counts the attempt
+/// as started: the attempt fails retryably at once ("did not run") instead of staying RUNNING
+/// until its 20 s lease runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t46_an_attempt_stopped_during_its_start_does_not_run_and_hands_the_task_back() {
+    let cluster = Cluster::start(1, Options::default()).await.unwrap();
+    let direct = cluster.client().await.unwrap();
+    direct.create_queue(QUEUE, "ns").await.unwrap();
+    let proxy = Proxy::start(cluster.addr(1)).await.unwrap();
+    proxy.slow_answers(ANSWER_DELAY);
+    let config = ClientConfig {
+        deadline: Duration::from_secs(20),
+        attempt_timeout: Duration::from_secs(10),
+        connect_timeout: Duration::from_secs(2),
+    };
+    let proxied = Client::new(&[proxy.addr().to_string()], config).unwrap();
+    let ran: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let worker = Worker::builder(proxied, "t46-stopped")
+        .queue(QUEUE)
+        .lease_ttl(Duration::from_secs(20))
+        .poll_wait(Duration::from_secs(2))
+        .drain_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let handler_ran = ran.clone();
+    let running = tokio::spawn(worker.run(
+        move |ctx| {
+            let ran = handler_ran.clone();
+            async move {
+                ran.lock().unwrap().push(ctx.task_id);
+                Ok(b"done".to_vec())
+            }
+        },
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+    let mut spec = spec("stopped");
+    spec.max_attempts = 3;
+    let id = direct.submit(&spec).await.unwrap().task.id;
+    // The store applied the start; its confirmation is 3 s away from the worker.
+    wait::until("the attempt started", Duration::from_secs(30), || async {
+        let task = direct.queue_task(id).await.map_err(|e| e.to_string())?;
+        if task.state == TaskState::Running {
+            Ok(())
+        } else {
+            Err(format!("{:?}", task.state))
+        }
+    })
+    .await
+    .unwrap();
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(30), running)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+
+    assert!(
+        ran.lock().unwrap().is_empty(),
+        "the stopped attempt's handler ran"
+    );
+    let task = wait::until(
+        "the attempt handed back",
+        Duration::from_secs(10),
+        || async {
+            let task = direct.queue_task(id).await.map_err(|e| e.to_string())?;
+            if task.state == TaskState::Running {
+                Err("still RUNNING (left to its lease)".to_string())
+            } else {
+                Ok(task)
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let first = task.attempts.first().unwrap();
+    assert!(
+        first.note.contains("did not run"),
+        "{:?} {first:?}",
+        task.state
+    );
 }

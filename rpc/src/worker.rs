@@ -847,19 +847,17 @@ where
     // Also when the attempt was stopped while its start was on its way (a drain that timed out,
     // a newer attempt of the task, a protocol error).
     if Instant::now() >= lease_end || *lost.borrow() {
-        tracing::warn!(
-            task = task_id,
-            attempt,
-            "the lease ran out or the attempt was stopped before its start was confirmed; \
-             handler not run"
-        );
-        return finished(
-            &assignment,
-            AttemptEnd::LeaseLost,
-            "the lease ran out or the attempt was stopped before its start was confirmed (the \
-             handler did not run)"
-                .into(),
-        );
+        let detail = "the lease ran out or the attempt was stopped before its start was confirmed \
+                      (the handler did not run)";
+        tracing::warn!(task = task_id, attempt, "{detail}");
+        // The store counts the attempt as started: say it failed harmlessly, so the task retries
+        // now rather than when the lease runs out (and, on its last attempt, ends failed rather
+        // than needing review for an effect that never happened). Refused when the store's lease
+        // has ended already, which changes nothing.
+        let _ = client
+            .fail_attempt(task_id, attempt, worker, detail, true)
+            .await;
+        return finished(&assignment, AttemptEnd::LeaseLost, detail.into());
     }
 
     let _renewer = AbortOnDrop(tokio::spawn(renew_loop(
