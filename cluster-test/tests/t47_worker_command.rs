@@ -27,7 +27,7 @@ fn script(pid_dir: &Path) -> Vec<String> {
   count) printf 'env=%s stdin=%s' "${{#BATON_PAYLOAD}}" "$(wc -c | tr -d ' ')" ;;
   flood) head -c 2000000 /dev/zero ;;
   crash) kill -9 $$ ;;
-  slow) sleep 1; echo ok ;;
+  slow) touch "{dir}/$BATON_TASK_ID.started"; sleep 3; echo ok ;;
   linger) sleep 30 & echo $! > "{dir}/$BATON_TASK_ID.pid"; wait ;;
 esac"#,
         dir = pid_dir.display()
@@ -159,7 +159,21 @@ async fn t47_ctrl_c_drains_and_a_timed_out_drain_kills_the_command_s_whole_group
     )
     .unwrap();
     let slow = submit(&client, "drain", "slow", Vec::new()).await;
-    until_state(&client, slow, &[TaskState::Running]).await;
+    let started = dir.path().join(format!("{slow}.started"));
+    wait::until("the slow command to start", Duration::from_secs(30), || {
+        let started = started.clone();
+        async move {
+            if started.exists() {
+                Ok(())
+            } else {
+                Err("no marker yet".to_string())
+            }
+        }
+    })
+    .await
+    .unwrap();
+    // Interrupted well before its 3 s are up: the result below can only come from a command
+    // that outlived the Ctrl-C.
     let status = drainer
         .interrupt_group(Duration::from_secs(20))
         .await

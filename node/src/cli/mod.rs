@@ -310,25 +310,34 @@ fn client_config(deadline: Duration) -> ClientConfig {
     }
 }
 
-/// Resolves on Ctrl-C or SIGTERM.
+/// Resolves on Ctrl-C, SIGTERM or SIGHUP (the terminal closed, the ssh session dropped): each
+/// asks for the graceful end — a node hands its leadership over, a worker drains — where the
+/// default action would kill the process on the spot.
 pub async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
+    let other = async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let wait = |kind| async move {
+            match signal(kind) {
+                Ok(mut signal) => {
+                    signal.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
             }
-            Err(_) => std::future::pending::<()>().await,
+        };
+        tokio::select! {
+            _ = wait(SignalKind::terminate()) => {}
+            _ = wait(SignalKind::hangup()) => {}
         }
     };
     #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
+    let other = std::future::pending::<()>();
     tokio::select! {
         _ = ctrl_c => {}
-        _ = term => {}
+        _ = other => {}
     }
 }
 

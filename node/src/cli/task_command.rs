@@ -5,7 +5,8 @@
 //!   group) reaches the worker alone, which drains: the commands in flight finish instead of
 //!   dying half-way. When the attempt ends — the command exited, the lease was lost, the drain
 //!   timed out — the whole group is killed, so nothing the command started in the background
-//!   runs on once the store may have handed the task to another worker.
+//!   runs on once the store may have handed the task to another worker (a process that left
+//!   the group, with `setsid`, is beyond reach; its output is read for a second more at most).
 //! - **The payload on standard input**, byte for byte, and also in `BATON_PAYLOAD` when it is
 //!   text small enough for an environment variable (Linux refuses a single variable over
 //!   128 KiB, and an environment cannot hold a NUL byte).
@@ -15,13 +16,15 @@
 //!   than completing with a cut result.
 //! - **The answer:** exit 0 completes the task with stdout as its result; any other exit code
 //!   is a retryable failure (the command said it failed); death by a signal (OOM killer, a
-//!   crash) reports the effect unknown, since the command stopped at a point nobody chose. A
+//!   crash) reports the effect unknown, since the command stopped at a point nobody chose (the
+//!   command itself: a shell that reports a child's death as exit 137 is an exit code). A
 //!   command that cannot be found or executed fails for good; other spawn errors (out of
 //!   processes or file descriptors) are retryable.
 
 use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt;
 use std::process::Stdio;
+use std::time::Duration;
 
 use baton_rpc::worker::{TaskContext, TaskError};
 use baton_statemachine::limits::MAX_PAYLOAD_BYTES;
@@ -31,6 +34,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 /// The most of stderr a failure carries.
 pub const STDERR_TAIL_BYTES: usize = 2_000;
+
+/// How long the command's output is still read after it exited and its group was killed.
+const OUTPUT_GRACE: Duration = Duration::from_secs(1);
 
 /// The largest payload also handed over in `BATON_PAYLOAD` (a quarter of Linux's 128 KiB cap on
 /// one variable, leaving room for everything else the command inherits).
@@ -83,24 +89,39 @@ pub async fn run(
             let _ = stdin.write_all(&ctx.payload).await;
         }
     };
-    let waited = async {
-        let status = child.wait().await;
-        // What the command left running in the background ends with it (and lets go of the
-        // pipes read below).
-        group.kill();
-        status
+    let (mut out, mut overflowed, mut tail) = (Vec::new(), false, Vec::new());
+    let status = {
+        let waited = async {
+            let status = child.wait().await;
+            // What the command left running in the background ends with it (and lets go of
+            // the pipes read below).
+            group.kill();
+            status
+        };
+        let io = async {
+            tokio::join!(
+                feed,
+                read_bounded(stdout, MAX_PAYLOAD_BYTES, &mut out, &mut overflowed),
+                read_tail(stderr, STDERR_TAIL_BYTES, &mut tail),
+            );
+        };
+        tokio::pin!(waited, io);
+        tokio::select! {
+            () = &mut io => (&mut waited).await,
+            status = &mut waited => {
+                // A process that left the group (setsid) may hold the pipes open for as long
+                // as it likes: what it writes after the command's end is not waited for.
+                let _ = tokio::time::timeout(OUTPUT_GRACE, &mut io).await;
+                status
+            }
+        }
     };
-    let ((), (out, overflowed), tail, status) = tokio::join!(
-        feed,
-        read_bounded(stdout, MAX_PAYLOAD_BYTES),
-        read_tail(stderr, STDERR_TAIL_BYTES),
-        waited
-    );
+    let tail = &tail[tail.len().saturating_sub(STDERR_TAIL_BYTES)..];
     let status = status.map_err(|e| {
         TaskError::unknown_effect(format!("lost track of {cmd:?} after starting it: {e}"))
     })?;
     let said = |what: String| {
-        let tail = String::from_utf8_lossy(&tail).trim().to_string();
+        let tail = String::from_utf8_lossy(tail).trim().to_string();
         if tail.is_empty() {
             what
         } else {
@@ -138,11 +159,17 @@ fn payload_text(payload: &[u8]) -> Option<&str> {
 fn cannot_start(cmd: &str, error: std::io::Error) -> TaskError {
     use std::io::ErrorKind;
     let message = format!("cannot run {cmd:?}: {error}");
-    match error.kind() {
-        ErrorKind::NotFound | ErrorKind::PermissionDenied | ErrorKind::ArgumentListTooLong => {
-            TaskError::non_retryable(message)
-        }
-        _ => TaskError::retryable(message),
+    let permanent = matches!(
+        error.kind(),
+        ErrorKind::NotFound
+            | ErrorKind::PermissionDenied
+            | ErrorKind::ArgumentListTooLong
+            | ErrorKind::IsADirectory
+    ) || error.raw_os_error() == Some(nix::libc::ENOEXEC);
+    if permanent {
+        TaskError::non_retryable(message)
+    } else {
+        TaskError::retryable(message)
     }
 }
 
@@ -153,8 +180,10 @@ struct Group(Option<i32>);
 impl Group {
     fn kill(&mut self) {
         if let Some(pgid) = self.0.take() {
-            // The group this command leads cannot be reused while any member lives; once none
-            // does, the signal finds nothing (ESRCH, ignored).
+            // The group this command leads cannot be reused while any member lives. Once none
+            // does (the command exited alone), the signal finds nothing (ESRCH, ignored) — unless
+            // the kernel handed the same number to a new group in the moment since, which takes
+            // the whole pid space (4 million on 64-bit Linux) to wrap around meanwhile.
             let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
         }
     }
@@ -166,28 +195,36 @@ impl Drop for Group {
     }
 }
 
-/// Reads `from` to its end, keeping the first `limit` bytes; says whether there was more.
-async fn read_bounded(from: Option<impl AsyncRead + Unpin>, limit: usize) -> (Vec<u8>, bool) {
+/// Reads `from` to its end into `kept`, keeping the first `limit` bytes, and says in
+/// `overflowed` whether there was more. Both are up to date at every await, so a read cut short
+/// still leaves what came.
+async fn read_bounded(
+    from: Option<impl AsyncRead + Unpin>,
+    limit: usize,
+    kept: &mut Vec<u8>,
+    overflowed: &mut bool,
+) {
     let Some(mut from) = from else {
-        return (Vec::new(), false);
+        return;
     };
-    let mut kept = Vec::new();
-    let cap = u64::try_from(limit).unwrap_or(u64::MAX).saturating_add(1);
-    let _ = (&mut from).take(cap).read_to_end(&mut kept).await;
-    let overflowed = kept.len() > limit;
-    kept.truncate(limit);
-    if overflowed {
-        let _ = tokio::io::copy(&mut from, &mut tokio::io::sink()).await;
+    let mut chunk = vec![0u8; 8 * 1024];
+    loop {
+        let n = match from.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let room = limit.saturating_sub(kept.len());
+        kept.extend_from_slice(&chunk[..n.min(room)]);
+        *overflowed |= n > room;
     }
-    (kept, overflowed)
 }
 
-/// Reads `from` to its end, keeping its last `limit` bytes.
-async fn read_tail(from: Option<impl AsyncRead + Unpin>, limit: usize) -> Vec<u8> {
+/// Reads `from` to its end into `kept`, keeping (at least) its last `limit` bytes and at most
+/// twice that.
+async fn read_tail(from: Option<impl AsyncRead + Unpin>, limit: usize, kept: &mut Vec<u8>) {
     let Some(mut from) = from else {
-        return Vec::new();
+        return;
     };
-    let mut kept = Vec::new();
     let mut chunk = vec![0u8; 8 * 1024];
     loop {
         match from.read(&mut chunk).await {
@@ -198,9 +235,6 @@ async fn read_tail(from: Option<impl AsyncRead + Unpin>, limit: usize) -> Vec<u8
             kept.drain(..kept.len() - limit);
         }
     }
-    let cut = kept.len().saturating_sub(limit);
-    kept.drain(..cut);
-    kept
 }
 
 #[cfg(test)]
@@ -222,22 +256,31 @@ mod tests {
 
     #[tokio::test]
     async fn output_is_kept_up_to_its_bound_and_the_rest_drained() {
-        let (kept, overflowed) = read_bounded(Some(&b"abcdef"[..]), 4).await;
-        assert_eq!((kept.as_slice(), overflowed), (&b"abcd"[..], true));
-        let (kept, overflowed) = read_bounded(Some(&b"abcd"[..]), 4).await;
-        assert_eq!((kept.as_slice(), overflowed), (&b"abcd"[..], false));
-        let tail = read_tail(Some(&b"0123456789"[..]), 3).await;
-        assert_eq!(tail, b"789");
+        let bounded = |input: &'static [u8]| async move {
+            let (mut kept, mut overflowed) = (Vec::new(), false);
+            read_bounded(Some(input), 4, &mut kept, &mut overflowed).await;
+            (kept, overflowed)
+        };
+        assert_eq!(bounded(b"abcdef").await, (b"abcd".to_vec(), true));
+        assert_eq!(bounded(b"abcd").await, (b"abcd".to_vec(), false));
         let long: Vec<u8> = (0..50_000u32).map(|i| (i % 251) as u8).collect();
-        assert_eq!(read_tail(Some(long.as_slice()), 100).await, &long[49_900..]);
+        let mut tail = Vec::new();
+        read_tail(Some(long.as_slice()), 100, &mut tail).await;
+        assert!(tail.len() >= 100 && tail.len() <= 200, "{}", tail.len());
+        assert!(long.ends_with(&tail));
     }
 
     #[test]
     fn a_program_that_cannot_start_again_fails_for_good() {
         use std::io::{Error, ErrorKind};
-        for kind in [ErrorKind::NotFound, ErrorKind::PermissionDenied] {
+        for error in [
+            Error::from(ErrorKind::NotFound),
+            Error::from(ErrorKind::PermissionDenied),
+            Error::from(ErrorKind::IsADirectory),
+            Error::from_raw_os_error(nix::libc::ENOEXEC),
+        ] {
             assert!(matches!(
-                cannot_start("x", Error::from(kind)),
+                cannot_start("x", error),
                 TaskError::NonRetryable(_)
             ));
         }
