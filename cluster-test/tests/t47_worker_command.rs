@@ -29,6 +29,8 @@ fn script(pid_dir: &Path) -> Vec<String> {
   crash) kill -9 $$ ;;
   slow) touch "{dir}/$BATON_TASK_ID.started"; sleep 3; echo ok ;;
   linger) sleep 30 & echo $! > "{dir}/$BATON_TASK_ID.pid"; wait ;;
+  escape) setsid sh -c 'echo $$ > "$0"; exec sleep 60' "{dir}/escapee.pid" &
+          while [ ! -s "{dir}/escapee.pid" ]; do sleep 0.1; done; echo out ;;
 esac"#,
         dir = pid_dir.display()
     );
@@ -106,6 +108,7 @@ async fn t47_what_the_command_did_is_what_the_store_records() {
     let large = submit(&client, "io", "count", vec![b'a'; 200_000]).await;
     let flood = submit(&client, "io", "flood", Vec::new()).await;
     let crash = submit(&client, "io", "crash", Vec::new()).await;
+    let escape = submit(&client, "io", "escape", Vec::new()).await;
 
     let task = until_state(&client, small, SETTLED).await;
     assert_eq!(
@@ -136,6 +139,19 @@ async fn t47_what_the_command_did_is_what_the_store_records() {
         task.last_error
     );
     assert!(task.last_error.contains("signal 9"), "{}", task.last_error);
+    // A process that left the command's group (once it has: the command waits for its pid)
+    // keeps stdout and stderr open for a minute: the attempt ends with the command anyway.
+    let task = until_state(&client, escape, SETTLED).await;
+    let escapee = std::fs::read_to_string(dir.path().join("escapee.pid")).unwrap_or_default();
+    let _ = std::process::Command::new("kill")
+        .args(["-9", escapee.trim()])
+        .status();
+    assert_eq!(
+        (task.state, task.result.as_slice()),
+        (TaskState::Succeeded, &b"out\n"[..]),
+        "{}",
+        task.last_error
+    );
 
     let status = process.terminate(Duration::from_secs(20)).await.unwrap();
     assert!(status.success(), "{status}: {}", process.log_tail(20));
