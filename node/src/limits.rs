@@ -92,35 +92,50 @@ impl AdmissionLayer {
 }
 
 /// A batch is admitted at the door as one request, before its calls are known; once they are,
-/// each call beyond the first takes a place of its own on the node's in-flight limit (up to the
-/// whole limit), so that batching carries no more concurrent work — and no more answers held in
-/// memory — past [`Limits::max_in_flight`] than the same calls made one by one would.
+/// each call beyond the first needs a place of its own on the node's in-flight limit, so that
+/// batching carries no more concurrent work — and no more answers held in memory — past
+/// [`Limits::max_in_flight`] than the same calls made one by one would. A batch runs as many of
+/// its calls as there are places (at least the first, on the batch's own place); the rest are
+/// answered `OVERLOADED` each, without running, and the client retries them. Taking what is free
+/// rather than all or nothing keeps a large batch from waiting forever behind single calls.
 #[derive(Clone)]
 pub struct BatchPlaces {
     gate: Arc<Gate>,
 }
 
 impl BatchPlaces {
-    /// Places for a batch of `calls` (given back when dropped), or the `OVERLOADED` answer: the
-    /// batch is then refused whole and none of its calls runs.
-    pub fn take(&self, calls: usize) -> Result<Option<OwnedSemaphorePermit>, Status> {
-        let limit = self.gate.limits.max_in_flight;
-        let extra = calls.min(limit).saturating_sub(1);
-        if extra == 0 {
-            return Ok(None);
+    /// Places for up to `calls` calls of a batch (given back when dropped) and how many of its
+    /// calls may run: at least 1, at most `calls`.
+    pub fn take(&self, calls: usize) -> (Option<OwnedSemaphorePermit>, usize) {
+        let wanted = calls.min(self.gate.limits.max_in_flight).saturating_sub(1);
+        // Another request may take a place between the look and the taking: look again.
+        for _ in 0..3 {
+            let extra = wanted.min(self.gate.node.available_permits());
+            let Ok(count) = u32::try_from(extra) else {
+                break;
+            };
+            if count == 0 {
+                break;
+            }
+            if let Ok(places) = self.gate.node.clone().try_acquire_many_owned(count) {
+                return (Some(places), extra + 1);
+            }
         }
-        let extra = u32::try_from(extra).unwrap_or(u32::MAX);
-        self.gate
-            .node
-            .clone()
-            .try_acquire_many_owned(extra)
-            .map(Some)
-            .map_err(|_| {
-                overloaded(format!(
-                    "this node cannot take the {calls} calls of this batch within its limit of                      {limit} client requests (limits.max_in_flight); retry with back-off or use                      another node"
-                ))
-            })
+        (None, 1)
     }
+
+    /// The answer to a call of a batch that found no place.
+    pub fn refusal(&self) -> Status {
+        node_full(self.gate.limits.max_in_flight)
+    }
+}
+
+/// The answer to a request beyond the node's in-flight limit.
+fn node_full(limit: usize) -> Status {
+    overloaded(format!(
+        "this node is serving its limit of {limit} client requests (limits.max_in_flight); \
+         retry with back-off or use another node"
+    ))
 }
 
 impl<S> Layer<S> for AdmissionLayer {
@@ -172,13 +187,11 @@ impl Gate {
 
     /// A place for one more request from `remote`, or the `OVERLOADED` answer.
     fn admit(self: &Arc<Self>, remote: Option<SocketAddr>) -> Result<Ticket, Status> {
-        let node = self.node.clone().try_acquire_owned().map_err(|_| {
-            overloaded(format!(
-                "this node is serving its limit of {} client requests (limits.max_in_flight); \
-                 retry with back-off or use another node",
-                self.limits.max_in_flight
-            ))
-        })?;
+        let node = self
+            .node
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| node_full(self.limits.max_in_flight))?;
         let Some(remote) = remote else {
             return Ok(Ticket {
                 _node: node,

@@ -59,6 +59,16 @@ impl BatchService {
         }
     }
 
+    /// One item answered `status` without running, counted like a call refused on its own.
+    fn answered_without_running(&self, item: &BatchItem, status: Status) -> BatchResult {
+        let name = item.method.trim_start_matches('/');
+        let _in_flight = metrics().request_started(name);
+        metrics().request_failed(name, &status);
+        BatchResult {
+            outcome: Some(Outcome::Status(batch::status_to_wire(&status))),
+        }
+    }
+
     async fn dispatch(&self, method: &str, request: &[u8]) -> Result<Vec<u8>, Status> {
         use batch::*;
         let (board, handoff, queue) = (&self.board, &self.handoff, &self.queue);
@@ -130,8 +140,15 @@ impl batch_server::Batch for BatchService {
                 format!("a batch carries at most {} calls", batch::MAX_ITEMS),
             )));
         }
-        let _places = self.places.take(items.len())?;
-        let results = join_all(items.into_iter().map(|item| self.item(item))).await;
+        let (_places, admitted) = self.places.take(items.len());
+        let results = join_all(items.into_iter().enumerate().map(|(i, item)| async move {
+            if i < admitted {
+                self.item(item).await
+            } else {
+                self.answered_without_running(&item, self.places.refusal())
+            }
+        }))
+        .await;
         Ok(Response::new(BatchResponse { results }))
     }
 }
