@@ -319,3 +319,37 @@ async fn wait_acked(acked: &Arc<Mutex<Vec<String>>>, n: usize) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// SIGTERM ends a leader that lost both followers, though it can commit nothing: its sweeper,
+/// proposing a deadline that fell due, waited for an entry no quorum would ever commit, and the
+/// shutdown waited for the sweeper, so the process never exited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_a_leader_that_lost_its_quorum() {
+    let mut procs = Procs::new(Security::default()).unwrap();
+    let leader = procs.form_cluster(3, &[]).await.unwrap();
+    let client = procs.client(Security::default()).await.unwrap();
+    // A deadline that falls due once the followers are gone: the leader's sweeper proposes it.
+    client
+        .offer(baton_statemachine::handoff::OfferArgs {
+            key: "due".into(),
+            from: "a".into(),
+            to: "b".into(),
+            payload: Vec::new(),
+            reply_to: "a".into(),
+            ttl_ms: 3_000,
+        })
+        .await
+        .unwrap();
+    for id in [1, 2, 3].into_iter().filter(|id| *id != leader) {
+        tokio::task::block_in_place(|| procs.terminate(id, TIMEOUT)).unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let asked = Instant::now();
+    let status = tokio::task::block_in_place(|| procs.terminate(leader, Duration::from_secs(90)))
+        .unwrap_or_else(|e| panic!("{e}: {}", procs.log_tail(leader)));
+    println!(
+        "the leader without a quorum exited {status} {:?} after SIGTERM",
+        asked.elapsed()
+    );
+}

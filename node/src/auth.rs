@@ -43,6 +43,13 @@ pub enum AuthError {
 }
 
 impl Tokens {
+    /// `Bearer <token>` with the first accepted token: what this node presents when it calls
+    /// another node's client port (the members of a cluster share their token file).
+    pub fn bearer(&self) -> Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>> {
+        let token = std::str::from_utf8(self.accepted.first()?).ok()?;
+        format!("Bearer {token}").parse().ok()
+    }
+
     /// Reads a token file.
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path)

@@ -5,15 +5,15 @@
 //! while the node serves and `NOT_SERVING` from the moment it begins to shut down.
 
 use baton_rpc::proto::{
-    board_server, checkpoint_server, cluster_server, effect_server, handoff_server, queue_server,
-    sink_server, watch_server,
+    batch_server, board_server, checkpoint_server, cluster_server, effect_server, handoff_server,
+    queue_server, sink_server, watch_server,
 };
 use tonic::server::NamedService;
 use tonic_health::server::{health_reporter, HealthReporter};
 use tonic_health::ServingStatus;
 
 /// The gRPC names of the services health checking reports on; "" is the server as a whole.
-fn service_names() -> [&'static str; 9] {
+fn service_names() -> [&'static str; 10] {
     [
         "",
         <handoff_server::HandoffServer<crate::service::HandoffService> as NamedService>::NAME,
@@ -24,6 +24,7 @@ fn service_names() -> [&'static str; 9] {
         <queue_server::QueueServer<crate::service::QueueService> as NamedService>::NAME,
         <cluster_server::ClusterServer<crate::service::ClusterService> as NamedService>::NAME,
         <watch_server::WatchServer<crate::service::WatchService> as NamedService>::NAME,
+        <batch_server::BatchServer<crate::service::BatchService> as NamedService>::NAME,
     ]
 }
 

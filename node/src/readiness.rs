@@ -4,8 +4,10 @@
 //! "Close" is measured in log entries: this node's applied index may trail the commit index it
 //! knows, and (on a follower) the leader's applied index, by at most `max_lag`. A follower cannot
 //! see the leader's progress in its own Raft metrics, so it asks the leader (one `NodeInfo`
-//! call, bounded by [`LEADER_TIMEOUT`]). A leader additionally needs a recent acknowledgement from
-//! a quorum, so that one cut off from its followers stops calling itself ready.
+//! call, bounded by [`LEADER_TIMEOUT`], made as a client of the leader would make it: over TLS
+//! and with a token when the cluster wants them). A leader additionally needs a recent
+//! acknowledgement from a quorum, so that one cut off from its followers stops calling itself
+//! ready.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -13,7 +15,8 @@ use std::time::Duration;
 
 use baton_rpc::proto::cluster_client::ClusterClient;
 use baton_rpc::proto::NodeInfoRequest;
-use tonic::transport::{Channel, Endpoint};
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use crate::metrics::StoreStats;
 use crate::node::NodeRef;
@@ -29,20 +32,32 @@ pub struct Readiness {
     /// A leader whose last quorum acknowledgement is older than this is not ready.
     max_quorum_silence: Duration,
     peer_addrs: BTreeMap<u64, String>,
+    caller: LeaderCaller,
     /// The connection to the leader, reused while the leader's address stays the same.
     leader_channel: Mutex<Option<(String, Channel)>>,
+}
+
+/// How a follower reaches its leader's client port: what any client of a protected cluster
+/// presents there.
+#[derive(Clone, Default)]
+pub struct LeaderCaller {
+    /// TLS towards the leader (this node's CA, and its certificate as the client's).
+    pub tls: Option<ClientTlsConfig>,
+    /// `Bearer <token>`, one of the cluster's client tokens.
+    pub authorization: Option<MetadataValue<Ascii>>,
 }
 
 impl Readiness {
     /// Judges `node`: at most `max_lag` entries behind, and (as leader) acknowledged by a
     /// quorum within `max_quorum_silence`. `peer_addrs` overrides member addresses as in
-    /// the Raft network.
+    /// the Raft network; `caller` says how to call the leader.
     pub fn new(
         node: NodeRef,
         stats: Arc<StoreStats>,
         max_lag: u64,
         max_quorum_silence: Duration,
         peer_addrs: BTreeMap<u64, String>,
+        caller: LeaderCaller,
     ) -> Self {
         Self {
             node,
@@ -50,6 +65,7 @@ impl Readiness {
             max_lag,
             max_quorum_silence,
             peer_addrs,
+            caller,
             leader_channel: Mutex::new(None),
         }
     }
@@ -112,7 +128,13 @@ impl Readiness {
             .ok_or_else(|| format!("leader {leader} has no known address"))?;
         let channel = self.channel(&addr)?;
         let mut cluster = ClusterClient::new(channel);
-        let ask = cluster.node_info(NodeInfoRequest {});
+        let mut request = tonic::Request::new(NodeInfoRequest {});
+        if let Some(authorization) = &self.caller.authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", authorization.clone());
+        }
+        let ask = cluster.node_info(request);
         match tokio::time::timeout(LEADER_TIMEOUT, ask).await {
             Ok(Ok(info)) => Ok(info.into_inner().applied_index),
             Ok(Err(status)) => Err(format!(
@@ -136,10 +158,20 @@ impl Readiness {
                 return Ok(channel.clone());
             }
         }
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
+        let scheme = if self.caller.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
             .map_err(|e| format!("bad leader address {addr:?}: {e}"))?
-            .connect_timeout(LEADER_TIMEOUT)
-            .connect_lazy();
+            .connect_timeout(LEADER_TIMEOUT);
+        if let Some(tls) = &self.caller.tls {
+            endpoint = endpoint
+                .tls_config(tls.clone())
+                .map_err(|e| format!("cannot use TLS towards {addr:?}: {e}"))?;
+        }
+        let channel = endpoint.connect_lazy();
         *cached = Some((addr.to_string(), channel.clone()));
         Ok(channel)
     }

@@ -22,6 +22,7 @@ use tokio::sync::watch;
 use tonic_health::ServingStatus;
 
 use crate::admission::Admission;
+use crate::auth::Tokens;
 use crate::config::NodeConfig;
 use crate::durable_file;
 use crate::health::{health_service, reflection_service};
@@ -32,7 +33,7 @@ use crate::network::Network;
 use crate::node::{Node, NodeRef};
 use crate::pre_vote::{self, Contact};
 use crate::read_index::Nudge;
-use crate::readiness::Readiness;
+use crate::readiness::{LeaderCaller, Readiness};
 use crate::security::Security;
 use crate::service::{
     BatchService, BoardService, CheckpointService, ClusterService, EffectService, HandoffService,
@@ -176,7 +177,12 @@ pub async fn serve_secured(
         config.raft.snapshot_every,
         stop_rx.clone(),
     ));
-    let http = http_listener.map(|listener| start_http(listener, &config, &node, stats, stop_rx));
+    let caller = LeaderCaller {
+        tls: tls.as_ref().map(NodeTls::client),
+        authorization: security.tokens.as_ref().and_then(Tokens::bearer),
+    };
+    let http =
+        http_listener.map(|listener| start_http(listener, &config, &node, stats, caller, stop_rx));
     let (health, health_server) = health_service();
     health.set(ServingStatus::Serving).await;
     // Watch streams never end on their own, so they are told when shutdown begins; otherwise the
@@ -299,11 +305,11 @@ pub async fn serve_secured(
     let served = served.context("the grpc server task failed")?;
 
     let _ = stop_tx.send(true);
-    let _ = sweeper.await;
-    let _ = elections.await;
-    let _ = snapshots.await;
+    stopped(sweeper, "the sweeper").await;
+    stopped(elections, "the election timer").await;
+    stopped(snapshots, "the snapshot schedule").await;
     if let Some(http) = http {
-        let _ = http.await;
+        stopped(http, "the HTTP endpoint").await;
     }
     raft.shutdown()
         .await
@@ -312,12 +318,26 @@ pub async fn serve_secured(
     served.context("grpc server failed")
 }
 
+/// How long a background task told to stop may take before it is stopped by force.
+const STOP_LIMIT: Duration = Duration::from_secs(5);
+
+/// Waits for `task`, told to stop, at most [`STOP_LIMIT`], then aborts it: a shutdown ends even
+/// when a task is stuck (on a write no quorum will ever commit, say).
+async fn stopped(task: tokio::task::JoinHandle<()>, name: &str) {
+    let abort = task.abort_handle();
+    if tokio::time::timeout(STOP_LIMIT, task).await.is_err() {
+        tracing::warn!("{name} did not stop within {STOP_LIMIT:?}; stopping it");
+        abort.abort();
+    }
+}
+
 /// Serves the operator's HTTP endpoint on `listener` until `stop` turns true.
 fn start_http(
     listener: TcpListener,
     config: &NodeConfig,
     node: &NodeRef,
     stats: Arc<StoreStats>,
+    caller: LeaderCaller,
     mut stop: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
     let endpoint = Arc::new(http::Endpoint {
@@ -329,6 +349,7 @@ fn start_http(
             config.ready_max_lag,
             config.raft.election_timeout.1,
             config.peer_addrs.clone(),
+            caller,
         ),
     });
     let addr = listener.local_addr().ok();

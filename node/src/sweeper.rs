@@ -138,7 +138,13 @@ pub async fn run(
             Next::Sweep => {
                 last_sweep = Instant::now();
                 backlog = false;
-                match node.propose(None, sweep_command()).await {
+                // A leader cut off from its followers waits for this entry forever (openraft
+                // 0.9 has no check-quorum): a shutdown must not wait with it.
+                let proposed = tokio::select! {
+                    proposed = node.propose(None, sweep_command()) => proposed,
+                    _ = stop.changed() => return,
+                };
+                match proposed {
                     Ok(reply) => {
                         tracing::debug!(?reply, "swept");
                         backlog = matches!(reply, Reply::Swept { expired } if expired >= u64::from(SWEEP_BATCH));

@@ -69,6 +69,14 @@ impl NodeTls {
             .client_auth_optional(true)
     }
 
+    /// Calls another node's client port as a client: trusts the cluster CA, presents this
+    /// node's certificate.
+    pub fn client(&self) -> tonic::transport::ClientTlsConfig {
+        tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(self.ca.clone())
+            .identity(self.identity.clone())
+    }
+
     /// Dials peers' Raft connections: trusts the cluster CA, presents this node's certificate.
     pub fn peer_connector(&self) -> PeerConnector {
         self.peer_connector.clone()

@@ -94,7 +94,13 @@ async fn a_single_node_leader_is_live_ready_and_serving() {
     assert_eq!(http_get(http, "/nope").await.0, 404);
 
     let mut health = HealthClient::new(channel(&cluster.addr).await);
-    for service in ["", "baton.v1.Handoff", "baton.v1.Queue", "baton.v1.Watch"] {
+    for service in [
+        "",
+        "baton.v1.Handoff",
+        "baton.v1.Queue",
+        "baton.v1.Watch",
+        "baton.v1.Batch",
+    ] {
         let status = health
             .check(HealthCheckRequest {
                 service: service.into(),
@@ -163,6 +169,11 @@ struct Three {
 
 impl Three {
     async fn start() -> Three {
+        Three::start_secured(None).await
+    }
+
+    /// Three nodes that want `token` from every client when it is given.
+    async fn start_secured(token: Option<&str>) -> Three {
         let dir = tempfile::tempdir().unwrap();
         let mut listeners = Vec::new();
         let mut members = Vec::new();
@@ -193,10 +204,15 @@ impl Three {
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             three.http.push(http);
             three.stops.push(Some(stop));
+            let security = baton_node::security::Security {
+                tls: None,
+                tokens: token.map(|token| baton_node::auth::Tokens::parse(token).unwrap()),
+            };
             three
                 .servers
-                .push(Some(tokio::spawn(baton_node::server::serve(
+                .push(Some(tokio::spawn(baton_node::server::serve_secured(
                     config,
+                    security,
                     listener,
                     async move {
                         let _ = stopped.await;
@@ -208,7 +224,11 @@ impl Three {
             deadline: Duration::from_secs(10),
             ..ClientConfig::default()
         };
-        let client = Client::new(&endpoints, config.clone()).unwrap();
+        let security = baton_rpc::Security {
+            token: token.map(str::to_string),
+            tls: None,
+        };
+        let client = Client::new_with_security(&endpoints, config.clone(), security).unwrap();
         client.initialize(endpoints[0], &members).await.unwrap();
         client.discover_leader().await.unwrap();
         three
@@ -235,7 +255,19 @@ async fn readyz_until(http: std::net::SocketAddr, want: impl Fn(u16) -> bool) ->
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn followers_are_ready_until_cut_off_from_the_cluster() {
-    let mut three = Three::start().await;
+    let three = Three::start().await;
+    followers_are_ready_until_cut_off(three).await;
+}
+
+/// A follower asks its leader how far it got as any client would: with a token when the
+/// cluster wants one (before: without, so every follower of such a cluster stayed not ready).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_of_a_cluster_that_wants_tokens_are_ready_too() {
+    let three = Three::start_secured(Some("readiness-token-7f3a9c21")).await;
+    followers_are_ready_until_cut_off(three).await;
+}
+
+async fn followers_are_ready_until_cut_off(mut three: Three) {
     let mut roles = Vec::new();
     for http in three.http.clone() {
         let (status, body) = readyz_until(http, |status| status == 200).await;
