@@ -201,3 +201,52 @@ fn dev_cluster_serves_stops_cleanly_and_keeps_its_data() {
         complaints(&log).join("\n")
     );
 }
+
+/// A port in use is said at once, naming it, before any node starts (before: the nodes failed
+/// to bind unnoticed and `baton dev` waited minutes for a cluster — or, when another cluster
+/// answered there, called that one ready).
+#[test]
+fn a_port_in_use_is_said_at_once() {
+    let port = three_free_ports();
+    let _taken = TcpListener::bind(("127.0.0.1", port + 1)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["dev", "--base-port", &port.to_string(), "--data-dir"])
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > STOPPED_WITHIN {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("baton dev still ran {STOPPED_WITHIN:?} after failing to bind a port");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let mut stdout = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot listen on 127.0.0.1:{}", port + 1)),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("ready"), "{stdout}");
+}

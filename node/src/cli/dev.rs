@@ -28,8 +28,10 @@ pub struct DevArgs {
 
 pub async fn run(args: DevArgs) -> u8 {
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mut nodes = Vec::new();
-    let mut endpoints = Vec::new();
+    // Every port is bound before any node starts: a port in use (another `baton dev`, the
+    // Docker cluster of deploy/up.sh) is said at once, and no other cluster answering there is
+    // mistaken for this one.
+    let mut listeners = Vec::new();
     for id in 1..=NODES {
         let Some(port) = args.base_port.checked_add(id as u16 - 1) else {
             eprintln!(
@@ -39,6 +41,20 @@ pub async fn run(args: DevArgs) -> u8 {
             return exit::USAGE;
         };
         let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        match tokio::net::TcpListener::bind(listen).await {
+            Ok(listener) => listeners.push((id, listen, listener)),
+            Err(e) => {
+                eprintln!(
+                    "baton dev: cannot listen on {listen}: {e} (is another `baton dev` or \
+                     deploy/up.sh running? --base-port picks other ports)"
+                );
+                return exit::FAILURE;
+            }
+        }
+    }
+    let mut nodes = Vec::new();
+    let mut endpoints = Vec::new();
+    for (id, listen, listener) in listeners {
         endpoints.push(listen.to_string());
         let mut config =
             args.tuning
@@ -49,7 +65,9 @@ pub async fn run(args: DevArgs) -> u8 {
         let shutdown = async move {
             let _ = stop.wait_for(|stopped| *stopped).await;
         };
-        nodes.push(tokio::spawn(baton_node::server::run(config, shutdown)));
+        nodes.push(tokio::spawn(baton_node::server::serve(
+            config, listener, shutdown,
+        )));
     }
 
     let ready = tokio::select! {
