@@ -190,6 +190,25 @@ async fn t72_an_isolated_leader_is_replaced_and_commits_nothing() {
         .await
         .unwrap();
 
+    // `baton status` names the new leader, and the isolated one as a stale claim (it still
+    // calls itself leader, in its older term).
+    let status = baton_cluster_test::cli::run(
+        cluster.bin(),
+        &["--endpoints", &cluster.endpoints().join(","), "status"],
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status.code, Some(0), "{}", status.stderr);
+    assert!(
+        status.stdout.contains(&format!("leader: node {new}\n"))
+            && status
+                .stdout
+                .contains(&format!("stale leader: node {old} ")),
+        "{}",
+        status.stdout
+    );
+
     // A client that knows only the isolated node cannot get a write committed.
     let config = baton_rpc::ClientConfig {
         deadline: Duration::from_secs(3),

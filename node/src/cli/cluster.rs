@@ -111,18 +111,23 @@ pub async fn status(
             .collect()
     };
     let mut rows = Vec::new();
-    let mut leader = None;
     for (id, addr) in addrs {
         match client.node_info(&addr).await {
-            Ok(info) => {
-                if info.role == "leader" {
-                    leader = Some(info.id);
-                }
-                rows.push((id, addr, info.role.clone(), Some(info)));
-            }
+            Ok(info) => rows.push((id, addr, info.role.clone(), Some(info))),
             Err(_) => rows.push((id, addr, "unreachable".to_string(), None)),
         }
     }
+    // A leader cut off from the others still calls itself leader (in its older term) until it
+    // hears of the newer one: the leader is the claim with the highest term.
+    let mut claims: Vec<(u64, u64)> = rows
+        .iter()
+        .filter_map(|(_, _, _, info)| info.as_ref())
+        .filter(|info| info.role == "leader")
+        .map(|info| (info.term, info.id))
+        .collect();
+    claims.sort_unstable();
+    let leader = claims.last().map(|(_, id)| *id);
+    let stale: Vec<(u64, u64)> = claims.iter().rev().skip(1).copied().collect();
     if as_json {
         let members: Vec<_> = rows
             .iter()
@@ -141,7 +146,11 @@ pub async fn status(
                 })
             })
             .collect();
-        println!("{}", json!({ "leader": leader, "members": members }));
+        let stale: Vec<u64> = stale.iter().map(|(_, id)| *id).collect();
+        println!(
+            "{}",
+            json!({ "leader": leader, "stale_leaders": stale, "members": members })
+        );
     } else {
         println!(
             "{:<4} {:<22} {:<12} {:>6} {:>10} {:>10}",
@@ -163,6 +172,12 @@ pub async fn status(
         match leader {
             Some(id) => println!("leader: node {id}"),
             None => println!("leader: none"),
+        }
+        for (term, id) in stale {
+            println!(
+                "stale leader: node {id} still claims term {term}'s leadership (cut off from the \
+                 others?)"
+            );
         }
     }
     exit::OK
