@@ -7,6 +7,7 @@
 #
 # OLD and NEW are paths to `baton` binaries (build one, copy it aside, change, build the other).
 # Each run is `baton bench` with its own three-node cluster, stopped by `timeout` after 300 s.
+# Ctrl-C stops the run in progress and the script. Exits 1 when a side has no successful run.
 set -euo pipefail
 
 usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
@@ -35,13 +36,21 @@ for bin in "$old" "$new"; do
 done
 
 results=$(mktemp)
-trap 'rm -f "$results"' EXIT
+output=$(mktemp)
+running=
+trap 'rm -f "$results" "$output"' EXIT
+# `timeout` runs in a process group of its own, out of the terminal's reach: stop it ourselves.
+trap '[[ -z $running ]] || kill -TERM -- "-$running" 2>/dev/null; exit 130' INT TERM
 
 run() { # side clients
     local bin=$old out line
     [[ $1 == new ]] && bin=$new
-    out=$(timeout 300 "$bin" bench --workload "$workload" --clients "$2" \
-        --duration "$duration" --warmup "$warmup" 2>&1) || true
+    setsid timeout -k 10 300 "$bin" bench --workload "$workload" --clients "$2" \
+        --duration "$duration" --warmup "$warmup" >"$output" 2>&1 &
+    running=$!
+    wait "$running" || true
+    running=
+    out=$(<"$output")
     line=$(grep '^workload=' <<<"$out" || true)
     [[ -n $line ]] || line="failed: $(tail -n 1 <<<"$out")"
     echo "$1 clients=$2 $line"
@@ -56,6 +65,7 @@ done
 
 echo
 echo "medians ($workload, $pairs runs each):"
+status=0
 for n in $clients; do
     for side in old new; do
         grep "^$side $n " "$results" | python3 -c '
@@ -68,6 +78,8 @@ side, n = sys.argv[1], sys.argv[2]
 ops, p50, p99, cpu = med("ops/s"), med("p50"), med("p99"), med("cpu_per_op")
 print(f"  {side:>3} clients={n:<3} ops/s={ops:.0f} p50={p50:.2f}ms p99={p99:.2f}ms"
       f" node_cpu_per_op={cpu:.0f}us ({len(runs)} runs)")
-' "$side" "$n"
+sys.exit(0 if runs else 1)
+' "$side" "$n" || status=1
     done
 done
+exit "$status"

@@ -359,10 +359,16 @@ main() {
     if has baton; then cargo build --release -p baton-node --bin baton >&2; fi
     BATON=$target/release/baton
     # Named now, as built: the tree may change while the run goes on.
-    BATON_BUILT="commit $(git -C "$ROOT" rev-parse --short HEAD)"
-    git -C "$ROOT" diff --quiet HEAD -- . ':!bench/results' ':!docs' || BATON_BUILT+=" + local changes"
-    CARGO_TARGET_DIR=$ROOT/bench/peers/target cargo build --release --manifest-path "$ROOT/bench/peers/Cargo.toml" >&2
+    if commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null); then
+        BATON_BUILT="commit $commit"
+        git -C "$ROOT" diff --quiet HEAD -- . ':!bench/results' ':!docs' || BATON_BUILT+=" + local changes"
+    else
+        BATON_BUILT="not a git checkout"
+    fi
     PEERS=$ROOT/bench/peers/target/release/peers-bench
+    if has mariadb || has postgres || has etcd; then
+        CARGO_TARGET_DIR=$ROOT/bench/peers/target cargo build --release --manifest-path "$ROOT/bench/peers/Cargo.toml" >&2
+    fi
 
     WORK=$(mktemp -d "${TMPDIR:-/tmp}/baton-compare.XXXXXX")
     chmod 755 "$WORK" # the database users must reach their directories
