@@ -152,39 +152,33 @@ impl WorkerProcess {
     /// Sends SIGTERM (the worker stops leasing and drains) and waits at most `limit` for it to
     /// exit.
     pub async fn terminate(&mut self, limit: Duration) -> anyhow::Result<ExitStatus> {
-        if let Some(status) = self.exit_status()? {
-            bail!("worker {} had already exited ({status})", self.id);
-        }
-        let sent = std::process::Command::new("kill")
-            .args(["-TERM", &self.pid.to_string()])
-            .status()
-            .context("cannot run kill")?;
-        if !sent.success() {
-            bail!(
-                "kill -TERM {} (worker {}) failed: {sent}",
-                self.pid,
-                self.id
-            );
-        }
-        self.wait(limit).await
+        let pid = self.pid.to_string();
+        self.signal("-TERM", &pid, limit).await
     }
 
     /// Sends SIGINT to the worker's whole process group, as Ctrl-C at its terminal would, and
     /// waits at most `limit` for the worker to exit.
     pub async fn interrupt_group(&mut self, limit: Duration) -> anyhow::Result<ExitStatus> {
+        let group = format!("-{}", self.pid);
+        self.signal("-INT", &group, limit).await
+    }
+
+    /// `kill SIGNAL -- TARGET`, then waits at most `limit` for the worker to exit.
+    async fn signal(
+        &mut self,
+        signal: &str,
+        target: &str,
+        limit: Duration,
+    ) -> anyhow::Result<ExitStatus> {
         if let Some(status) = self.exit_status()? {
             bail!("worker {} had already exited ({status})", self.id);
         }
         let sent = std::process::Command::new("kill")
-            .args(["-INT", "--", &format!("-{}", self.pid)])
+            .args([signal, "--", target])
             .status()
             .context("cannot run kill")?;
         if !sent.success() {
-            bail!(
-                "kill -INT -{} (worker {}) failed: {sent}",
-                self.pid,
-                self.id
-            );
+            bail!("kill {signal} {target} (worker {}) failed: {sent}", self.id);
         }
         self.wait(limit).await
     }

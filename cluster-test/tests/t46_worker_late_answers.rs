@@ -50,20 +50,45 @@ fn wall_clock_ms() -> u64 {
         .as_millis() as u64
 }
 
+/// A one-node cluster with queue [`QUEUE`], a client straight to it, and one whose only way to
+/// it is a proxy (no discovery, so no direct connection), for the worker.
+struct Setup {
+    _cluster: Cluster,
+    direct: Client,
+    proxy: Proxy,
+    proxied: Client,
+}
+
+impl Setup {
+    async fn start() -> Setup {
+        let cluster = Cluster::start(1, Options::default()).await.unwrap();
+        let direct = cluster.client().await.unwrap();
+        direct.create_queue(QUEUE, "ns").await.unwrap();
+        let proxy = Proxy::start(cluster.addr(1)).await.unwrap();
+        // Patient enough for answers held up by the proxy.
+        let config = ClientConfig {
+            deadline: Duration::from_secs(20),
+            attempt_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(2),
+        };
+        let proxied = Client::new(&[proxy.addr().to_string()], config).unwrap();
+        Setup {
+            _cluster: cluster,
+            direct,
+            proxy,
+            proxied,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t46_a_start_confirmed_after_the_lease_ended_does_not_run_the_handler() {
-    let cluster = Cluster::start(1, Options::default()).await.unwrap();
-    let direct = cluster.client().await.unwrap();
-    direct.create_queue(QUEUE, "ns").await.unwrap();
-
-    // The worker's only way to the node: the proxy (no discovery, so no direct connection).
-    let proxy = Proxy::start(cluster.addr(1)).await.unwrap();
-    let config = ClientConfig {
-        deadline: Duration::from_secs(20),
-        attempt_timeout: Duration::from_secs(10),
-        connect_timeout: Duration::from_secs(2),
-    };
-    let proxied = Client::new(&[proxy.addr().to_string()], config).unwrap();
+    let Setup {
+        _cluster,
+        direct,
+        proxy,
+        proxied,
+    } = Setup::start().await;
 
     let ran: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
     let (finished_tx, mut finished_rx) = mpsc::unbounded_channel::<Finished>();
@@ -154,17 +179,13 @@ async fn t46_a_start_confirmed_after_the_lease_ended_does_not_run_the_handler() 
 /// still recorded and counted (aborted, the finished work would be recovered and done again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t46_a_timed_out_drain_lets_a_finished_handler_s_answer_be_recorded() {
-    let cluster = Cluster::start(1, Options::default()).await.unwrap();
-    let direct = cluster.client().await.unwrap();
-    direct.create_queue(QUEUE, "ns").await.unwrap();
-    let proxy = Proxy::start(cluster.addr(1)).await.unwrap();
+    let Setup {
+        _cluster,
+        direct,
+        proxy,
+        proxied,
+    } = Setup::start().await;
     proxy.slow_answers(ANSWER_DELAY);
-    let config = ClientConfig {
-        deadline: Duration::from_secs(20),
-        attempt_timeout: Duration::from_secs(10),
-        connect_timeout: Duration::from_secs(2),
-    };
-    let proxied = Client::new(&[proxy.addr().to_string()], config).unwrap();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<u64>();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let worker = Worker::builder(proxied, "t46-drainer")
@@ -214,17 +235,13 @@ async fn t46_a_timed_out_drain_lets_a_finished_handler_s_answer_be_recorded() {
 /// until its 20 s lease runs out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t46_an_attempt_stopped_during_its_start_does_not_run_and_hands_the_task_back() {
-    let cluster = Cluster::start(1, Options::default()).await.unwrap();
-    let direct = cluster.client().await.unwrap();
-    direct.create_queue(QUEUE, "ns").await.unwrap();
-    let proxy = Proxy::start(cluster.addr(1)).await.unwrap();
+    let Setup {
+        _cluster,
+        direct,
+        proxy,
+        proxied,
+    } = Setup::start().await;
     proxy.slow_answers(ANSWER_DELAY);
-    let config = ClientConfig {
-        deadline: Duration::from_secs(20),
-        attempt_timeout: Duration::from_secs(10),
-        connect_timeout: Duration::from_secs(2),
-    };
-    let proxied = Client::new(&[proxy.addr().to_string()], config).unwrap();
     let ran: Arc<Mutex<Vec<u64>>> = Arc::default();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let worker = Worker::builder(proxied, "t46-stopped")
