@@ -42,7 +42,18 @@ struct Dev {
 
 impl Dev {
     fn start(data_dir: &Path, port: u16) -> Dev {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_baton"))
+        Dev::start_with(Command::new(env!("CARGO_BIN_EXE_baton")), data_dir, port)
+    }
+
+    /// [`Dev::start`] under `nohup`: SIGHUP ignored from the start.
+    fn start_under_nohup(data_dir: &Path, port: u16) -> Dev {
+        let mut nohup = Command::new("nohup");
+        nohup.arg(env!("CARGO_BIN_EXE_baton"));
+        Dev::start_with(nohup, data_dir, port)
+    }
+
+    fn start_with(mut command: Command, data_dir: &Path, port: u16) -> Dev {
+        let mut child = command
             .args(["dev", "--base-port", &port.to_string(), "--data-dir"])
             .arg(data_dir)
             // `baton dev`'s own log filter, whatever the test runner's environment says.
@@ -91,15 +102,24 @@ impl Dev {
     }
 
     /// Sends SIGINT (Ctrl-C) and returns the exit code, the rest of stdout and all of stderr.
-    fn interrupt(mut self) -> (Option<i32>, String, String) {
+    fn interrupt(self) -> (Option<i32>, String, String) {
+        self.stop_with("-INT")
+    }
+
+    fn send(&self, signal: &str) {
         let pid = self.child.id().to_string();
         assert!(Command::new("kill")
-            .args(["-INT", &pid])
+            .args([signal, &pid])
             .status()
             .unwrap()
             .success());
+    }
+
+    /// Sends `signal` and returns the exit code, the rest of stdout and all of stderr.
+    fn stop_with(mut self, signal: &str) -> (Option<i32>, String, String) {
+        self.send(signal);
         let Ok(log) = self.stderr.recv_timeout(STOPPED_WITHIN) else {
-            panic!("baton dev did not stop within {STOPPED_WITHIN:?} of SIGINT");
+            panic!("baton dev did not stop within {STOPPED_WITHIN:?} of {signal}");
         };
         let code = self.child.wait().unwrap().code();
         // The stdout reader ends at EOF, which the exit guarantees.
@@ -249,4 +269,29 @@ fn a_port_in_use_is_said_at_once() {
         "{stderr}"
     );
     assert!(!stdout.contains("ready"), "{stdout}");
+}
+
+/// SIGHUP (the terminal went away) ends `baton dev` as gracefully as Ctrl-C (before: killed by
+/// the signal); started under `nohup`, which ignores SIGHUP, it keeps running.
+#[test]
+fn sighup_ends_baton_dev_gracefully_unless_nohup_ignores_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = three_free_ports();
+    let mut dev = Dev::start(dir.path(), port);
+    dev.wait_ready();
+    let (code, _, log) = dev.stop_with("-HUP");
+    assert_eq!(code, Some(0), "{log}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let port = three_free_ports();
+    let mut dev = Dev::start_under_nohup(dir.path(), port);
+    dev.wait_ready();
+    dev.send("-HUP");
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        dev.child.try_wait().unwrap().is_none(),
+        "baton dev under nohup stopped on SIGHUP"
+    );
+    let (code, _, log) = dev.interrupt();
+    assert_eq!(code, Some(0), "{log}");
 }

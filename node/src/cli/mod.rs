@@ -312,7 +312,8 @@ fn client_config(deadline: Duration) -> ClientConfig {
 
 /// Resolves on Ctrl-C, SIGTERM or SIGHUP (the terminal closed, the ssh session dropped): each
 /// asks for the graceful end — a node hands its leadership over, a worker drains — where the
-/// default action would kill the process on the spot.
+/// default action would kill the process on the spot. A process started with SIGHUP ignored
+/// (`nohup`) keeps ignoring it.
 pub async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
@@ -328,9 +329,17 @@ pub async fn shutdown_signal() {
                 Err(_) => std::future::pending::<()>().await,
             }
         };
+        // Read before the first handler is installed: once it is, the process no longer shows
+        // the ignore it was started with.
+        let hangup = async {
+            if hangup_ignored_at_start() {
+                std::future::pending::<()>().await;
+            }
+            wait(SignalKind::hangup()).await;
+        };
         tokio::select! {
             _ = wait(SignalKind::terminate()) => {}
-            _ = wait(SignalKind::hangup()) => {}
+            _ = hangup => {}
         }
     };
     #[cfg(not(unix))]
@@ -339,6 +348,22 @@ pub async fn shutdown_signal() {
         _ = ctrl_c => {}
         _ = other => {}
     }
+}
+
+/// Whether this process started with SIGHUP ignored (as `nohup` starts it), read once from
+/// `/proc/self/status` before any handler of ours replaces the disposition.
+#[cfg(unix)]
+fn hangup_ignored_at_start() -> bool {
+    static IGNORED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *IGNORED.get_or_init(|| {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("SigIgn:"))
+            .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+            // Bit n-1 stands for signal n; SIGHUP is 1.
+            .is_some_and(|mask| mask & 1 != 0)
+    })
 }
 
 /// A duration from the command line as the milliseconds a TTL travels in.

@@ -72,10 +72,13 @@ pub async fn run(args: WatchArgs, client: &Client) -> u8 {
     };
     let mut events = client.watch(filter, args.from).await;
     let mut printed = 0;
+    // One for the whole watch: a signal between two events is not lost.
+    let shutdown = super::shutdown_signal();
+    tokio::pin!(shutdown);
     while args.count.is_none_or(|count| printed < count) {
         let event = tokio::select! {
             event = events.next() => event,
-            _ = super::shutdown_signal() => return exit::OK,
+            _ = &mut shutdown => return exit::OK,
         };
         match event {
             Some(Ok(event)) => {
