@@ -40,7 +40,7 @@ output=$(mktemp)
 running=
 trap 'rm -f "$results" "$output"' EXIT
 # `timeout` runs in a process group of its own, out of the terminal's reach: stop it ourselves.
-trap '[[ -z $running ]] || kill -TERM -- "-$running" 2>/dev/null; exit 130' INT TERM
+trap '[[ -z $running ]] || kill -TERM -- "-$running" 2>/dev/null || true; exit 130' INT TERM
 
 run() { # side clients
     local bin=$old out line

@@ -27,7 +27,7 @@ fn script(pid_dir: &Path) -> Vec<String> {
   count) printf 'env=%s stdin=%s' "${{#BATON_PAYLOAD}}" "$(wc -c | tr -d ' ')" ;;
   flood) head -c 2000000 /dev/zero ;;
   crash) kill -9 $$ ;;
-  slow) touch "{dir}/$BATON_TASK_ID.started"; sleep 3; echo ok ;;
+  slow) touch "{dir}/$BATON_TASK_ID.started"; sleep 3; touch "{dir}/$BATON_TASK_ID.finished"; echo ok ;;
   linger) sleep 30 & echo $! > "{dir}/$BATON_TASK_ID.pid"; wait ;;
   escape) setsid sh -c 'echo $$ > "$0"; exec sleep 60' "{dir}/escapee.pid" &
           while [ ! -s "{dir}/escapee.pid" ]; do sleep 0.1; done; echo out ;;
@@ -188,8 +188,12 @@ async fn t47_ctrl_c_drains_and_a_timed_out_drain_kills_the_command_s_whole_group
     })
     .await
     .unwrap();
-    // Interrupted well before its 3 s are up: the result below can only come from a command
-    // that outlived the Ctrl-C.
+    // Interrupted before its 3 s are up: the result below can only come from a command that
+    // outlived the Ctrl-C.
+    assert!(
+        !dir.path().join(format!("{slow}.finished")).exists(),
+        "the command finished before the interrupt: this run shows nothing"
+    );
     let status = drainer
         .interrupt_group(Duration::from_secs(20))
         .await

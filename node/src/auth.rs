@@ -43,11 +43,15 @@ pub enum AuthError {
 }
 
 impl Tokens {
-    /// `Bearer <token>` with the first accepted token: what this node presents when it calls
-    /// another node's client port (the members of a cluster share their token file).
-    pub fn bearer(&self) -> Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>> {
-        let token = std::str::from_utf8(self.accepted.first()?).ok()?;
-        format!("Bearer {token}").parse().ok()
+    /// `Bearer <token>` for each accepted token: what this node may present when it calls
+    /// another node's client port (the members of a cluster share their tokens; during a
+    /// rotation one of them is on both sides).
+    pub fn bearers(&self) -> Vec<tonic::metadata::MetadataValue<tonic::metadata::Ascii>> {
+        self.accepted
+            .iter()
+            .filter_map(|token| std::str::from_utf8(token).ok())
+            .filter_map(|token| format!("Bearer {token}").parse().ok())
+            .collect()
     }
 
     /// Reads a token file.

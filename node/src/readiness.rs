@@ -33,6 +33,8 @@ pub struct Readiness {
     max_quorum_silence: Duration,
     peer_addrs: BTreeMap<u64, String>,
     caller: LeaderCaller,
+    /// The authorization the leader accepted last: tried first.
+    accepted: std::sync::atomic::AtomicUsize,
     /// The connection to the leader, reused while the leader's address stays the same.
     leader_channel: Mutex<Option<(String, Channel)>>,
 }
@@ -43,8 +45,9 @@ pub struct Readiness {
 pub struct LeaderCaller {
     /// TLS towards the leader (this node's CA, and its certificate as the client's).
     pub tls: Option<ClientTlsConfig>,
-    /// `Bearer <token>`, one of the cluster's client tokens.
-    pub authorization: Option<MetadataValue<Ascii>>,
+    /// `Bearer <token>` for each of this node's client tokens, tried in turn until the leader
+    /// accepts one (during a rotation the leader may know only some of them).
+    pub authorizations: Vec<MetadataValue<Ascii>>,
 }
 
 impl Readiness {
@@ -66,6 +69,7 @@ impl Readiness {
             max_quorum_silence,
             peer_addrs,
             caller,
+            accepted: std::sync::atomic::AtomicUsize::new(0),
             leader_channel: Mutex::new(None),
         }
     }
@@ -126,26 +130,44 @@ impl Readiness {
             .cloned()
             .or_else(|| self.node.member_addr(leader))
             .ok_or_else(|| format!("leader {leader} has no known address"))?;
-        let channel = self.channel(&addr)?;
-        let mut cluster = ClusterClient::new(channel);
-        let mut request = tonic::Request::new(NodeInfoRequest {});
-        if let Some(authorization) = &self.caller.authorization {
-            request
-                .metadata_mut()
-                .insert("authorization", authorization.clone());
+        let mut cluster = ClusterClient::new(self.channel(&addr)?);
+        let tokens = self.caller.authorizations.len();
+        let first = self.accepted.load(std::sync::atomic::Ordering::Relaxed);
+        let mut last = String::new();
+        // No token to present: one plain call.
+        for turn in 0..tokens.max(1) {
+            let which = (first + turn) % tokens.max(1);
+            let mut request = tonic::Request::new(NodeInfoRequest {});
+            if let Some(authorization) = self.caller.authorizations.get(which) {
+                request
+                    .metadata_mut()
+                    .insert("authorization", authorization.clone());
+            }
+            match tokio::time::timeout(LEADER_TIMEOUT, cluster.node_info(request)).await {
+                Ok(Ok(info)) => {
+                    self.accepted
+                        .store(which, std::sync::atomic::Ordering::Relaxed);
+                    return Ok(info.into_inner().applied_index);
+                }
+                Ok(Err(status)) => {
+                    last = format!(
+                        "leader {leader} at {addr} answered {:?}: {}",
+                        status.code(),
+                        status.message()
+                    );
+                    if status.code() != tonic::Code::Unauthenticated {
+                        break;
+                    }
+                }
+                Err(_) => {
+                    last = format!(
+                        "leader {leader} at {addr} did not answer within {LEADER_TIMEOUT:?}"
+                    );
+                    break;
+                }
+            }
         }
-        let ask = cluster.node_info(request);
-        match tokio::time::timeout(LEADER_TIMEOUT, ask).await {
-            Ok(Ok(info)) => Ok(info.into_inner().applied_index),
-            Ok(Err(status)) => Err(format!(
-                "leader {leader} at {addr} answered {:?}: {}",
-                status.code(),
-                status.message()
-            )),
-            Err(_) => Err(format!(
-                "leader {leader} at {addr} did not answer within {LEADER_TIMEOUT:?}"
-            )),
-        }
+        Err(last)
     }
 
     fn channel(&self, addr: &str) -> Result<Channel, String> {

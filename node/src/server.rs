@@ -179,7 +179,11 @@ pub async fn serve_secured(
     ));
     let caller = LeaderCaller {
         tls: tls.as_ref().map(NodeTls::client),
-        authorization: security.tokens.as_ref().and_then(Tokens::bearer),
+        authorizations: security
+            .tokens
+            .as_ref()
+            .map(Tokens::bearers)
+            .unwrap_or_default(),
     };
     let http =
         http_listener.map(|listener| start_http(listener, &config, &node, stats, caller, stop_rx));
@@ -305,11 +309,12 @@ pub async fn serve_secured(
     let served = served.context("the grpc server task failed")?;
 
     let _ = stop_tx.send(true);
-    stopped(sweeper, "the sweeper").await;
-    stopped(elections, "the election timer").await;
-    stopped(snapshots, "the snapshot schedule").await;
+    let stop_by = tokio::time::Instant::now() + STOP_LIMIT;
+    stopped(sweeper, "the sweeper", stop_by).await;
+    stopped(elections, "the election timer", stop_by).await;
+    stopped(snapshots, "the snapshot schedule", stop_by).await;
     if let Some(http) = http {
-        stopped(http, "the HTTP endpoint").await;
+        stopped(http, "the HTTP endpoint", stop_by).await;
     }
     raft.shutdown()
         .await
@@ -318,15 +323,16 @@ pub async fn serve_secured(
     served.context("grpc server failed")
 }
 
-/// How long a background task told to stop may take before it is stopped by force.
+/// How long the background tasks told to stop may take, together, before they are stopped by
+/// force.
 const STOP_LIMIT: Duration = Duration::from_secs(5);
 
-/// Waits for `task`, told to stop, at most [`STOP_LIMIT`], then aborts it: a shutdown ends even
-/// when a task is stuck (on a write no quorum will ever commit, say).
-async fn stopped(task: tokio::task::JoinHandle<()>, name: &str) {
+/// Waits for `task`, told to stop, until `by`, then aborts it: a shutdown ends even when a task
+/// is stuck (on a write no quorum will ever commit, say).
+async fn stopped(task: tokio::task::JoinHandle<()>, name: &str, by: tokio::time::Instant) {
     let abort = task.abort_handle();
-    if tokio::time::timeout(STOP_LIMIT, task).await.is_err() {
-        tracing::warn!("{name} did not stop within {STOP_LIMIT:?}; stopping it");
+    if tokio::time::timeout_at(by, task).await.is_err() {
+        tracing::warn!("{name} did not stop in time; stopping it");
         abort.abort();
     }
 }

@@ -172,8 +172,9 @@ impl Three {
         Three::start_secured(None).await
     }
 
-    /// Three nodes that want `token` from every client when it is given.
-    async fn start_secured(token: Option<&str>) -> Three {
+    /// Three nodes that want a client token when `tokens` is given: the token file of each
+    /// node (its accepted tokens), and the token this test's client presents.
+    async fn start_secured(tokens: Option<([&str; 3], &str)>) -> Three {
         let dir = tempfile::tempdir().unwrap();
         let mut listeners = Vec::new();
         let mut members = Vec::new();
@@ -206,7 +207,9 @@ impl Three {
             three.stops.push(Some(stop));
             let security = baton_node::security::Security {
                 tls: None,
-                tokens: token.map(|token| baton_node::auth::Tokens::parse(token).unwrap()),
+                tokens: tokens.map(|(files, _)| {
+                    baton_node::auth::Tokens::parse(files[*id as usize - 1]).unwrap()
+                }),
             };
             three
                 .servers
@@ -225,7 +228,7 @@ impl Three {
             ..ClientConfig::default()
         };
         let security = baton_rpc::Security {
-            token: token.map(str::to_string),
+            token: tokens.map(|(_, client)| client.to_string()),
             tls: None,
         };
         let client = Client::new_with_security(&endpoints, config.clone(), security).unwrap();
@@ -261,9 +264,16 @@ async fn followers_are_ready_until_cut_off_from_the_cluster() {
 
 /// A follower asks its leader how far it got as any client would: with a token when the
 /// cluster wants one (before: without, so every follower of such a cluster stayed not ready).
+/// Each node here lists a token of its own first and a shared one second, as in the middle of a
+/// rotation: a follower tries its tokens until the leader accepts one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn followers_of_a_cluster_that_wants_tokens_are_ready_too() {
-    let three = Three::start_secured(Some("readiness-token-7f3a9c21")).await;
+    let files = [
+        "node-1-only-token-1a2b\nshared-token-7f3a9c21\n",
+        "node-2-only-token-3c4d\nshared-token-7f3a9c21\n",
+        "node-3-only-token-5e6f\nshared-token-7f3a9c21\n",
+    ];
+    let three = Three::start_secured(Some((files, "shared-token-7f3a9c21"))).await;
     followers_are_ready_until_cut_off(three).await;
 }
 

@@ -885,6 +885,8 @@ where
     let mut work = AbortOnDrop(tokio::spawn(handler(context)));
     let mut lost_rx = lost.subscribe();
     let outcome = tokio::select! {
+        // A handler that has finished is reported, even if its attempt was stopped meanwhile.
+        biased;
         joined = &mut work.0 => joined,
         _ = async {
             if lost_rx.wait_for(|lost| *lost).await.is_err() {

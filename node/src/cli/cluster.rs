@@ -118,16 +118,24 @@ pub async fn status(
         }
     }
     // A leader cut off from the others still calls itself leader (in its older term) until it
-    // hears of the newer one: the leader is the claim with the highest term.
-    let mut claims: Vec<(u64, u64)> = rows
+    // hears of the newer one: only a claim in the highest term any member reports is the
+    // leader (none while that term's election is still on); older claims are stale.
+    let newest_term = rows
         .iter()
-        .filter_map(|(_, _, _, info)| info.as_ref())
-        .filter(|info| info.role == "leader")
-        .map(|info| (info.term, info.id))
-        .collect();
-    claims.sort_unstable();
-    let leader = claims.last().map(|(_, id)| *id);
-    let stale: Vec<(u64, u64)> = claims.iter().rev().skip(1).copied().collect();
+        .filter_map(|(_, _, _, info)| info.as_ref().map(|info| info.term))
+        .max()
+        .unwrap_or(0);
+    let mut leader = None;
+    let mut stale = Vec::new();
+    for info in rows.iter().filter_map(|(_, _, _, info)| info.as_ref()) {
+        if info.role == "leader" {
+            if info.term == newest_term {
+                leader = Some(info.id);
+            } else {
+                stale.push((info.term, info.id));
+            }
+        }
+    }
     if as_json {
         let members: Vec<_> = rows
             .iter()

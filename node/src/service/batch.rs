@@ -61,9 +61,7 @@ impl BatchService {
 
     /// One item answered `status` without running, counted like a call refused on its own.
     fn answered_without_running(&self, item: &BatchItem, status: Status) -> BatchResult {
-        let name = item.method.trim_start_matches('/');
-        let _in_flight = metrics().request_started(name);
-        metrics().request_failed(name, &status);
+        crate::limits::count_refusal(&item.method, &status);
         BatchResult {
             outcome: Some(Outcome::Status(batch::status_to_wire(&status))),
         }
