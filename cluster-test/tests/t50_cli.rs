@@ -172,6 +172,36 @@ async fn t51_bad_usage_exits_2() {
         vec!["ticket", "take", "--key", "k"],
         vec!["ticket", "frobnicate"],
         vec!["--timeout", "soon", "status"],
+        // TTLs the store would refuse (0 ms) are refused here, before any call; the endpoint is
+        // unreachable, so a call would exit 4.
+        vec![
+            "--endpoints",
+            "127.0.0.1:1",
+            "ticket",
+            "offer",
+            "--key",
+            "k",
+            "--from",
+            "a",
+            "--to",
+            "b",
+            "--reply-to",
+            "a",
+            "--ttl",
+            "0s",
+        ],
+        vec![
+            "--endpoints",
+            "127.0.0.1:1",
+            "board",
+            "claim",
+            "--task",
+            "t",
+            "--agent",
+            "a",
+            "--ttl",
+            "500us",
+        ],
     ] {
         let run = cli::run(&bin, &args, LIMIT).await.unwrap();
         assert_eq!(run.code, Some(2), "baton {}: {run}", args.join(" "));
@@ -181,7 +211,7 @@ async fn t51_bad_usage_exits_2() {
             args.join(" ")
         );
     }
-    println!("t51: three kinds of bad usage exit 2");
+    println!("t51: five kinds of bad usage exit 2");
 }
 
 #[tokio::test]

@@ -28,7 +28,7 @@ pub enum BoardCommand {
         #[arg(long)]
         agent: String,
         /// Lease length, e.g. 30s.
-        #[arg(long, value_parser = humantime::parse_duration)]
+        #[arg(long, value_parser = super::ttl)]
         ttl: Duration,
     },
     /// Extend a live claim (same token, same fence); prints the new lease end.
@@ -38,7 +38,7 @@ pub enum BoardCommand {
         #[arg(long)]
         token: String,
         /// New lease length from now, e.g. 30s.
-        #[arg(long, value_parser = humantime::parse_duration)]
+        #[arg(long, value_parser = super::ttl)]
         ttl: Duration,
     },
     /// Give a claim back; the task is open again.
@@ -70,7 +70,7 @@ pub enum BoardCommand {
         #[arg(long, default_value_t = 8)]
         claimers: usize,
         /// Lease length of the winner and time limit of the whole judgement.
-        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "30s", value_parser = super::ttl)]
         ttl: Duration,
     },
 }

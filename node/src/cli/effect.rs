@@ -77,7 +77,7 @@ pub enum EffectCommand {
         #[command(flatten)]
         action: ActionArgs,
         /// Length of the execution intent and the resource hold, e.g. 5s.
-        #[arg(long, value_parser = humantime::parse_duration)]
+        #[arg(long, value_parser = super::ttl)]
         ttl: Duration,
     },
     /// Record the attempt's result (first completion wins; prints the recorded result).
@@ -112,7 +112,7 @@ pub enum EffectCommand {
         #[command(flatten)]
         lease: LeaseArgs,
         /// New length from now.
-        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "30s", value_parser = super::ttl)]
         ttl: Duration,
     },
     /// Declare the attempt's outcome unknown (the intent is withdrawn, the hold kept).
@@ -129,7 +129,7 @@ pub enum EffectCommand {
         #[command(flatten)]
         action: ActionArgs,
         /// Occupancy length.
-        #[arg(long, value_parser = humantime::parse_duration)]
+        #[arg(long, value_parser = super::ttl)]
         ttl: Duration,
     },
     /// Resolve an uncertain key from downstream facts (first resolution wins).

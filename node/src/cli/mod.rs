@@ -366,6 +366,17 @@ fn hangup_ignored_at_start() -> bool {
     })
 }
 
+/// A TTL from the command line: a duration of at least a millisecond (TTLs travel in whole
+/// milliseconds, and the store refuses 0), so that `--ttl 0s` is bad usage (exit 2) rather than
+/// a store refusal, and a judgement never seeds its task for a race it cannot run.
+pub fn ttl(text: &str) -> Result<Duration, String> {
+    let ttl = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if ttl < Duration::from_millis(1) {
+        return Err("a TTL must be at least 1ms".into());
+    }
+    Ok(ttl)
+}
+
 /// A duration from the command line as the milliseconds a TTL travels in.
 pub fn ttl_ms(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)

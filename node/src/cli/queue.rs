@@ -53,7 +53,7 @@ pub enum TaskCommand {
         #[arg(long, default_value_t = 3)]
         max_attempts: u32,
         /// Total time the task may take from submission.
-        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "1h", value_parser = super::ttl)]
         ttl: Duration,
         #[arg(long, default_value = "v1")]
         handler_version: String,

@@ -29,7 +29,7 @@ pub enum TicketCommand {
         #[arg(long)]
         reply_to: String,
         /// Time limit for taking and replying, e.g. 30s.
-        #[arg(long, value_parser = humantime::parse_duration)]
+        #[arg(long, value_parser = super::ttl)]
         ttl: Duration,
         /// Payload text carried as-is.
         #[arg(long, default_value = "")]
@@ -88,7 +88,7 @@ pub enum TicketCommand {
         #[arg(long, default_value_t = 8)]
         takers: usize,
         /// Time limit of the ticket and of the whole judgement.
-        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "30s", value_parser = super::ttl)]
         ttl: Duration,
     },
 }
