@@ -276,6 +276,58 @@ async fn t53_cluster_init_forms_the_cluster_once() {
     println!("t53: cluster init exit 0 (leader node {leader}, 3 voters); second init exit 3 ALREADY_INITIALIZED");
 }
 
+/// A voter change that most of the resulting voters cannot answer is refused before it is made
+/// (exit 2; `--force` overrides): promoting a learner added at a wrong address to a one-node
+/// cluster made a two-voter set with one silent voter, a change that could never commit and
+/// that held every write meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t55_members_promote_refuses_a_change_most_voters_cannot_answer() {
+    let cluster = Cluster::start(1, Options::default()).await.unwrap();
+    let bin = cluster.bin().to_path_buf();
+    let endpoints = cluster.endpoints().join(",");
+    let e = endpoints.as_str();
+    let add = baton(
+        &bin,
+        e,
+        &[
+            "--timeout",
+            "2s",
+            "members",
+            "add",
+            "--id",
+            "2",
+            "--addr",
+            "127.0.0.1:1",
+        ],
+    )
+    .await;
+    let members = cluster.node_info(1).await.unwrap().members;
+    assert!(
+        members.iter().any(|m| m.id == 2 && !m.voter),
+        "{add}\n{members:?}"
+    );
+
+    let promote = baton(
+        &bin,
+        e,
+        &["--timeout", "5s", "members", "promote", "--id", "2"],
+    )
+    .await;
+    assert_eq!(promote.code, Some(2), "{promote}");
+    assert!(promote.stderr.contains("--force"), "{promote}");
+    let members = cluster.node_info(1).await.unwrap().members;
+    assert!(
+        members.iter().any(|m| m.id == 2 && !m.voter),
+        "node 2 is still a learner: {members:?}"
+    );
+    // Writes go on.
+    let client = cluster.client().await.unwrap();
+    client
+        .save_if_newer("t55", 1, b"still writable")
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t54_members_remove_takes_out_learners_and_voters_and_refuses_strangers() {
     let cluster = Cluster::start(3, Options::default()).await.unwrap();

@@ -25,17 +25,25 @@ pub enum MembersCommand {
         #[arg(long)]
         addr: String,
     },
-    /// Make a learner a voter.
+    /// Make a learner a voter. Refused unless most of the resulting voters answer.
     Promote {
         /// The learner's id.
         #[arg(long)]
         id: u64,
+        /// Change the voters even when most of them do not answer (the change then cannot
+        /// commit until they do, and the cluster takes no writes meanwhile).
+        #[arg(long)]
+        force: bool,
     },
-    /// Remove a member (voter or learner) from the cluster.
+    /// Remove a member (voter or learner) from the cluster. Refused unless most of the
+    /// remaining voters answer.
     Remove {
         /// The member's id.
         #[arg(long)]
         id: u64,
+        /// Change the voters even when most of them do not answer.
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -51,7 +59,7 @@ pub async fn run(command: MembersCommand, client: &Client) -> u8 {
             return exit::OK;
         }
         MembersCommand::Add { id, addr } => client.add_learner(id, &addr).await,
-        MembersCommand::Promote { id } => {
+        MembersCommand::Promote { id, force } => {
             if !current.iter().any(|m| m.id == id) {
                 eprintln!("baton: node {id} is not a member; add it as a learner first");
                 return exit::USAGE;
@@ -60,13 +68,20 @@ pub async fn run(command: MembersCommand, client: &Client) -> u8 {
             if !next.contains(&id) {
                 next.push(id);
             }
+            if !force && !quorum_answers(client, &current, &next).await {
+                return exit::USAGE;
+            }
             client.change_membership(&next).await
         }
-        MembersCommand::Remove { id } => {
+        MembersCommand::Remove { id, force } => {
             // The store answers a removal of a stranger with success (a retry must succeed);
             // a typo on the command line deserves better.
             if !current.iter().any(|m| m.id == id) {
                 eprintln!("baton: node {id} is not a member; `baton members list` shows them");
+                return exit::USAGE;
+            }
+            let next: Vec<u64> = voters.iter().copied().filter(|v| *v != id).collect();
+            if !force && next != voters && !quorum_answers(client, &current, &next).await {
                 return exit::USAGE;
             }
             client.remove_member(id).await
@@ -80,6 +95,37 @@ pub async fn run(command: MembersCommand, client: &Client) -> u8 {
         }
         Err(error) => exit::report(&error),
     }
+}
+
+/// Whether most of the voters in `next` answer (NodeInfo), as a change of the voters to `next`
+/// needs to commit; says why not on stderr. A change that cannot commit holds the cluster's
+/// writes until it does — a learner added at a wrong address and promoted, a removal that
+/// leaves a dead node among too few voters — so it is refused before it is made.
+async fn quorum_answers(client: &Client, members: &[Member], next: &[u64]) -> bool {
+    let mut silent = Vec::new();
+    for id in next {
+        let addr = members
+            .iter()
+            .find(|m| m.id == *id)
+            .map(|m| m.addr.as_str());
+        let answers = match addr {
+            Some(addr) => client.node_info(addr).await.is_ok(),
+            None => false,
+        };
+        if !answers {
+            silent.push(*id);
+        }
+    }
+    let answering = next.len() - silent.len();
+    if answering * 2 > next.len() {
+        return true;
+    }
+    eprintln!(
+        "baton: the voters would be {next:?}, and {silent:?} do not answer: the change needs most \
+         of them to commit, and until it does the cluster takes no writes. Start those nodes (or \
+         fix their addresses) first, or pass --force"
+    );
+    false
 }
 
 async fn current_members(client: &Client) -> Result<Vec<Member>, u8> {
