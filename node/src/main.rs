@@ -2,8 +2,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 mod cli;
 
 /// mimalloc instead of the system allocator: a mass expiry frees and allocates millions of
@@ -13,7 +11,7 @@ mod cli;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let args = cli::Cli::parse();
+    let args = cli::Cli::from_process_args();
     let runtime = match cli::runtime::build(args.nodes_in_process()) {
         Ok(runtime) => runtime,
         Err(e) => {

@@ -3,7 +3,9 @@
 //!
 //! Without `--endpoints` it starts its own three-node cluster (three `baton node` processes in a
 //! temporary directory, every write fsynced on a quorum), so a newcomer gets a figure with one
-//! command. Every run is bounded by `--warmup + --duration` plus set-up.
+//! command. `BATON_ENDPOINTS` is not read for it: a shell that exported a real cluster's address
+//! must not have that cluster seeded and loaded by a newcomer's first `baton bench`. Every run is
+//! bounded by `--warmup + --duration` plus set-up.
 //!
 //! Two workloads measure robustness rather than throughput and always run on the bench's own
 //! cluster: `failover` kills the leader under load ([`failover`]), `scale` loads many live leases

@@ -27,7 +27,8 @@ use std::time::Duration;
 
 use baton_node::config::{LogFormat, NodeConfig, RaftTuning, WatchTuning};
 use baton_rpc::{Client, ClientConfig};
-use clap::{Args, Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// How long a client command keeps retrying when `--timeout` is not given.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(15);
@@ -40,9 +41,16 @@ const DEV_ENDPOINTS: &str = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003";
 #[command(name = "baton", version, about, long_about = None)]
 pub struct Cli {
     /// Cluster endpoints (host:port, comma-separated) for client commands [default: the
-    /// `baton dev` cluster, 127.0.0.1:7001-7003; `baton bench` starts its own cluster instead].
+    /// `baton dev` cluster, 127.0.0.1:7001-7003; `baton bench` starts its own cluster instead
+    /// and reads this only from the command line].
     #[arg(long, global = true, env = "BATON_ENDPOINTS", value_delimiter = ',')]
     endpoints: Option<Vec<String>>,
+
+    /// Whether `endpoints` came from `BATON_ENDPOINTS` rather than the command line: `baton
+    /// bench` loads and seeds a cluster only when told to on its command line, never because a
+    /// shell exported the production cluster's address.
+    #[arg(skip)]
+    endpoints_from_env: bool,
 
     /// How long a client command keeps retrying before it gives up [default: 15s]. For
     /// `ticket wait`: how long to wait for a ticket [default: 60s].
@@ -209,6 +217,15 @@ fn env_log_filter(default: &str) -> String {
 }
 
 impl Cli {
+    /// Parses the process's arguments (exits with clap's message and code on bad usage).
+    pub fn from_process_args() -> Cli {
+        let matches = Cli::command().get_matches();
+        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
+        cli.endpoints_from_env =
+            matches.value_source("endpoints") == Some(ValueSource::EnvVariable);
+        cli
+    }
+
     /// How many Baton nodes this command runs in the process (sizes the runtime).
     pub fn nodes_in_process(&self) -> usize {
         match self.command {
@@ -246,7 +263,17 @@ pub async fn run(cli: Cli) -> ExitCode {
         }
     };
     if let Command::Bench(args) = command {
-        return ExitCode::from(bench::run(args, cli.endpoints).await);
+        let endpoints = if cli.endpoints_from_env {
+            eprintln!(
+                "baton bench: BATON_ENDPOINTS is ignored (a benchmark seeds and loads the \
+                     cluster it runs on): starting its own cluster; pass --endpoints to measure \
+                     an existing one"
+            );
+            None
+        } else {
+            cli.endpoints
+        };
+        return ExitCode::from(bench::run(args, endpoints).await);
     }
     let endpoints = cli
         .endpoints
