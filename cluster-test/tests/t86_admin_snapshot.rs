@@ -158,6 +158,43 @@ async fn a_damaged_or_foreign_snapshot_file_is_refused_and_nothing_is_written() 
     }
 }
 
+/// Members that cannot be what was meant are bad usage (exit 2), refused before the file is read
+/// and before anything is written: an id or address named twice would leave one of them out, or
+/// `--id` outside the list would restore a node that is no member.
+#[test]
+fn restore_refuses_members_named_twice_or_without_this_node() {
+    let bin = baton_cluster_test::binary::baton_bin().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("1=127.0.0.1:1,2=127.0.0.1:2,1=127.0.0.1:3", "id 1 twice"),
+        ("1=127.0.0.1:1,2=127.0.0.1:1", "address 127.0.0.1:1 twice"),
+        (
+            "2=127.0.0.1:2,3=127.0.0.1:3",
+            "--id 1 is not one of --members",
+        ),
+    ];
+    for (members, reason) in cases {
+        let data_dir = dir.path().join("data");
+        let output = std::process::Command::new(&bin)
+            .args(["snapshot", "restore", "--id", "1", "--members", members])
+            .arg("--from")
+            .arg(dir.path().join("no-such-file.snap"))
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{members}: {}",
+            show(&output)
+        );
+        assert!(stderr.contains(reason), "{members}: {}", show(&output));
+        assert!(!data_dir.exists(), "{members}: nothing is written");
+    }
+}
+
 fn member_list(procs: &Procs) -> String {
     procs
         .members()

@@ -19,7 +19,7 @@
 //! new entry, token and fence follows the saved ones.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Cursor;
+use std::io::{Cursor, Read};
 use std::path::Path;
 
 use anyhow::{bail, ensure, Context};
@@ -109,19 +109,11 @@ impl SnapshotFile {
     /// Parses and verifies a file's bytes: magic, format, lengths, checksum, and that the state
     /// decodes. Every refusal says what is wrong.
     pub fn from_bytes(bytes: &[u8]) -> anyhow::Result<Self> {
+        let header_len = check_prefix(bytes)?;
         ensure!(
-            bytes.len() >= 16 + CHECKSUM_BYTES && &bytes[..8] == MAGIC,
-            "not a Baton snapshot file (no BATONSNP signature)"
-        );
-        let format = u32::from_le_bytes(word(bytes, 8));
-        ensure!(
-            format == FILE_FORMAT,
-            "snapshot file format {format} is not supported (this baton reads format {FILE_FORMAT})"
-        );
-        let header_len = u32::from_le_bytes(word(bytes, 12));
-        ensure!(
-            header_len <= MAX_HEADER_BYTES,
-            "corrupt snapshot file: header length {header_len}"
+            bytes.len() >= 16 + CHECKSUM_BYTES,
+            "corrupt snapshot file: {} bytes, too short for a snapshot",
+            bytes.len()
         );
         let body_end = bytes.len() - CHECKSUM_BYTES;
         let checksum = Sha256::digest(&bytes[..body_end]);
@@ -157,9 +149,9 @@ impl SnapshotFile {
 
     /// Reads and verifies a backup file.
     pub fn read(path: &Path) -> anyhow::Result<Self> {
-        let bytes =
-            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-        Self::from_bytes(&bytes).with_context(|| format!("{} was refused", path.display()))
+        read_bounded(path)
+            .and_then(|bytes| Self::from_bytes(&bytes))
+            .with_context(|| format!("{} was refused", path.display()))
     }
 
     /// Writes the file atomically: to a temporary file beside `path`, synced, then renamed over
@@ -182,6 +174,65 @@ impl SnapshotFile {
             self.header.last_log_index,
         )
     }
+}
+
+/// Checks the fixed start of a file (signature, layout version, header length) and returns the
+/// header length. Needs only those 16 bytes, so a wrong file is refused before it is read on.
+fn check_prefix(bytes: &[u8]) -> anyhow::Result<u32> {
+    ensure!(
+        bytes.len() >= 16 && &bytes[..8] == MAGIC,
+        "not a Baton snapshot file (no BATONSNP signature)"
+    );
+    let format = u32::from_le_bytes(word(bytes, 8));
+    ensure!(
+        format == FILE_FORMAT,
+        "snapshot file format {format} is not supported (this baton reads format {FILE_FORMAT})"
+    );
+    let header_len = u32::from_le_bytes(word(bytes, 12));
+    ensure!(
+        header_len <= MAX_HEADER_BYTES,
+        "corrupt snapshot file: header length {header_len}"
+    );
+    Ok(header_len)
+}
+
+/// Reads a file no further than its header says it reaches, one byte past to see that it ends
+/// there: a wrong path (a device such as /dev/zero, a pipe that never closes, a large unrelated
+/// file) is refused after its first bytes instead of being read whole into memory.
+fn read_bounded(path: &Path) -> anyhow::Result<Vec<u8>> {
+    let mut file =
+        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    // Room up front for a regular file's bytes, never for what a (possibly corrupt) header claims.
+    let on_disk = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut bytes = Vec::new();
+    let mut read_up_to = |bytes: &mut Vec<u8>, more: u64| {
+        (&mut file)
+            .take(more)
+            .read_to_end(bytes)
+            .with_context(|| format!("cannot read {}", path.display()))
+    };
+    read_up_to(&mut bytes, 16)?;
+    let header_len = check_prefix(&bytes)?;
+    read_up_to(&mut bytes, header_len.into())?;
+    let Ok(header) = serde_json::from_slice::<SnapshotHeader>(&bytes[16..]) else {
+        // A damaged header gives no bound: take what a regular file holds (nothing more from
+        // anything else), and let the checksum name the damage.
+        let rest = on_disk.saturating_sub(bytes.len() as u64);
+        read_up_to(&mut bytes, rest)?;
+        return Ok(bytes);
+    };
+    let expected = (bytes.len() as u64)
+        .saturating_add(header.state_bytes)
+        .saturating_add(CHECKSUM_BYTES as u64);
+    let room = expected.min(on_disk).saturating_sub(bytes.len() as u64);
+    bytes.reserve(usize::try_from(room).unwrap_or(0));
+    let rest = expected.saturating_sub(bytes.len() as u64);
+    read_up_to(&mut bytes, rest.saturating_add(1))?;
+    ensure!(
+        bytes.len() as u64 <= expected,
+        "corrupt snapshot file: it goes on past the {expected} bytes its header gives it"
+    );
+    Ok(bytes)
 }
 
 fn word(bytes: &[u8], at: usize) -> [u8; 4] {
@@ -336,6 +387,23 @@ mod tests {
         assert!(!path.exists());
         sample().write(&path).expect("a good one is written");
         SnapshotFile::read(&path).expect("and reads back");
+    }
+
+    #[test]
+    fn a_file_is_read_no_further_than_its_header_says_it_reaches() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let path = dir.path().join("backup.baton");
+        let mut bytes = sample().to_bytes().expect("bytes");
+        bytes.extend_from_slice(b"appended by a careless cat");
+        std::fs::write(&path, &bytes).expect("written");
+        let error = SnapshotFile::read(&path).expect_err("trailing bytes");
+        assert!(format!("{error:#}").contains("goes on past"), "{error:#}");
+        // A device that never ends is refused after its first 16 bytes.
+        let error = SnapshotFile::read(Path::new("/dev/zero")).expect_err("not a snapshot");
+        assert!(
+            format!("{error:#}").contains("not a Baton snapshot"),
+            "{error:#}"
+        );
     }
 
     #[test]

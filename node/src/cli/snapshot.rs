@@ -162,7 +162,13 @@ async fn restore(
     id: u64,
     members: &[(u64, String)],
 ) -> u8 {
-    let members: BTreeMap<u64, String> = members.iter().cloned().collect();
+    let members = match new_members(id, members) {
+        Ok(members) => members,
+        Err(why) => {
+            eprintln!("baton snapshot restore: {why}");
+            return exit::USAGE;
+        }
+    };
     let snapshot = match SnapshotFile::read(from) {
         Ok(snapshot) => snapshot,
         Err(error) => {
@@ -190,4 +196,23 @@ async fn restore(
             exit::FAILURE
         }
     }
+}
+
+/// The new cluster's members as given, refused when they cannot be what was meant: an id or an
+/// address named twice (one of the two would be dropped, and the nodes restored with different
+/// lists would disagree on who is a member), or `--id` not among them.
+fn new_members(id: u64, given: &[(u64, String)]) -> Result<BTreeMap<u64, String>, String> {
+    let mut members = BTreeMap::new();
+    for (member, addr) in given {
+        if members.values().any(|known| known == addr) {
+            return Err(format!("--members names the address {addr} twice"));
+        }
+        if members.insert(*member, addr.clone()).is_some() {
+            return Err(format!("--members names id {member} twice"));
+        }
+    }
+    if !members.contains_key(&id) {
+        return Err(format!("--id {id} is not one of --members"));
+    }
+    Ok(members)
 }
