@@ -24,7 +24,7 @@ use baton_cluster_test::{first, wait, Cluster, Options};
 use baton_rpc::judge::check_board;
 use baton_rpc::{Client, Error};
 use baton_statemachine::board::TaskSpec;
-use baton_statemachine::effect::{Action, EffectLease, KeyStatus, Outcome, RetrySafety};
+use baton_statemachine::effect::{Action, KeyStatus, Outcome, RetrySafety};
 use baton_statemachine::Refusal;
 
 const LOOPS: usize = 2;
@@ -165,23 +165,14 @@ async fn effect_loop(client: Client, r: usize, log: Shared, stop: Arc<AtomicBool
     }
 }
 
-/// After an ambiguous acquire: if it was applied, note its fence and abandon it so the resource
-/// is free again (it is not a grant: nobody was told it).
+/// After an ambiguous acquire: if it was applied, note its fence (it is not a grant: nobody was
+/// told it). Its resource hold frees itself when its TTL runs out: nobody knows its holder
+/// identity, the lease's credential, so nobody can abandon it sooner.
 async fn recover_effect(client: &Client, action: &Action, log: &Shared) {
     let Ok(view) = client.show_action(&action.key).await else {
         return; // UNKNOWN_ACTION (it was not applied) or the cluster is still away.
     };
     lock(log).ambiguous_fences.push(view.fence);
-    if view.status == KeyStatus::InProgress {
-        let lease = EffectLease {
-            key: action.key.clone(),
-            resource: action.resource.clone(),
-            fence: view.fence,
-            holder: view.holder.clone(),
-            until_ms: view.intent_until_ms.unwrap_or(0),
-        };
-        let _ = client.abandon(action, &lease, "ambiguous acquire").await;
-    }
 }
 
 async fn board_loop(client: Client, r: usize, log: Shared, stop: Arc<AtomicBool>) {

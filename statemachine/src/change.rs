@@ -6,7 +6,8 @@
 //! lazy check at apply time materialised them. When a holder's lease ends without the holder
 //! asking — a taken ticket, a board claim, a side-effect intent or a queue attempt runs out, or a
 //! re-seed clears a claim — the change is of kind [`ChangeKind::Lost`] and names that holder and
-//! its fence, so the holder can stop acting on a right it no longer has.
+//! its fence (a side-effect holder by its fence alone: its identity is its credential), so the
+//! holder can stop acting on a right it no longer has.
 //!
 //! Changes are derived from the same deterministic apply on every replica, so every node reports
 //! the same changes, in the same order, for the same log entry. A command refused without
@@ -325,8 +326,8 @@ pub struct Change {
     pub key: String,
     /// What happened.
     pub kind: ChangeKind,
-    /// The holder the change concerns (ticket addressee, board agent, effect holder id, queue
-    /// worker); empty when none.
+    /// The holder the change concerns (ticket addressee, board agent, queue worker); empty when
+    /// none, and for side effects, whose holder identity is the lease's credential.
     pub holder: String,
     /// The fence of the lease concerned (ticket generation, claim fence, resource fence, permit
     /// token or attempt number, checkpoint seq, sink fence); 0 when none.
@@ -356,7 +357,6 @@ impl Change {
             ChangeValue::Action(a) => {
                 a.key.len()
                     + a.resource.len()
-                    + a.holder.len()
                     + a.reason.len()
                     + a.result.as_ref().map_or(0, String::len)
             }

@@ -261,17 +261,12 @@ fn print_outcome(outcome: &Outcome) {
 
 fn print_view(view: &ActionView) {
     let mut line = format!(
-        "key={} resource={} safety={} status={} fence={} holder={}",
+        "key={} resource={} safety={} status={} fence={}",
         view.key,
         view.resource,
         view.safety.as_str(),
         view.status.as_str(),
         view.fence,
-        if view.holder.is_empty() {
-            "-"
-        } else {
-            &view.holder
-        }
     );
     if let Some(until) = view.intent_until_ms {
         line.push_str(&format!(" intent_until={}", rfc3339(until)));
@@ -295,7 +290,6 @@ fn print_json(view: &ActionView) {
         "safety": view.safety.as_str(),
         "status": view.status.as_str(),
         "fence": view.fence,
-        "holder": view.holder,
         "intent_until": view.intent_until_ms.map(rfc3339),
         "intent_until_ms": view.intent_until_ms,
         "result": view.result,

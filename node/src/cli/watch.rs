@@ -204,7 +204,6 @@ fn value_json(value: &ChangeValue) -> serde_json::Value {
             "safety": a.safety.as_str(),
             "status": a.status.as_str(),
             "fence": a.fence,
-            "holder": a.holder,
             "intent_until_ms": a.intent_until_ms,
             "result": a.result,
             "reason": a.reason,

@@ -139,7 +139,7 @@ impl Gate {
             holder: lease.holder.clone(),
             until_ms,
         });
-        self.note(ChangeKind::Granted, &action.key, &lease.holder, lease.fence);
+        self.note(ChangeKind::Granted, &action.key, lease.fence);
         Ok(Outcome::Granted(lease))
     }
 
@@ -174,12 +174,7 @@ impl Gate {
         if let Some(until) = intent_until {
             self.intent_deadlines.remove(&(until, action.key.clone()));
         }
-        self.note(
-            ChangeKind::Completed,
-            &action.key,
-            &lease.holder,
-            lease.fence,
-        );
+        self.note(ChangeKind::Completed, &action.key, lease.fence);
         Ok(result)
     }
 
@@ -201,12 +196,7 @@ impl Gate {
             Err(refusal) => return Err(refusal),
         }
         if self.free_hold_if_ours(lease) {
-            self.note(
-                ChangeKind::Released,
-                &action.key,
-                &lease.holder,
-                lease.fence,
-            );
+            self.note(ChangeKind::Released, &action.key, lease.fence);
         }
         Ok(())
     }
@@ -229,12 +219,7 @@ impl Gate {
         record.attempt = None;
         record.reason = reason.to_string();
         self.free_hold_if_ours(lease);
-        self.note(
-            ChangeKind::Abandoned,
-            &action.key,
-            &lease.holder,
-            lease.fence,
-        );
+        self.note(ChangeKind::Abandoned, &action.key, lease.fence);
         Ok(())
     }
 
@@ -277,7 +262,7 @@ impl Gate {
         {
             hold.until_ms = until_ms;
         }
-        self.note(ChangeKind::Renewed, &action.key, &lease.holder, lease.fence);
+        self.note(ChangeKind::Renewed, &action.key, lease.fence);
         Ok(EffectLease {
             until_ms,
             ..lease.clone()
@@ -306,12 +291,7 @@ impl Gate {
         let record = self.record_mut(&action.key)?;
         record.status = KeyStatus::Uncertain;
         record.reason = reason.to_string();
-        self.note(
-            ChangeKind::Uncertain,
-            &action.key,
-            &lease.holder,
-            lease.fence,
-        );
+        self.note(ChangeKind::Uncertain, &action.key, lease.fence);
         Ok(())
     }
 
@@ -340,7 +320,7 @@ impl Gate {
             until_ms: deadline_after(clock_ms, ttl_ms),
         };
         record.reconcile = Some(reconcile.clone());
-        self.note(ChangeKind::Reconciling, &action.key, &reconcile.token, 0);
+        self.note(ChangeKind::Reconciling, &action.key, 0);
         Ok(reconcile)
     }
 
@@ -370,7 +350,7 @@ impl Gate {
             record.status = KeyStatus::Completed;
             record.result = Some(resolution.result.clone());
             record.reconcile = None;
-            self.note(ChangeKind::Resolved, &action.key, "", 0);
+            self.note(ChangeKind::Resolved, &action.key, 0);
             return Ok(Resolved::Completed(resolution.result.clone()));
         }
         if record.safety == RetrySafety::Unsafe && !resolution.force_retryable {
@@ -379,7 +359,7 @@ impl Gate {
         record.status = KeyStatus::Idle;
         record.attempt = None;
         record.reconcile = None;
-        self.note(ChangeKind::Resolved, &action.key, "", 0);
+        self.note(ChangeKind::Resolved, &action.key, 0);
         Ok(Resolved::Retryable)
     }
 
@@ -403,8 +383,8 @@ impl Gate {
             };
             if let Some(record) = self.keys.get_mut(&key) {
                 let lost = mark_intent_expired(record);
-                if let Some((holder, fence)) = lost {
-                    self.note(ChangeKind::Lost, &key, &holder, fence);
+                if let Some(fence) = lost {
+                    self.note(ChangeKind::Lost, &key, fence);
                 }
                 expired += 1;
             }
@@ -419,7 +399,7 @@ impl Gate {
             if let Some(record) = self.resources.get_mut(&resource) {
                 if let Some(hold) = record.hold.take() {
                     let fence = record.max_fence;
-                    self.note(ChangeKind::HoldExpired, &hold.key, &hold.holder, fence);
+                    self.note(ChangeKind::HoldExpired, &hold.key, fence);
                 }
                 expired += 1;
             }
@@ -452,7 +432,6 @@ impl Gate {
             safety: record.safety,
             status: record.status,
             fence: attempt.map_or(0, |a| a.fence),
-            holder: attempt.map(|a| a.holder.clone()).unwrap_or_default(),
             intent_until_ms: (record.status == KeyStatus::InProgress)
                 .then(|| attempt.map(|a| a.until_ms))
                 .flatten(),
@@ -546,8 +525,8 @@ impl Gate {
             if is_overdue(attempt.until_ms, clock_ms) {
                 self.intent_deadlines
                     .remove(&(attempt.until_ms, key.to_string()));
-                if let Some((holder, fence)) = mark_intent_expired(record) {
-                    self.note(ChangeKind::Lost, key, &holder, fence);
+                if let Some(fence) = mark_intent_expired(record) {
+                    self.note(ChangeKind::Lost, key, fence);
                 }
             }
         }
@@ -563,14 +542,17 @@ impl Gate {
                     .remove(&(hold.until_ms, resource.to_string()));
                 if let Some(hold) = record.hold.take() {
                     let fence = record.max_fence;
-                    self.note(ChangeKind::HoldExpired, &hold.key, &hold.holder, fence);
+                    self.note(ChangeKind::HoldExpired, &hold.key, fence);
                 }
             }
         }
     }
 
-    /// Records a change of `key`, with its view after the change as the value.
-    fn note(&mut self, kind: ChangeKind, key: &str, holder: &str, fence: u64) {
+    /// Records a change of `key`, with its view after the change as the value. The change names
+    /// no holder: an effect lease's holder identity is its credential (with the public fence it
+    /// is all `complete` or `abandon` ask for), so it is never published, as a board claim's
+    /// token is not; the holder recognises its own changes by key and fence.
+    fn note(&mut self, kind: ChangeKind, key: &str, fence: u64) {
         let Some(view) = self.show(key) else {
             return;
         };
@@ -578,7 +560,7 @@ impl Gate {
             primitive: Primitive::Effect,
             key: key.to_string(),
             kind,
-            holder: holder.to_string(),
+            holder: String::new(),
             fence,
             value: ChangeValue::Action(Box::new(view)),
         });
@@ -604,15 +586,12 @@ fn due_in(set: &BTreeSet<(u64, String)>, clock_ms: u64) -> impl Iterator<Item = 
 }
 
 /// An intent that ran out unresolved: nobody knows whether the effect happened. Returns the
-/// holder and fence of the attempt that lost its lease.
-fn mark_intent_expired(record: &mut KeyRecord) -> Option<(String, u64)> {
+/// fence of the attempt that lost its lease.
+fn mark_intent_expired(record: &mut KeyRecord) -> Option<u64> {
     if record.status != KeyStatus::InProgress {
         return None;
     }
     record.status = KeyStatus::Uncertain;
     record.reason = "execution intent expired unresolved".into();
-    record
-        .attempt
-        .as_ref()
-        .map(|attempt| (attempt.holder.clone(), attempt.fence))
+    record.attempt.as_ref().map(|attempt| attempt.fence)
 }

@@ -141,10 +141,9 @@ pub struct ActionView {
     pub safety: RetrySafety,
     /// Where it stands.
     pub status: KeyStatus,
-    /// The latest attempt's fence (0 if none).
+    /// The latest attempt's fence (0 if none). Its holder identity is not shown: it is the
+    /// lease's credential, known only to the holder it was granted to.
     pub fence: u64,
-    /// The latest attempt's holder (empty if none).
-    pub holder: String,
     /// When the registered intent ends (in progress only).
     pub intent_until_ms: Option<u64>,
     /// The recorded result (completed only).
