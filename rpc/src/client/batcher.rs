@@ -234,6 +234,13 @@ async fn dispatch(
         }
         // Counted out only now, so plain calls keep yielding while a batch waits for a place.
         queued.fetch_sub(batch.len(), Ordering::AcqRel);
+        // A caller that gave up while its call waited here (its future dropped: a timeout of
+        // its own, a `select!`) is not sent: the write would reach the store after its writer
+        // stopped waiting and perhaps read the key and tried again under a new seq.
+        batch.retain(|pending| !pending.answer.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
         let grpc = grpc.clone();
         tokio::spawn(async move {
             send(grpc, batch, attempt_timeout).await;
@@ -290,5 +297,84 @@ async fn send(grpc: Grpc, batch: Vec<Pending>, attempt_timeout: Duration) {
 fn answer_all(answers: Vec<oneshot::Sender<Result<Vec<u8>, Status>>>, status: &Status) {
     for answer in answers {
         let _ = answer.send(Err(status.clone()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::Mutex;
+
+    use tonic::transport::server::TcpIncoming;
+    use tonic::transport::{Endpoint, Server};
+
+    use super::*;
+    use crate::proto::batch_server::{Batch, BatchServer};
+    use crate::proto::{BatchResponse, BatchResult};
+
+    /// A node whose batch service records the requests it is sent and answers each with its
+    /// own bytes.
+    #[derive(Default, Clone)]
+    struct Recorder(Arc<Mutex<Vec<Vec<u8>>>>);
+
+    #[tonic::async_trait]
+    impl Batch for Recorder {
+        async fn call(
+            &self,
+            request: tonic::Request<BatchRequest>,
+        ) -> Result<tonic::Response<BatchResponse>, Status> {
+            let items = request.into_inner().items;
+            let mut seen = self.0.lock().unwrap();
+            let results = items
+                .into_iter()
+                .map(|item| {
+                    seen.push(item.request.clone());
+                    BatchResult {
+                        outcome: Some(Outcome::Response(item.request)),
+                    }
+                })
+                .collect();
+            Ok(tonic::Response::new(BatchResponse { results }))
+        }
+    }
+
+    /// A call whose caller gave up while it was queued never reaches the node; the one queued
+    /// with it still does, and gets its own answer.
+    #[tokio::test]
+    async fn a_call_abandoned_while_queued_is_not_sent() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let node = Recorder::default();
+        tokio::spawn(
+            Server::builder()
+                .add_service(BatchServer::new(node.clone()))
+                .serve_with_incoming(TcpIncoming::from(listener)),
+        );
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect_lazy();
+        let grpc = InterceptedService::new(channel, Credentials::new(&Default::default()).unwrap());
+        let batcher = Batcher::start(grpc, Duration::from_secs(5));
+        // Both places are taken (as by two calls on their way), so calls queue.
+        let taken: Vec<_> = (0..BATCHES_IN_FLIGHT)
+            .map(|_| batcher.place_for_one().unwrap())
+            .collect();
+        let abandoned = tokio::spawn({
+            let batcher = batcher.clone();
+            async move { batcher.call("/m", b"abandoned".to_vec()).await }
+        });
+        let kept = tokio::spawn({
+            let batcher = batcher.clone();
+            async move { batcher.call("/m", b"kept".to_vec()).await }
+        });
+        while batcher.queued.load(Ordering::Acquire) < 2 {
+            tokio::task::yield_now().await;
+        }
+        abandoned.abort();
+        assert!(abandoned.await.unwrap_err().is_cancelled());
+        drop(taken);
+        assert_eq!(kept.await.unwrap().unwrap(), b"kept");
+        assert_eq!(*node.0.lock().unwrap(), vec![b"kept".to_vec()]);
     }
 }
