@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use baton_statemachine::Refusal;
+use baton_statemachine::{Refusal, MAX_REPLIES_PER_CLIENT};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Endpoint;
 use tonic::{Code, Status};
@@ -107,18 +107,25 @@ struct Inner {
     leader: Mutex<Option<String>>,
     /// Round-robin cursor over `endpoints` when no leader is known.
     cursor: AtomicU64,
-    client_id: u64,
-    session: Mutex<Session>,
-    /// Long polls number their requests in a session of their own. The store remembers the
-    /// answers of a client's last 4,096 requests; a poll held for seconds while the same client makes thousands of other writes
-    /// would otherwise fall below what the store remembers before it is applied, and come back
-    /// `SESSION_EXPIRED` (outcome unknown) instead of leasing.
-    poll_client_id: u64,
-    poll_session: Mutex<Session>,
+    session: CurrentSession,
+    /// Long polls number their requests in a session of their own: one is nearly always
+    /// waiting, and in the writes' session it would make every [`SEQ_WINDOW`] writes start a
+    /// new identity, each leaving up to that many answers in the store for an hour.
+    poll_session: CurrentSession,
 }
 
-/// The client's side of its session with the store.
+/// How far a session's newest request may run ahead of its oldest unanswered one. Half of what
+/// the store remembers per client: it keeps the answers from the oldest unanswered request on
+/// (`acked_below`) but at most [`MAX_REPLIES_PER_CLIENT`] of them, so a request stuck for a
+/// while under thousands of later writes (an attempt lost in a failover, waiting out its
+/// timeout) would otherwise fall out of that window before its retry, and a write the store may
+/// never have applied would come back `SESSION_EXPIRED`, its outcome unknown.
+const SEQ_WINDOW: u64 = MAX_REPLIES_PER_CLIENT as u64 / 2;
+
+/// The client's side of one session with the store: an identity and its request numbers.
 struct Session {
+    /// The session's identity (random, drawn by the client).
+    client_id: u64,
     /// The next request number to hand out.
     next_seq: u64,
     /// Requests sent and not yet answered (or abandoned).
@@ -126,43 +133,79 @@ struct Session {
 }
 
 impl Session {
-    /// A new session: request numbers start at 1.
+    /// A new session under a fresh identity: request numbers start at 1.
     fn new() -> Self {
         Self {
+            client_id: rand::random(),
             next_seq: 1,
             in_flight: BTreeSet::new(),
         }
     }
 }
 
-/// One write's place in the session: its seq, and every seq below `acked_below` is finished.
-/// Numbering and registering happen under one lock, so a concurrent write can never announce a
-/// lower, not-yet-sent seq as acknowledged; the seq leaves `in_flight` when the write ends,
-/// including when its future is dropped.
-struct InFlight<'a> {
-    session: &'a Mutex<Session>,
+/// The session new requests are numbered in. When the oldest unanswered request falls
+/// [`SEQ_WINDOW`] behind, new requests move to a new session, while those already numbered
+/// finish (and are retried) in theirs.
+struct CurrentSession(Mutex<Arc<Mutex<Session>>>);
+
+impl CurrentSession {
+    fn new() -> Self {
+        Self(Mutex::new(Arc::new(Mutex::new(Session::new()))))
+    }
+
+    /// The current session's identity.
+    fn client_id(&self) -> u64 {
+        let current = lock(&self.0).clone();
+        let id = lock(&current).client_id;
+        id
+    }
+}
+
+/// One write's place in its session: its identity and seq, and every seq below `acked_below` is
+/// finished. Numbering and registering happen under one lock, so a concurrent write can never
+/// announce a lower, not-yet-sent seq as acknowledged; the seq leaves `in_flight` when the write
+/// ends, including when its future is dropped.
+struct InFlight {
+    session: Arc<Mutex<Session>>,
+    client_id: u64,
     seq: u64,
     acked_below: u64,
 }
 
-impl<'a> InFlight<'a> {
-    fn begin(session: &'a Mutex<Session>) -> Self {
-        let mut guard = lock(session);
+impl InFlight {
+    fn begin(current: &CurrentSession) -> Self {
+        let mut current = lock(&current.0);
+        let oldest = {
+            let session = lock(&current);
+            session
+                .in_flight
+                .first()
+                .map(|oldest| session.next_seq - oldest)
+        };
+        if oldest.is_some_and(|behind| behind >= SEQ_WINDOW) {
+            *current = Arc::new(Mutex::new(Session::new()));
+        }
+        let session = Arc::clone(&current);
+        drop(current);
+        let mut guard = lock(&session);
         let seq = guard.next_seq;
         guard.next_seq += 1;
         guard.in_flight.insert(seq);
         let acked_below = guard.in_flight.first().copied().unwrap_or(seq);
+        let client_id = guard.client_id;
+        drop(guard);
         Self {
             session,
+            client_id,
             seq,
             acked_below,
         }
     }
 }
 
-impl Drop for InFlight<'_> {
+impl Drop for InFlight {
     fn drop(&mut self) {
-        lock(self.session).in_flight.remove(&self.seq);
+        lock(&self.session).in_flight.remove(&self.seq);
     }
 }
 
@@ -185,8 +228,8 @@ enum Verdict {
 }
 
 impl Client {
-    /// Connects to a cluster through any of its nodes (`host:port`, optionally with `http://`)
-    /// and locates the leader. Fails with [`Error::Unavailable`] when no node answers before the
+    /// Connects to a cluster through any of its nodes (`host:port`, optionally with `http://`;
+    /// `https://` needs TLS settings, [`Client::connect_with_security`]) and locates the leader. Fails with [`Error::Unavailable`] when no node answers before the
     /// deadline.
     pub async fn connect<S: AsRef<str>>(endpoints: &[S]) -> Result<Self, Error> {
         Self::connect_with(endpoints, ClientConfig::default()).await
@@ -226,6 +269,18 @@ impl Client {
         security: Security,
     ) -> Result<Self, Error> {
         let credentials = Credentials::new(&security)?;
+        if security.tls.is_none() {
+            if let Some(https) = endpoints
+                .iter()
+                .map(|e| e.as_ref().trim())
+                .find(|e| e.starts_with("https://"))
+            {
+                return Err(Error::Config(format!(
+                    "endpoint {https} asks for TLS, but no TLS settings were given (the CA \
+                     certificate): refusing to send requests, and any token, in plaintext"
+                )));
+            }
+        }
         let endpoints: Vec<String> = endpoints
             .iter()
             .map(|e| normalize(e.as_ref()))
@@ -243,10 +298,8 @@ impl Client {
                 channels: Mutex::default(),
                 leader: Mutex::default(),
                 cursor: AtomicU64::new(0),
-                client_id: rand::random(),
-                session: Mutex::new(Session::new()),
-                poll_client_id: rand::random(),
-                poll_session: Mutex::new(Session::new()),
+                session: CurrentSession::new(),
+                poll_session: CurrentSession::new(),
             }),
         })
     }
@@ -256,10 +309,11 @@ impl Client {
         &self.inner.endpoints
     }
 
-    /// This client's session identity (its long polls number their requests under a second
-    /// one of their own).
+    /// This client's session identity: the one its next write is numbered under (a write left
+    /// unanswered behind [`SEQ_WINDOW`] later ones moves new writes to a fresh identity; long
+    /// polls number their requests under one of their own).
     pub fn client_id(&self) -> u64 {
-        self.inner.client_id
+        self.inner.session.client_id()
     }
 
     // ------------------------------------------------------------------ cluster
@@ -348,16 +402,16 @@ impl Client {
         F: Fn(RequestHeader, Conn) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
-        let (client_id, session) = if wait.is_zero() {
-            (self.inner.client_id, &self.inner.session)
+        let session = if wait.is_zero() {
+            &self.inner.session
         } else {
-            (self.inner.poll_client_id, &self.inner.poll_session)
+            &self.inner.poll_session
         };
         let request = InFlight::begin(session);
         let sent = AtomicBool::new(false);
         self.call_waiting(wait, |channel| {
             let header = RequestHeader {
-                client_id,
+                client_id: request.client_id,
                 seq: request.seq,
                 acked_below: request.acked_below,
                 retry: sent.swap(true, Ordering::Relaxed),
@@ -662,6 +716,30 @@ mod connection_tests {
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 
+    /// `https://` says the caller expects TLS; without TLS settings the client would have
+    /// dialled in plaintext and sent the token for anyone on the path to read.
+    #[test]
+    fn an_https_endpoint_without_tls_settings_is_refused() {
+        let security = Security {
+            token: Some("secret".into()),
+            tls: None,
+        };
+        let error = Client::new_with_security(
+            &["127.0.0.1:7001", " https://baton.example:7443/"],
+            ClientConfig::default(),
+            security,
+        )
+        .err()
+        .unwrap();
+        match error {
+            Error::Config(message) => {
+                assert!(message.contains("https://baton.example:7443"), "{message}")
+            }
+            other => panic!("not a configuration error: {other:?}"),
+        }
+        assert!(Client::new(&["http://127.0.0.1:7001"], ClientConfig::default()).is_ok());
+    }
+
     #[tokio::test]
     async fn a_call_ends_at_its_deadline_even_inside_an_attempt() {
         let (addr, _) = silent_node().await;
@@ -685,18 +763,13 @@ mod connection_tests {
 
 #[cfg(test)]
 mod session_tests {
-    use super::*;
+    use baton_statemachine::{Origin, Reply, Response, SessionLookup, Sessions};
 
-    fn session() -> Mutex<Session> {
-        Mutex::new(Session {
-            next_seq: 1,
-            in_flight: BTreeSet::new(),
-        })
-    }
+    use super::*;
 
     #[test]
     fn acked_below_never_passes_a_request_still_in_flight() {
-        let s = session();
+        let s = CurrentSession::new();
         let a = InFlight::begin(&s);
         let b = InFlight::begin(&s);
         assert_eq!((a.seq, a.acked_below), (1, 1));
@@ -712,11 +785,12 @@ mod session_tests {
         drop(c);
         let d = InFlight::begin(&s);
         assert_eq!((d.seq, d.acked_below), (4, 4));
+        assert_eq!(d.client_id, s.client_id(), "one identity throughout");
     }
 
     #[test]
     fn concurrent_writers_never_acknowledge_an_unsent_seq() {
-        let s = std::sync::Arc::new(session());
+        let s = std::sync::Arc::new(CurrentSession::new());
         let threads: Vec<_> = (0..8)
             .map(|_| {
                 let s = s.clone();
@@ -725,7 +799,7 @@ mod session_tests {
                         let request = InFlight::begin(&s);
                         // Every seq below acked_below was handed out and is finished.
                         assert!(request.acked_below <= request.seq);
-                        let guard = lock(&s);
+                        let guard = lock(&request.session);
                         assert!(guard
                             .in_flight
                             .range(..request.acked_below)
@@ -738,9 +812,37 @@ mod session_tests {
         for thread in threads {
             thread.join().expect("writer thread");
         }
+        let current = lock(&s.0).clone();
         assert!(
-            lock(&s).in_flight.is_empty(),
+            lock(&current).in_flight.is_empty(),
             "every finished request left the set"
+        );
+    }
+
+    /// The store's own session table, fed every write but one whose attempt was lost (as in a
+    /// failover, waiting out its attempt timeout under thousands of later writes): the lost
+    /// one's retry must still find its seq within what the store remembers, so it is applied
+    /// (or answered) once instead of coming back `SESSION_EXPIRED`, its outcome unknown.
+    #[test]
+    fn a_write_stuck_under_thousands_of_later_ones_can_still_be_retried() {
+        let s = CurrentSession::new();
+        let origin = |request: &InFlight| Origin {
+            client_id: request.client_id,
+            seq: request.seq,
+            acked_below: request.acked_below,
+        };
+        let mut store = Sessions::default();
+        let stuck = InFlight::begin(&s);
+        for n in 0..3 * MAX_REPLIES_PER_CLIENT as u64 {
+            let request = InFlight::begin(&s);
+            let answer = Response::Answer(Ok(Reply::Swept { expired: n }));
+            store.record(&origin(&request), answer, 0);
+        }
+        assert_eq!(store.lookup(&origin(&stuck)), SessionLookup::New);
+        assert_ne!(
+            s.client_id(),
+            stuck.client_id,
+            "later writes moved to a new identity"
         );
     }
 }
