@@ -109,6 +109,11 @@ impl Admission {
         self.inner.closed.borrow().is_some()
     }
 
+    /// Whether the gate closed for a shutdown (it never reopens then).
+    pub fn shutting_down(&self) -> bool {
+        *self.inner.closed.borrow() == Some(Closed::ShuttingDown)
+    }
+
     /// Resolves when the gate is closed (at once if it is), with the status a new request would
     /// be refused with then.
     pub async fn closed(&self) -> tonic::Status {

@@ -7,7 +7,8 @@
 //! call, bounded by [`LEADER_TIMEOUT`], made as a client of the leader would make it: over TLS
 //! and with a token when the cluster wants them). A leader additionally needs a recent
 //! acknowledgement from a quorum, so that one cut off from its followers stops calling itself
-//! ready.
+//! ready. A node that is shutting down is not ready from the moment it refuses new requests, so
+//! a load balancer stops sending them while it drains.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -18,6 +19,7 @@ use baton_rpc::proto::NodeInfoRequest;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
+use crate::admission::Admission;
 use crate::metrics::StoreStats;
 use crate::node::NodeRef;
 
@@ -27,6 +29,7 @@ pub const LEADER_TIMEOUT: Duration = Duration::from_secs(1);
 /// Judges a node's readiness.
 pub struct Readiness {
     node: NodeRef,
+    admission: Admission,
     stats: Arc<StoreStats>,
     max_lag: u64,
     /// A leader whose last quorum acknowledgement is older than this is not ready.
@@ -51,11 +54,12 @@ pub struct LeaderCaller {
 }
 
 impl Readiness {
-    /// Judges `node`: at most `max_lag` entries behind, and (as leader) acknowledged by a
-    /// quorum within `max_quorum_silence`. `peer_addrs` overrides member addresses as in
-    /// the Raft network; `caller` says how to call the leader.
+    /// Judges `node`, behind `admission`'s gate: at most `max_lag` entries behind, and (as
+    /// leader) acknowledged by a quorum within `max_quorum_silence`. `peer_addrs` overrides
+    /// member addresses as in the Raft network; `caller` says how to call the leader.
     pub fn new(
         node: NodeRef,
+        admission: Admission,
         stats: Arc<StoreStats>,
         max_lag: u64,
         max_quorum_silence: Duration,
@@ -64,6 +68,7 @@ impl Readiness {
     ) -> Self {
         Self {
             node,
+            admission,
             stats,
             max_lag,
             max_quorum_silence,
@@ -76,6 +81,9 @@ impl Readiness {
 
     /// `Ok` with a one-line summary when ready, `Err` with the reason when not.
     pub async fn check(&self) -> Result<String, String> {
+        if self.admission.shutting_down() {
+            return Err("shutting down: refusing new client requests".into());
+        }
         let raft = self.node.raft.metrics().borrow().clone();
         if let Err(fatal) = &raft.running_state {
             return Err(format!("raft has stopped: {fatal}"));

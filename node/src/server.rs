@@ -185,8 +185,8 @@ pub async fn serve_secured(
             .map(Tokens::bearers)
             .unwrap_or_default(),
     };
-    let http =
-        http_listener.map(|listener| start_http(listener, &config, &node, stats, caller, stop_rx));
+    let http = http_listener
+        .map(|listener| start_http(listener, &config, &node, &admission, stats, caller, stop_rx));
     let (health, health_server) = health_service();
     health.set(ServingStatus::Serving).await;
     // Watch streams never end on their own, so they are told when shutdown begins; otherwise the
@@ -342,6 +342,7 @@ fn start_http(
     listener: TcpListener,
     config: &NodeConfig,
     node: &NodeRef,
+    admission: &Admission,
     stats: Arc<StoreStats>,
     caller: LeaderCaller,
     mut stop: watch::Receiver<bool>,
@@ -351,6 +352,7 @@ fn start_http(
         stats: stats.clone(),
         readiness: Readiness::new(
             node.clone(),
+            admission.clone(),
             stats,
             config.ready_max_lag,
             config.raft.election_timeout.1,

@@ -302,6 +302,62 @@ async fn followers_are_ready_until_cut_off(mut three: Three) {
     three.stop(2).await;
 }
 
+/// A node that is shutting down is not ready from the moment it refuses new requests, although
+/// its HTTP endpoint answers on while admitted requests drain (here one whose body never comes,
+/// which holds the drain for its whole limit): a load balancer polling `/readyz` stops sending
+/// it traffic at once. Before, it said 200 until the endpoint closed, after the whole drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_is_shutting_down_is_not_ready() {
+    let http = free_addr();
+    let cluster = Cluster::start_custom(|config| config.http = Some(http)).await;
+    assert_eq!(readyz_until(http, |status| status == 200).await.0, 200);
+    let held = request_without_a_body(&cluster.addr).await;
+    let mut in_flight = 0.0;
+    for _ in 0..100 {
+        in_flight = sample(
+            &http_get(http, "/metrics").await.1,
+            "baton_grpc_in_flight_requests",
+        );
+        if in_flight == 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(in_flight, 1.0, "the held request is admitted");
+    let (status, body) = cluster
+        .stop_while(async {
+            let answer = readyz_until(http, |status| status != 200).await;
+            drop(held);
+            answer
+        })
+        .await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("shutting down"), "{body}");
+}
+
+/// A gRPC request whose headers reach the node and whose body never follows, until the returned
+/// handles are dropped.
+async fn request_without_a_body(
+    addr: &str,
+) -> (
+    h2::client::SendRequest<bytes::Bytes>,
+    h2::SendStream<bytes::Bytes>,
+) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let request = tonic::codegen::http::Request::post(format!(
+        "http://{addr}/baton.v1.Checkpoint/SaveIfNewer"
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .unwrap();
+    let (_response, body) = client.send_request(request, false).unwrap();
+    (client, body)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_write_is_counted_by_its_code_not_as_an_outage() {
     let http = free_addr();

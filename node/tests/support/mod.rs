@@ -129,6 +129,16 @@ impl Cluster {
         }
     }
 
+    /// Asks the node to stop, runs `meanwhile` while it shuts down, then waits for it to finish
+    /// and checks it shut down without error.
+    #[allow(dead_code)] // not every test binary that shares this module uses it
+    pub async fn stop_while<T>(mut self, meanwhile: impl std::future::Future<Output = T>) -> T {
+        let _ = self.stop.take().unwrap().send(());
+        let out = meanwhile.await;
+        self.server.take().unwrap().await.unwrap().unwrap();
+        out
+    }
+
     /// Stops the node cleanly and checks it shut down without error.
     pub async fn stop(mut self) {
         let _ = self.stop.take().unwrap().send(());
