@@ -107,25 +107,35 @@ struct Inner {
     leader: Mutex<Option<String>>,
     /// Round-robin cursor over `endpoints` when no leader is known.
     cursor: AtomicU64,
-    session: CurrentSession,
-    /// Long polls number their requests in a session of their own: one is nearly always
-    /// waiting, and in the writes' session it would make every [`SEQ_WINDOW`] writes start a
-    /// new identity, each leaving up to that many answers in the store for an hour.
-    poll_session: CurrentSession,
+    /// Writes, at most [`SEQ_WINDOW`] ahead of the oldest unanswered one.
+    session: Session,
+    /// Long polls number their requests in a session of their own, without a window: a poll
+    /// waits for work by design, and in the writes' session it would hold every write up.
+    poll_session: Session,
 }
 
-/// How far a session's newest request may run ahead of its oldest unanswered one. Half of what
-/// the store remembers per client: it keeps the answers from the oldest unanswered request on
-/// (`acked_below`) but at most [`MAX_REPLIES_PER_CLIENT`] of them, so a request stuck for a
-/// while under thousands of later writes (an attempt lost in a failover, waiting out its
-/// timeout) would otherwise fall out of that window before its retry, and a write the store may
-/// never have applied would come back `SESSION_EXPIRED`, its outcome unknown.
+/// How far the newest write may run ahead of the oldest one still unanswered. Half of what the
+/// store remembers per client: it keeps a client's answers from the oldest unanswered request on
+/// (`acked_below`), but at most [`MAX_REPLIES_PER_CLIENT`] of them. A write stuck under
+/// thousands of later ones (an attempt lost in a failover, waiting out its timeout) would fall
+/// out of that window before its retry, and come back `SESSION_EXPIRED`, its outcome unknown,
+/// although the store may never have applied it. So new writes wait for it instead, which costs
+/// a busy client at most that one write's attempt timeout.
 const SEQ_WINDOW: u64 = MAX_REPLIES_PER_CLIENT as u64 / 2;
 
-/// The client's side of one session with the store: an identity and its request numbers.
+/// The client's side of a session with the store: its identity and request numbers.
 struct Session {
     /// The session's identity (random, drawn by the client).
     client_id: u64,
+    /// How far the newest request may run ahead of the oldest unanswered one (`None`: no limit).
+    window: Option<u64>,
+    numbers: Mutex<Numbers>,
+    /// Told when the oldest unanswered request ends, for requests waiting for the window.
+    oldest_ended: tokio::sync::Notify,
+}
+
+/// A session's request numbers.
+struct Numbers {
     /// The next request number to hand out.
     next_seq: u64,
     /// Requests sent and not yet answered (or abandoned).
@@ -133,79 +143,72 @@ struct Session {
 }
 
 impl Session {
-    /// A new session under a fresh identity: request numbers start at 1.
-    fn new() -> Self {
+    /// A new session: a fresh identity, request numbers from 1.
+    fn new(window: Option<u64>) -> Self {
         Self {
             client_id: rand::random(),
-            next_seq: 1,
-            in_flight: BTreeSet::new(),
+            window,
+            numbers: Mutex::new(Numbers {
+                next_seq: 1,
+                in_flight: BTreeSet::new(),
+            }),
+            oldest_ended: tokio::sync::Notify::new(),
         }
     }
 }
 
-/// The session new requests are numbered in. When the oldest unanswered request falls
-/// [`SEQ_WINDOW`] behind, new requests move to a new session, while those already numbered
-/// finish (and are retried) in theirs.
-struct CurrentSession(Mutex<Arc<Mutex<Session>>>);
-
-impl CurrentSession {
-    fn new() -> Self {
-        Self(Mutex::new(Arc::new(Mutex::new(Session::new()))))
-    }
-
-    /// The current session's identity.
-    fn client_id(&self) -> u64 {
-        let current = lock(&self.0).clone();
-        let id = lock(&current).client_id;
-        id
-    }
-}
-
-/// One write's place in its session: its identity and seq, and every seq below `acked_below` is
-/// finished. Numbering and registering happen under one lock, so a concurrent write can never
-/// announce a lower, not-yet-sent seq as acknowledged; the seq leaves `in_flight` when the write
-/// ends, including when its future is dropped.
-struct InFlight {
-    session: Arc<Mutex<Session>>,
-    client_id: u64,
+/// One write's place in the session: its seq, and every seq below `acked_below` is finished.
+/// Numbering and registering happen under one lock, so a concurrent write can never announce a
+/// lower, not-yet-sent seq as acknowledged; the seq leaves `in_flight` when the write ends,
+/// including when its future is dropped.
+struct InFlight<'a> {
+    session: &'a Session,
     seq: u64,
     acked_below: u64,
 }
 
-impl InFlight {
-    fn begin(current: &CurrentSession) -> Self {
-        let mut current = lock(&current.0);
-        let oldest = {
-            let session = lock(&current);
-            session
-                .in_flight
-                .first()
-                .map(|oldest| session.next_seq - oldest)
-        };
-        if oldest.is_some_and(|behind| behind >= SEQ_WINDOW) {
-            *current = Arc::new(Mutex::new(Session::new()));
+impl<'a> InFlight<'a> {
+    /// Numbers a request, once the session's window has room for it.
+    async fn begin(session: &'a Session) -> Self {
+        loop {
+            // Registered before the check, so an end between the check and the wait is seen.
+            let ended = session.oldest_ended.notified();
+            if let Some(request) = Self::try_begin(session) {
+                return request;
+            }
+            ended.await;
         }
-        let session = Arc::clone(&current);
-        drop(current);
-        let mut guard = lock(&session);
-        let seq = guard.next_seq;
-        guard.next_seq += 1;
-        guard.in_flight.insert(seq);
-        let acked_below = guard.in_flight.first().copied().unwrap_or(seq);
-        let client_id = guard.client_id;
-        drop(guard);
-        Self {
+    }
+
+    /// Numbers a request if the window has room.
+    fn try_begin(session: &'a Session) -> Option<Self> {
+        let mut numbers = lock(&session.numbers);
+        if let (Some(window), Some(oldest)) = (session.window, numbers.in_flight.first()) {
+            if numbers.next_seq - oldest >= window {
+                return None;
+            }
+        }
+        let seq = numbers.next_seq;
+        numbers.next_seq += 1;
+        numbers.in_flight.insert(seq);
+        let acked_below = numbers.in_flight.first().copied().unwrap_or(seq);
+        Some(Self {
             session,
-            client_id,
             seq,
             acked_below,
-        }
+        })
     }
 }
 
-impl Drop for InFlight {
+impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        lock(&self.session).in_flight.remove(&self.seq);
+        let mut numbers = lock(&self.session.numbers);
+        let was_oldest = numbers.in_flight.first() == Some(&self.seq);
+        numbers.in_flight.remove(&self.seq);
+        drop(numbers);
+        if was_oldest {
+            self.session.oldest_ended.notify_waiters();
+        }
     }
 }
 
@@ -298,8 +301,8 @@ impl Client {
                 channels: Mutex::default(),
                 leader: Mutex::default(),
                 cursor: AtomicU64::new(0),
-                session: CurrentSession::new(),
-                poll_session: CurrentSession::new(),
+                session: Session::new(Some(SEQ_WINDOW)),
+                poll_session: Session::new(None),
             }),
         })
     }
@@ -309,11 +312,10 @@ impl Client {
         &self.inner.endpoints
     }
 
-    /// This client's session identity: the one its next write is numbered under (a write left
-    /// unanswered behind [`SEQ_WINDOW`] later ones moves new writes to a fresh identity; long
-    /// polls number their requests under one of their own).
+    /// This client's session identity (its long polls number their requests under a second
+    /// one of their own).
     pub fn client_id(&self) -> u64 {
-        self.inner.session.client_id()
+        self.inner.session.client_id
     }
 
     // ------------------------------------------------------------------ cluster
@@ -407,11 +409,21 @@ impl Client {
         } else {
             &self.inner.poll_session
         };
-        let request = InFlight::begin(session);
+        let deadline = self.inner.config.deadline + wait;
+        let Ok(request) = tokio::time::timeout(deadline, InFlight::begin(session)).await else {
+            return Err(Error::Unavailable {
+                endpoints: vec![],
+                waited: deadline,
+                last: format!(
+                    "not sent: an earlier write of this client stayed unanswered while {SEQ_WINDOW} \
+                     later ones were made"
+                ),
+            });
+        };
         let sent = AtomicBool::new(false);
         self.call_waiting(wait, |channel| {
             let header = RequestHeader {
-                client_id: request.client_id,
+                client_id: session.client_id,
                 seq: request.seq,
                 acked_below: request.acked_below,
                 retry: sent.swap(true, Ordering::Relaxed),
@@ -763,15 +775,23 @@ mod connection_tests {
 
 #[cfg(test)]
 mod session_tests {
+    #![allow(clippy::unwrap_used)]
+
     use baton_statemachine::{Origin, Reply, Response, SessionLookup, Sessions};
+    use futures::FutureExt;
 
     use super::*;
 
+    /// Numbers a request at once, or `None` when it would have to wait for the window.
+    fn begin(session: &Session) -> Option<InFlight<'_>> {
+        InFlight::begin(session).now_or_never()
+    }
+
     #[test]
     fn acked_below_never_passes_a_request_still_in_flight() {
-        let s = CurrentSession::new();
-        let a = InFlight::begin(&s);
-        let b = InFlight::begin(&s);
+        let s = Session::new(Some(SEQ_WINDOW));
+        let a = begin(&s).unwrap();
+        let b = begin(&s).unwrap();
         assert_eq!((a.seq, a.acked_below), (1, 1));
         assert_eq!(
             (b.seq, b.acked_below),
@@ -779,28 +799,27 @@ mod session_tests {
             "1 is still waiting for its answer"
         );
         drop(a);
-        let c = InFlight::begin(&s);
+        let c = begin(&s).unwrap();
         assert_eq!((c.seq, c.acked_below), (3, 2));
         drop(b);
         drop(c);
-        let d = InFlight::begin(&s);
+        let d = begin(&s).unwrap();
         assert_eq!((d.seq, d.acked_below), (4, 4));
-        assert_eq!(d.client_id, s.client_id(), "one identity throughout");
     }
 
     #[test]
     fn concurrent_writers_never_acknowledge_an_unsent_seq() {
-        let s = std::sync::Arc::new(CurrentSession::new());
+        let s = std::sync::Arc::new(Session::new(Some(SEQ_WINDOW)));
         let threads: Vec<_> = (0..8)
             .map(|_| {
                 let s = s.clone();
                 std::thread::spawn(move || {
                     for _ in 0..2_000 {
-                        let request = InFlight::begin(&s);
+                        let request = begin(&s).expect("never more than 8 in flight");
                         // Every seq below acked_below was handed out and is finished.
                         assert!(request.acked_below <= request.seq);
-                        let guard = lock(&request.session);
-                        assert!(guard
+                        let numbers = lock(&s.numbers);
+                        assert!(numbers
                             .in_flight
                             .range(..request.acked_below)
                             .next()
@@ -812,37 +831,57 @@ mod session_tests {
         for thread in threads {
             thread.join().expect("writer thread");
         }
-        let current = lock(&s.0).clone();
         assert!(
-            lock(&current).in_flight.is_empty(),
+            lock(&s.numbers).in_flight.is_empty(),
             "every finished request left the set"
         );
     }
 
     /// The store's own session table, fed every write but one whose attempt was lost (as in a
-    /// failover, waiting out its attempt timeout under thousands of later writes): the lost
-    /// one's retry must still find its seq within what the store remembers, so it is applied
-    /// (or answered) once instead of coming back `SESSION_EXPIRED`, its outcome unknown.
+    /// failover, waiting out its attempt timeout while thousands of later writes are made):
+    /// later writes wait once the window is full, so the lost one's retry still finds its seq
+    /// within what the store remembers, and is applied (or answered) once instead of coming
+    /// back `SESSION_EXPIRED`, its outcome unknown.
     #[test]
     fn a_write_stuck_under_thousands_of_later_ones_can_still_be_retried() {
-        let s = CurrentSession::new();
+        let s = Session::new(Some(SEQ_WINDOW));
         let origin = |request: &InFlight| Origin {
-            client_id: request.client_id,
+            client_id: s.client_id,
             seq: request.seq,
             acked_below: request.acked_below,
         };
         let mut store = Sessions::default();
-        let stuck = InFlight::begin(&s);
+        let stuck = begin(&s).unwrap();
+        let mut sent = 0;
         for n in 0..3 * MAX_REPLIES_PER_CLIENT as u64 {
-            let request = InFlight::begin(&s);
-            let answer = Response::Answer(Ok(Reply::Swept { expired: n }));
-            store.record(&origin(&request), answer, 0);
+            let Some(request) = begin(&s) else { break };
+            store.record(
+                &origin(&request),
+                Response::Answer(Ok(Reply::Swept { expired: n })),
+                0,
+            );
+            sent += 1;
         }
-        assert_eq!(store.lookup(&origin(&stuck)), SessionLookup::New);
-        assert_ne!(
-            s.client_id(),
-            stuck.client_id,
-            "later writes moved to a new identity"
+        assert_eq!(
+            sent,
+            SEQ_WINDOW - 1,
+            "the window filled, then writes waited"
         );
+        assert_eq!(store.lookup(&origin(&stuck)), SessionLookup::New);
+        // The waiting write goes as soon as the stuck one ends.
+        let mut waiting = Box::pin(InFlight::begin(&s));
+        assert!((&mut waiting).now_or_never().is_none());
+        drop(stuck);
+        assert!(waiting.now_or_never().is_some());
+    }
+
+    /// Long polls wait for work by design: their session has no window.
+    #[test]
+    fn the_poll_session_never_holds_a_request_back() {
+        let s = Session::new(None);
+        let _held = begin(&s).unwrap();
+        for _ in 0..3 * SEQ_WINDOW {
+            begin(&s).unwrap();
+        }
     }
 }
