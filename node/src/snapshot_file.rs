@@ -197,11 +197,10 @@ fn check_prefix(bytes: &[u8]) -> anyhow::Result<u32> {
 }
 
 /// Reads a file no further than its header says it reaches, one byte past to see that it ends
-/// there: a wrong path (a device such as /dev/zero, a pipe that never closes, a large unrelated
+/// there: a wrong path (a device such as /dev/zero, a pipe that never ends, a large unrelated
 /// file) is refused after its first bytes instead of being read whole into memory.
 fn read_bounded(path: &Path) -> anyhow::Result<Vec<u8>> {
-    let mut file =
-        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut file = std::fs::File::open(path).context("cannot open it")?;
     // Room up front for a regular file's bytes, never for what a (possibly corrupt) header claims.
     let on_disk = file.metadata().map(|m| m.len()).unwrap_or(0);
     let mut bytes = Vec::new();
@@ -209,7 +208,7 @@ fn read_bounded(path: &Path) -> anyhow::Result<Vec<u8>> {
         (&mut file)
             .take(more)
             .read_to_end(bytes)
-            .with_context(|| format!("cannot read {}", path.display()))
+            .context("cannot read it")
     };
     read_up_to(&mut bytes, 16)?;
     let header_len = check_prefix(&bytes)?;

@@ -31,6 +31,9 @@ fn an_unreachable_cluster_is_reported_before_the_run() {
     let output = Command::new(env!("CARGO_BIN_EXE_baton"))
         .args(["bench", "--workload", "handoff", "--duration", "1s"])
         .args(["--endpoints", "127.0.0.1:9"])
+        // The command line names the cluster; an exported variable neither wins nor is reported
+        // as ignored.
+        .env("BATON_ENDPOINTS", "127.0.0.1:8")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -39,6 +42,7 @@ fn an_unreachable_cluster_is_reported_before_the_run() {
         stderr.contains("cluster unavailable") && stderr.contains("127.0.0.1:9"),
         "{stderr}"
     );
+    assert!(!stderr.contains("BATON_ENDPOINTS is ignored"), "{stderr}");
     // Not a timing claim: the requests' own deadline is 30 s, and it must not be waited out.
     assert!(
         started.elapsed() < Duration::from_secs(20),

@@ -95,13 +95,13 @@ pub enum ChangeKind {
     Completed,
     /// Board, effect, queue: the holder extended its lease.
     Renewed,
-    /// Effect: an attempt was granted (holder = the minted holder id, fence = resource fence).
+    /// Effect: an attempt was granted (fence = resource fence; the holder id is withheld).
     Granted,
     /// Effect: the holder withdrew its attempt.
     Abandoned,
     /// Effect: the holder declared the outcome unknown.
     Uncertain,
-    /// Effect: a reconciler took the slot of an uncertain key (holder = its token).
+    /// Effect: a reconciler took the slot of an uncertain key.
     Reconciling,
     /// Effect: an uncertain key was resolved (completed, or idle again).
     Resolved,
@@ -143,7 +143,8 @@ pub enum ChangeKind {
     /// Queue: a task's scheduling remark changed (e.g. its key's tokens are exhausted).
     Updated,
     /// Any primitive: a holder's lease ended without the holder asking — it expired, or a re-seed
-    /// cleared it. Names the holder and its fence; the value shows what the key became.
+    /// cleared it. Names the holder (not a side effect's: its id is its credential) and its
+    /// fence; the value shows what the key became.
     Lost,
 }
 
@@ -400,7 +401,8 @@ pub struct ChangeFilter {
     /// Only queue tasks becoming leasable in this queue: `leasable` changes of its tasks and
     /// `key_freed` changes that list it.
     pub leasable_in: Option<String>,
-    /// Only changes naming this holder (claims, takes, grants, attempts, and their `lost`).
+    /// Only changes naming this holder (claims, takes, attempts, and their `lost`; side-effect
+    /// changes name none).
     pub holder: Option<String>,
     /// Only these kinds (empty = any kind).
     pub kinds: Vec<ChangeKind>,

@@ -1,6 +1,6 @@
 //! `baton snapshot save|inspect|restore`: backups and disaster recovery.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use baton_node::snapshot_file::{
@@ -203,8 +203,9 @@ async fn restore(
 /// lists would disagree on who is a member), or `--id` not among them.
 fn new_members(id: u64, given: &[(u64, String)]) -> Result<BTreeMap<u64, String>, String> {
     let mut members = BTreeMap::new();
+    let mut addrs = BTreeSet::new();
     for (member, addr) in given {
-        if members.values().any(|known| known == addr) {
+        if !addrs.insert(addr) {
             return Err(format!("--members names the address {addr} twice"));
         }
         if members.insert(*member, addr.clone()).is_some() {

@@ -273,11 +273,10 @@ impl Client {
     ) -> Result<Self, Error> {
         let credentials = Credentials::new(&security)?;
         if security.tls.is_none() {
-            if let Some(https) = endpoints
-                .iter()
-                .map(|e| e.as_ref().trim())
-                .find(|e| e.starts_with("https://"))
-            {
+            if let Some(https) = endpoints.iter().map(|e| e.as_ref().trim()).find(|e| {
+                e.get(..8)
+                    .is_some_and(|s| s.eq_ignore_ascii_case("https://"))
+            }) {
                 return Err(Error::Config(format!(
                     "endpoint {https} asks for TLS, but no TLS settings were given (the CA \
                      certificate): refusing to send requests, and any token, in plaintext"
@@ -737,7 +736,7 @@ mod connection_tests {
             tls: None,
         };
         let error = Client::new_with_security(
-            &["127.0.0.1:7001", " https://baton.example:7443/"],
+            &["127.0.0.1:7001", " HTTPS://baton.example:7443/"],
             ClientConfig::default(),
             security,
         )
@@ -745,7 +744,7 @@ mod connection_tests {
         .unwrap();
         match error {
             Error::Config(message) => {
-                assert!(message.contains("https://baton.example:7443"), "{message}")
+                assert!(message.contains("HTTPS://baton.example:7443"), "{message}")
             }
             other => panic!("not a configuration error: {other:?}"),
         }
