@@ -17,9 +17,22 @@ pub fn encode_into<T: Serialize>(
     bincode::serde::encode_into_std_write(value, writer, bincode::config::standard()).map(|_| ())
 }
 
+/// Inputs up to this size (every Raft frame, log entry and vote) are decoded with a limit: bincode
+/// allocates an owned string or byte buffer by the length the input states before reading it, so
+/// a crafted length (2^62 in a few-byte frame) would make the allocation fail and abort the
+/// process. Together those buffers never need more bytes than the input holds, so a limit of
+/// this size refuses nothing genuine. Larger inputs are snapshot states, read from this node's
+/// disk or installed by a member of its cluster.
+const LIMITED_INPUT_BYTES: usize = crate::raft_wire::MAX_FRAME_BYTES;
+
 /// Decodes a value encoded by [`encode`], refusing trailing bytes.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::error::DecodeError> {
-    let (value, read) = bincode::serde::decode_from_slice(bytes, bincode::config::standard())?;
+    let (value, read) = if bytes.len() <= LIMITED_INPUT_BYTES {
+        let config = bincode::config::standard().with_limit::<LIMITED_INPUT_BYTES>();
+        bincode::serde::decode_from_slice(bytes, config)?
+    } else {
+        bincode::serde::decode_from_slice(bytes, bincode::config::standard())?
+    };
     if read != bytes.len() {
         return Err(bincode::error::DecodeError::OtherString(format!(
             "{} trailing bytes",
@@ -51,6 +64,20 @@ mod tests {
     /// bincode writes an enum variant as its index: a log written before `SweepAtMost` existed
     /// holds `Sweep` as variant 6, and must still read as `Sweep` (so variants are only ever
     /// appended). The bytes of a sweep entry are pinned here.
+    /// A few bytes that state a string of 2^62 bytes: refused, where the allocation bincode
+    /// makes by the stated length used to abort the process. Genuine values pass.
+    #[test]
+    fn a_crafted_length_is_refused_instead_of_aborting() {
+        let crafted = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0x40];
+        assert!(decode::<String>(&crafted).is_err());
+        assert!(decode::<(u64, Vec<u8>)>(&[[7].as_slice(), &crafted].concat()).is_err());
+        let genuine = "x".repeat(1 << 20);
+        assert_eq!(
+            decode::<String>(&encode(&genuine).unwrap()).unwrap(),
+            genuine
+        );
+    }
+
     #[test]
     fn the_sweep_commands_keep_their_encodings() {
         let envelope = |command| Envelope {

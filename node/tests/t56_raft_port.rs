@@ -6,9 +6,10 @@
 use std::time::Duration;
 
 use baton_node::raft_wire::{self, Kind, Link, Outcome};
-use baton_node::types::NodeId;
+use baton_node::types::{NodeId, TypeConfig};
 use futures::{SinkExt, StreamExt};
-use openraft::raft::{VoteRequest, VoteResponse};
+use openraft::raft::{InstallSnapshotRequest, VoteRequest, VoteResponse};
+use openraft::SnapshotMeta;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -69,6 +70,34 @@ async fn one_port_serves_grpc_and_raft_and_refuses_garbage_on_raft_connections()
     let why = String::from_utf8(why.to_vec()).unwrap();
     assert!(why.contains("undecodable AppendEntries"), "{why}");
     assert!(next_answer(&mut link).await.is_none(), "closed after it");
+
+    // A snapshot chunk whose snapshot id states a length of 2^62 bytes in a frame of a few
+    // dozen: refused as undecodable, where bincode's allocation by that length used to abort
+    // the node (and this test with it).
+    let chunk = InstallSnapshotRequest::<TypeConfig> {
+        vote: openraft::Vote::new(0, 2),
+        meta: SnapshotMeta {
+            last_log_id: None,
+            last_membership: Default::default(),
+            snapshot_id: "ZZZZ".into(),
+        },
+        offset: 0,
+        data: vec![],
+        done: true,
+    };
+    let mut body = baton_node::codec::encode(&chunk).unwrap();
+    let at = body
+        .windows(5)
+        .position(|w| w == [4, b'Z', b'Z', b'Z', b'Z'])
+        .unwrap();
+    body.splice(at..=at, [0xfd, 0, 0, 0, 0, 0, 0, 0, 0x40]);
+    let mut link = raft_link(&cluster.addr).await;
+    let frame = [&[Kind::InstallSnapshot as u8][..], &body].concat();
+    link.send(bytes::Bytes::from(frame)).await.unwrap();
+    let (outcome, why) = next_answer(&mut link).await.expect("a refusal");
+    assert_eq!(outcome, Outcome::Failed);
+    let why = String::from_utf8(why.to_vec()).unwrap();
+    assert!(why.contains("undecodable InstallSnapshot"), "{why}");
 
     // A request kind that does not exist.
     let mut link = raft_link(&cluster.addr).await;
