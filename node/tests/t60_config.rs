@@ -214,6 +214,24 @@ fn unworkable_values_are_refused_by_the_check() {
             vec![],
             "watch.history_bytes",
         ),
+        // Raft counts in whole milliseconds: 900us would become a 0 ms heartbeat, a timeout no
+        // AppendEntries meets (replication stopped).
+        (
+            vec!["--heartbeat", "900us", "--election-timeout", "3ms"],
+            vec![],
+            "raft.heartbeat",
+        ),
+        // "Unlimited" counts the node's semaphores and channels cannot hold (it panicked).
+        (
+            vec!["--max-in-flight", "9223372036854775807"],
+            vec![],
+            "limits.max_in_flight",
+        ),
+        (
+            vec!["--set", "watch.stream_buffer=9223372036854775807"],
+            vec![],
+            "watch.stream_buffer",
+        ),
         // Healthy followers would take a gap between heartbeats for a partition.
         (
             vec![
@@ -229,6 +247,20 @@ fn unworkable_values_are_refused_by_the_check() {
         ),
     ];
     assert_each_refused(&["--check-config", "--id", "1"], cases);
+}
+
+/// An environment variable that is not UTF-8 (here one Baton never reads, as a container runtime
+/// may set) does not stop a node: it used to panic before reading its configuration.
+#[test]
+fn a_variable_that_is_not_utf8_is_no_obstacle() {
+    use std::os::unix::ffi::OsStrExt;
+    let output = Command::new(BATON)
+        .args(["node", "--check-config", "--id", "1"])
+        .env_clear()
+        .env("LEGACY_PATH", std::ffi::OsStr::from_bytes(b"/srv/caf\xe9"))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
 }
 
 /// A case of a refused configuration: flags, environment, and what the error must say.

@@ -178,7 +178,15 @@ pub async fn run(args: NodeArgs, security: &SecurityArgs) -> u8 {
         return exit::OK;
     }
     let overrides = args.overrides(security);
-    let loaded = match config::load(args.config.as_deref(), std::env::vars(), &overrides) {
+    // Lossily: `env::vars` panics on any variable that is not UTF-8, also ones Baton never reads
+    // (a Latin-1 path a container runtime set); a BATON_ one is then refused by its check.
+    let environment = std::env::vars_os().map(|(key, value)| {
+        (
+            key.to_string_lossy().into_owned(),
+            value.to_string_lossy().into_owned(),
+        )
+    });
+    let loaded = match config::load(args.config.as_deref(), environment, &overrides) {
         Ok(loaded) => loaded,
         Err(error) => return config_error(&error),
     };

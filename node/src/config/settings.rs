@@ -250,6 +250,20 @@ fn positive(key: &str, value: u64) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// Most places a counted setting may ask for: far beyond what one node serves or buffers, and
+/// within what the semaphores and channels that count them can hold (a larger one, such as an
+/// "unlimited" i64::MAX, made the node panic as it started).
+const MAX_COUNT: usize = 1 << 24;
+
+/// `value` must be at least 1 and at most [`MAX_COUNT`].
+fn counted(key: &str, value: usize) -> Result<(), Invalid> {
+    positive(key, value as u64)?;
+    if value > MAX_COUNT {
+        return Err(invalid(key, format!("must be at most {MAX_COUNT}")));
+    }
+    Ok(())
+}
+
 /// `value` must be longer than zero.
 fn nonzero(key: &str, value: Duration) -> Result<(), Invalid> {
     if value.is_zero() {
@@ -422,7 +436,14 @@ impl Settings {
 
 impl RaftSettings {
     fn to_tuning(&self) -> Result<RaftTuning, Invalid> {
-        nonzero("raft.heartbeat", self.heartbeat)?;
+        // openraft counts in whole milliseconds: a shorter heartbeat would become 0, a timeout
+        // no AppendEntries could meet, and replication would stop.
+        if self.heartbeat < Duration::from_millis(1) {
+            return Err(invalid(
+                "raft.heartbeat",
+                "must be at least 1ms (Raft counts in whole milliseconds)",
+            ));
+        }
         let shortest = self.heartbeat.checked_mul(MIN_HEARTBEATS_PER_ELECTION);
         if shortest.is_none_or(|shortest| self.election_timeout < shortest) {
             return Err(invalid(
@@ -467,7 +488,7 @@ impl WatchSettings {
                 format!("must be at least {MIN_HISTORY_BYTES} (32 MiB)"),
             ));
         }
-        positive("watch.stream_buffer", self.stream_buffer as u64)?;
+        counted("watch.stream_buffer", self.stream_buffer)?;
         nonzero("watch.progress_every", self.progress_every)?;
         if self.progress_every > WATCH_SILENCE / 2 {
             // Clients take a stream silent for WATCH_SILENCE for a dead node and move on.
@@ -515,10 +536,10 @@ impl LimitSettings {
                 ),
             ));
         }
-        positive("limits.max_in_flight", self.max_in_flight as u64)?;
-        positive(
+        counted("limits.max_in_flight", self.max_in_flight)?;
+        counted(
             "limits.max_in_flight_per_connection",
-            self.max_in_flight_per_connection as u64,
+            self.max_in_flight_per_connection,
         )?;
         Ok(Limits {
             max_request_bytes: self.max_request_bytes,
