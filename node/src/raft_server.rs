@@ -27,9 +27,33 @@ use crate::tls::PeerAcceptor;
 use crate::types::{NodeId, Raft, TypeConfig};
 use crate::{codec, handover, newer_log_stands, stalled_leader};
 
-/// How long a new connection may take to send its first byte (and a peer its preamble and TLS
-/// handshake) before it is closed. gRPC clients, plain or TLS, speak first too.
-const OPENING_LIMIT: Duration = Duration::from_secs(10);
+/// How long a new connection may take to send its first byte and then open (a peer its preamble
+/// and TLS handshake, a plaintext gRPC client HTTP/2's preface, a TLS one its handshake) before
+/// it is closed. gRPC clients, plain or TLS, speak first too.
+pub const OPENING_LIMIT: Duration = Duration::from_secs(10);
+
+/// The first byte of a TLS connection (a handshake record).
+const TLS_HANDSHAKE: u8 = 0x16;
+
+/// What an HTTP/2 client sends first on a plaintext connection.
+const HTTP2_PREFACE_BYTES: usize = 24;
+
+/// Whether `stream` holds HTTP/2's connection preface (or as many bytes of anything) before
+/// `deadline`, peeked, not read.
+async fn preface_arrives(stream: &TcpStream, deadline: Instant) -> bool {
+    let mut preface = [0u8; HTTP2_PREFACE_BYTES];
+    loop {
+        match stream.peek(&mut preface).await {
+            Ok(HTTP2_PREFACE_BYTES) => return true,
+            Ok(0) | Err(_) => return false,
+            // Part of it: the rest is on its way (a peek would see the same bytes at once).
+            Ok(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Ok(_) => return false,
+        }
+    }
+}
 
 /// The connections of one port, split between gRPC and Raft.
 pub struct Port {
@@ -106,8 +130,16 @@ async fn accept(
                     raft_wire::tune(&stream);
                     serve_peer(local, stream, tls, closed).await;
                 }
-                // gRPC (or nothing yet, or an error the gRPC server will meet on its own).
-                _ => {
+                // gRPC. A TLS client starts its handshake (bounded by the server's TLS timeout);
+                // a plaintext one must have sent HTTP/2's whole preface by the opening limit.
+                // The gRPC server waits for neither, so a connection stalled before either
+                // would be held for good, and a few thousand of them would use up the node's
+                // file descriptors, its peers' Raft connections with them.
+                Ok(Ok(1)) => {
+                    let opened = Instant::now() + OPENING_LIMIT;
+                    if first[0] != TLS_HANDSHAKE && !preface_arrives(&stream, opened).await {
+                        return;
+                    }
                     // Nagle's algorithm off: a small response split over writes would otherwise
                     // wait for the client's delayed ACK, ~40 ms, whenever it is not busy.
                     if let Err(e) = stream.set_nodelay(true) {
@@ -115,6 +147,8 @@ async fn accept(
                     }
                     let _ = grpc.send(Ok(stream)).await;
                 }
+                // Nothing within the opening limit, closed, or failed: dropped, which closes it.
+                _ => {}
             }
         });
     }

@@ -67,6 +67,8 @@ impl NodeTls {
             .identity(self.identity.clone())
             .client_ca_root(self.ca.clone())
             .client_auth_optional(true)
+            // A client that stalls in the handshake is let go (without a limit, held for good).
+            .timeout(crate::raft_server::OPENING_LIMIT)
     }
 
     /// Calls another node's client port as a client: trusts the cluster CA, presents this

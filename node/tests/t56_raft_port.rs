@@ -128,6 +128,50 @@ async fn one_port_serves_grpc_and_raft_and_refuses_garbage_on_raft_connections()
     cluster.stop().await;
 }
 
+/// Whether the node closes `stream` within `limit`, reading and dropping whatever it sends.
+async fn closed_within(mut stream: TcpStream, limit: Duration) -> bool {
+    let mut buf = [0u8; 4096];
+    let until = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(until, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Claim: a connection that has not opened by the opening limit is closed — one that sends
+/// nothing, one that starts HTTP/2's preface and stalls, one that starts a TLS handshake and
+/// stalls. Before, the first two were handed to the gRPC server and the third held in the TLS
+/// handshake, each for good: a few thousand such sockets used up the node's file descriptors,
+/// and its peers' Raft connections with them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_never_finish_opening_are_closed() {
+    let plain = Cluster::start().await;
+    let certs = tempfile::tempdir().unwrap();
+    let (security, client) = support::tls(certs.path());
+    let secure = Cluster::start_secured(|_| {}, security, client).await;
+    let silent = TcpStream::connect(&plain.addr).await.unwrap();
+    let mut half_preface = TcpStream::connect(&plain.addr).await.unwrap();
+    half_preface.write_all(b"PRI * HTTP/2.0").await.unwrap();
+    let mut half_handshake = TcpStream::connect(&secure.addr).await.unwrap();
+    half_handshake.write_all(&[0x16, 0x03, 0x01]).await.unwrap();
+    let limit = baton_node::raft_server::OPENING_LIMIT * 2;
+    for (what, stream) in [
+        ("silent", silent),
+        ("half a preface", half_preface),
+        ("half a TLS handshake", half_handshake),
+    ] {
+        assert!(closed_within(stream, limit).await, "{what}: still open");
+    }
+    // Clients that open properly are served as ever.
+    plain.client.offer(offer("plain")).await.unwrap();
+    secure.client.offer(offer("tls")).await.unwrap();
+    plain.stop().await;
+    secure.stop().await;
+}
+
 /// Claim: a node that stops closes every Raft connection it holds, also those that have not
 /// yet said what they are or finished their opening, instead of leaving them to the 10 s
 /// opening limit.

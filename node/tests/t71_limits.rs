@@ -269,6 +269,41 @@ async fn the_connection_limit_refuses_only_the_busy_connection() {
     let cluster =
         Cluster::start_custom(|config| config.limits.max_in_flight_per_connection = 1).await;
     let busy = channel(&cluster.addr).await;
+    let other = channel(&cluster.addr).await;
+    connection_limit_refuses_only(cluster, busy, other).await;
+}
+
+/// The same over TLS (where tonic files the client's address under a second type as well).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connection_limit_holds_over_tls_too() {
+    let certs = tempfile::tempdir().unwrap();
+    let (security, client) = support::tls(certs.path());
+    let ca = std::fs::read(certs.path().join("ca.pem")).unwrap();
+    let cluster = Cluster::start_secured(
+        |config| config.limits.max_in_flight_per_connection = 1,
+        security,
+        client,
+    )
+    .await;
+    let tls_channel = || async {
+        Endpoint::from_shared(format!("https://{}", cluster.addr))
+            .unwrap()
+            .tls_config(
+                tonic::transport::ClientTlsConfig::new()
+                    .ca_certificate(tonic::transport::Certificate::from_pem(&ca)),
+            )
+            .unwrap()
+            .connect()
+            .await
+            .unwrap()
+    };
+    let (busy, other) = (tls_channel().await, tls_channel().await);
+    connection_limit_refuses_only(cluster, busy, other).await;
+}
+
+/// With a request held on `busy`, the next one on `busy` is refused OVERLOADED, one on `other`
+/// is served.
+async fn connection_limit_refuses_only(cluster: Cluster, busy: Channel, other: Channel) {
     let held = hold_a_request(&cluster, busy.clone(), Duration::from_secs(3)).await;
 
     let status = load_until_overloaded(&busy).await;
@@ -279,7 +314,7 @@ async fn the_connection_limit_refuses_only_the_busy_connection() {
             .contains("limits.max_in_flight_per_connection"),
         "{status:?}"
     );
-    let other = CheckpointClient::new(channel(&cluster.addr).await)
+    let other = CheckpointClient::new(other)
         .load(LoadCheckpointRequest { run: "r".into() })
         .await
         .unwrap_err();

@@ -29,6 +29,41 @@ pub fn claim_item(id: &str, seq: u64) -> baton_rpc::proto::BatchItem {
     }
 }
 
+/// TLS for a node at 127.0.0.1, from certificates `baton certs generate` writes into `dir`: the
+/// node's settings, and a client's that trusts the node's CA.
+pub fn tls(dir: &std::path::Path) -> (baton_node::security::Security, baton_rpc::Security) {
+    let made = std::process::Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args([
+            "certs",
+            "generate",
+            "--name",
+            "node",
+            "--hosts",
+            "127.0.0.1",
+        ])
+        .arg("--out")
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let node = baton_node::security::Security {
+        tls: Some(baton_node::tls::TlsFiles {
+            cert: dir.join("node.pem"),
+            key: dir.join("node-key.pem"),
+            ca: dir.join("ca.pem"),
+        }),
+        tokens: None,
+    };
+    let client = baton_rpc::Security {
+        token: None,
+        tls: Some(baton_rpc::ClientTls {
+            ca_pem: std::fs::read(dir.join("ca.pem")).unwrap(),
+            identity: None,
+        }),
+    };
+    (node, client)
+}
+
 /// A free 127.0.0.1 port for a listener the node binds itself (e.g. its HTTP endpoint).
 pub fn free_addr() -> std::net::SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -92,6 +127,16 @@ impl Cluster {
 
     /// [`Cluster::start`] with the test settings changed by `custom`.
     pub async fn start_custom(custom: impl FnOnce(&mut NodeConfig)) -> Cluster {
+        Self::start_secured(custom, Default::default(), Default::default()).await
+    }
+
+    /// [`Cluster::start_custom`] with the node protected as `security` says, and its client
+    /// presenting `client`.
+    pub async fn start_secured(
+        custom: impl FnOnce(&mut NodeConfig),
+        security: baton_node::security::Security,
+        client: baton_rpc::Security,
+    ) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let listen = listener.local_addr().unwrap();
@@ -105,19 +150,24 @@ impl Cluster {
         config.sweep_interval = Duration::from_millis(200);
         custom(&mut config);
         let (stop, stopped) = oneshot::channel::<()>();
-        let server = tokio::spawn(baton_node::server::serve(config, listener, async move {
-            let _ = stopped.await;
-        }));
+        let server = tokio::spawn(baton_node::server::serve_secured(
+            config,
+            security,
+            listener,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
         let config = ClientConfig {
             deadline: Duration::from_secs(10),
             ..ClientConfig::default()
         };
-        Client::new(&[addr.as_str()], config.clone())
+        Client::new_with_security(&[addr.as_str()], config.clone(), client.clone())
             .unwrap()
             .initialize(&addr, &[(1, addr.clone())])
             .await
             .unwrap();
-        let client = Client::connect_with(&[addr.as_str()], config)
+        let client = Client::connect_with_security(&[addr.as_str()], config, client)
             .await
             .unwrap();
         Cluster {
