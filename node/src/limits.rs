@@ -104,10 +104,23 @@ pub struct BatchPlaces {
 }
 
 impl BatchPlaces {
-    /// Places for up to `calls` calls of a batch (given back when dropped) and how many of its
-    /// calls may run: at least 1, at most `calls`.
-    pub fn take(&self, calls: usize) -> (Option<OwnedSemaphorePermit>, usize) {
+    /// Places for up to `calls` calls of a batch that came on `remote`'s connection (given back
+    /// when dropped) and how many of its calls may run: at least 1, at most `calls`. The extra
+    /// places count on the connection's limit too, or one connection's batches could take
+    /// every place on the node.
+    pub fn take(&self, calls: usize, remote: Option<SocketAddr>) -> (Option<Places>, usize) {
         let wanted = calls.min(self.gate.limits.max_in_flight).saturating_sub(1);
+        let (wanted, connection) = match remote {
+            Some(remote) => {
+                let charged = self.gate.charge(remote, wanted);
+                (charged, Some((self.gate.clone(), remote, charged)))
+            }
+            None => (wanted, None),
+        };
+        let mut places = Places(Ticket {
+            _node: None,
+            connection,
+        });
         // Another request may take a place between the look and the taking: look again.
         for _ in 0..3 {
             let extra = wanted.min(self.gate.node.available_permits());
@@ -117,17 +130,42 @@ impl BatchPlaces {
             if count == 0 {
                 break;
             }
-            if let Ok(places) = self.gate.node.clone().try_acquire_many_owned(count) {
+            if let Ok(node) = self.gate.node.clone().try_acquire_many_owned(count) {
+                places.0._node = Some(node);
+                places.0.keep_on_connection(extra);
                 return (Some(places), extra + 1);
             }
         }
         (None, 1)
     }
 
-    /// The answer to a call of a batch that found no place.
-    pub fn refusal(&self) -> Status {
-        node_full(self.gate.limits.max_in_flight)
+    /// The answer to a call of a batch from `remote` that found no place: the connection's
+    /// limit when that is full, else the node's.
+    pub fn refusal(&self, remote: Option<SocketAddr>) -> Status {
+        let limit = self.gate.limits.max_in_flight_per_connection;
+        let connection_full = remote.is_some_and(|remote| {
+            self.gate
+                .connections()
+                .get(&remote)
+                .is_some_and(|count| *count >= limit)
+        });
+        if connection_full {
+            connection_full_status(limit)
+        } else {
+            node_full(self.gate.limits.max_in_flight)
+        }
     }
+}
+
+/// The places a batch took for its calls beyond the first; dropping them gives them back.
+pub struct Places(Ticket);
+
+/// The answer to a request beyond its connection's in-flight limit.
+fn connection_full_status(limit: usize) -> Status {
+    overloaded(format!(
+        "this connection has its limit of {limit} requests in flight \
+         (limits.max_in_flight_per_connection); retry with back-off"
+    ))
 }
 
 /// The answer to a request beyond the node's in-flight limit.
@@ -158,22 +196,26 @@ struct Gate {
     connections: Mutex<HashMap<SocketAddr, usize>>,
 }
 
-/// One admitted request's place in the counts; dropping it gives the place back.
+/// Places in the counts: on the node, and how many on the connection; dropping gives them back.
 struct Ticket {
-    _node: OwnedSemaphorePermit,
-    connection: Option<(Arc<Gate>, SocketAddr)>,
+    _node: Option<OwnedSemaphorePermit>,
+    connection: Option<(Arc<Gate>, SocketAddr, usize)>,
+}
+
+impl Ticket {
+    /// Keeps only `kept` of the places charged to the connection, giving the rest back.
+    fn keep_on_connection(&mut self, kept: usize) {
+        if let Some((gate, remote, charged)) = &mut self.connection {
+            gate.discharge(*remote, charged.saturating_sub(kept));
+            *charged = kept.min(*charged);
+        }
+    }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        if let Some((gate, remote)) = self.connection.take() {
-            let mut connections = gate.connections();
-            if let Some(count) = connections.get_mut(&remote) {
-                *count -= 1;
-                if *count == 0 {
-                    connections.remove(&remote);
-                }
-            }
+        if let Some((gate, remote, charged)) = self.connection.take() {
+            gate.discharge(remote, charged);
         }
     }
 }
@@ -194,24 +236,47 @@ impl Gate {
             .map_err(|_| node_full(self.limits.max_in_flight))?;
         let Some(remote) = remote else {
             return Ok(Ticket {
-                _node: node,
+                _node: Some(node),
                 connection: None,
             });
         };
+        if self.charge(remote, 1) == 0 {
+            return Err(connection_full_status(
+                self.limits.max_in_flight_per_connection,
+            ));
+        }
+        Ok(Ticket {
+            _node: Some(node),
+            connection: Some((self.clone(), remote, 1)),
+        })
+    }
+
+    /// Counts up to `wanted` more requests on `remote`'s connection, as many as its limit has
+    /// room for; returns how many.
+    fn charge(&self, remote: SocketAddr, wanted: usize) -> usize {
         let mut connections = self.connections();
         let count = connections.entry(remote).or_insert(0);
-        if *count >= self.limits.max_in_flight_per_connection {
-            return Err(overloaded(format!(
-                "this connection has its limit of {} requests in flight \
-                 (limits.max_in_flight_per_connection); retry with back-off",
-                self.limits.max_in_flight_per_connection
-            )));
+        let charged = wanted.min(
+            self.limits
+                .max_in_flight_per_connection
+                .saturating_sub(*count),
+        );
+        *count += charged;
+        if *count == 0 {
+            connections.remove(&remote);
         }
-        *count += 1;
-        Ok(Ticket {
-            _node: node,
-            connection: Some((self.clone(), remote)),
-        })
+        charged
+    }
+
+    /// Gives `n` places on `remote`'s connection back.
+    fn discharge(&self, remote: SocketAddr, n: usize) {
+        let mut connections = self.connections();
+        if let Some(count) = connections.get_mut(&remote) {
+            *count = count.saturating_sub(n);
+            if *count == 0 {
+                connections.remove(&remote);
+            }
+        }
     }
 }
 

@@ -301,6 +301,48 @@ async fn the_connection_limit_holds_over_tls_too() {
     connection_limit_refuses_only(cluster, busy, other).await;
 }
 
+/// A batch's calls count on its connection's limit too: one connection's batches could take
+/// every place on the node otherwise (each came in as one request on the connection, and its
+/// calls took node places only). With room for 3 on the connection, a batch of 5 runs 3 calls
+/// and answers 2 OVERLOADED naming the connection's limit, without running them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_counts_on_its_connections_limit() {
+    let cluster =
+        Cluster::start_custom(|config| config.limits.max_in_flight_per_connection = 3).await;
+    let specs: Vec<_> = (0..5)
+        .map(|i| baton_statemachine::board::TaskSpec {
+            id: format!("c{i}"),
+            deps: Vec::new(),
+        })
+        .collect();
+    cluster.client.seed(&specs).await.unwrap();
+    let claims = (0..5)
+        .map(|i| claim_item(&format!("c{i}"), i + 1))
+        .collect();
+    let answered = BatchClient::new(channel(&cluster.addr).await)
+        .call(BatchRequest { items: claims })
+        .await
+        .unwrap()
+        .into_inner()
+        .results;
+    let refused = |result: &BatchResult| match &result.outcome {
+        Some(Outcome::Status(status)) => status
+            .message
+            .contains("limits.max_in_flight_per_connection"),
+        _ => false,
+    };
+    assert_eq!(
+        answered.iter().map(refused).collect::<Vec<_>>(),
+        vec![false, false, false, true, true],
+        "{answered:?}"
+    );
+    // The refused calls did not run: their tasks are free.
+    for free in ["c3", "c4"] {
+        cluster.client.claim(free, "someone", 30_000).await.unwrap();
+    }
+    cluster.stop().await;
+}
+
 /// With a request held on `busy`, the next one on `busy` is refused OVERLOADED, one on `other`
 /// is served.
 async fn connection_limit_refuses_only(cluster: Cluster, busy: Channel, other: Channel) {

@@ -130,6 +130,7 @@ impl batch_server::Batch for BatchService {
         &self,
         request: Request<BatchRequest>,
     ) -> Result<Response<BatchResponse>, Status> {
+        let remote = request.remote_addr();
         let items = request.into_inner().items;
         tracing::Span::current().record("items", items.len());
         if items.len() > batch::MAX_ITEMS {
@@ -138,12 +139,15 @@ impl batch_server::Batch for BatchService {
                 format!("a batch carries at most {} calls", batch::MAX_ITEMS),
             )));
         }
-        let (_places, admitted) = self.places.take(items.len());
+        let (_places, admitted) = self.places.take(items.len(), remote);
+        let refusal = (admitted < items.len()).then(|| self.places.refusal(remote));
+        let refusal = &refusal;
         let results = join_all(items.into_iter().enumerate().map(|(i, item)| async move {
-            if i < admitted {
-                self.item(item).await
-            } else {
-                self.answered_without_running(&item, self.places.refusal())
+            match refusal {
+                Some(refusal) if i >= admitted => {
+                    self.answered_without_running(&item, refusal.clone())
+                }
+                _ => self.item(item).await,
             }
         }))
         .await;
