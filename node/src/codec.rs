@@ -17,22 +17,34 @@ pub fn encode_into<T: Serialize>(
     bincode::serde::encode_into_std_write(value, writer, bincode::config::standard()).map(|_| ())
 }
 
-/// Inputs up to this size (every Raft frame, log entry and vote) are decoded with a limit: bincode
-/// allocates an owned string or byte buffer by the length the input states before reading it, so
-/// a crafted length (2^62 in a few-byte frame) would make the allocation fail and abort the
-/// process. Together those buffers never need more bytes than the input holds, so a limit of
-/// this size refuses nothing genuine. Larger inputs are snapshot states, read from this node's
-/// disk or installed by a member of its cluster.
-const LIMITED_INPUT_BYTES: usize = crate::raft_wire::MAX_FRAME_BYTES;
+/// What one [`decode`] may claim. bincode allocates an owned string or byte buffer by the length
+/// the input states, before reading it: a crafted length (2^62 in a frame of a few dozen bytes)
+/// made that allocation fail and aborted the process. With a limit bincode refuses the claim
+/// instead. It counts every value at its width in memory (8 bytes for a u64 however short its
+/// varint), up to ~8 times the input; what `decode` reads — Raft frames (appends carry at most
+/// `network::APPEND_BUDGET_BYTES`, or one entry), log entries (one batch of commands of at most
+/// 1 MiB of payload each), votes, snapshot chunks and metadata — stays far below this.
+const DECODE_LIMIT: usize = crate::raft_wire::MAX_FRAME_BYTES;
 
-/// Decodes a value encoded by [`encode`], refusing trailing bytes.
+/// Decodes a value encoded by [`encode`], refusing trailing bytes and lengths past
+/// [`DECODE_LIMIT`].
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::error::DecodeError> {
-    let (value, read) = if bytes.len() <= LIMITED_INPUT_BYTES {
-        let config = bincode::config::standard().with_limit::<LIMITED_INPUT_BYTES>();
-        bincode::serde::decode_from_slice(bytes, config)?
-    } else {
-        bincode::serde::decode_from_slice(bytes, bincode::config::standard())?
-    };
+    let config = bincode::config::standard().with_limit::<DECODE_LIMIT>();
+    whole(bytes, bincode::serde::decode_from_slice(bytes, config)?)
+}
+
+/// [`decode`] without the limit, for a snapshot's state: it may be of any size (a million
+/// leases claim hundreds of MiB), and it comes from this node's own disk, a backup file the
+/// operator names, or a member of the cluster, never from an unauthenticated connection.
+pub fn decode_state<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::error::DecodeError> {
+    whole(
+        bytes,
+        bincode::serde::decode_from_slice(bytes, bincode::config::standard())?,
+    )
+}
+
+/// The decoded value, if it used all of `bytes`.
+fn whole<T>(bytes: &[u8], (value, read): (T, usize)) -> Result<T, bincode::error::DecodeError> {
     if read != bytes.len() {
         return Err(bincode::error::DecodeError::OtherString(format!(
             "{} trailing bytes",
@@ -76,6 +88,21 @@ mod tests {
             decode::<String>(&encode(&genuine).unwrap()).unwrap(),
             genuine
         );
+    }
+
+    /// bincode counts a number at its width in memory however short its varint: 17 million
+    /// small u128s take 17 MiB and claim 272 MiB, past the limit. A state may be like that (a
+    /// million leases claim hundreds of MiB), so states decode without it.
+    #[test]
+    fn a_state_decodes_past_what_the_limit_would_claim() {
+        let small_numbers = vec![1u128; 17 << 20];
+        let bytes = encode(&small_numbers).unwrap();
+        assert!(bytes.len() < DECODE_LIMIT / 8);
+        assert!(
+            decode::<Vec<u128>>(&bytes).is_err(),
+            "claims past the limit"
+        );
+        assert_eq!(decode_state::<Vec<u128>>(&bytes).unwrap().len(), 17 << 20);
     }
 
     #[test]

@@ -42,13 +42,16 @@ const HTTP2_PREFACE_BYTES: usize = 24;
 /// `deadline`, peeked, not read.
 async fn preface_arrives(stream: &TcpStream, deadline: Instant) -> bool {
     let mut preface = [0u8; HTTP2_PREFACE_BYTES];
+    let mut pause = Duration::from_millis(5);
     loop {
         match stream.peek(&mut preface).await {
             Ok(HTTP2_PREFACE_BYTES) => return true,
             Ok(0) | Err(_) => return false,
-            // Part of it: the rest is on its way (a peek would see the same bytes at once).
+            // Part of it: the rest is on its way (a peek would see the same bytes at once, so
+            // wait, longer each time, for a client that may be stalling on purpose).
             Ok(_) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(5)).await;
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
             }
             Ok(_) => return false,
         }
@@ -136,9 +139,15 @@ async fn accept(
                 // would be held for good, and a few thousand of them would use up the node's
                 // file descriptors, its peers' Raft connections with them.
                 Ok(Ok(1)) => {
-                    let opened = Instant::now() + OPENING_LIMIT;
-                    if first[0] != TLS_HANDSHAKE && !preface_arrives(&stream, opened).await {
-                        return;
+                    if first[0] != TLS_HANDSHAKE {
+                        let opened = Instant::now() + OPENING_LIMIT;
+                        let arrived = tokio::select! {
+                            arrived = preface_arrives(&stream, opened) => arrived,
+                            _ = closed.wait_for(|closed| *closed) => false,
+                        };
+                        if !arrived {
+                            return;
+                        }
                     }
                     // Nagle's algorithm off: a small response split over writes would otherwise
                     // wait for the client's delayed ACK, ~40 ms, whenever it is not busy.

@@ -143,7 +143,7 @@ impl SnapshotFile {
             state.len(),
             header.state_bytes
         );
-        codec::decode::<State>(&state).context("the snapshot's state does not decode")?;
+        codec::decode_state::<State>(&state).context("the snapshot's state does not decode")?;
         Ok(Self { header, state })
     }
 

@@ -261,6 +261,22 @@ fn a_variable_that_is_not_utf8_is_no_obstacle() {
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", stderr(&output));
+    // One it reads is refused by name: read lossily, the path would be another path.
+    let output = Command::new(BATON)
+        .args(["node", "--check-config", "--id", "1"])
+        .env_clear()
+        .env(
+            "BATON_DATA_DIR",
+            std::ffi::OsStr::from_bytes(b"/srv/caf\xe9"),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("BATON_DATA_DIR"),
+        "{}",
+        stderr(&output)
+    );
 }
 
 /// A case of a refused configuration: flags, environment, and what the error must say.

@@ -178,14 +178,13 @@ pub async fn run(args: NodeArgs, security: &SecurityArgs) -> u8 {
         return exit::OK;
     }
     let overrides = args.overrides(security);
-    // Lossily: `env::vars` panics on any variable that is not UTF-8, also ones Baton never reads
-    // (a Latin-1 path a container runtime set); a BATON_ one is then refused by its check.
-    let environment = std::env::vars_os().map(|(key, value)| {
-        (
-            key.to_string_lossy().into_owned(),
-            value.to_string_lossy().into_owned(),
-        )
-    });
+    let environment = match utf8_environment() {
+        Ok(environment) => environment,
+        Err(key) => {
+            eprintln!("baton node: bad configuration: {key} is not valid UTF-8");
+            return exit::USAGE;
+        }
+    };
     let loaded = match config::load(args.config.as_deref(), environment, &overrides) {
         Ok(loaded) => loaded,
         Err(error) => return config_error(&error),
@@ -208,6 +207,21 @@ pub async fn run(args: NodeArgs, security: &SecurityArgs) -> u8 {
             exit::FAILURE
         }
     }
+}
+
+/// The environment as text. `env::vars` panics on any variable that is not UTF-8, also ones
+/// Baton never reads (a Latin-1 path a container runtime set): those are skipped. A `BATON_` one
+/// is refused (its name is the error): read lossily, a data dir path would become another path.
+fn utf8_environment() -> Result<Vec<(String, String)>, String> {
+    let mut environment = Vec::new();
+    for (key, value) in std::env::vars_os() {
+        match (key.into_string(), value.into_string()) {
+            (Ok(key), Ok(value)) => environment.push((key, value)),
+            (Ok(key), Err(_)) if key.starts_with("BATON_") => return Err(key),
+            _ => {}
+        }
+    }
+    Ok(environment)
 }
 
 fn config_error(error: &ConfigError) -> u8 {

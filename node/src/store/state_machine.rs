@@ -216,7 +216,7 @@ impl StateMachineStore {
         meta: &SnapshotMeta<NodeId, BasicNode>,
         data: &[u8],
     ) -> Result<(), StorageError> {
-        let state: State = codec::decode(data).map_err(|e| {
+        let state: State = codec::decode_state(data).map_err(|e| {
             io_error(
                 ErrorSubject::Snapshot(Some(meta.signature())),
                 ErrorVerb::Read,
