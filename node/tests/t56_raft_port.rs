@@ -220,26 +220,8 @@ async fn a_stopping_node_closes_raft_connections_at_every_stage() {
 /// with the refusal "no, thanks". Returns its address and the directory of its certificates.
 async fn slow_to_connect_peer(delay: Duration) -> (String, tempfile::TempDir) {
     let certs = tempfile::tempdir().unwrap();
-    let made = std::process::Command::new(env!("CARGO_BIN_EXE_baton"))
-        .args([
-            "certs",
-            "generate",
-            "--name",
-            "node",
-            "--hosts",
-            "127.0.0.1",
-        ])
-        .arg("--out")
-        .arg(certs.path())
-        .output()
-        .unwrap();
-    assert!(made.status.success(), "{made:?}");
-    let tls = baton_node::tls::NodeTls::load(&baton_node::tls::TlsFiles {
-        cert: certs.path().join("node.pem"),
-        key: certs.path().join("node-key.pem"),
-        ca: certs.path().join("ca.pem"),
-    })
-    .unwrap();
+    let (security, _) = support::tls(certs.path());
+    let tls = baton_node::tls::NodeTls::load(&security.tls.unwrap()).unwrap();
     let acceptor = tls.peer_acceptor();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();

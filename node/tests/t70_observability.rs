@@ -436,27 +436,19 @@ async fn requests_refused_at_the_gate_are_counted() {
     use baton_node::auth::Tokens;
     use baton_node::security::Security;
 
-    let dir = tempfile::tempdir().unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let http = free_addr();
-    let mut config = NodeConfig::new(1, addr, dir.path().join("node-1"));
-    config.http = Some(http);
     let security = Security {
         tls: None,
         tokens: Some(Tokens::parse("gate-token-5d1e9a7c3b\n").unwrap()),
     };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(baton_node::server::serve_secured(
-        config,
-        security,
-        listener,
-        async move {
-            let _ = stopped.await;
-        },
-    ));
-    let anonymous = Client::new(&[addr.to_string().as_str()], ClientConfig::default()).unwrap();
-    let err = anonymous.node_info(&addr.to_string()).await.unwrap_err();
+    let client = baton_rpc::Security {
+        token: Some("gate-token-5d1e9a7c3b".into()),
+        tls: None,
+    };
+    let cluster = Cluster::start_secured(|config| config.http = Some(http), security, client).await;
+    let addr = cluster.addr.clone();
+    let anonymous = Client::new(&[addr.as_str()], ClientConfig::default()).unwrap();
+    let err = anonymous.node_info(&addr).await.unwrap_err();
     assert!(
         matches!(&err, Error::Server { code, .. } if code == "UNAUTHENTICATED"),
         "{err:?}"
@@ -473,8 +465,7 @@ async fn requests_refused_at_the_gate_are_counted() {
             format!(r#"baton_grpc_errors_total{{method="{method}",code="UNAUTHENTICATED"}}"#);
         assert!(sample(&text, &series) >= 1.0, "{series} missing:\n{text}");
     }
-    let _ = stop.send(());
-    server.await.unwrap().unwrap();
+    cluster.stop().await;
 }
 
 /// `baton_snapshots_installed_total` counts snapshots received from a leader; a node resuming
