@@ -20,9 +20,11 @@
 //! log ends below that index has its uncommitted entries purged under the snapshot, and their
 //! responders are resolved by neither path.
 //!
-//! Fixed in `node/src/node.rs` (`Node::deposed`): a pending write is answered `NOT_LEADER` as
-//! soon as the node learns of another leader; the client's retry with the same `(client_id, seq)`
-//! is answered from the session table if the entry did commit after all.
+//! Fixed in `node/src/deposed.rs`: a pending write is answered `NOT_LEADER` as soon as the node
+//! learns of another leader; the client's retry with the same `(client_id, seq)` is answered from
+//! the session table if the entry did commit after all. The same hang held a fresh leader's first
+//! read (it waits for an entry of the leader's term to commit, and that entry was purged the same
+//! way) until the client's deadline: `t79_issue_old_leader_read_hangs`.
 //!
 //! The first test is the control: the same partition and the same 200 majority writes, healed
 //! while the old leader can still catch up from the log; its pending write is answered
@@ -34,7 +36,7 @@ use std::time::{Duration, Instant};
 use baton_cluster_test::{client_config, Cluster, Options};
 use baton_rpc::error::detail_of;
 use baton_rpc::proto::handoff_client::HandoffClient;
-use baton_rpc::proto::{OfferRequest, RequestHeader};
+use baton_rpc::proto::{GetTicketRequest, OfferRequest, RequestHeader};
 use baton_rpc::Client;
 use baton_statemachine::handoff::OfferArgs;
 use tonic::transport::Endpoint;
@@ -53,11 +55,22 @@ fn offer(key: &str) -> OfferArgs {
     }
 }
 
-/// Isolates the leader, sends it one write, lets the majority commit `writes` entries, heals, and
-/// returns how long after healing the old leader answered the pending write, the answer, and the
-/// old leader's snapshot index once it caught up.
-async fn pending_write_after_heal(
+/// What the isolated old leader is sent.
+#[derive(Clone, Copy)]
+enum Pending {
+    /// A write: its entry is appended on the old leader and never commits.
+    Write,
+    /// A linearizable read, the first in the old leader's term: it waits for the entry the
+    /// leader commits before its first read (`Node::commit_in_current_term`), which never commits.
+    Read,
+}
+
+/// Isolates the leader, sends it one `pending` request, lets the majority commit `writes`
+/// entries, heals, and returns how long after healing the old leader answered the pending request,
+/// the answer, and the old leader's snapshot index once it caught up.
+async fn pending_after_heal(
     options: Options,
+    pending: Pending,
     writes: usize,
 ) -> (Option<Duration>, String, u64) {
     let cluster = Cluster::start(3, options).await.unwrap();
@@ -70,6 +83,13 @@ async fn pending_write_after_heal(
     cluster.network().unwrap().isolate(old);
 
     let pending = tokio::spawn(async move {
+        if let Pending::Read = pending {
+            let request = GetTicketRequest {
+                key: "t79-pending".into(),
+            };
+            let answer = HandoffClient::new(channel).get(request).await.map(|_| ());
+            return (Instant::now(), answer);
+        }
         let request = OfferRequest {
             header: Some(RequestHeader {
                 client_id: rand::random(),
@@ -84,7 +104,7 @@ async fn pending_write_after_heal(
             reply_to: "src".into(),
             ttl_ms: 600_000,
         };
-        let answer = HandoffClient::new(channel).offer(request).await;
+        let answer = HandoffClient::new(channel).offer(request).await.map(|_| ());
         (Instant::now(), answer)
     });
 
@@ -110,7 +130,7 @@ async fn pending_write_after_heal(
     let (after, answer) = match answered {
         Ok(Ok((at, answer))) => {
             let answer = match answer {
-                Ok(_) => "committed".to_string(),
+                Ok(()) => "answered".to_string(),
                 Err(status) => detail_of(&status)
                     .map(|d| d.code)
                     .unwrap_or_else(|| format!("{:?}", status.code())),
@@ -124,7 +144,8 @@ async fn pending_write_after_heal(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t79_control_old_leader_catching_up_from_the_log_answers_its_pending_write() {
-    let (after, answer, snapshot) = pending_write_after_heal(Options::proxied(), 200).await;
+    let (after, answer, snapshot) =
+        pending_after_heal(Options::proxied(), Pending::Write, 200).await;
     println!(
         "t79 control: the old leader (snapshot at {snapshot}) answered {answer} {after:?} after healing"
     );
@@ -142,7 +163,7 @@ async fn t79_issue_old_leader_write_hangs() {
         keep_logs: 10,
         ..Options::proxied()
     };
-    let (after, answer, snapshot) = pending_write_after_heal(options, 200).await;
+    let (after, answer, snapshot) = pending_after_heal(options, Pending::Write, 200).await;
     println!(
         "t79: the old leader (caught up by snapshot, now at {snapshot}) answered {answer} {after:?} after healing"
     );
@@ -150,5 +171,25 @@ async fn t79_issue_old_leader_write_hangs() {
         after.is_some_and(|after| after <= ANSWER_LIMIT),
         "the old leader's pending write was answered {answer} {after:?} after healing (limit {ANSWER_LIMIT:?})"
     );
-    assert_ne!(answer, "committed");
+    assert_ne!(answer, "answered");
+}
+
+/// The same for a read: the old leader's first read in its term waits for an entry of that term
+/// to commit, and that entry, purged under the snapshot it catches up by, was never answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t79_issue_old_leader_read_hangs() {
+    let options = Options {
+        snapshot_every: 50,
+        keep_logs: 10,
+        ..Options::proxied()
+    };
+    let (after, answer, snapshot) = pending_after_heal(options, Pending::Read, 200).await;
+    println!(
+        "t79 read: the old leader (caught up by snapshot, now at {snapshot}) answered {answer} {after:?} after healing"
+    );
+    assert!(
+        after.is_some_and(|after| after <= ANSWER_LIMIT),
+        "the old leader's pending read was answered {answer} {after:?} after healing (limit {ANSWER_LIMIT:?})"
+    );
+    assert_eq!(answer, "NOT_LEADER");
 }

@@ -5,6 +5,7 @@ pub mod admission;
 pub mod auth;
 pub mod codec;
 pub mod config;
+pub mod deposed;
 pub mod durable_file;
 pub mod handover;
 pub mod health;

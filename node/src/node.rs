@@ -10,6 +10,7 @@ use openraft::error::{ClientWriteError, ForwardToLeader, RaftError};
 use openraft::BasicNode;
 use tonic::{Code, Status};
 
+use crate::deposed::unless_deposed;
 use crate::proposer::Proposer;
 use crate::read_index::{Nudge, ReadIndex};
 use crate::stamp;
@@ -53,7 +54,7 @@ impl Node {
         Self {
             id,
             addr,
-            proposer: Proposer::start(raft.clone(), id),
+            proposer: Proposer::start(raft.clone()),
             read_index: ReadIndex::start(raft.clone(), nudge),
             raft,
             state_machine,
@@ -173,11 +174,13 @@ impl Node {
             origin: None,
             command: crate::sweeper::sweep_command(),
         };
-        let written = self
-            .raft
-            .client_write(Batch(vec![sweep]))
-            .await
-            .map_err(write_error)?;
+        let written = unless_deposed(&self.raft, async {
+            self.raft
+                .client_write(Batch(vec![sweep]))
+                .await
+                .map_err(write_error)
+        })
+        .await?;
         self.read_barrier_term
             .fetch_max(written.log_id.leader_id.term, Ordering::AcqRel);
         Ok(())

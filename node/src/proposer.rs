@@ -14,15 +14,16 @@
 
 use std::sync::Arc;
 
-use baton_rpc::error::{infra, infra_status, not_leader_status};
+use baton_rpc::error::{infra, infra_status};
 use baton_statemachine::{Command, Envelope, Origin, Response};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tonic::{Code, Status};
 
 use crate::codec;
-use crate::node::{member_addr, write_error};
+use crate::deposed::unless_deposed;
+use crate::node::write_error;
 use crate::stamp;
-use crate::types::{Batch, NodeId, Raft};
+use crate::types::{Batch, Raft};
 
 /// Entries being written at once. More than one lets the next batch's append overlap the
 /// previous batch's replication; each extra one also splits the queue into smaller batches.
@@ -53,10 +54,10 @@ struct Pending {
 }
 
 impl Proposer {
-    /// Starts the batching task for `raft` on node `id`.
-    pub fn start(raft: Raft, id: NodeId) -> Self {
+    /// Starts the batching task for `raft`.
+    pub fn start(raft: Raft) -> Self {
         let (queue, pending) = mpsc::channel(QUEUE_DEPTH);
-        tokio::spawn(batch_loop(raft, id, pending));
+        tokio::spawn(batch_loop(raft, pending));
         Self { queue }
     }
 
@@ -87,7 +88,7 @@ fn shutting_down() -> Status {
 
 /// Takes a write slot, then everything queued by then (up to the batch limits), and writes it as
 /// one entry in a task of its own.
-async fn batch_loop(raft: Raft, id: NodeId, mut queue: mpsc::Receiver<Pending>) {
+async fn batch_loop(raft: Raft, mut queue: mpsc::Receiver<Pending>) {
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else {
@@ -103,12 +104,12 @@ async fn batch_loop(raft: Raft, id: NodeId, mut queue: mpsc::Receiver<Pending>) 
             bytes = bytes.saturating_add(next.bytes);
             batch.push(next);
         }
-        tokio::spawn(write_batch(raft.clone(), id, batch, slot));
+        tokio::spawn(write_batch(raft.clone(), batch, slot));
     }
 }
 
 /// Stamps and writes one batch, then answers each of its commands.
-async fn write_batch(raft: Raft, id: NodeId, batch: Vec<Pending>, _slot: OwnedSemaphorePermit) {
+async fn write_batch(raft: Raft, batch: Vec<Pending>, _slot: OwnedSemaphorePermit) {
     let mut envelopes = Vec::with_capacity(batch.len());
     let mut answers = Vec::with_capacity(batch.len());
     for pending in batch {
@@ -120,10 +121,12 @@ async fn write_batch(raft: Raft, id: NodeId, batch: Vec<Pending>, _slot: OwnedSe
         answers.push(pending.answer);
     }
     let count = envelopes.len();
-    let written = tokio::select! {
-        written = raft.client_write(Batch(envelopes)) => written.map_err(write_error),
-        leader = deposed(&raft, id) => Err(not_leader_status(leader)),
-    };
+    let written = unless_deposed(&raft, async {
+        raft.client_write(Batch(envelopes))
+            .await
+            .map_err(write_error)
+    })
+    .await;
     let responses = match written {
         Ok(written) if written.data.0.len() == count => {
             let index = written.log_id.index;
@@ -146,26 +149,5 @@ async fn write_batch(raft: Raft, id: NodeId, batch: Vec<Pending>, _slot: OwnedSe
     for (answer, response) in answers.into_iter().zip(responses) {
         // A proposer that gave up waiting is not an error: its command's fate is in the log.
         let _ = answer.send(response);
-    }
-}
-
-/// Resolves once another node is known to lead, with its id and address.
-///
-/// A write pending on a leader that gets deposed is not always answered by openraft 0.9: when
-/// the old leader catches up by snapshot, its uncommitted entries are purged without their
-/// waiters being told (regression test `t79_issue_old_leader_write_hangs`). Answering
-/// `NOT_LEADER` as soon as a new leader is known is safe: the client retries at the leader with
-/// the same `(client_id, seq)`, so if the entry did survive and commit, the session table
-/// answers with its original response.
-async fn deposed(raft: &Raft, id: NodeId) -> Option<(NodeId, String)> {
-    let mut metrics = raft.metrics();
-    loop {
-        let leader = metrics.borrow_and_update().current_leader;
-        if let Some(leader) = leader.filter(|leader| *leader != id) {
-            return Some((leader, member_addr(raft, leader).unwrap_or_default()));
-        }
-        if metrics.changed().await.is_err() {
-            return std::future::pending().await;
-        }
     }
 }

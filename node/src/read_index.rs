@@ -23,7 +23,8 @@ use tokio::time::Instant;
 use tonic::{Code, Status};
 
 use crate::admission::Admission;
-use crate::node::not_leader;
+use crate::deposed::unless_deposed;
+use crate::node::{not_leader, write_error};
 use crate::types::{Batch, Raft};
 
 /// The queue of reads waiting for the next confirmation round; clones share it.
@@ -129,10 +130,16 @@ impl Nudge {
         }
         self.last = Some(Instant::now());
         let raft = raft.clone();
-        // Resolves once applied, or once a newer leader's log replaces the entry (or Raft stops).
+        // Resolves once applied, once a newer leader's log replaces the entry, once another node
+        // is known to lead (its purged entry may never be answered), or once Raft stops.
         self.pending = Some(tokio::spawn(async move {
             tracing::debug!("no quorum answered a read-index round; appending an empty entry");
-            let _ = raft.client_write(Batch(Vec::new())).await;
+            let _ = unless_deposed(&raft, async {
+                raft.client_write(Batch(Vec::new()))
+                    .await
+                    .map_err(write_error)
+            })
+            .await;
         }));
     }
 }

@@ -22,6 +22,7 @@ use tonic::{Code, Request, Response, Status};
 
 use crate::admission::Admission;
 use crate::codec;
+use crate::deposed::unless_deposed;
 use crate::handover;
 use crate::network::Network;
 use crate::node::{write_error, NodeRef};
@@ -170,12 +171,13 @@ impl cluster_server::Cluster for ClusterService {
             )));
         }
         tracing::info!(id, %addr, "adding learner");
-        let written = self
-            .node
-            .raft
-            .add_learner(id, BasicNode { addr }, true)
-            .await
-            .map_err(write_error)?;
+        let raft = &self.node.raft;
+        let written = unless_deposed(raft, async {
+            raft.add_learner(id, BasicNode { addr }, true)
+                .await
+                .map_err(write_error)
+        })
+        .await?;
         Ok(Response::new(membership_response(&written)))
     }
 
@@ -192,12 +194,13 @@ impl cluster_server::Cluster for ClusterService {
             )));
         }
         tracing::info!(?voters, "changing voters");
-        let written = self
-            .node
-            .raft
-            .change_membership(voters, false)
-            .await
-            .map_err(write_error)?;
+        let raft = &self.node.raft;
+        let written = unless_deposed(raft, async {
+            raft.change_membership(voters, false)
+                .await
+                .map_err(write_error)
+        })
+        .await?;
         Ok(Response::new(membership_response(&written)))
     }
 
@@ -233,12 +236,13 @@ impl cluster_server::Cluster for ClusterService {
             ChangeMembers::RemoveNodes(BTreeSet::from([id]))
         };
         tracing::info!(id, ?change, "removing member");
-        let written = self
-            .node
-            .raft
-            .change_membership(change, false)
-            .await
-            .map_err(write_error)?;
+        let raft = &self.node.raft;
+        let written = unless_deposed(raft, async {
+            raft.change_membership(change, false)
+                .await
+                .map_err(write_error)
+        })
+        .await?;
         Ok(Response::new(membership_response(&written)))
     }
 
