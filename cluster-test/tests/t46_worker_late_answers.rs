@@ -310,3 +310,80 @@ async fn t46_an_attempt_stopped_during_its_start_does_not_run_and_hands_the_task
         task.state
     );
 }
+
+/// A finished handler's result whose answer is lost to an outage longer than the client's
+/// deadline is sent again while the lease lasts: here the link is cut as the handler returns
+/// and healed 5 s later (the client gives up after 2 s), inside a 30 s lease. The completion is
+/// recorded and the work is not done again (seed 004 §4: finished work is reported, not
+/// recovered and redone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t46_a_result_lost_to_an_outage_is_sent_again_while_the_lease_lasts() {
+    let Setup {
+        _cluster,
+        direct,
+        proxy,
+        proxied: _,
+    } = Setup::start().await;
+    let config = ClientConfig {
+        deadline: Duration::from_secs(2),
+        attempt_timeout: Duration::from_secs(1),
+        connect_timeout: Duration::from_millis(500),
+    };
+    let impatient = Client::new(&[proxy.addr().to_string()], config).unwrap();
+    let proxy = Arc::new(proxy);
+    let (finished_tx, mut finished_rx) = mpsc::unbounded_channel::<Finished>();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let worker = Worker::builder(impatient, "t46-reporter")
+        .queue(QUEUE)
+        .lease_ttl(Duration::from_secs(30))
+        .poll_wait(Duration::from_secs(1))
+        .on_finish(move |finished| {
+            let _ = finished_tx.send(finished.clone());
+        })
+        .build()
+        .unwrap();
+    let runs: Arc<Mutex<u32>> = Arc::default();
+    let (handler_runs, link) = (runs.clone(), proxy.clone());
+    let running = tokio::spawn(worker.run(
+        move |_ctx| {
+            *handler_runs.lock().unwrap() += 1;
+            // The outage begins as the work ends: the completion cannot get through.
+            link.cut();
+            async { Ok(b"done".to_vec()) }
+        },
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+    let mut spec = spec("reported");
+    spec.max_attempts = 3;
+    let id = direct.submit(&spec).await.unwrap().task.id;
+    wait::until("the handler ran", Duration::from_secs(30), || async {
+        if proxy.is_cut() {
+            Ok(())
+        } else {
+            Err("not yet".to_string())
+        }
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    proxy.heal();
+
+    let finished = tokio::time::timeout(Duration::from_secs(30), finished_rx.recv())
+        .await
+        .expect("the attempt never finished")
+        .unwrap();
+    let _ = stop_tx.send(());
+    let summary = tokio::time::timeout(Duration::from_secs(30), running)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(finished.end, AttemptEnd::Completed, "{finished:?}");
+    let task = direct.queue_task(id).await.unwrap();
+    assert_eq!(task.state, TaskState::Succeeded, "{task:?}");
+    assert_eq!(task.attempts.len(), 1, "the work was done again: {task:?}");
+    assert_eq!(*runs.lock().unwrap(), 1);
+    assert_eq!((summary.completed, summary.lost), (1, 0), "{summary:?}");
+}

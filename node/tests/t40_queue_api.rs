@@ -995,6 +995,68 @@ async fn a_drain_that_times_out_says_so_and_a_conflicting_registration_fails_the
         .await;
     assert_eq!(refusal(result), Refusal::StateConflict);
     assert!(Worker::builder(c.clone(), "w").slots(0).build().is_err());
+    // A near-zero long poll would make an idle worker a stream of log entries; a lease of years
+    // would hold a crashed worker's task for good.
+    for (builder, names) in [
+        (
+            Worker::builder(c.clone(), "w").poll_wait(Duration::ZERO),
+            "poll wait",
+        ),
+        (
+            Worker::builder(c.clone(), "w").lease_ttl(Duration::from_secs(25 * 3600)),
+            "lease TTL",
+        ),
+    ] {
+        match builder.build() {
+            Err(Error::Config(message)) => assert!(message.contains(names), "{message}"),
+            other => panic!("{names}: {:?}", other.map(|_| ())),
+        }
+    }
+
+    cluster.stop().await;
+}
+
+/// A handler that panics before it returns its future (in the closure's synchronous part, e.g.
+/// a payload that does not parse) is reported like one that panics inside it: the attempt's
+/// effect is unknown, so the task needs review — not left to its lease and retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_panics_before_its_future_exists_is_reported_unknown() {
+    let cluster = Cluster::start().await;
+    let c = cluster.client.clone();
+    c.create_queue("pq", "ns").await.unwrap();
+    let id = c
+        .submit(&spec("pq", "panics", "h", ""))
+        .await
+        .unwrap()
+        .task
+        .id;
+    let worker = Worker::builder(c.clone(), "panicky")
+        .queue("pq")
+        .lease_ttl(Duration::from_secs(20))
+        .poll_wait(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let run = tokio::spawn(worker.run(
+        |ctx: TaskContext| {
+            assert!(ctx.payload.is_empty(), "the payload does not parse");
+            async { Ok(Vec::new()) }
+        },
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let task = wait_for_state(&c, id, TaskState::NeedsReview, Duration::from_secs(10)).await;
+    let _ = stop.send(());
+    let summary = run.await.unwrap().unwrap();
+    assert_eq!(task.attempts.len(), 1, "{task:?}");
+    assert_eq!(task.attempts[0].outcome, AttemptOutcome::Unknown);
+    assert!(
+        task.attempts[0].note.contains("panicked"),
+        "{:?}",
+        task.attempts[0].note
+    );
+    assert_eq!((summary.unknown, summary.completed), (1, 0), "{summary:?}");
 
     cluster.stop().await;
 }

@@ -12,7 +12,9 @@
 //!   renewal refused (`LEASE_LOST`, ...) or a lease that runs out locally stops that handler's
 //!   work (its future is dropped, and [`TaskContext::lease_lost`] turns true);
 //! - it reports the handler's answer: `Ok(result)` completes the attempt, a [`TaskError`] says
-//!   whether to fail it retryably, fail it for good, or report its effect unknown;
+//!   whether to fail it retryably, fail it for good, or report its effect unknown (as does a
+//!   panic, also one before the handler's future exists); a report lost to an outage is sent
+//!   again while the lease may still be held, and the store records a repeat once;
 //! - it refuses protocol errors itself and never hands them to the handler (see
 //!   [`check_assignment`]): a keyed assignment without a token, an unkeyed one with a token, a
 //!   keyed one to a worker registered without concurrency keys, or one that changes the key or
@@ -137,14 +139,21 @@ pub struct TaskContext {
     /// This worker's identity.
     pub worker: String,
     lost: watch::Receiver<bool>,
+    /// The latest moment, by this machine's clock, at which the store may still hold the lease,
+    /// as the last confirmed start or renewal showed it.
+    valid_until: Arc<Mutex<Instant>>,
 }
 
 impl TaskContext {
     /// Whether this attempt's lease was lost (a renewal was refused or the lease ran out). The
     /// runtime also drops the handler's future when that happens; a handler that hands work to
     /// other threads should check this before any external write.
+    ///
+    /// Judged on this machine's clock too, not only on what the runtime's renewal task has found:
+    /// a handler that blocked its thread (or a process that stalled) past the lease's end sees it
+    /// lost before that task has had a chance to run.
     pub fn lease_lost(&self) -> bool {
-        *self.lost.borrow()
+        *self.lost.borrow() || Instant::now() >= *lock(&self.valid_until)
     }
 
     /// Resolves when this attempt's lease is lost (never, if it is not).
@@ -292,9 +301,10 @@ pub enum AttemptEnd {
     /// or its lease ran out. The handler did not run, was stopped, or its answer was not
     /// recorded.
     LeaseLost,
-    /// The cluster could not be reached to record the handler's answer, or to confirm the
-    /// attempt's start (then the handler did not run: [`Finished::detail`] says which). The
-    /// lease will expire and the store recovers the attempt.
+    /// The cluster could not be reached to record the handler's answer (it was sent again until
+    /// the lease's end), or to confirm the attempt's start (then the handler did not run:
+    /// [`Finished::detail`] says which). The lease will expire and the store recovers the
+    /// attempt.
     Unreported,
     /// The assignment broke the protocol; the handler never ran and the attempt was failed for
     /// good.
@@ -372,6 +382,15 @@ type FinishHook = Arc<dyn Fn(&Finished) + Send + Sync>;
 /// How long, after the drain timed out, an attempt whose handler has finished may still take to
 /// report its answer before it is abandoned too.
 pub const REPORT_GRACE: Duration = Duration::from_secs(5);
+/// The pause before a result whose answer was lost is sent again; it doubles up to
+/// [`MAX_REPORT_PAUSE`] while the lease lasts.
+const FIRST_REPORT_PAUSE: Duration = Duration::from_millis(100);
+const MAX_REPORT_PAUSE: Duration = Duration::from_secs(2);
+/// The longest lease a worker asks for: renewals keep a long handler's lease, and a lease of
+/// years would hold its task (and its concurrency key) for good after a crash.
+pub const MAX_LEASE_TTL: Duration = Duration::from_secs(24 * 3600);
+/// The shortest long-poll wait a worker accepts.
+pub const MIN_POLL_WAIT: Duration = Duration::from_millis(100);
 
 /// Builds a [`Worker`].
 pub struct WorkerBuilder {
@@ -418,14 +437,15 @@ impl WorkerBuilder {
         self
     }
 
-    /// The lease length of each attempt (default 30 s); it is renewed about every third of it.
+    /// The lease length of each attempt (default 30 s, 30 ms to 24 h); it is renewed about every
+    /// third of it.
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
         self.lease_ttl = ttl;
         self
     }
 
     /// How long one lease long-poll waits on the server when nothing is leasable (default 10 s,
-    /// at most [`crate::MAX_LEASE_WAIT`]).
+    /// at least [`MIN_POLL_WAIT`], at most [`crate::MAX_LEASE_WAIT`]).
     pub fn poll_wait(mut self, wait: Duration) -> Self {
         self.poll_wait = wait;
         self
@@ -457,8 +477,18 @@ impl WorkerBuilder {
                 baton_statemachine::queue::MAX_LEASE_BATCH
             )));
         }
-        if self.lease_ttl < Duration::from_millis(30) {
-            return Err(Error::Config("the lease TTL must be at least 30ms".into()));
+        if self.lease_ttl < Duration::from_millis(30) || self.lease_ttl > MAX_LEASE_TTL {
+            return Err(Error::Config(
+                "the lease TTL must be between 30ms and 24h (it is renewed while the handler runs)"
+                    .into(),
+            ));
+        }
+        if self.poll_wait < MIN_POLL_WAIT {
+            // Each poll that finds nothing ends in a lease entry in the log: a near-zero wait
+            // turns an idle worker into a stream of writes.
+            return Err(Error::Config(format!(
+                "the poll wait must be at least {MIN_POLL_WAIT:?}"
+            )));
         }
         Ok(Worker {
             settings: Arc::new(Settings {
@@ -695,8 +725,8 @@ impl Worker {
                     hook(&finished);
                 }
             }
-            // The attempt's own task never panics (the handler runs in a task of its own); a
-            // cancellation only happens when draining gives up.
+            // The attempt's own task never panics (the handler is called and run in a task of
+            // its own); a cancellation only happens when draining gives up.
             Err(error) => tracing::error!(%error, "attempt task failed"),
         }
     }
@@ -860,11 +890,12 @@ where
         return finished(&assignment, AttemptEnd::LeaseLost, detail.into());
     }
 
+    let valid_until = Arc::new(Mutex::new(lease_end));
     let _renewer = AbortOnDrop(tokio::spawn(renew_loop(
         settings.clone(),
         task_id,
         attempt,
-        lease_end,
+        valid_until.clone(),
         lost.clone(),
     )));
     let context = TaskContext {
@@ -881,8 +912,11 @@ where
         token: assignment.token,
         worker: worker.clone(),
         lost: lost.subscribe(),
+        valid_until,
     };
-    let mut work = AbortOnDrop(tokio::spawn(handler(context)));
+    // The handler is called inside the task, so a panic before its future exists (in the
+    // closure's synchronous part) is caught and reported like one inside the future.
+    let mut work = AbortOnDrop(tokio::spawn(async move { handler(context).await }));
     let mut lost_rx = lost.subscribe();
     let outcome = tokio::select! {
         // A handler that has finished is reported, even if its attempt was stopped meanwhile.
@@ -900,36 +934,24 @@ where
     };
     drop(_renewer);
 
-    let (reported, end, detail) = match outcome {
-        Ok(Ok(result)) => match client
-            .complete_attempt(task_id, attempt, worker, &result)
-            .await
-        {
-            // The store refused the result itself (e.g. too large): retrying cannot help.
-            Err(Error::Refused(refusal @ Refusal::Invalid { .. })) => {
-                let message = bounded(format!("the result was refused: {refusal}"));
-                (
-                    client
-                        .fail_attempt(task_id, attempt, worker, &message, false)
-                        .await,
-                    AttemptEnd::Failed { retryable: false },
-                    message,
-                )
-            }
-            completed => (completed, AttemptEnd::Completed, String::new()),
-        },
-        Ok(Err(error)) => report_error(client, task_id, attempt, worker, error).await,
-        Err(join_error) => {
-            // A panic part-way through: what the handler did is unknown.
-            let message = bounded(format!("the handler panicked: {join_error}"));
-            (
-                client
-                    .report_unknown(task_id, attempt, worker, &message)
-                    .await,
-                AttemptEnd::Unknown,
-                message,
-            )
+    // A report whose answer is lost to an outage is sent again while the lease may still be held
+    // (the store answers a repeat of a recorded result as recorded): given up, the finished work
+    // would be done again once the lease ran out.
+    let report = Report::of(outcome);
+    let mut pause = FIRST_REPORT_PAUSE;
+    let (reported, end, detail) = loop {
+        let sent = report.send(client, task_id, attempt, worker).await;
+        let unknown = sent.0.as_ref().is_err_and(Error::is_infrastructure);
+        if !unknown || Instant::now() + pause >= lease_end {
+            break sent;
         }
+        tracing::debug!(
+            task = task_id,
+            attempt,
+            "result not confirmed; sending it again"
+        );
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(MAX_REPORT_PAUSE);
     };
     match reported {
         Ok(_) => finished(&assignment, end, detail),
@@ -969,43 +991,77 @@ fn lease_end_after_start(started: &QueueTask, attempt: u32, sent: Instant) -> Op
 }
 
 /// Reports a handler's error as the variant says.
-async fn report_error(
-    client: &Client,
-    task_id: u64,
-    attempt: u32,
-    worker: &str,
-    error: TaskError,
-) -> (Result<QueueTask, Error>, AttemptEnd, String) {
-    match error {
-        TaskError::Retryable(message) => {
-            let message = bounded(message);
-            (
-                client
-                    .fail_attempt(task_id, attempt, worker, &message, true)
-                    .await,
-                AttemptEnd::Failed { retryable: true },
-                message,
-            )
+/// What an attempt whose handler finished tells the store.
+enum Report {
+    Complete(Vec<u8>),
+    Fail { message: String, retryable: bool },
+    Unknown(String),
+}
+
+impl Report {
+    fn of(outcome: Result<Result<Vec<u8>, TaskError>, tokio::task::JoinError>) -> Self {
+        match outcome {
+            Ok(Ok(result)) => Self::Complete(result),
+            Ok(Err(TaskError::Retryable(message))) => Self::Fail {
+                message: bounded(message),
+                retryable: true,
+            },
+            Ok(Err(TaskError::NonRetryable(message))) => Self::Fail {
+                message: bounded(message),
+                retryable: false,
+            },
+            Ok(Err(TaskError::UnknownEffect(message))) => Self::Unknown(bounded(message)),
+            // A panic part-way through: what the handler did is unknown.
+            Err(join_error) => {
+                Self::Unknown(bounded(format!("the handler panicked: {join_error}")))
+            }
         }
-        TaskError::NonRetryable(message) => {
-            let message = bounded(message);
-            (
+    }
+
+    /// Sends the report once, with the attempt's end and detail as this worker counts them.
+    async fn send(
+        &self,
+        client: &Client,
+        task_id: u64,
+        attempt: u32,
+        worker: &str,
+    ) -> (Result<QueueTask, Error>, AttemptEnd, String) {
+        match self {
+            Self::Complete(result) => {
+                match client
+                    .complete_attempt(task_id, attempt, worker, result)
+                    .await
+                {
+                    // The store refused the result itself (e.g. too large): retrying cannot help.
+                    Err(Error::Refused(refusal @ Refusal::Invalid { .. })) => {
+                        let message = bounded(format!("the result was refused: {refusal}"));
+                        (
+                            client
+                                .fail_attempt(task_id, attempt, worker, &message, false)
+                                .await,
+                            AttemptEnd::Failed { retryable: false },
+                            message,
+                        )
+                    }
+                    completed => (completed, AttemptEnd::Completed, String::new()),
+                }
+            }
+            Self::Fail { message, retryable } => (
                 client
-                    .fail_attempt(task_id, attempt, worker, &message, false)
+                    .fail_attempt(task_id, attempt, worker, message, *retryable)
                     .await,
-                AttemptEnd::Failed { retryable: false },
-                message,
-            )
-        }
-        TaskError::UnknownEffect(message) => {
-            let message = bounded(message);
-            (
+                AttemptEnd::Failed {
+                    retryable: *retryable,
+                },
+                message.clone(),
+            ),
+            Self::Unknown(message) => (
                 client
-                    .report_unknown(task_id, attempt, worker, &message)
+                    .report_unknown(task_id, attempt, worker, message)
                     .await,
                 AttemptEnd::Unknown,
-                message,
-            )
+                message.clone(),
+            ),
         }
     }
 }
@@ -1042,12 +1098,12 @@ async fn renew_loop(
     settings: Arc<Settings>,
     task_id: u64,
     attempt: u32,
-    lease_end: Instant,
+    shared_until: Arc<Mutex<Instant>>,
     lost: Arc<watch::Sender<bool>>,
 ) {
     let ttl = settings.lease_ttl;
     let every = ttl / 3;
-    let mut valid_until = lease_end;
+    let mut valid_until = *lock(&shared_until);
     // The first renewal is due a third of the TTL into the lease; at once if that has passed.
     let mut next = valid_until
         .checked_sub(ttl - every)
@@ -1070,7 +1126,10 @@ async fn renew_loop(
                 .client
                 .renew_attempt(task_id, attempt, &settings.id, settings.lease_ttl_ms());
         match tokio::time::timeout_at(valid_until, renewal).await {
-            Ok(Ok(_)) => valid_until = sent + ttl,
+            Ok(Ok(_)) => {
+                valid_until = sent + ttl;
+                *lock(&shared_until) = valid_until;
+            }
             Ok(Err(error @ Error::Refused(_))) => {
                 tracing::warn!(task = task_id, attempt, %error, "renewal refused; stopping the handler");
                 lost.send_replace(true);
@@ -1121,7 +1180,8 @@ mod tests {
         let mut seen = lost.subscribe();
         let started = Instant::now();
         let lease_end = started + Duration::from_millis(200);
-        let renewer = tokio::spawn(renew_loop(worker.settings.clone(), 7, 1, lease_end, lost));
+        let until = Arc::new(Mutex::new(lease_end));
+        let renewer = tokio::spawn(renew_loop(worker.settings.clone(), 7, 1, until, lost));
         tokio::time::timeout(Duration::from_secs(5), seen.wait_for(|lost| *lost))
             .await
             .unwrap()
@@ -1132,6 +1192,31 @@ mod tests {
             "the lease ended at 200 ms, the handler was stopped at {took:?}"
         );
         renewer.abort();
+    }
+
+    /// A handler that blocked its thread past the lease's end sees the lease lost at once, before
+    /// the runtime's renewal task (which could not run meanwhile) has said so.
+    #[test]
+    fn a_lease_past_its_end_is_lost_to_a_handler_that_blocked_its_thread() {
+        let lost = watch::Sender::new(false);
+        let context = TaskContext {
+            task_id: 7,
+            attempt: 1,
+            queue: "q".into(),
+            namespace: "ns".into(),
+            handler: "h".into(),
+            handler_version: "v1".into(),
+            payload_version: "v1".into(),
+            payload: Vec::new(),
+            concurrency_key: None,
+            token: None,
+            worker: "w".into(),
+            lost: lost.subscribe(),
+            valid_until: Arc::new(Mutex::new(Instant::now() + Duration::from_millis(100))),
+        };
+        assert!(!context.lease_lost());
+        std::thread::sleep(Duration::from_millis(150));
+        assert!(context.lease_lost(), "the lease ended 50 ms ago");
     }
 
     /// What is left of a lease counts from the answer's arrival: all of it for a fresh grant,
