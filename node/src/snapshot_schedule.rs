@@ -16,6 +16,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::types::{NodeId, Raft};
 
@@ -57,18 +58,40 @@ pub fn next_point(snapshot: Option<u64>, every: u64, phase: u64) -> u64 {
     }
 }
 
+/// How long after asking for a point's build [`run`] asks again if the point is still the next
+/// one. openraft ignores a request while a build is under way, and a build that ends below a
+/// snapshot installed meanwhile leaves the snapshot metric (and so the point) where it was:
+/// without asking again, this member would never build (nor purge its log) until the next
+/// install. A request that arrives during a build is ignored, so asking again costs nothing.
+pub const ASK_AGAIN_AFTER: Duration = Duration::from_secs(10);
+
+/// The point last asked for, and when.
+#[derive(Clone, Copy, Debug)]
+pub struct Asked {
+    point: u64,
+    at: Instant,
+}
+
+/// Whether to ask for a build now: the point has been applied, and it was not asked for already
+/// (less than [`ASK_AGAIN_AFTER`] ago: the snapshot metric may still show the previous snapshot
+/// while that build finishes, and asking again at once would start a second build after it).
+pub fn due(applied: u64, point: u64, asked: Option<Asked>, now: Instant) -> bool {
+    applied >= point
+        && !asked.is_some_and(|asked| {
+            asked.point == point && now.saturating_duration_since(asked.at) < ASK_AGAIN_AFTER
+        })
+}
+
 /// Asks openraft to build a snapshot whenever this member's next point has been applied, until
-/// `stop` turns true.
+/// `stop` turns true (or its sender is gone).
 pub async fn run(raft: Raft, id: NodeId, every: u64, mut stop: watch::Receiver<bool>) {
-    // The point asked for last: the snapshot metric may still show the previous snapshot while
-    // that build finishes, and asking again would start a second build right after it.
-    let mut asked_for = None;
+    let mut asked = None;
     let mut tick = tokio::time::interval(CHECK_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
-            _ = stop.changed() => {}
+            changed = stop.changed() => if changed.is_err() { return },
         }
         if *stop.borrow() {
             return;
@@ -86,8 +109,9 @@ pub async fn run(raft: Raft, id: NodeId, every: u64, mut stop: watch::Receiver<b
         };
         let Some(applied) = applied else { continue };
         let point = next_point(snapshot, every, phase(id, &voters, every));
-        if applied >= point && asked_for != Some(point) {
-            asked_for = Some(point);
+        let now = Instant::now();
+        if due(applied, point, asked, now) {
+            asked = Some(Asked { point, at: now });
             tracing::debug!(applied, point, ?snapshot, "snapshot point reached");
             // openraft ignores the request while a build is under way; an error means Raft
             // has stopped, which the server notices on its own.
@@ -124,6 +148,28 @@ mod tests {
         assert_eq!(phase(4, &v, 8_000), 6_000);
         assert_eq!(phase(1, &v, 8_000), 0);
         assert_eq!(phase(1, &BTreeSet::new(), 8_000), 0);
+    }
+
+    /// A point asked for is not asked for again at once (a build may be under way), but is after
+    /// [`ASK_AGAIN_AFTER`] if it is still the next one: the request may have been ignored during
+    /// a build that ended below a snapshot installed meanwhile, which leaves the point as it was.
+    #[test]
+    fn a_point_still_next_is_asked_for_again_after_a_while() {
+        let now = Instant::now();
+        let asked = |point, ago| {
+            Some(Asked {
+                point,
+                at: now - ago,
+            })
+        };
+        assert!(!due(99, 100, None, now), "not applied yet");
+        assert!(due(100, 100, None, now));
+        assert!(!due(150, 100, asked(100, Duration::from_secs(1)), now));
+        assert!(due(150, 100, asked(100, ASK_AGAIN_AFTER), now));
+        assert!(
+            due(150, 100, asked(50, Duration::ZERO), now),
+            "another point"
+        );
     }
 
     #[test]
