@@ -119,6 +119,19 @@ struct Ring {
     oldest: u64,
     /// The last applied revision.
     head: u64,
+    /// The newest evicted revision and how many changes it had: a position right after its last
+    /// change is still served (nothing at or after it is missing), though the revision is gone.
+    last_evicted: Option<(u64, usize)>,
+}
+
+impl Ring {
+    /// Whether something at or after `from` is no longer held.
+    fn lost(&self, from: WatchPosition) -> bool {
+        let right_after_evicted = self.last_evicted.is_some_and(|(revision, len)| {
+            revision == from.revision && from.index as usize >= len && revision + 1 == self.oldest
+        });
+        from.revision < self.oldest && !right_after_evicted
+    }
 }
 
 /// The bounded in-memory change history; clones are cheap handles to the same history.
@@ -161,6 +174,7 @@ impl History {
                     recorded_bytes: 0,
                     oldest: applied + 1,
                     head: applied,
+                    last_evicted: None,
                 }),
                 head: watch::Sender::new(applied),
                 limits,
@@ -189,13 +203,14 @@ impl History {
         let mut evicted = VecDeque::new();
         {
             let mut ring = self.ring();
-            if let Some((skipped, _)) = entries.last() {
+            if let Some((skipped, changes)) = entries.last() {
                 // Together with everything held: a whole-revision suffix that holds a revision of
                 // the history would also hold every skipped entry, and so exceed the limits.
                 evicted = std::mem::take(&mut ring.revisions);
                 ring.events = 0;
                 ring.bytes = 0;
                 ring.oldest = ring.oldest.max(skipped + 1);
+                ring.last_evicted = Some((*skipped, changes.len()));
             }
             for (revision, changes) in kept {
                 let bytes = sizes.pop().unwrap_or(0);
@@ -254,6 +269,7 @@ impl History {
             ring.bytes = 0;
             ring.oldest = applied + 1;
             ring.head = applied;
+            ring.last_evicted = None;
         }
         self.inner.head.send_replace(applied);
     }
@@ -269,6 +285,7 @@ impl History {
             ring.events -= first.changes.len();
             ring.bytes -= first.bytes;
             ring.oldest = ring.oldest.max(first.revision + 1);
+            ring.last_evicted = Some((first.revision, first.changes.len()));
             evicted.push(first);
         }
         evicted
@@ -276,7 +293,7 @@ impl History {
 
     /// The index of the first held revision at or after `from`'s, and the position's change
     /// and byte sequence numbers (`recorded`, `recorded_bytes` when nothing held is at or after
-    /// it; a position inside an entry is at the entry's first byte).
+    /// it).
     fn locate(ring: &Ring, from: WatchPosition) -> (usize, u64, u64) {
         let at = ring
             .revisions
@@ -285,7 +302,13 @@ impl History {
             Some(r) if r.revision == from.revision && from.index as usize >= r.changes.len() => {
                 (r.seq + r.changes.len() as u64, r.byte_seq + r.bytes as u64)
             }
-            Some(r) if r.revision == from.revision => (r.seq + from.index as u64, r.byte_seq),
+            // Inside an entry: its changes before the position are not owed (an entry larger
+            // than half the history must not count as a backlog for as long as a stream reads it).
+            Some(r) if r.revision == from.revision => {
+                let skipped = &r.changes[..from.index as usize];
+                let skipped_bytes: usize = skipped.iter().map(Change::approx_bytes).sum();
+                (r.seq + from.index as u64, r.byte_seq + skipped_bytes as u64)
+            }
             Some(r) => (r.seq, r.byte_seq),
             None => (ring.recorded, ring.recorded_bytes),
         };
@@ -296,7 +319,7 @@ impl History {
     /// holds.
     pub fn read(&self, from: WatchPosition, max: usize) -> Result<Batch, u64> {
         let ring = self.ring();
-        if from.revision < ring.oldest {
+        if ring.lost(from) {
             return Err(ring.oldest);
         }
         let (at, _, _) = Self::locate(&ring, from);
@@ -332,7 +355,7 @@ impl History {
     /// What is held at or after `from`, or `None` when `from` is no longer held.
     pub fn backlog(&self, from: WatchPosition) -> Option<Backlog> {
         let ring = self.ring();
-        if from.revision < ring.oldest {
+        if ring.lost(from) {
             return None;
         }
         let (_, seq, byte_seq) = Self::locate(&ring, from);
@@ -345,7 +368,7 @@ impl History {
     /// Whether a watch may start at `from`: `Err(oldest)` when it is older than the history holds.
     pub fn check_start(&self, from: WatchPosition) -> Result<(), u64> {
         let ring = self.ring();
-        if from.revision < ring.oldest {
+        if ring.lost(from) {
             return Err(ring.oldest);
         }
         Ok(())
@@ -464,6 +487,61 @@ mod tests {
             vec![(2, 0), (2, 1)]
         );
         assert_eq!(history.backlog(at(1, 0)), None);
+    }
+
+    /// A position right after the last change of the newest evicted revision is still served:
+    /// nothing at or after it is missing. A position inside it, or after an older one, is not.
+    #[test]
+    fn a_position_right_after_the_newest_evicted_revision_is_still_held() {
+        let limits = HistoryLimits {
+            events: 2,
+            bytes: usize::MAX,
+        };
+        let history = History::new(limits, 0);
+        history.record(vec![(1, vec![change("a"), change("b")])], 1);
+        history.record(vec![(2, vec![change("c"), change("d")])], 2);
+        assert_eq!(history.oldest(), 2);
+        assert_eq!(history.check_start(at(1, 2)), Ok(()));
+        assert_eq!(
+            positions(&history.read(at(1, 2), 10).unwrap()),
+            vec![(2, 0), (2, 1)]
+        );
+        assert_eq!(history.backlog(at(1, 2)).map(|b| b.changes), Some(2));
+        assert_eq!(
+            history.check_start(at(1, 1)),
+            Err(2),
+            "change (1, 1) is gone"
+        );
+        history.record(vec![(3, vec![change("e"), change("f")])], 3);
+        assert_eq!(
+            history.check_start(at(1, 2)),
+            Err(3),
+            "revision 2 is gone too"
+        );
+        assert_eq!(history.check_start(at(2, 2)), Ok(()));
+        // After a reset nothing is known of the revision before the new start.
+        history.reset(9);
+        assert_eq!(history.check_start(at(9, 0)), Err(10));
+    }
+
+    /// The bytes owed from inside an entry are those of its changes from the position on: an
+    /// entry larger than half the history must not look like a backlog for as long as a stream
+    /// reads through it.
+    #[test]
+    fn the_backlog_inside_an_entry_counts_only_what_is_left_of_it() {
+        let one = change("k").approx_bytes();
+        let limits = HistoryLimits {
+            events: 1_000,
+            bytes: one * 100,
+        };
+        let history = History::new(limits, 0);
+        history.record(vec![(1, (0..60).map(|_| change("k")).collect())], 1);
+        let backlog = history.backlog(at(1, 59)).unwrap();
+        assert_eq!((backlog.changes, backlog.bytes), (1, one));
+        let backlog = history.backlog(at(1, 0)).unwrap();
+        assert_eq!((backlog.changes, backlog.bytes), (60, 60 * one));
+        let backlog = history.backlog(at(1, 60)).unwrap();
+        assert_eq!((backlog.changes, backlog.bytes), (0, 0));
     }
 
     #[test]
@@ -588,13 +666,7 @@ mod tests {
                     model.held.iter().map(|(r, i, _)| (*r, *i)).collect();
                 assert_eq!(positions(&held), expected, "{context}");
                 for (i, (r, index, _)) in model.held.iter().enumerate() {
-                    // Bytes count from the first change of the position's entry.
-                    let bytes = model
-                        .held
-                        .iter()
-                        .filter(|(at, _, _)| at >= r)
-                        .map(|e| e.2)
-                        .sum();
+                    let bytes = model.held.iter().skip(i).map(|e| e.2).sum();
                     let backlog = Backlog {
                         changes: model.held.len() - i,
                         bytes,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use baton_node::config::WatchTuning;
 use baton_node::history::HistoryLimits;
-use baton_rpc::error::{detail_of, infra};
+use baton_rpc::error::{detail_of, infra, refusal_of};
 use baton_rpc::proto::watch_client::WatchClient;
 use baton_rpc::proto::watch_response::Item;
 use baton_rpc::proto::{self, WatchRequest};
@@ -229,6 +229,23 @@ async fn a_watch_delivers_every_matching_change_in_commit_order_with_its_value()
         other => panic!("want an invalid-argument refusal, got {other:?}"),
     }
     assert!(bad.next().await.is_none(), "nothing after the error");
+
+    // A start index without a start revision would be ignored (the watch starts "now"): refused.
+    let status = WatchClient::connect(format!("http://{}", cluster.addr))
+        .await
+        .unwrap()
+        .watch(WatchRequest {
+            filter: None,
+            start_revision: 0,
+            start_index: 3,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    match detail_of(&status).as_ref().and_then(refusal_of) {
+        Some(Refusal::Invalid { field, .. }) => assert_eq!(field, "start_index"),
+        other => panic!("want an invalid-argument refusal, got {other:?}"),
+    }
     drop((all, to_b, board, replay));
     cluster.stop().await;
 }

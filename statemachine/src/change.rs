@@ -470,7 +470,7 @@ impl ChangeFilter {
             validate::required("filter.key", key, MAX_KEY_BYTES)?;
         }
         if let Some(prefix) = &self.key_prefix {
-            validate::bounded("filter.key_prefix", prefix, MAX_KEY_BYTES)?;
+            validate::required("filter.key_prefix", prefix, MAX_KEY_BYTES)?;
         }
         if let Some(agent) = &self.ticket_to {
             validate::required("filter.ticket_to", agent, MAX_AGENT_BYTES)?;
@@ -483,6 +483,12 @@ impl ChangeFilter {
         }
         if let Some(queue) = &self.leasable_in {
             validate::required("filter.leasable_in", queue, MAX_KEY_BYTES)?;
+            if self.ticket_to.is_some() {
+                return Err(Refusal::invalid(
+                    "filter.leasable_in",
+                    "selects queue tasks; it cannot be combined with ticket_to (handoff tickets)",
+                ));
+            }
             if self.primitive.is_some_and(|p| p != Primitive::Queue) {
                 return Err(Refusal::invalid(
                     "filter.leasable_in",

@@ -1031,6 +1031,10 @@ fn filters_select_by_primitive_key_prefix_addressee_queue_holder_and_kind() {
             .leasable_in("q1")
             .primitive(Primitive::Handoff),
         ChangeFilter::all().holder(""),
+        // An empty prefix would match everything: the filter means something else.
+        ChangeFilter::all().prefix(""),
+        // Ticket events and queue events: together they can never match.
+        ChangeFilter::all().tickets_to("B").leasable_in("q1"),
     ] {
         assert!(
             matches!(bad.validate(), Err(Refusal::Invalid { .. })),

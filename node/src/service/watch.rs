@@ -27,7 +27,7 @@ use baton_rpc::proto::watch_response::Item;
 use baton_rpc::proto::watch_server;
 use baton_rpc::proto::{WatchRequest, WatchResponse};
 use baton_rpc::{convert, WatchPosition};
-use baton_statemachine::ChangeFilter;
+use baton_statemachine::{ChangeFilter, Refusal};
 use futures::{Future, Stream};
 use prost::Message;
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
@@ -98,6 +98,12 @@ impl watch_server::Watch for WatchService {
             return Err(out_of_touch());
         }
         let history = self.node.state_machine.history().clone();
+        if request.start_revision == 0 && request.start_index != 0 {
+            return Err(refused(Refusal::invalid(
+                "start_index",
+                "skips changes of the start revision; it needs a start_revision",
+            )));
+        }
         let start = if request.start_revision == 0 {
             WatchPosition::at(history.head() + 1)
         } else {
