@@ -6,7 +6,7 @@
 
 use baton_cluster_test::robustness::check::Violation;
 use baton_cluster_test::robustness::history::{AttemptRecord, Input, Op, Outcome, Output};
-use baton_cluster_test::robustness::{board, effect, handoff, queue};
+use baton_cluster_test::robustness::{board, effect, handoff, progress, queue};
 
 /// Builds a history; times are in milliseconds for readability.
 #[derive(Default)]
@@ -250,7 +250,97 @@ fn t71_a_release_with_a_superseded_claim_and_a_lost_fence_are_reported() {
     let violations = board::check(&h.ops, 100_000);
     assert_eq!(
         rules(&violations),
-        ["lost-ack", "stale-holder"],
+        ["exclusive-hold", "lost-ack", "stale-holder"],
+        "{violations:?}"
+    );
+}
+
+/// A claim granted while another agent's was certainly live (claimed 20 ms before, TTL 4 s, no
+/// release sent) is two holders at once, even with rising fences and the first holder's later
+/// release correctly refused — which every fence rule accepts. An ambiguous release sent before
+/// the second claim, or a second claim after the TTL, explains it.
+#[test]
+fn t71_two_holders_at_once_are_reported_even_with_rising_fences() {
+    let claim = |agent: &str| Input::Claim {
+        task: "task-0".into(),
+        agent: agent.into(),
+    };
+    let lease = |fence: u64, token: &str| Output::Lease {
+        fence,
+        token: token.into(),
+    };
+    let release = Input::ReleaseTask {
+        task: "task-0".into(),
+        token: "x".into(),
+        fence: 1,
+    };
+    let history = |second_claim_at: u64, release_before: bool| {
+        let mut h = H::default();
+        h.ok("a0", claim("a0"), 0, 10, lease(1, "x"));
+        if release_before {
+            h.ambiguous("a0", release.clone(), 15);
+        }
+        let at = second_claim_at;
+        h.ok("a1", claim("a1"), at, at + 10, lease(2, "y"));
+        if !release_before {
+            h.refused("a0", release.clone(), at + 20, at + 30, "LEASE_LOST");
+        }
+        let end = at + 100;
+        h.ok(
+            "final",
+            Input::ListTasks,
+            end,
+            end + 10,
+            Output::Tasks(vec![("task-0".into(), "open".into(), 2)]),
+        );
+        board::check(&h.ops, end * 1000)
+    };
+    let violations = history(20, false);
+    assert_eq!(rules(&violations), ["exclusive-hold"], "{violations:?}");
+    assert_eq!(violations[0].ops, vec![0, 1]);
+    let ttl = board::TTL_MS as u64;
+    for (at, release_before) in [(20, true), (ttl + 100, false)] {
+        let violations = history(at, release_before);
+        assert!(
+            violations.is_empty(),
+            "{at} {release_before}: {violations:?}"
+        );
+    }
+    // The same rule guards side-effect holds and queue permits.
+    let mut h = H::default();
+    let acquire = |key: &str| Input::Acquire {
+        key: key.into(),
+        resource: "res-0".into(),
+    };
+    let granted = |fence| Output::Granted {
+        fence,
+        holder: String::new(),
+    };
+    h.ok("h0", acquire("h0/1"), 0, 10, granted(1));
+    h.ok("h1", acquire("h1/1"), 20, 30, granted(2));
+    let violations = effect::check(&h.ops, 100_000);
+    assert_eq!(rules(&violations), ["exclusive-hold"], "{violations:?}");
+    let mut h = H::default();
+    let lease = |worker: &str| Input::Lease {
+        worker: worker.into(),
+    };
+    h.ok(
+        "w0",
+        lease("w0"),
+        10,
+        20,
+        Output::Leased(vec![(1, 1, "key-0".into(), Some(7))]),
+    );
+    h.ok(
+        "w1",
+        lease("w1"),
+        30,
+        40,
+        Output::Leased(vec![(2, 1, "key-0".into(), Some(8))]),
+    );
+    let violations = queue::check(&h.ops, 100_000);
+    assert!(
+        rules(&violations).contains(&"exclusive-hold"),
         "{violations:?}"
     );
 }
@@ -430,4 +520,32 @@ fn t71_a_permit_token_granted_twice_and_a_lost_submission_are_reported() {
         ["increasing-fence", "lost-ack", "unique-grant"],
         "{violations:?}"
     );
+}
+
+/// A run proves nothing when no fault was injected or a workload never got a grant: a store that
+/// answered every claim TAKEN passes every exclusivity rule. Both are reported.
+#[test]
+fn t71_a_run_without_faults_or_grants_is_reported() {
+    let claim = |agent: &str| Input::Claim {
+        task: "task-0".into(),
+        agent: agent.into(),
+    };
+    let mut h = H::default();
+    h.refused("a0", claim("a0"), 0, 10, "TAKEN");
+    h.refused("a1", claim("a1"), 20, 30, "TAKEN");
+    let violations = progress(&h.ops, 0);
+    let keys: Vec<&str> = violations.iter().map(|v| v.key.as_str()).collect();
+    assert_eq!(keys, ["nemesis", "board"], "{violations:?}");
+    assert_eq!(rules(&violations), ["progress"]);
+    h.ok(
+        "a2",
+        claim("a2"),
+        40,
+        50,
+        Output::Lease {
+            fence: 1,
+            token: "z".into(),
+        },
+    );
+    assert!(progress(&h.ops, 1).is_empty());
 }

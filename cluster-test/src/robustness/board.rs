@@ -1,7 +1,8 @@
 //! Task-board workload: agents race claims on a few tasks, hold briefly, then release (sometimes
 //! after a renewal, sometimes never: the lease then runs out and the task is claimable again).
 //!
-//! Checked: one acknowledged claim per task and fence, fences increasing in real time, no
+//! Checked: one acknowledged claim per task and fence, no claim granted while another agent's
+//! was certainly still live, fences increasing in real time, no
 //! release or renewal acknowledged with a superseded claim, and every acknowledged fence still
 //! there after recovery.
 
@@ -15,7 +16,9 @@ use baton_statemachine::board::{Task, TaskSpec};
 use rand::rngs::StdRng;
 use rand::Rng;
 
-use super::check::{increasing_fences, no_stale_holder, unique_grants, Grant, Use, Violation};
+use super::check::{
+    exclusive_holds, increasing_fences, no_stale_holder, unique_grants, Grant, Use, Violation,
+};
 use super::history::{Input, Op, Output, Recorder};
 
 /// Claim TTL: short enough that a claim whose holder never releases (or whose claim answer was
@@ -149,7 +152,15 @@ pub async fn run(
 pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
     let mut grants = Vec::new();
     let mut uses = Vec::new();
+    let mut ends = Vec::new();
     for op in history {
+        if let Input::ReleaseTask { task, fence, .. } = &op.input {
+            ends.push(Use {
+                key: task.clone(),
+                fence: *fence,
+                op: op.index,
+            });
+        }
         match (&op.input, op.ok()) {
             (Input::Claim { task, .. }, Some(Output::Lease { fence, .. })) => grants.push(Grant {
                 key: task.clone(),
@@ -166,6 +177,7 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
         }
     }
     let mut violations = unique_grants("claim", &grants, history);
+    violations.extend(exclusive_holds("claim", &grants, &ends, TTL_MS, history));
     violations.extend(increasing_fences("claim", &grants, history));
     violations.extend(no_stale_holder("release/renew", &grants, &uses, history));
     for op in history {

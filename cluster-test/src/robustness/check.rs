@@ -222,6 +222,80 @@ pub fn no_stale_holder(
     violations
 }
 
+/// How much earlier than the history's clock the store's clock may run when [`exclusive_holds`]
+/// counts a lease's TTL: the history counts on this process's monotonic clock, the store on its
+/// leader's wall clock (the same machine's), which agree to well within this over a run.
+pub const CLOCK_SLACK_US: u64 = 250_000;
+
+/// Two processes never hold one key at once: a grant acknowledged while an earlier grant on the
+/// key to another client was certainly still live is a violation, whatever the fences say (a
+/// store that ignored live leases but kept raising fences would pass every fence rule).
+///
+/// Certainly live: the earlier grant `g1` was applied before `g2` (it returned before `g2` was
+/// invoked), `g2` returned before `g1`'s TTL ran out counted from `g1`'s invocation (the store
+/// applies a command after it is sent and counts the TTL from then; less [`CLOCK_SLACK_US`]), and
+/// no operation in `ends` (every call that could end a grant — release, complete —, answered or
+/// not, matched by key and fence) on `g1` was invoked before `g2` returned. Renewals only make a
+/// lease longer and are ignored. Pairs with equal fences are [`unique_grants`]'s.
+pub fn exclusive_holds(
+    what: &str,
+    grants: &[Grant],
+    ends: &[Use],
+    ttl_ms: i64,
+    history: &[Op],
+) -> Vec<Violation> {
+    let ttl_us = u64::try_from(ttl_ms).unwrap_or(0).saturating_mul(1000);
+    let mut by_key: BTreeMap<&str, Vec<&Grant>> = BTreeMap::new();
+    for grant in grants {
+        by_key.entry(&grant.key).or_default().push(grant);
+    }
+    let mut first_end: BTreeMap<(&str, u64), u64> = BTreeMap::new();
+    for end in ends {
+        let call = history[end.op].call;
+        first_end
+            .entry((&end.key, end.fence))
+            .and_modify(|at| *at = (*at).min(call))
+            .or_insert(call);
+    }
+    let mut violations = Vec::new();
+    for (key, mut grants) in by_key {
+        grants.sort_by_key(|g| history[g.op].call);
+        let mut found = 0;
+        for (i, second) in grants.iter().enumerate() {
+            let (call2, Some(ret2)) = (history[second.op].call, history[second.op].ret) else {
+                continue;
+            };
+            let live = grants[..i].iter().rev().find(|first| {
+                let op1 = &history[first.op];
+                op1.client != history[second.op].client
+                    && first.fence != second.fence
+                    && op1.ret.is_some_and(|ret1| ret1 < call2)
+                    && ret2 + CLOCK_SLACK_US < op1.call + ttl_us
+                    && first_end
+                        .get(&(key, first.fence))
+                        .is_none_or(|ended| *ended > ret2)
+            });
+            if let Some(first) = live {
+                violations.push(Violation::new(
+                    "exclusive-hold",
+                    key,
+                    format!(
+                        "{what} at fence {} was granted while the {what} at fence {} (client {}) \
+                         was still live: not released and within its {ttl_ms} ms TTL",
+                        second.fence, first.fence, history[first.op].client
+                    ),
+                    vec![first.op, second.op],
+                ));
+                found += 1;
+                if found >= 3 {
+                    break;
+                }
+            }
+        }
+    }
+    violations
+}
+
 /// The fenced sink's rules, per resource, over every `SinkWrite` and `SinkRead` in the history
 /// whose resource `mine` accepts. `final_reads` are reads made after recovery.
 ///

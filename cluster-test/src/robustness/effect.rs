@@ -3,7 +3,8 @@
 //! then a holder stalls past its lease before writing, so a newer holder gets a higher fence and
 //! the stale writer must be refused.
 //!
-//! Checked: one acknowledged grant per resource and fence, fences increasing in real time, no
+//! Checked: one acknowledged grant per resource and fence, no grant while another holder's was
+//! certainly still live, fences increasing in real time, no
 //! completion or release acknowledged with a superseded lease, an acquire of a fresh key is
 //! never answered as if an earlier attempt existed (a retried acquire applied twice), the fenced
 //! sink's rules ([`super::check::sink`]), and every acknowledged completion still recorded after
@@ -19,7 +20,7 @@ use rand::rngs::StdRng;
 use rand::Rng;
 
 use super::check::{
-    increasing_fences, no_stale_holder, sink, unique_grants, Grant, Use, Violation,
+    exclusive_holds, increasing_fences, no_stale_holder, sink, unique_grants, Grant, Use, Violation,
 };
 use super::history::{Input, Op, Output, Recorder};
 
@@ -200,8 +201,22 @@ pub async fn run(
 pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
     let mut grants = Vec::new();
     let mut uses = Vec::new();
+    let mut ends = Vec::new();
     let mut violations = Vec::new();
     for op in history {
+        if let Input::CompleteEffect {
+            resource, fence, ..
+        }
+        | Input::ReleaseEffect {
+            resource, fence, ..
+        } = &op.input
+        {
+            ends.push(Use {
+                key: resource.clone(),
+                fence: *fence,
+                op: op.index,
+            });
+        }
         match (&op.input, op.ok()) {
             (Input::Acquire { resource, .. }, Some(Output::Granted { fence, .. })) => {
                 grants.push(Grant {
@@ -232,6 +247,7 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
         }
     }
     violations.extend(unique_grants("acquire", &grants, history));
+    violations.extend(exclusive_holds("acquire", &grants, &ends, TTL_MS, history));
     violations.extend(increasing_fences("acquire", &grants, history));
     violations.extend(no_stale_holder("complete/release", &grants, &uses, history));
     violations.extend(sink(history, |resource| resource.starts_with(SINK_PREFIX)));

@@ -46,7 +46,7 @@ use tokio::task::JoinHandle;
 
 use self::check::Violation;
 use self::faults::{LeaderFault, Nemesis};
-use self::history::{Clock, Input, Op, Recorder};
+use self::history::{Clock, Input, Op, Output, Recorder};
 use self::target::Target;
 use crate::cluster::{client_config, Cluster, Options};
 use crate::power_cut;
@@ -577,6 +577,7 @@ async fn drive<T: Target>(
     violations.extend(board::check(&history, final_from));
     violations.extend(effect::check(&history, final_from));
     violations.extend(queue::check(&history, final_from));
+    violations.extend(progress(&history, nemesis.faults));
 
     let mut report = Report {
         scenario,
@@ -595,6 +596,45 @@ async fn drive<T: Target>(
         report.history_file = write_history(&report, settings).ok();
     }
     Ok(report)
+}
+
+/// A run that checked something: it injected at least one fault, and every workload that ran got
+/// at least one grant acknowledged (a take, claim, acquire or permit). Without these every rule
+/// holds vacuously: a store that refused every grant (or a nemesis that did nothing) would pass.
+pub fn progress(history: &[Op], faults: usize) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    if faults == 0 {
+        violations.push(Violation::new(
+            "progress",
+            "nemesis",
+            "the run injected no fault",
+            Vec::new(),
+        ));
+    }
+    let names = ["handoff", "board", "effect+sink", "queue"];
+    let mut ran = [false; 4];
+    let mut granted = [false; 4];
+    for op in history {
+        let slot = workload_of(&op.input);
+        ran[slot] = true;
+        granted[slot] |= match (&op.input, op.ok()) {
+            (Input::Take { .. }, Some(_)) | (Input::Claim { .. }, Some(_)) => true,
+            (Input::Acquire { .. }, Some(Output::Granted { .. })) => true,
+            (Input::Lease { .. }, Some(Output::Leased(assignments))) => !assignments.is_empty(),
+            _ => false,
+        };
+    }
+    for slot in 0..names.len() {
+        if ran[slot] && !granted[slot] {
+            violations.push(Violation::new(
+                "progress",
+                names[slot],
+                "no grant was acknowledged in the whole run, so its exclusivity rules checked nothing",
+                Vec::new(),
+            ));
+        }
+    }
+    violations
 }
 
 /// Every workload must get definite answers again within `limit` of recovery; one that does not

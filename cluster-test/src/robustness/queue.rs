@@ -4,7 +4,8 @@
 //! its start and its write), so the permit moves on with a higher token and the stale worker must
 //! be refused.
 //!
-//! Checked: one acknowledged permit per key and token, tokens increasing per key in real time, no
+//! Checked: one acknowledged permit per key and token, no permit while another worker's was
+//! certainly still live, tokens increasing per key in real time, no
 //! start or completion acknowledged for an attempt whose permit had moved on, the fenced sink's
 //! rules, and after recovery: every acknowledged submission, lease and completion is there, no
 //! token appears twice on a key, and at most one attempt per key is active.
@@ -20,7 +21,7 @@ use rand::rngs::StdRng;
 use rand::Rng;
 
 use super::check::{
-    increasing_fences, no_stale_holder, sink, unique_grants, Grant, Use, Violation,
+    exclusive_holds, increasing_fences, no_stale_holder, sink, unique_grants, Grant, Use, Violation,
 };
 use super::history::{AttemptRecord, Input, Op, Output, Recorder};
 
@@ -266,7 +267,20 @@ pub fn task_ids(history: &[Op]) -> Vec<u64> {
 pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
     let mut grants = Vec::new();
     let mut uses = Vec::new();
+    let mut ends = Vec::new();
     for op in history {
+        if let Input::CompleteAttempt {
+            concurrency_key,
+            token,
+            ..
+        } = &op.input
+        {
+            ends.push(Use {
+                key: concurrency_key.clone(),
+                fence: *token,
+                op: op.index,
+            });
+        }
         match (&op.input, op.ok()) {
             (Input::Lease { .. }, Some(Output::Leased(assignments))) => {
                 for (_, _, key, token) in assignments {
@@ -303,6 +317,13 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
         }
     }
     let mut violations = unique_grants("permit", &grants, history);
+    violations.extend(exclusive_holds(
+        "permit",
+        &grants,
+        &ends,
+        LEASE_TTL_MS,
+        history,
+    ));
     violations.extend(increasing_fences("permit", &grants, history));
     violations.extend(no_stale_holder("start/complete", &grants, &uses, history));
     violations.extend(sink(history, |resource| resource.starts_with(SINK_PREFIX)));
