@@ -580,8 +580,9 @@ impl Worker {
     ///
     /// Fails when the registration is refused (e.g. `STATE_CONFLICT`: this id was registered
     /// with another capability) or the cluster cannot be reached for it, and when a lease is
-    /// refused (e.g. `UNKNOWN_QUEUE`) — after draining what is in flight. Infrastructure
-    /// failures while leasing are retried with back-off.
+    /// refused (e.g. `UNKNOWN_QUEUE`) or fails in a way that sending it again cannot change (a
+    /// server error such as a token no longer accepted, a protocol error) — after draining what
+    /// is in flight. An unreachable cluster while leasing is retried with back-off.
     pub async fn run<H, Fut, S>(self, handler: H, shutdown: S) -> Result<WorkerSummary, Error>
     where
         H: Fn(TaskContext) -> Fut + Send + Sync + 'static,
@@ -648,8 +649,8 @@ impl Worker {
                         self.dispatch(assignment, lease_end, &handler, &running, &mut in_flight);
                     }
                 }
-                Err(error @ Error::Refused(_)) => {
-                    tracing::error!(worker = %settings.id, %error, "lease refused; stopping");
+                Err(error) if !worth_leasing_again(&error) => {
+                    tracing::error!(worker = %settings.id, %error, "lease failed for good; stopping");
                     fatal = Some(error);
                     break;
                 }
@@ -991,6 +992,14 @@ fn lease_end_after_start(started: &QueueTask, attempt: u32, sent: Instant) -> Op
 }
 
 /// Reports a handler's error as the variant says.
+/// Whether a failed lease call may succeed if simply sent again: the cluster was unreachable or
+/// forgot the request. A refusal, a server error (a token no longer accepted, a request too large),
+/// a protocol or configuration error answers the same way every time, so the worker stops and
+/// says why instead of retrying for good.
+fn worth_leasing_again(error: &Error) -> bool {
+    matches!(error, Error::Unavailable { .. } | Error::OutcomeUnknown(_))
+}
+
 /// What an attempt whose handler finished tells the store.
 enum Report {
     Complete(Vec<u8>),
@@ -1401,6 +1410,32 @@ mod tests {
                 "{key:?}/{token:?} over {was_key:?}/{was_token:?}: {error:?}"
             );
             assert!(error.to_string().contains("changes a running attempt"));
+        }
+    }
+
+    /// Only an outage is worth leasing again; an answer that will be the same next time stops
+    /// the worker (e.g. its token was revoked: it used to retry that for good, warning only).
+    #[test]
+    fn only_an_outage_is_worth_leasing_again() {
+        let unavailable = Error::Unavailable {
+            endpoints: vec!["a:1".into()],
+            waited: Duration::from_secs(1),
+            last: "connection refused".into(),
+        };
+        assert!(worth_leasing_again(&unavailable));
+        assert!(worth_leasing_again(&Error::OutcomeUnknown(
+            "session expired".into()
+        )));
+        for error in [
+            Error::Server {
+                code: "UNAUTHENTICATED".into(),
+                message: "token not accepted".into(),
+            },
+            Error::Protocol("undecodable".into()),
+            Error::Config("bad".into()),
+            Error::Refused(Refusal::UnknownWorker),
+        ] {
+            assert!(!worth_leasing_again(&error), "{error}");
         }
     }
 
