@@ -549,3 +549,70 @@ fn t71_a_run_without_faults_or_grants_is_reported() {
     );
     assert!(progress(&h.ops, 1).is_empty());
 }
+
+/// A keyed lease without its permit token (or with token 0, or an unkeyed one with a token), and a
+/// renewal that answers another token, are reported: the fence rules never see them.
+#[test]
+fn t71_a_lease_without_its_permit_and_a_renewal_changing_the_token_are_reported() {
+    let mut h = H::default();
+    for (worker, task, key, token) in [
+        ("w0", 1, "key-0", None),
+        ("w1", 2, "key-1", Some(0)),
+        ("w2", 3, "", Some(4)),
+    ] {
+        h.ok(
+            worker,
+            Input::Lease {
+                worker: worker.into(),
+            },
+            10 * task,
+            10 * task + 5,
+            Output::Leased(vec![(task, 1, key.into(), token)]),
+        );
+    }
+    let violations = queue::check(&h.ops, 100_000);
+    let flagged: Vec<&str> = violations
+        .iter()
+        .filter(|v| v.rule == "permit-token")
+        .map(|v| v.key.as_str())
+        .collect();
+    assert_eq!(flagged, ["key-0", "key-1", ""], "{violations:?}");
+
+    let mut h = H::default();
+    h.ok(
+        "a0",
+        Input::Claim {
+            task: "task-0".into(),
+            agent: "a0".into(),
+        },
+        0,
+        10,
+        Output::Lease {
+            fence: 1,
+            token: "x".into(),
+        },
+    );
+    h.ok(
+        "a0",
+        Input::RenewTask {
+            task: "task-0".into(),
+            token: "x".into(),
+            fence: 1,
+        },
+        20,
+        30,
+        Output::Lease {
+            fence: 1,
+            token: "z".into(),
+        },
+    );
+    h.ok(
+        "final",
+        Input::ListTasks,
+        100,
+        110,
+        Output::Tasks(vec![("task-0".into(), "claimed".into(), 1)]),
+    );
+    let violations = board::check(&h.ops, 100_000);
+    assert_eq!(rules(&violations), ["renew-keeps-fence"], "{violations:?}");
+}

@@ -181,14 +181,21 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
     violations.extend(increasing_fences("claim", &grants, history));
     violations.extend(no_stale_holder("release/renew", &grants, &uses, history));
     for op in history {
-        if let (Input::RenewTask { fence, task, .. }, Some(Output::Lease { fence: got, .. })) =
-            (&op.input, op.ok())
+        if let (
+            Input::RenewTask { fence, task, token },
+            Some(Output::Lease {
+                fence: got,
+                token: got_token,
+            }),
+        ) = (&op.input, op.ok())
         {
-            if got != fence {
+            if got != fence || got_token != token {
                 violations.push(Violation::new(
                     "renew-keeps-fence",
                     task,
-                    format!("renewing the claim with fence {fence} answered fence {got}"),
+                    format!(
+                        "renewing the claim with fence {fence} (token {token}) answered fence {got} (token {got_token})"
+                    ),
                     vec![op.index],
                 ));
             }

@@ -4,7 +4,8 @@
 //! its start and its write), so the permit moves on with a higher token and the stale worker must
 //! be refused.
 //!
-//! Checked: one acknowledged permit per key and token, no permit while another worker's was
+//! Checked: every keyed lease carries a non-zero permit token (an unkeyed one none), one
+//! acknowledged permit per key and token, no permit while another worker's was
 //! certainly still live, tokens increasing per key in real time, no
 //! start or completion acknowledged for an attempt whose permit had moved on, the fenced sink's
 //! rules, and after recovery: every acknowledged submission, lease and completion is there, no
@@ -268,6 +269,7 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
     let mut grants = Vec::new();
     let mut uses = Vec::new();
     let mut ends = Vec::new();
+    let mut violations = Vec::new();
     for op in history {
         if let Input::CompleteAttempt {
             concurrency_key,
@@ -283,7 +285,17 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
         }
         match (&op.input, op.ok()) {
             (Input::Lease { .. }, Some(Output::Leased(assignments))) => {
-                for (_, _, key, token) in assignments {
+                for (task, _, key, token) in assignments {
+                    // A keyed task comes with its permit, a non-zero token; an unkeyed one with
+                    // none (seed 004 §2).
+                    if key.is_empty() != token.is_none() || *token == Some(0) {
+                        violations.push(Violation::new(
+                            "permit-token",
+                            key,
+                            format!("task {task} (key {key:?}) was leased with token {token:?}"),
+                            vec![op.index],
+                        ));
+                    }
                     if let Some(token) = token {
                         grants.push(Grant {
                             key: key.clone(),
@@ -316,7 +328,7 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
             _ => {}
         }
     }
-    let mut violations = unique_grants("permit", &grants, history);
+    violations.extend(unique_grants("permit", &grants, history));
     violations.extend(exclusive_holds(
         "permit",
         &grants,
