@@ -366,10 +366,11 @@ impl Model for TicketModel {
                     return refuse("UNKNOWN_KEY");
                 }
                 let matches = match &s.token {
-                    Some(current) if current.is_empty() => {
-                        // A take nobody saw the token of: only an ambiguous reply could match it.
-                        output.is_none()
-                    }
+                    // A take nobody saw the token of: no reply can present it. Clients reply only
+                    // with tokens acknowledged takes gave them (or one no take has), and tokens
+                    // are unique, so a reply matching this take would be a stale or forged token
+                    // accepted. (An ambiguous reply used to be let through here.)
+                    Some(current) if current.is_empty() => false,
                     Some(current) => current == token,
                     None => false,
                 };

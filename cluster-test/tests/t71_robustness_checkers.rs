@@ -616,3 +616,28 @@ fn t71_a_lease_without_its_permit_and_a_renewal_changing_the_token_are_reported(
     let violations = board::check(&h.ops, 100_000);
     assert_eq!(rules(&violations), ["renew-keeps-fence"], "{violations:?}");
 }
+
+/// A take nobody saw the token of cannot be replied to: every reply presents a token an
+/// acknowledged take gave out (or none). A ticket closed after an ambiguous take and an
+/// ambiguous reply with another token means a wrong token was accepted.
+#[test]
+fn t71_a_reply_cannot_match_a_take_whose_token_nobody_saw() {
+    let mut h = H::default();
+    h.ok("c0", offer("k"), 0, 10, ticket(1, "offered", None));
+    h.ambiguous("c1", take("k"), 20);
+    h.ambiguous(
+        "c2",
+        Input::Reply {
+            key: "k".into(),
+            token: "t0-stale".into(),
+        },
+        30,
+    );
+    h.ok("final", read("k"), 100, 110, ticket(1, "closed", None));
+    let violations = handoff::check(&h.ops, 100_000);
+    assert_eq!(rules(&violations), ["linearizable"], "{violations:?}");
+    // Left accepted, the same history is legal.
+    h.ops[3].outcome = Outcome::Ok(ticket(1, "accepted", Some("dst")));
+    let violations = handoff::check(&h.ops, 100_000);
+    assert!(violations.is_empty(), "{violations:?}");
+}
