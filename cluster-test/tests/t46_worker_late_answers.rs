@@ -312,10 +312,11 @@ async fn t46_an_attempt_stopped_during_its_start_does_not_run_and_hands_the_task
 }
 
 /// A finished handler's result whose answer is lost to an outage longer than the client's
-/// deadline is sent again while the lease lasts: here the link is cut as the handler returns
-/// and healed 5 s later (the client gives up after 2 s), inside a 30 s lease. The completion is
-/// recorded and the work is not done again (seed 004 §4: finished work is reported, not
-/// recovered and redone).
+/// deadline is sent again while the lease lasts: here the handler runs 7 s on a 6 s lease kept
+/// by renewals, the link is cut as it returns and healed 3.5 s later (the client gives up after
+/// 2 s), before the lease its last renewal gave runs out (the first lease ended long before).
+/// The completion is recorded and the work is not done again (seed 004 §4: finished work is
+/// reported, not recovered and redone).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t46_a_result_lost_to_an_outage_is_sent_again_while_the_lease_lasts() {
     let Setup {
@@ -335,7 +336,7 @@ async fn t46_a_result_lost_to_an_outage_is_sent_again_while_the_lease_lasts() {
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let worker = Worker::builder(impatient, "t46-reporter")
         .queue(QUEUE)
-        .lease_ttl(Duration::from_secs(30))
+        .lease_ttl(Duration::from_secs(6))
         .poll_wait(Duration::from_secs(1))
         .on_finish(move |finished| {
             let _ = finished_tx.send(finished.clone());
@@ -347,9 +348,13 @@ async fn t46_a_result_lost_to_an_outage_is_sent_again_while_the_lease_lasts() {
     let running = tokio::spawn(worker.run(
         move |_ctx| {
             *handler_runs.lock().unwrap() += 1;
-            // The outage begins as the work ends: the completion cannot get through.
-            link.cut();
-            async { Ok(b"done".to_vec()) }
+            let link = link.clone();
+            async move {
+                tokio::time::sleep(Duration::from_secs(7)).await;
+                // The outage begins as the work ends: the completion cannot get through.
+                link.cut();
+                Ok(b"done".to_vec())
+            }
         },
         async {
             let _ = stop_rx.await;
@@ -358,7 +363,7 @@ async fn t46_a_result_lost_to_an_outage_is_sent_again_while_the_lease_lasts() {
     let mut spec = spec("reported");
     spec.max_attempts = 3;
     let id = direct.submit(&spec).await.unwrap().task.id;
-    wait::until("the handler ran", Duration::from_secs(30), || async {
+    wait::until("the handler ran", Duration::from_secs(40), || async {
         if proxy.is_cut() {
             Ok(())
         } else {
@@ -367,7 +372,7 @@ async fn t46_a_result_lost_to_an_outage_is_sent_again_while_the_lease_lasts() {
     })
     .await
     .unwrap();
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
     proxy.heal();
 
     let finished = tokio::time::timeout(Duration::from_secs(30), finished_rx.recv())
@@ -386,4 +391,96 @@ async fn t46_a_result_lost_to_an_outage_is_sent_again_while_the_lease_lasts() {
     assert_eq!(task.attempts.len(), 1, "the work was done again: {task:?}");
     assert_eq!(*runs.lock().unwrap(), 1);
     assert_eq!((summary.completed, summary.lost), (1, 0), "{summary:?}");
+}
+
+/// A start whose confirmation never arrives (answers 2.5 s late, the client gives up after 2 s)
+/// may have been applied: the store then counts the attempt as started. The worker says the
+/// attempt failed harmlessly, so the task (here on its last attempt) ends failed at once — not
+/// RUNNING until its 20 s lease runs out and then NEEDS_REVIEW for an effect that never happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t46_a_start_whose_answer_is_lost_is_failed_harmlessly() {
+    let Setup {
+        _cluster,
+        direct,
+        proxy,
+        proxied: _,
+    } = Setup::start().await;
+    // One attempt per call, cut by the 2 s deadline (a short attempt timeout would also make
+    // the connection's keep-alive pings, answered 2.5 s late, drop it).
+    let config = ClientConfig {
+        deadline: Duration::from_secs(2),
+        attempt_timeout: Duration::from_secs(10),
+        connect_timeout: Duration::from_secs(1),
+    };
+    let impatient = Client::new(&[proxy.addr().to_string()], config).unwrap();
+    let (finished_tx, mut finished_rx) = mpsc::unbounded_channel::<Finished>();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    // A long poll gets its wait on top of the deadline: one answered at once (a task already
+    // there when it arrives, or submitted just after) arrives in time; the start's answer not.
+    let worker = Worker::builder(impatient, "t46-unconfirmed")
+        .queue(QUEUE)
+        .lease_ttl(Duration::from_secs(20))
+        .poll_wait(Duration::from_secs(5))
+        .on_finish(move |finished| {
+            let _ = finished_tx.send(finished.clone());
+        })
+        .build()
+        .unwrap();
+    let ran: Arc<Mutex<u32>> = Arc::default();
+    let handler_ran = ran.clone();
+    let running = tokio::spawn(worker.run(
+        move |_ctx| {
+            *handler_ran.lock().unwrap() += 1;
+            async { Ok(b"done".to_vec()) }
+        },
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+    // Registered (its answer must not be late) and polling.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.slow_answers(Duration::from_millis(2_500));
+    let id = direct.submit(&spec("unconfirmed")).await.unwrap().task.id;
+    let finished = tokio::time::timeout(Duration::from_secs(30), finished_rx.recv())
+        .await
+        .expect("the attempt never finished")
+        .unwrap();
+    assert_eq!(finished.end, AttemptEnd::Unreported, "{finished:?}");
+    assert!(
+        finished.detail.contains("start not confirmed"),
+        "{finished:?}"
+    );
+    let task = wait::until(
+        "the attempt handed back",
+        Duration::from_secs(8),
+        || async {
+            let task = direct.queue_task(id).await.map_err(|e| e.to_string())?;
+            if task.state == TaskState::Running {
+                Err("still RUNNING (left to its lease)".to_string())
+            } else {
+                Ok(task)
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let first = task.attempts.first().unwrap();
+    assert!(
+        first.started_at_ms.is_some(),
+        "the start was not applied, so the test showed nothing: {task:?}"
+    );
+    assert_eq!(task.state, TaskState::Failed, "{task:?}");
+    assert!(first.note.contains("did not run"), "{first:?}");
+    assert_eq!(
+        *ran.lock().unwrap(),
+        0,
+        "the handler ran on an unconfirmed start"
+    );
+    proxy.slow_answers(Duration::ZERO);
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(30), running)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
 }

@@ -51,6 +51,10 @@ struct Revision {
     seq: u64,
     /// The same for bytes.
     byte_seq: u64,
+    /// The bytes of this entry's changes before each change, so the bytes owed from a position
+    /// inside the entry are found without walking it (under the history's lock, on every head
+    /// change a blocked stream sees).
+    offsets: Vec<u64>,
 }
 
 /// One change at its position (a handle on its entry's changes).
@@ -218,6 +222,14 @@ impl History {
                     continue;
                 }
                 let (seq, byte_seq) = (ring.recorded, ring.recorded_bytes);
+                let offsets = changes
+                    .iter()
+                    .scan(0u64, |before, change| {
+                        let at = *before;
+                        *before += change.approx_bytes() as u64;
+                        Some(at)
+                    })
+                    .collect();
                 ring.recorded += changes.len() as u64;
                 ring.recorded_bytes += bytes as u64;
                 ring.events += changes.len();
@@ -228,6 +240,7 @@ impl History {
                     bytes,
                     seq,
                     byte_seq,
+                    offsets,
                 }));
             }
             ring.head = ring.head.max(applied);
@@ -304,11 +317,10 @@ impl History {
             }
             // Inside an entry: its changes before the position are not owed (an entry larger
             // than half the history must not count as a backlog for as long as a stream reads it).
-            Some(r) if r.revision == from.revision => {
-                let skipped = &r.changes[..from.index as usize];
-                let skipped_bytes: usize = skipped.iter().map(Change::approx_bytes).sum();
-                (r.seq + from.index as u64, r.byte_seq + skipped_bytes as u64)
-            }
+            Some(r) if r.revision == from.revision => (
+                r.seq + from.index as u64,
+                r.byte_seq + r.offsets[from.index as usize],
+            ),
             Some(r) => (r.seq, r.byte_seq),
             None => (ring.recorded, ring.recorded_bytes),
         };

@@ -1060,3 +1060,34 @@ async fn a_handler_that_panics_before_its_future_exists_is_reported_unknown() {
 
     cluster.stop().await;
 }
+
+/// A panicking `on_finish` hook is logged; the worker goes on running and reporting attempts
+/// (it used to unwind `run`, aborting every attempt still running, unreported).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_finish_hook_does_not_stop_the_worker() {
+    let cluster = Cluster::start().await;
+    let c = cluster.client.clone();
+    c.create_queue("hq", "ns").await.unwrap();
+    let worker = Worker::builder(c.clone(), "hooked")
+        .queue("hq")
+        .poll_wait(Duration::from_millis(200))
+        .on_finish(|finished| panic!("hook failed for task {}", finished.task_id))
+        .build()
+        .unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let run = tokio::spawn(worker.run(
+        |_ctx: TaskContext| async { Ok(b"ok".to_vec()) },
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    for name in ["first", "second"] {
+        let id = c.submit(&spec("hq", name, "h", "")).await.unwrap().task.id;
+        wait_for_state(&c, id, TaskState::Succeeded, Duration::from_secs(10)).await;
+    }
+    let _ = stop.send(());
+    let summary = run.await.unwrap().unwrap();
+    assert_eq!(summary.completed, 2, "{summary:?}");
+
+    cluster.stop().await;
+}

@@ -58,6 +58,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -460,7 +461,8 @@ impl WorkerBuilder {
         self
     }
 
-    /// Called (on the worker's own task) once for every finished attempt.
+    /// Called (on the worker's own task) once for every finished attempt. A panic in it is
+    /// logged and the worker goes on.
     pub fn on_finish(mut self, hook: impl Fn(&Finished) + Send + Sync + 'static) -> Self {
         self.on_finish = Some(Arc::new(hook));
         self
@@ -649,7 +651,7 @@ impl Worker {
                         self.dispatch(assignment, lease_end, &handler, &running, &mut in_flight);
                     }
                 }
-                Err(error) if !worth_leasing_again(&error) => {
+                Err(error) if !worth_sending_again(&error) => {
                     tracing::error!(worker = %settings.id, %error, "lease failed for good; stopping");
                     fatal = Some(error);
                     break;
@@ -723,7 +725,12 @@ impl Worker {
                     "attempt finished"
                 );
                 if let Some(hook) = &self.on_finish {
-                    hook(&finished);
+                    // A panicking hook must not unwind `run`: that would abort every attempt
+                    // still running here, unreported.
+                    let hooked = std::panic::catch_unwind(AssertUnwindSafe(|| hook(&finished)));
+                    if hooked.is_err() {
+                        tracing::error!(task = finished.task_id, "the on_finish hook panicked");
+                    }
                 }
             }
             // The attempt's own task never panics (the handler is called and run in a task of
@@ -861,6 +868,15 @@ where
         Ok(task) => task,
         Err(error) => {
             let end = if error.is_infrastructure() {
+                // The start may have been applied all the same, and the store then counts the
+                // attempt as started: say it failed harmlessly (as below), so the task retries
+                // when it can rather than when the lease runs out, and its last attempt ends
+                // failed rather than needing review for an effect that never happened. Refused
+                // when the start was not applied or the lease has ended, which changes nothing.
+                let detail = "start not confirmed (the handler did not run)";
+                let _ = client
+                    .fail_attempt(task_id, attempt, worker, detail, true)
+                    .await;
                 AttemptEnd::Unreported
             } else {
                 AttemptEnd::LeaseLost
@@ -913,7 +929,7 @@ where
         token: assignment.token,
         worker: worker.clone(),
         lost: lost.subscribe(),
-        valid_until,
+        valid_until: valid_until.clone(),
     };
     // The handler is called inside the task, so a panic before its future exists (in the
     // closure's synchronous part) is caught and reported like one inside the future.
@@ -942,8 +958,9 @@ where
     let mut pause = FIRST_REPORT_PAUSE;
     let (reported, end, detail) = loop {
         let sent = report.send(client, task_id, attempt, worker).await;
-        let unknown = sent.0.as_ref().is_err_and(Error::is_infrastructure);
-        if !unknown || Instant::now() + pause >= lease_end {
+        // Until the end of the lease as its last renewal left it.
+        let unknown = sent.0.as_ref().is_err_and(worth_sending_again);
+        if !unknown || Instant::now() + pause >= *lock(&valid_until) {
             break sent;
         }
         tracing::debug!(
@@ -991,12 +1008,11 @@ fn lease_end_after_start(started: &QueueTask, attempt: u32, sent: Instant) -> Op
     Some(sent + Duration::from_millis(left))
 }
 
-/// Reports a handler's error as the variant says.
-/// Whether a failed lease call may succeed if simply sent again: the cluster was unreachable or
-/// forgot the request. A refusal, a server error (a token no longer accepted, a request too large),
-/// a protocol or configuration error answers the same way every time, so the worker stops and
-/// says why instead of retrying for good.
-fn worth_leasing_again(error: &Error) -> bool {
+/// Whether a failed call (a lease, a report) may succeed if simply sent again: the cluster was
+/// unreachable or forgot the request. A refusal, a server error (a token no longer accepted, a
+/// request too large), a protocol or configuration error answers the same way every time, so the
+/// worker stops (or gives the report up) and says why instead of retrying for good.
+fn worth_sending_again(error: &Error) -> bool {
     matches!(error, Error::Unavailable { .. } | Error::OutcomeUnknown(_))
 }
 
@@ -1416,14 +1432,14 @@ mod tests {
     /// Only an outage is worth leasing again; an answer that will be the same next time stops
     /// the worker (e.g. its token was revoked: it used to retry that for good, warning only).
     #[test]
-    fn only_an_outage_is_worth_leasing_again() {
+    fn only_an_outage_is_worth_sending_again() {
         let unavailable = Error::Unavailable {
             endpoints: vec!["a:1".into()],
             waited: Duration::from_secs(1),
             last: "connection refused".into(),
         };
-        assert!(worth_leasing_again(&unavailable));
-        assert!(worth_leasing_again(&Error::OutcomeUnknown(
+        assert!(worth_sending_again(&unavailable));
+        assert!(worth_sending_again(&Error::OutcomeUnknown(
             "session expired".into()
         )));
         for error in [
@@ -1435,7 +1451,7 @@ mod tests {
             Error::Config("bad".into()),
             Error::Refused(Refusal::UnknownWorker),
         ] {
-            assert!(!worth_leasing_again(&error), "{error}");
+            assert!(!worth_sending_again(&error), "{error}");
         }
     }
 
