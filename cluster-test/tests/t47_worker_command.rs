@@ -276,3 +276,34 @@ fn alive(pid: u32) -> bool {
         Err(_) => false,
     }
 }
+
+/// A command that cannot be run (a typo, a directory, a file without the execute bit) is refused
+/// at start, before anything is leased: every task leased would fail for good ("cannot run"),
+/// so a typo would fail a whole queue. The cluster named here does not exist: the check comes
+/// first (exit 2, not 4 after the 15 s the connection would take).
+#[test]
+fn t47_a_command_that_cannot_run_is_refused_before_anything_is_leased() {
+    let bin = baton_cluster_test::binary::baton_bin().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let not_executable = dir.path().join("handler.sh");
+    std::fs::write(&not_executable, "#!/bin/sh\necho ok\n").unwrap();
+    let not_executable = not_executable.display().to_string();
+    for program in [
+        "./no-such-handler.sh",
+        "no-such-program-t47",
+        "/",
+        not_executable.as_str(),
+    ] {
+        let output = std::process::Command::new(&bin)
+            .args(["--endpoints", "127.0.0.1:9", "worker", "run", "--id", "w"])
+            .args(["--", program])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{program}: {stderr}");
+        assert!(
+            stderr.contains("cannot run") && stderr.contains("nothing was leased"),
+            "{program}: {stderr}"
+        );
+    }
+}

@@ -172,6 +172,17 @@ async fn t51_bad_usage_exits_2() {
         vec!["ticket", "take", "--key", "k"],
         vec!["ticket", "frobnicate"],
         vec!["--timeout", "soon", "status"],
+        // No time at all would make every command "cluster unavailable".
+        vec![
+            "--endpoints",
+            "127.0.0.1:1",
+            "--timeout",
+            "0s",
+            "ticket",
+            "list",
+        ],
+        // Without a port it would be dialled at port 80 until the deadline.
+        vec!["--endpoints", "127.0.0.1", "ticket", "list"],
         // TTLs the store would refuse (0 ms) are refused here, before any call; the endpoint is
         // unreachable, so a call would exit 4.
         vec![
@@ -211,7 +222,7 @@ async fn t51_bad_usage_exits_2() {
             args.join(" ")
         );
     }
-    println!("t51: five kinds of bad usage exit 2");
+    println!("t51: seven kinds of bad usage exit 2");
 }
 
 #[tokio::test]
@@ -239,6 +250,26 @@ async fn t52_unreachable_cluster_exits_4_and_names_the_endpoint() {
         "--timeout bounds the wait: {:?}",
         started.elapsed()
     );
+    // status --json still prints JSON on stdout for a script to parse.
+    let status = cli::run(
+        &bin,
+        &[
+            "--endpoints",
+            "127.0.0.1:1",
+            "--timeout",
+            "2s",
+            "status",
+            "--json",
+        ],
+        LIMIT,
+    )
+    .await
+    .unwrap();
+    assert_eq!(status.code, Some(4), "{status}");
+    let answer: Value =
+        serde_json::from_str(status.stdout.trim()).unwrap_or_else(|err| panic!("{err}: {status}"));
+    assert_eq!(answer["error"], "no node answered", "{status}");
+    assert_eq!(answer["tried"][0], "127.0.0.1:1", "{status}");
     println!(
         "t52: unreachable endpoint -> exit 4 naming 127.0.0.1:1 after {:?}",
         started.elapsed()
@@ -252,6 +283,14 @@ async fn t53_cluster_init_forms_the_cluster_once() {
         .unwrap();
     let bin = cluster.bin().to_path_buf();
     let endpoints = cluster.endpoints().join(",");
+
+    // Before: the node answers, alone, and the output says how to form the cluster.
+    let status = baton(&bin, &endpoints, &["status"]).await;
+    assert_eq!(status.code, Some(0), "{status}");
+    assert!(
+        status.stdout.contains("not in a cluster yet") && status.stdout.contains("cluster init"),
+        "{status}"
+    );
 
     let init = baton(&bin, &endpoints, &["cluster", "init"]).await;
     assert_eq!(init.code, Some(0), "{init}");

@@ -92,10 +92,15 @@ pub async fn status(
         }
     }
     let Some(first) = first else {
-        eprintln!(
-            "baton: no node answered (tried {})",
-            client.endpoints().join(", ")
-        );
+        let tried = client.endpoints().join(", ");
+        if as_json {
+            // A script reading stdout gets an answer it can parse, not an empty string.
+            println!(
+                "{}",
+                json!({ "error": "no node answered", "tried": client.endpoints() })
+            );
+        }
+        eprintln!("baton: no node answered (tried {tried})");
         return last_error
             .map(|e| exit::report(&e))
             .unwrap_or(exit::UNREACHABLE);
@@ -180,6 +185,13 @@ pub async fn status(
         match leader {
             Some(id) => println!("leader: node {id}"),
             None => println!("leader: none"),
+        }
+        if !first.initialized {
+            println!(
+                "node {} is not in a cluster yet: form one with `baton cluster init --endpoints \
+                 <every node's host:port>`",
+                first.id
+            );
         }
         for (term, id) in stale {
             println!(

@@ -54,7 +54,7 @@ pub struct Cli {
 
     /// How long a client command keeps retrying before it gives up [default: 15s]. For
     /// `ticket wait`: how long to wait for a ticket [default: 60s].
-    #[arg(long, global = true, value_parser = humantime::parse_duration)]
+    #[arg(long, global = true, value_parser = timeout)]
     timeout: Option<Duration>,
 
     #[command(flatten)]
@@ -289,6 +289,11 @@ pub async fn run(cli: Cli) -> ExitCode {
         }
         other => other,
     };
+    if let Command::Worker(command) = &command {
+        if let Err(code) = queue::check_command(command) {
+            return ExitCode::from(code);
+        }
+    }
     let client = match Client::connect_with_security(&endpoints, config, security).await {
         Ok(client) => client,
         Err(error) => return ExitCode::from(exit::report(&error)),
@@ -396,6 +401,16 @@ fn hangup_ignored_at_start() -> bool {
 /// A TTL from the command line: a duration of at least a millisecond (TTLs travel in whole
 /// milliseconds, and the store refuses 0), so that `--ttl 0s` is bad usage (exit 2) rather than
 /// a store refusal, and a judgement never seeds its task for a race it cannot run.
+/// `--timeout`: a duration of at least 1 ms (zero gave every attempt no time at all, and every
+/// command "cluster unavailable").
+fn timeout(text: &str) -> Result<Duration, String> {
+    let timeout = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if timeout < Duration::from_millis(1) {
+        return Err("a timeout must be at least 1ms".into());
+    }
+    Ok(timeout)
+}
+
 pub fn ttl(text: &str) -> Result<Duration, String> {
     let ttl = humantime::parse_duration(text).map_err(|e| e.to_string())?;
     if ttl < Duration::from_millis(1) {

@@ -445,6 +445,23 @@ pub async fn run_worker(
     }
 }
 
+/// Refuses a worker whose command cannot be run, before anything is leased: every task it leased
+/// would fail for good ("cannot run"), so a typo in the command would fail a whole queue.
+pub fn check_command(command: &WorkerCommand) -> Result<(), u8> {
+    let WorkerCommand::Run { command, .. } = command;
+    let Some(program) = command.first() else {
+        eprintln!("baton worker: no command to run (put it after `--`)");
+        return Err(exit::USAGE);
+    };
+    which::which(program).map(|_| ()).map_err(|error| {
+        eprintln!(
+            "baton worker: cannot run {program:?}: {error} (not found on PATH, or not an \
+             executable file); nothing was leased"
+        );
+        exit::USAGE
+    })
+}
+
 fn print_finished(f: &Finished) {
     let mut line = format!(
         "task={} attempt={} queue={} outcome={}",

@@ -291,6 +291,12 @@ impl Client {
         if endpoints.is_empty() {
             return Err(Error::Config("no endpoints given".into()));
         }
+        if let Some(portless) = endpoints.iter().find(|e| !has_port(e)) {
+            // Dialled as given it would go to port 80 and fail after the whole deadline.
+            return Err(Error::Config(format!(
+                "endpoint {portless} names no port: use host:port (e.g. 10.0.0.1:7001)"
+            )));
+        }
         Ok(Client {
             inner: Arc::new(Inner {
                 config,
@@ -598,6 +604,13 @@ fn decoded<T>(result: Result<T, Refusal>, call: &str) -> Result<T, Error> {
     result.map_err(|refusal| Error::Protocol(format!("{call} answered badly: {refusal}")))
 }
 
+/// Whether a normalized endpoint ends in a port (`host:port`, `[v6]:port`).
+fn has_port(endpoint: &str) -> bool {
+    endpoint.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty() && !host.ends_with(':') && port.parse::<u16>().is_ok_and(|p| p > 0)
+    })
+}
+
 /// `http://host:port/` -> `host:port`.
 fn normalize(endpoint: &str) -> String {
     let endpoint = endpoint.trim();
@@ -664,6 +677,36 @@ fn final_error(status: &Status) -> Error {
 #[cfg(test)]
 mod classify_tests {
     use super::*;
+
+    /// An endpoint without a port would be dialled at port 80 and fail only after the whole
+    /// deadline: refused at once, naming it.
+    #[test]
+    fn an_endpoint_without_a_port_is_refused() {
+        for good in [
+            "10.0.0.1:7001",
+            "http://node1:7001/",
+            "[::1]:7001",
+            "localhost:1",
+        ] {
+            assert!(
+                Client::new(&[good], ClientConfig::default()).is_ok(),
+                "{good}"
+            );
+        }
+        for bad in [
+            "10.0.0.1",
+            "node1:",
+            "node1:0",
+            ":7001",
+            "node1:http",
+            "::1",
+        ] {
+            match Client::new(&["127.0.0.1:7001", bad], ClientConfig::default()) {
+                Err(Error::Config(message)) => assert!(message.contains("no port"), "{message}"),
+                other => panic!("{bad}: {:?}", other.map(|_| ())),
+            }
+        }
+    }
 
     /// A message over gRPC's size limit fails the same way on every node and every attempt:
     /// retrying it for the whole deadline only to report "cluster unavailable" misleads.
