@@ -295,3 +295,68 @@ fn sighup_ends_baton_dev_gracefully_unless_nohup_ignores_it() {
     let (code, _, log) = dev.interrupt();
     assert_eq!(code, Some(0), "{log}");
 }
+
+/// Runs `baton dev` until it exits by itself; its exit code and stderr.
+fn dev_until_exit(data_dir: &Path, port: u16) -> (Option<i32>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["dev", "--base-port", &port.to_string(), "--data-dir"])
+        .arg(data_dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > READY_WITHIN {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("baton dev still ran after {READY_WITHIN:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    (status.code(), stderr)
+}
+
+/// What `baton dev` cannot run on is said first, not after a wait for the cluster that can never
+/// end well: data made on other ports (its members would dial the old ports, so no leader ever
+/// came: "NO_LEADER" after 30 s), and a data dir another `baton dev` holds (every node failed to
+/// open its store; the first message was "node at ... did not start: connection refused").
+#[test]
+fn data_it_cannot_run_on_is_said_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("dev");
+    let port = three_free_ports();
+    let mut dev = Dev::start(&data_dir, port);
+    dev.wait_ready();
+
+    // The same data dir while the first one runs: its stores are locked.
+    let other = three_free_ports();
+    let (code, stderr) = dev_until_exit(&data_dir, other);
+    assert_eq!(code, Some(1), "{stderr}");
+    let first = stderr
+        .lines()
+        .find(|l| l.starts_with("baton dev:"))
+        .unwrap_or_default();
+    assert!(first.contains("node failed"), "{stderr}");
+    let (code, _, log) = dev.interrupt();
+    assert_eq!(code, Some(0), "{log}");
+
+    // The data of a cluster on `port`, started on other ports.
+    let (code, stderr) = dev_until_exit(&data_dir, other);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("belongs to a cluster at 127.0.0.1:{port}"))
+            && stderr.contains("--base-port"),
+        "{stderr}"
+    );
+}

@@ -1,7 +1,7 @@
 //! `baton dev`: a local three-node cluster in one process, for trying Baton out.
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use baton_rpc::{Client, ClientConfig};
@@ -52,7 +52,7 @@ pub async fn run(args: DevArgs) -> u8 {
             }
         }
     }
-    let mut nodes = Vec::new();
+    let mut nodes = tokio::task::JoinSet::new();
     let mut endpoints = Vec::new();
     for (id, listen, listener) in listeners {
         endpoints.push(listen.to_string());
@@ -65,16 +65,17 @@ pub async fn run(args: DevArgs) -> u8 {
         let shutdown = async move {
             let _ = stop.wait_for(|stopped| *stopped).await;
         };
-        nodes.push(tokio::spawn(baton_node::server::serve(
-            config, listener, shutdown,
-        )));
+        nodes.spawn(baton_node::server::serve(config, listener, shutdown));
     }
 
+    // A node that cannot start (its data locked by another `baton dev`, unreadable, another
+    // node's) is said at once, not after the wait for the cluster gives up.
     let ready = tokio::select! {
-        ready = form_cluster(&endpoints) => ready,
+        ready = form_cluster(&endpoints, &args.data_dir) => ready,
+        Some(ended) = nodes.join_next() => Err(node_ended(ended)),
         _ = shutdown_signal() => Err("interrupted before the cluster was ready".to_string()),
     };
-    let code = match ready {
+    let mut code = match ready {
         Ok(leader) => {
             println!(
                 "baton dev: ready, endpoints {} (leader {leader}, data in {})",
@@ -82,8 +83,13 @@ pub async fn run(args: DevArgs) -> u8 {
                 args.data_dir.display()
             );
             println!("baton dev: press Ctrl-C to stop");
-            shutdown_signal().await;
-            exit::OK
+            tokio::select! {
+                _ = shutdown_signal() => exit::OK,
+                Some(ended) = nodes.join_next() => {
+                    eprintln!("baton dev: {}; stopping the others", node_ended(ended));
+                    exit::FAILURE
+                }
+            }
         }
         Err(why) => {
             eprintln!("baton dev: {why}");
@@ -91,27 +97,28 @@ pub async fn run(args: DevArgs) -> u8 {
         }
     };
     let _ = stop_tx.send(true);
-    let mut code = code;
-    for node in nodes {
-        match node.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                eprintln!("baton dev: node failed: {e:#}");
-                code = exit::FAILURE;
-            }
-            Err(e) => {
-                eprintln!("baton dev: node task failed: {e}");
-                code = exit::FAILURE;
-            }
+    while let Some(ended) = nodes.join_next().await {
+        if !matches!(ended, Ok(Ok(()))) {
+            eprintln!("baton dev: {}", node_ended(ended));
+            code = exit::FAILURE;
         }
     }
     println!("baton dev: stopped");
     code
 }
 
+/// What a node's task ending says.
+fn node_ended(ended: Result<anyhow::Result<()>, tokio::task::JoinError>) -> String {
+    match ended {
+        Ok(Ok(())) => "a node stopped".to_string(),
+        Ok(Err(e)) => format!("node failed: {e:#}"),
+        Err(e) => format!("node task failed: {e}"),
+    }
+}
+
 /// Initialises the cluster on first start (later starts resume from the data dir) and waits for
 /// a leader. Returns the leader's address.
-async fn form_cluster(endpoints: &[String]) -> Result<String, String> {
+async fn form_cluster(endpoints: &[String], data_dir: &Path) -> Result<String, String> {
     let config = ClientConfig {
         deadline: Duration::from_secs(30),
         ..ClientConfig::default()
@@ -121,6 +128,20 @@ async fn form_cluster(endpoints: &[String]) -> Result<String, String> {
     for endpoint in endpoints {
         let info = wait_for_node(&client, endpoint).await?;
         if info.initialized {
+            // The members dial each other at the addresses the data remembers: data made on
+            // other ports would never find a leader here (and might dial another cluster).
+            let known: Vec<&str> = info.members.iter().map(|m| m.addr.as_str()).collect();
+            if known
+                .iter()
+                .any(|addr| !endpoints.iter().any(|e| e == addr))
+            {
+                return Err(format!(
+                    "the data in {} belongs to a cluster at {}; start with the --base-port it \
+                     was made with, or another --data-dir",
+                    data_dir.display(),
+                    known.join(",")
+                ));
+            }
             return client.discover_leader().await.map_err(|e| e.to_string());
         }
         members.push((info.id, info.addr));
