@@ -235,7 +235,7 @@ async fn t52_unreachable_cluster_exits_4_and_names_the_endpoint() {
             "--endpoints",
             "127.0.0.1:1",
             "--timeout",
-            "2s",
+            "3s",
             "ticket",
             "list",
         ],
@@ -245,6 +245,8 @@ async fn t52_unreachable_cluster_exits_4_and_names_the_endpoint() {
     .unwrap();
     assert_eq!(run.code, Some(4), "{run}");
     assert!(run.stderr.contains("127.0.0.1:1"), "{run}");
+    // Not silent while it retries: after 2 s it says what it is doing.
+    assert!(run.stderr.contains("retrying for up to 3s"), "{run}");
     assert!(
         started.elapsed() < Duration::from_secs(15),
         "--timeout bounds the wait: {:?}",

@@ -294,7 +294,21 @@ pub async fn run(cli: Cli) -> ExitCode {
             return ExitCode::from(code);
         }
     }
-    let client = match Client::connect_with_security(&endpoints, config, security).await {
+    let deadline = config.deadline;
+    let connecting = Client::connect_with_security(&endpoints, config, security);
+    tokio::pin!(connecting);
+    // Quiet while it retries, a command against a cluster that is down would look hung.
+    let connected = tokio::select! {
+        connected = &mut connecting => connected,
+        _ = tokio::time::sleep(SAY_RETRYING_AFTER) => {
+            eprintln!(
+                "baton: no leader answered at {} yet; retrying for up to {deadline:?} (--timeout)",
+                endpoints.join(",")
+            );
+            connecting.await
+        }
+    };
+    let client = match connected {
         Ok(client) => client,
         Err(error) => return ExitCode::from(exit::report(&error)),
     };
@@ -334,6 +348,9 @@ pub async fn run(cli: Cli) -> ExitCode {
     };
     ExitCode::from(code)
 }
+
+/// How long a client command waits for a leader before it says it is still trying.
+const SAY_RETRYING_AFTER: Duration = Duration::from_secs(2);
 
 fn client_config(deadline: Duration) -> ClientConfig {
     ClientConfig {
