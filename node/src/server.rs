@@ -39,13 +39,11 @@ use crate::service::{
     BatchService, BoardService, CheckpointService, ClusterService, EffectService, HandoffService,
     QueueService, SinkService, WatchService,
 };
+use crate::shutdown::{CLOSE_LIMIT, RAFT_STOP_LIMIT, STOP_LIMIT};
 use crate::store;
 use crate::tls::NodeTls;
 use crate::types::Raft;
 use crate::{http, raft_server, snapshot_schedule, stalled_leader, sweeper, systemd};
-
-/// How long the gRPC server may take to close its connections once a shutdown has drained.
-const CLOSE_LIMIT: Duration = Duration::from_secs(5);
 
 /// How often a client connection is checked for life, and how long its answer may take.
 const CLIENT_KEEPALIVE: Duration = Duration::from_secs(20);
@@ -316,16 +314,13 @@ pub async fn serve_secured(
     if let Some(http) = http {
         stopped(http, "the HTTP endpoint", stop_by).await;
     }
-    raft.shutdown()
-        .await
-        .map_err(|e| anyhow::anyhow!("raft shutdown: {e}"))?;
+    match tokio::time::timeout(RAFT_STOP_LIMIT, raft.shutdown()).await {
+        Ok(stopped) => stopped.map_err(|e| anyhow::anyhow!("raft shutdown: {e}"))?,
+        Err(_) => tracing::warn!("Raft did not stop within {RAFT_STOP_LIMIT:?}; leaving it"),
+    }
     tracing::info!(id = config.id, "node stopped");
     served.context("grpc server failed")
 }
-
-/// How long the background tasks told to stop may take, together, before they are stopped by
-/// force.
-const STOP_LIMIT: Duration = Duration::from_secs(5);
 
 /// Waits for `task`, told to stop, until `by`, then aborts it: a shutdown ends even when a task
 /// is stuck (on a write no quorum will ever commit, say).

@@ -24,6 +24,24 @@ use crate::pre_vote::Contact;
 
 /// How long a shutdown waits for admitted client requests to finish.
 pub const DRAIN_LIMIT: Duration = Duration::from_secs(10);
+/// How long a shutdown gives the leadership handover (it usually takes under a second; the
+/// admin call's own limit is longer, but a stopping node has systemd's clock running).
+pub const HANDOVER_LIMIT: Duration = Duration::from_secs(8);
+/// How long the gRPC server may take to close its connections once a shutdown has drained.
+pub const CLOSE_LIMIT: Duration = Duration::from_secs(5);
+/// How long the background tasks told to stop may take, together, before they are stopped by
+/// force.
+pub const STOP_LIMIT: Duration = Duration::from_secs(5);
+/// How long Raft may take to stop (its storage flushing, its tasks ending).
+pub const RAFT_STOP_LIMIT: Duration = Duration::from_secs(5);
+/// The longest a node takes from SIGTERM to its exit: every step above at its limit. What runs
+/// it must wait longer before it kills (systemd's `TimeoutStopSec` in deploy/baton.service,
+/// Compose's `stop_grace_period`), or a node is killed mid-handover.
+pub const LONGEST_STOP: Duration = DRAIN_LIMIT
+    .saturating_add(HANDOVER_LIMIT)
+    .saturating_add(CLOSE_LIMIT)
+    .saturating_add(STOP_LIMIT)
+    .saturating_add(RAFT_STOP_LIMIT);
 
 /// Runs steps 1–3; failures are logged, never fatal: the node stops either way.
 pub async fn leave(
@@ -47,7 +65,17 @@ pub async fn leave(
     if !leading || !hand_over {
         return;
     }
-    match handover::hand_over(node, admission, network, None, Duration::ZERO).await {
+    let handed = tokio::time::timeout(
+        HANDOVER_LIMIT,
+        handover::hand_over(node, admission, network, None, Duration::ZERO),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        Err(handover::HandoverError::Failed(format!(
+            "not done within {HANDOVER_LIMIT:?}"
+        )))
+    });
+    match handed {
         Ok(done) => tracing::info!(
             leader = done.leader,
             term = done.term,
@@ -55,5 +83,40 @@ pub async fn leave(
             "leadership handed over before shutdown"
         ),
         Err(error) => tracing::warn!(%error, "could not hand leadership over before shutdown"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The seconds `key=` (systemd) or `key:` (Compose) sets in `text`.
+    fn seconds(text: &str, key: &str) -> u64 {
+        let line = text
+            .lines()
+            .map(str::trim)
+            .find(|line| line.starts_with(key))
+            .unwrap_or_else(|| panic!("no {key}"));
+        let value = line[key.len()..].trim_start_matches([':', '=', ' ']).trim();
+        humantime::parse_duration(value)
+            .unwrap_or_else(|e| panic!("{line}: {e}"))
+            .as_secs()
+    }
+
+    /// Whatever stops a node must wait out its longest graceful stop, or it kills the node
+    /// mid-handover (the cluster then waits an election timeout for a new leader).
+    #[test]
+    fn the_shipped_stop_timeouts_outlast_the_longest_stop() {
+        let systemd = seconds(include_str!("../../deploy/baton.service"), "TimeoutStopSec");
+        let compose = seconds(
+            include_str!("../../deploy/docker-compose.yml"),
+            "stop_grace_period",
+        );
+        for (what, allowed) in [("TimeoutStopSec", systemd), ("stop_grace_period", compose)] {
+            assert!(
+                allowed > LONGEST_STOP.as_secs(),
+                "{what} {allowed}s does not outlast the longest stop ({LONGEST_STOP:?})"
+            );
+        }
     }
 }
