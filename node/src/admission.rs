@@ -175,9 +175,15 @@ impl Admission {
         if path.starts_with(CLUSTER_PATH) {
             return Decision::Pass;
         }
+        // Counted before the gate is looked at: a request that found it open is in the count by
+        // then, so a drain that begins after the gate closed waits for it. (Looked at first, a
+        // request could find it open, then the gate close and the drain see nothing in flight,
+        // and only then the request be counted and run.) One that finds it closed leaves the
+        // count as it is refused.
+        let admitted = InFlight::begin(&self.inner.in_flight);
         let closed = *self.inner.closed.borrow();
         match closed {
-            None => Decision::Counted(InFlight::begin(&self.inner.in_flight)),
+            None => Decision::Counted(admitted),
             Some(why) => Decision::Refuse(refusal(why)),
         }
     }
@@ -298,6 +304,54 @@ mod tests {
             Decision::Refuse(status) => Some(status.code()),
             Decision::Pass | Decision::Counted(_) => None,
         }
+    }
+
+    /// No request is admitted after a drain that began once the gate closed has found nothing
+    /// in flight. Requests race the close from other threads, round after round; a request
+    /// admitted after the drain returned would run unwaited-for during a handover or shutdown.
+    #[test]
+    fn nothing_is_admitted_after_the_drain_saw_nothing_in_flight() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        let late = Arc::new(AtomicUsize::new(0));
+        for _ in 0..300 {
+            let gate = Admission::new(None);
+            let drained = Arc::new(AtomicBool::new(false));
+            let stop = Arc::new(AtomicBool::new(false));
+            let racers: Vec<_> = (0..2)
+                .map(|_| {
+                    let (gate, drained, stop, late) =
+                        (gate.clone(), drained.clone(), stop.clone(), late.clone());
+                    std::thread::spawn(move || {
+                        while !stop.load(Ordering::Acquire) {
+                            let decision = gate.decide(&request("/baton.v1.Handoff/Offer", None));
+                            if matches!(decision, Decision::Counted(_))
+                                && drained.load(Ordering::Acquire)
+                            {
+                                late.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    })
+                })
+                .collect();
+            std::thread::yield_now();
+            gate.close(Closed::ShuttingDown);
+            let running = runtime.block_on(gate.drain(Duration::from_secs(5)));
+            assert_eq!(running, 0);
+            drained.store(true, Ordering::Release);
+            std::thread::sleep(Duration::from_micros(200));
+            stop.store(true, Ordering::Release);
+            racers.into_iter().for_each(|r| r.join().expect("racer"));
+        }
+        assert_eq!(
+            late.load(Ordering::Relaxed),
+            0,
+            "requests admitted after the drain"
+        );
     }
 
     #[test]
