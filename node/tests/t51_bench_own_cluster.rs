@@ -50,3 +50,62 @@ fn an_unreachable_cluster_is_reported_before_the_run() {
         started.elapsed()
     );
 }
+
+/// A bench stopped by a signal (Ctrl-C, or SIGTERM to it alone) stops its own cluster's nodes
+/// and removes their temporary data (before: both stayed behind, three nodes serving on).
+#[test]
+fn an_interrupted_bench_leaves_no_nodes_or_data_behind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut bench = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["bench", "--workload", "handoff", "--clients", "2"])
+        .args(["--warmup", "0s", "--duration", "60s"])
+        .env("TMPDIR", tmp.path())
+        .env_remove("BATON_ENDPOINTS")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Its cluster is up once a node's data directory exists under the temporary directory.
+    let started = Instant::now();
+    let data_of = |dir: &std::path::Path| -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(dir)
+            .map(|entries| entries.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default()
+    };
+    while !data_of(tmp.path())
+        .iter()
+        .any(|d| d.join("node-1").exists())
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the bench's cluster never started"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let kill = Command::new("kill")
+        .args(["-TERM", &bench.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let status = bench.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut bench.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    assert!(
+        data_of(tmp.path()).is_empty(),
+        "left behind: {:?}",
+        data_of(tmp.path())
+    );
+    // No process runs from the removed directory any more.
+    let tmp_name = tmp.path().display().to_string();
+    let survivors: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|cmdline| String::from_utf8_lossy(&cmdline).replace('\0', " "))
+        .filter(|cmdline| cmdline.contains(&tmp_name))
+        .collect();
+    assert!(survivors.is_empty(), "still running: {survivors:?}");
+}

@@ -273,7 +273,16 @@ pub async fn run(cli: Cli) -> ExitCode {
         } else {
             cli.endpoints
         };
-        return ExitCode::from(bench::run(args, endpoints).await);
+        // Interrupted, the bench is dropped: its own cluster's nodes are killed and their
+        // temporary data removed (left to the default signal action, both stayed behind).
+        let code = tokio::select! {
+            code = bench::run(args, endpoints) => code,
+            _ = shutdown_signal() => {
+                eprintln!("baton bench: interrupted; its own cluster (if any) is stopped and removed");
+                exit::FAILURE
+            }
+        };
+        return ExitCode::from(code);
     }
     let endpoints = cli
         .endpoints
