@@ -244,3 +244,22 @@ async fn check_restored(client: &Client, saved_fence: u64) {
     client.save_if_newer("job", 42, b"more").await.unwrap();
     assert_eq!(client.load("job").await.unwrap().seq, 42);
 }
+
+/// A file that cannot be written is said before anything is asked of the cluster (before: the
+/// whole state was downloaded first; here the cluster does not even exist, so exit 4 after the
+/// connection's deadline).
+#[test]
+fn a_snapshot_save_that_cannot_write_its_file_stops_before_the_download() {
+    let bin = baton_cluster_test::binary::baton_bin().unwrap();
+    let output = std::process::Command::new(bin)
+        .args(["--endpoints", "127.0.0.1:9", "snapshot", "save"])
+        .arg("/nonexistent-t86-dir/backup.snap")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("cannot write") && stderr.contains("nothing was saved"),
+        "{stderr}"
+    );
+}

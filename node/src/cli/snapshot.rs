@@ -48,7 +48,8 @@ pub enum SnapshotCommand {
 /// Commands that need no cluster: run before a client connects.
 pub async fn run_offline(command: &SnapshotCommand) -> Option<u8> {
     match command {
-        SnapshotCommand::Save { .. } => None,
+        // Found out before the whole state is downloaded, not after.
+        SnapshotCommand::Save { file } => writable(file).err(),
         SnapshotCommand::Inspect { file } => Some(inspect(file)),
         SnapshotCommand::Restore {
             from,
@@ -57,6 +58,24 @@ pub async fn run_offline(command: &SnapshotCommand) -> Option<u8> {
             members,
         } => Some(restore(from, data_dir, *id, members).await),
     }
+}
+
+/// Whether `file` can be written where it is (its directory takes a new file: the save writes
+/// a temporary file beside it and renames it); the exit code to stop with when it cannot.
+fn writable(file: &std::path::Path) -> Result<(), u8> {
+    let dir = match file.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => std::path::Path::new("."),
+    };
+    tempfile::NamedTempFile::new_in(dir)
+        .map(drop)
+        .map_err(|error| {
+            eprintln!(
+                "baton: cannot write {} ({error}); nothing was saved",
+                file.display()
+            );
+            exit::FAILURE
+        })
 }
 
 /// `snapshot save`, through a connected client.
