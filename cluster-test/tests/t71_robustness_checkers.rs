@@ -641,3 +641,99 @@ fn t71_a_reply_cannot_match_a_take_whose_token_nobody_saw() {
     let violations = handoff::check(&h.ops, 100_000);
     assert!(violations.is_empty(), "{violations:?}");
 }
+
+fn claim_of(agent: &str) -> Input {
+    Input::Claim {
+        task: "task-0".into(),
+        agent: agent.into(),
+    }
+}
+
+fn lease_of(fence: u64) -> Output {
+    Output::Lease {
+        fence,
+        token: format!("t{fence}"),
+    }
+}
+
+/// The rules `board::check` reports for `h`, with the final listing (after `end` ms) showing
+/// `fence` so the durability rule is satisfied.
+fn board_rules(mut h: H, end: u64, fence: u64) -> Vec<String> {
+    h.ok(
+        "final",
+        Input::ListTasks,
+        end,
+        end + 10,
+        Output::Tasks(vec![("task-0".into(), "open".into(), fence)]),
+    );
+    let violations = board::check(&h.ops, end * 1000);
+    let mut rules: Vec<String> = violations.iter().map(|v| v.rule.clone()).collect();
+    rules.sort();
+    rules.dedup();
+    rules
+}
+
+/// `TAKEN` needs a claim that may have held the task meanwhile: one acknowledged and not yet
+/// released or expired, or one whose outcome is unknown. A store that answers `TAKEN` for a free
+/// task (a stale judgement made without a log entry) passes every grant rule.
+#[test]
+fn t71_taken_for_a_free_task_is_reported() {
+    let ttl = board::TTL_MS as u64;
+    // Nobody ever claimed it.
+    let mut h = H::default();
+    h.refused("a0", claim_of("a0"), 0, 10, "TAKEN");
+    assert_eq!(board_rules(h, 100, 0), ["unexplained-taken"]);
+    // Held by a1: explained.
+    let mut h = H::default();
+    h.ok("a1", claim_of("a1"), 0, 5, lease_of(1));
+    h.refused("a0", claim_of("a0"), 10, 20, "TAKEN");
+    assert!(board_rules(h, 100, 1).is_empty());
+    // Released (acknowledged) before the refused claim was sent.
+    let mut h = H::default();
+    h.ok("a1", claim_of("a1"), 0, 5, lease_of(1));
+    h.ok(
+        "a1",
+        Input::ReleaseTask {
+            task: "task-0".into(),
+            token: "t1".into(),
+            fence: 1,
+        },
+        6,
+        8,
+        Output::Done,
+    );
+    h.refused("a0", claim_of("a0"), 10, 20, "TAKEN");
+    assert_eq!(board_rules(h, 100, 1), ["unexplained-taken"]);
+    // Expired long before.
+    let mut h = H::default();
+    h.ok("a1", claim_of("a1"), 0, 5, lease_of(1));
+    h.refused("a0", claim_of("a0"), ttl + 1_000, ttl + 1_010, "TAKEN");
+    assert_eq!(board_rules(h, ttl + 2_000, 1), ["unexplained-taken"]);
+    // A claim whose answer was lost may hold it: explained.
+    let mut h = H::default();
+    h.ambiguous("a1", claim_of("a1"), 0);
+    h.refused("a0", claim_of("a0"), ttl + 1_000, ttl + 1_010, "TAKEN");
+    assert!(board_rules(h, ttl + 2_000, 1).is_empty());
+}
+
+/// A listing during the run is a linearizable read: it shows at least the fence of every claim
+/// acknowledged before it was sent, and no fence more claims than were sent could reach.
+#[test]
+fn t71_stale_and_phantom_listings_are_reported() {
+    let listing = |fence| Output::Tasks(vec![("task-0".into(), "claimed".into(), fence)]);
+    let mut h = H::default();
+    h.ok("a0", claim_of("a0"), 0, 10, lease_of(1));
+    h.ok("r", Input::ListTasks, 20, 30, listing(0));
+    assert_eq!(board_rules(h, 100, 1), ["stale-read"]);
+    let mut h = H::default();
+    h.ok("a0", claim_of("a0"), 0, 10, lease_of(1));
+    h.ok("r", Input::ListTasks, 20, 30, listing(2));
+    assert_eq!(board_rules(h, 100, 2), ["phantom-fence"]);
+    // Concurrent with the claim, either answer is fine.
+    for seen in [0, 1] {
+        let mut h = H::default();
+        h.ok("a0", claim_of("a0"), 0, 10, lease_of(1));
+        h.ok("r", Input::ListTasks, 5, 15, listing(seen));
+        assert!(board_rules(h, 100, 1).is_empty(), "saw {seen}");
+    }
+}

@@ -2,7 +2,8 @@
 //! after a renewal, sometimes never: the lease then runs out and the task is claimable again).
 //!
 //! Checked: one acknowledged claim per task and fence, no claim granted while another agent's
-//! was certainly still live, fences increasing in real time, no
+//! was certainly still live, no `TAKEN` while no claim could hold the task, listings during the
+//! run neither stale nor ahead of the claims sent, fences increasing in real time, no
 //! release or renewal acknowledged with a superseded claim, and every acknowledged fence still
 //! there after recovery.
 
@@ -18,8 +19,9 @@ use rand::Rng;
 
 use super::check::{
     exclusive_holds, increasing_fences, no_stale_holder, unique_grants, Grant, Use, Violation,
+    CLOCK_SLACK_US,
 };
-use super::history::{Input, Op, Output, Recorder};
+use super::history::{Input, Op, Outcome, Output, Recorder};
 
 /// Claim TTL: short enough that a claim whose holder never releases (or whose claim answer was
 /// lost) frees the task within a run.
@@ -202,6 +204,126 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
         }
     }
     violations.extend(durable(history, &grants, final_from));
+    violations.extend(reads(history, &grants, final_from));
+    violations.extend(explained_taken(history));
+    violations
+}
+
+/// Every listing during the run (the reads after recovery are [`durable`]'s) is a linearizable
+/// read of the fences: a task's highest
+/// fence is at least that of every claim acknowledged before the listing was sent (`stale-read`:
+/// a follower's or a deposed leader's old state), and at most the number of claims of the task
+/// sent before the listing came back (`phantom-fence`: each claim raises it by one at most).
+fn reads(history: &[Op], grants: &[Grant], final_from: u64) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    for op in history.iter().filter(|op| op.call < final_from) {
+        let (Input::ListTasks, Some(Output::Tasks(tasks)), Some(ret)) =
+            (&op.input, op.ok(), op.ret)
+        else {
+            continue;
+        };
+        for (task, _, fence) in tasks {
+            let acknowledged = grants
+                .iter()
+                .filter(|g| &g.key == task && history[g.op].ret.is_some_and(|r| r < op.call))
+                .max_by_key(|g| g.fence);
+            if let Some(grant) = acknowledged.filter(|g| g.fence > *fence) {
+                violations.push(Violation::new(
+                    "stale-read",
+                    task,
+                    format!(
+                        "a listing showed fence {fence} after a claim at fence {} was acknowledged",
+                        grant.fence
+                    ),
+                    vec![grant.op, op.index],
+                ));
+            }
+            let sent = history
+                .iter()
+                .filter(|c| matches!(&c.input, Input::Claim { task: t, .. } if t == task))
+                .filter(|c| c.call < ret)
+                .count() as u64;
+            if *fence > sent {
+                violations.push(Violation::new(
+                    "phantom-fence",
+                    task,
+                    format!("a listing showed fence {fence}, but only {sent} claims were sent"),
+                    vec![op.index],
+                ));
+            }
+        }
+    }
+    violations
+}
+
+/// A claim refused `TAKEN` is explained by a claim that may have held the task at some moment
+/// while the refusal was on its way: sent before the refusal came back, not released (by an
+/// acknowledged release that came back) before the refused claim was sent, and not certainly
+/// expired by then — its TTL counted from the latest answer of it or of a renewal of it (an
+/// unanswered claim or renewal may take effect at any time, so it explains every later refusal).
+/// A store that answers `TAKEN` for a free task (a stale judgement without a log entry, say)
+/// passes every grant rule; this one catches it.
+fn explained_taken(history: &[Op]) -> Vec<Violation> {
+    let ttl_us = TTL_MS as u64 * 1000;
+    let mut violations = Vec::new();
+    // The first few per task show it; hundreds more would only bury the other rules.
+    let mut found: BTreeMap<&str, usize> = BTreeMap::new();
+    for op in history {
+        let (Input::Claim { task, .. }, Some("TAKEN"), Some(ret)) =
+            (&op.input, op.refused(), op.ret)
+        else {
+            continue;
+        };
+        if found.get(task.as_str()).is_some_and(|n| *n >= 3) {
+            continue;
+        }
+        let explained = history.iter().any(|claim| {
+            let Input::Claim { task: t, .. } = &claim.input else {
+                return false;
+            };
+            if t != task || claim.index == op.index || claim.call >= ret {
+                return false;
+            }
+            let fence = match (&claim.outcome, claim.ok()) {
+                (_, Some(Output::Lease { fence, .. })) => *fence,
+                (Outcome::Ambiguous(_), _) => return true,
+                _ => return false,
+            };
+            let of_it = |o: &&Op, renew: bool| match &o.input {
+                Input::RenewTask {
+                    task: t, fence: f, ..
+                } => renew && t == task && *f == fence,
+                Input::ReleaseTask {
+                    task: t, fence: f, ..
+                } => !renew && t == task && *f == fence,
+                _ => false,
+            };
+            let released = history
+                .iter()
+                .filter(|o| of_it(o, false))
+                .any(|o| o.ok().is_some() && o.ret.is_some_and(|r| r < op.call));
+            // The latest moment the lease could run to: unknown (unbounded) after an unanswered
+            // renewal.
+            let mut last_answer = claim.ret;
+            for renewal in history.iter().filter(|o| of_it(o, true) && o.call < ret) {
+                last_answer = match (last_answer, renewal.ret) {
+                    (Some(a), Some(b)) => Some(a.max(b)),
+                    _ => None,
+                };
+            }
+            let expired = last_answer.is_some_and(|at| at + ttl_us + CLOCK_SLACK_US < op.call);
+            !released && !expired
+        });
+        if !explained {
+            *found.entry(task).or_default() += 1;
+            violations.push(Violation::new(
+                "unexplained-taken",
+                task,
+                "a claim was refused TAKEN while no claim could have held the task",
+                vec![op.index],
+            ));
+        }
+    }
     violations
 }
 
