@@ -21,7 +21,7 @@ use baton_cluster_test::proxy::Proxy;
 use baton_cluster_test::{wait, Cluster, Options};
 use baton_rpc::worker::{AttemptEnd, Finished, Worker};
 use baton_rpc::{Client, ClientConfig};
-use baton_statemachine::queue::{TaskSpec, TaskState};
+use baton_statemachine::queue::{Task, TaskSpec, TaskState};
 use tokio::sync::mpsc;
 
 const QUEUE: &str = "t46";
@@ -79,6 +79,21 @@ impl Setup {
             proxied,
         }
     }
+}
+
+/// Waits (at most `limit`) until task `id` is no longer RUNNING: its attempt was handed back
+/// rather than left to its lease.
+async fn handed_back(direct: &Client, id: u64, limit: Duration) -> Task {
+    wait::until("the attempt handed back", limit, || async {
+        let task = direct.queue_task(id).await.map_err(|e| e.to_string())?;
+        if task.state == TaskState::Running {
+            Err("still RUNNING (left to its lease)".to_string())
+        } else {
+            Ok(task)
+        }
+    })
+    .await
+    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -289,20 +304,7 @@ async fn t46_an_attempt_stopped_during_its_start_does_not_run_and_hands_the_task
         ran.lock().unwrap().is_empty(),
         "the stopped attempt's handler ran"
     );
-    let task = wait::until(
-        "the attempt handed back",
-        Duration::from_secs(10),
-        || async {
-            let task = direct.queue_task(id).await.map_err(|e| e.to_string())?;
-            if task.state == TaskState::Running {
-                Err("still RUNNING (left to its lease)".to_string())
-            } else {
-                Ok(task)
-            }
-        },
-    )
-    .await
-    .unwrap();
+    let task = handed_back(&direct, id, Duration::from_secs(10)).await;
     let first = task.attempts.first().unwrap();
     assert!(
         first.note.contains("did not run"),
@@ -450,20 +452,7 @@ async fn t46_a_start_whose_answer_is_lost_is_failed_harmlessly() {
         finished.detail.contains("start not confirmed"),
         "{finished:?}"
     );
-    let task = wait::until(
-        "the attempt handed back",
-        Duration::from_secs(8),
-        || async {
-            let task = direct.queue_task(id).await.map_err(|e| e.to_string())?;
-            if task.state == TaskState::Running {
-                Err("still RUNNING (left to its lease)".to_string())
-            } else {
-                Ok(task)
-            }
-        },
-    )
-    .await
-    .unwrap();
+    let task = handed_back(&direct, id, Duration::from_secs(8)).await;
     let first = task.attempts.first().unwrap();
     assert!(
         first.started_at_ms.is_some(),

@@ -230,40 +230,8 @@ fn a_port_in_use_is_said_at_once() {
     let port = three_free_ports();
     let _taken = TcpListener::bind(("127.0.0.1", port + 1)).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_baton"))
-        .args(["dev", "--base-port", &port.to_string(), "--data-dir"])
-        .arg(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = std::time::Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > STOPPED_WITHIN {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("baton dev still ran {STOPPED_WITHIN:?} after failing to bind a port");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
-    let mut stdout = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut stdout)
-        .unwrap();
-    assert_eq!(status.code(), Some(1), "{stderr}");
+    let (code, stdout, stderr) = dev_until_exit(dir.path(), port);
+    assert_eq!(code, Some(1), "{stderr}");
     assert!(
         stderr.contains(&format!("cannot listen on 127.0.0.1:{}", port + 1)),
         "{stderr}"
@@ -296,12 +264,13 @@ fn sighup_ends_baton_dev_gracefully_unless_nohup_ignores_it() {
     assert_eq!(code, Some(0), "{log}");
 }
 
-/// Runs `baton dev` until it exits by itself; its exit code and stderr.
-fn dev_until_exit(data_dir: &Path, port: u16) -> (Option<i32>, String) {
+/// Runs `baton dev` until it exits by itself (it is killed if it is still running after
+/// [`READY_WITHIN`]); its exit code, stdout and stderr.
+fn dev_until_exit(data_dir: &Path, port: u16) -> (Option<i32>, String, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_baton"))
         .args(["dev", "--base-port", &port.to_string(), "--data-dir"])
         .arg(data_dir)
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -317,14 +286,14 @@ fn dev_until_exit(data_dir: &Path, port: u16) -> (Option<i32>, String) {
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
-    (status.code(), stderr)
+    let read = |from: &mut dyn Read| {
+        let mut text = String::new();
+        from.read_to_string(&mut text).unwrap();
+        text
+    };
+    let stdout = read(&mut child.stdout.take().unwrap());
+    let stderr = read(&mut child.stderr.take().unwrap());
+    (status.code(), stdout, stderr)
 }
 
 /// What `baton dev` cannot run on is said first, not after a wait for the cluster that can never
@@ -341,7 +310,7 @@ fn data_it_cannot_run_on_is_said_first() {
 
     // The same data dir while the first one runs: its stores are locked.
     let other = three_free_ports();
-    let (code, stderr) = dev_until_exit(&data_dir, other);
+    let (code, _, stderr) = dev_until_exit(&data_dir, other);
     assert_eq!(code, Some(1), "{stderr}");
     let first = stderr
         .lines()
@@ -352,7 +321,7 @@ fn data_it_cannot_run_on_is_said_first() {
     assert_eq!(code, Some(0), "{log}");
 
     // The data of a cluster on `port`, started on other ports.
-    let (code, stderr) = dev_until_exit(&data_dir, other);
+    let (code, _, stderr) = dev_until_exit(&data_dir, other);
     assert_eq!(code, Some(1), "{stderr}");
     assert!(
         stderr.contains(&format!("belongs to a cluster at 127.0.0.1:{port}"))
