@@ -714,6 +714,26 @@ fn t71_taken_for_a_free_task_is_reported() {
     h.ambiguous("a1", claim_of("a1"), 0);
     h.refused("a0", claim_of("a0"), ttl + 1_000, ttl + 1_010, "TAKEN");
     assert!(board_rules(h, ttl + 2_000, 1).is_empty());
+    // Renewed (answered, or not) before its end, the same claim still holds it then.
+    let renew = Input::RenewTask {
+        task: "task-0".into(),
+        token: "t1".into(),
+        fence: 1,
+    };
+    for answered in [true, false] {
+        let mut h = H::default();
+        h.ok("a1", claim_of("a1"), 0, 5, lease_of(1));
+        if answered {
+            h.ok("a1", renew.clone(), ttl - 100, ttl - 90, lease_of(1));
+        } else {
+            h.ambiguous("a1", renew.clone(), ttl - 100);
+        }
+        h.refused("a0", claim_of("a0"), ttl + 1_000, ttl + 1_010, "TAKEN");
+        assert!(
+            board_rules(h, ttl + 2_000, 1).is_empty(),
+            "renewal answered: {answered}"
+        );
+    }
 }
 
 /// A listing during the run is a linearizable read: it shows at least the fence of every claim

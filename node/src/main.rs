@@ -19,5 +19,10 @@ fn main() -> ExitCode {
             return ExitCode::from(cli::exit::FAILURE);
         }
     };
-    runtime.block_on(cli::run(args))
+    let code = runtime.block_on(cli::run(args));
+    // Work still on a blocking thread (a disk sync that hangs, say) must not hold the exit:
+    // a graceful stop has its bound (`shutdown::LONGEST_STOP`), and dropping the runtime would
+    // wait for such work without one.
+    runtime.shutdown_timeout(baton_node::shutdown::EXIT_GRACE);
+    code
 }

@@ -34,6 +34,9 @@ pub const CLOSE_LIMIT: Duration = Duration::from_secs(5);
 pub const STOP_LIMIT: Duration = Duration::from_secs(5);
 /// How long Raft may take to stop (its storage flushing, its tasks ending).
 pub const RAFT_STOP_LIMIT: Duration = Duration::from_secs(5);
+/// How long the process's exit waits for work left on blocking threads (a disk sync that
+/// hangs, say) once everything else has stopped.
+pub const EXIT_GRACE: Duration = Duration::from_secs(1);
 /// The longest a node takes from SIGTERM to its exit: every step above at its limit. What runs
 /// it must wait longer before it kills (systemd's `TimeoutStopSec` in deploy/baton.service,
 /// Compose's `stop_grace_period`), or a node is killed mid-handover.
@@ -41,7 +44,8 @@ pub const LONGEST_STOP: Duration = DRAIN_LIMIT
     .saturating_add(HANDOVER_LIMIT)
     .saturating_add(CLOSE_LIMIT)
     .saturating_add(STOP_LIMIT)
-    .saturating_add(RAFT_STOP_LIMIT);
+    .saturating_add(RAFT_STOP_LIMIT)
+    .saturating_add(EXIT_GRACE);
 
 /// Runs steps 1–3; failures are logged, never fatal: the node stops either way.
 pub async fn leave(

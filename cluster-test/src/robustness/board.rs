@@ -215,6 +215,19 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
 /// a follower's or a deposed leader's old state), and at most the number of claims of the task
 /// sent before the listing came back (`phantom-fence`: each claim raises it by one at most).
 fn reads(history: &[Op], grants: &[Grant], final_from: u64) -> Vec<Violation> {
+    // Per task: the claims' sending times, sorted (how many were sent before a moment), and the
+    // acknowledged grants.
+    let mut sent: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for op in history {
+        if let Input::Claim { task, .. } = &op.input {
+            sent.entry(task).or_default().push(op.call);
+        }
+    }
+    sent.values_mut().for_each(|calls| calls.sort_unstable());
+    let mut granted: BTreeMap<&str, Vec<&Grant>> = BTreeMap::new();
+    for grant in grants {
+        granted.entry(&grant.key).or_default().push(grant);
+    }
     let mut violations = Vec::new();
     for op in history.iter().filter(|op| op.call < final_from) {
         let (Input::ListTasks, Some(Output::Tasks(tasks)), Some(ret)) =
@@ -223,9 +236,11 @@ fn reads(history: &[Op], grants: &[Grant], final_from: u64) -> Vec<Violation> {
             continue;
         };
         for (task, _, fence) in tasks {
-            let acknowledged = grants
-                .iter()
-                .filter(|g| &g.key == task && history[g.op].ret.is_some_and(|r| r < op.call))
+            let acknowledged = granted
+                .get(task.as_str())
+                .into_iter()
+                .flatten()
+                .filter(|g| history[g.op].ret.is_some_and(|r| r < op.call))
                 .max_by_key(|g| g.fence);
             if let Some(grant) = acknowledged.filter(|g| g.fence > *fence) {
                 violations.push(Violation::new(
@@ -238,16 +253,17 @@ fn reads(history: &[Op], grants: &[Grant], final_from: u64) -> Vec<Violation> {
                     vec![grant.op, op.index],
                 ));
             }
-            let sent = history
-                .iter()
-                .filter(|c| matches!(&c.input, Input::Claim { task: t, .. } if t == task))
-                .filter(|c| c.call < ret)
-                .count() as u64;
-            if *fence > sent {
+            let claims_sent = sent
+                .get(task.as_str())
+                .map_or(0, |calls| calls.partition_point(|call| *call < ret))
+                as u64;
+            if *fence > claims_sent {
                 violations.push(Violation::new(
                     "phantom-fence",
                     task,
-                    format!("a listing showed fence {fence}, but only {sent} claims were sent"),
+                    format!(
+                        "a listing showed fence {fence}, but only {claims_sent} claims were sent"
+                    ),
                     vec![op.index],
                 ));
             }
@@ -265,6 +281,26 @@ fn reads(history: &[Op], grants: &[Grant], final_from: u64) -> Vec<Violation> {
 /// passes every grant rule; this one catches it.
 fn explained_taken(history: &[Op]) -> Vec<Violation> {
     let ttl_us = TTL_MS as u64 * 1000;
+    // Indexed once: the claims per task; per claim (task, fence), the earliest return of an
+    // acknowledged release, and its renewals.
+    let mut claims: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
+    let mut released: BTreeMap<(&str, u64), u64> = BTreeMap::new();
+    let mut renewals: BTreeMap<(&str, u64), Vec<&Op>> = BTreeMap::new();
+    for op in history {
+        match &op.input {
+            Input::Claim { task, .. } => claims.entry(task).or_default().push(op),
+            Input::ReleaseTask { task, fence, .. } => {
+                if let (Some(_), Some(ret)) = (op.ok(), op.ret) {
+                    let at = released.entry((task, *fence)).or_insert(ret);
+                    *at = (*at).min(ret);
+                }
+            }
+            Input::RenewTask { task, fence, .. } => {
+                renewals.entry((task, *fence)).or_default().push(op)
+            }
+            _ => {}
+        }
+    }
     let mut violations = Vec::new();
     // The first few per task show it; hundreds more would only bury the other rules.
     let mut found: BTreeMap<&str, usize> = BTreeMap::new();
@@ -277,43 +313,34 @@ fn explained_taken(history: &[Op]) -> Vec<Violation> {
         if found.get(task.as_str()).is_some_and(|n| *n >= 3) {
             continue;
         }
-        let explained = history.iter().any(|claim| {
-            let Input::Claim { task: t, .. } = &claim.input else {
-                return false;
-            };
-            if t != task || claim.index == op.index || claim.call >= ret {
-                return false;
-            }
-            let fence = match (&claim.outcome, claim.ok()) {
-                (_, Some(Output::Lease { fence, .. })) => *fence,
-                (Outcome::Ambiguous(_), _) => return true,
-                _ => return false,
-            };
-            let of_it = |o: &&Op, renew: bool| match &o.input {
-                Input::RenewTask {
-                    task: t, fence: f, ..
-                } => renew && t == task && *f == fence,
-                Input::ReleaseTask {
-                    task: t, fence: f, ..
-                } => !renew && t == task && *f == fence,
-                _ => false,
-            };
-            let released = history
-                .iter()
-                .filter(|o| of_it(o, false))
-                .any(|o| o.ok().is_some() && o.ret.is_some_and(|r| r < op.call));
-            // The latest moment the lease could run to: unknown (unbounded) after an unanswered
-            // renewal.
-            let mut last_answer = claim.ret;
-            for renewal in history.iter().filter(|o| of_it(o, true) && o.call < ret) {
-                last_answer = match (last_answer, renewal.ret) {
-                    (Some(a), Some(b)) => Some(a.max(b)),
-                    _ => None,
+        let explained = claims
+            .get(task.as_str())
+            .into_iter()
+            .flatten()
+            .any(|claim| {
+                if claim.index == op.index || claim.call >= ret {
+                    return false;
+                }
+                let fence = match (&claim.outcome, claim.ok()) {
+                    (_, Some(Output::Lease { fence, .. })) => *fence,
+                    (Outcome::Ambiguous(_), _) => return true,
+                    _ => return false,
                 };
-            }
-            let expired = last_answer.is_some_and(|at| at + ttl_us + CLOCK_SLACK_US < op.call);
-            !released && !expired
-        });
+                let key = (task.as_str(), fence);
+                if released.get(&key).is_some_and(|at| *at < op.call) {
+                    return false;
+                }
+                // The latest moment the lease could run to: unknown (unbounded) after an
+                // unanswered renewal.
+                let mut last_answer = claim.ret;
+                for renewal in renewals.get(&key).into_iter().flatten() {
+                    if renewal.call < ret {
+                        last_answer = last_answer.zip(renewal.ret).map(|(a, b)| a.max(b));
+                    }
+                }
+                // Not certainly expired when the refused claim was sent.
+                last_answer.is_none_or(|at| at + ttl_us + CLOCK_SLACK_US >= op.call)
+            });
         if !explained {
             *found.entry(task).or_default() += 1;
             violations.push(Violation::new(

@@ -188,8 +188,9 @@ pub async fn status(
         }
         if !first.initialized {
             println!(
-                "node {} is not in a cluster yet: form one with `baton cluster init --endpoints \
-                 <every node's host:port>`",
+                "node {} is not in a cluster yet: form a new one with `baton cluster init \
+                 --endpoints <every node's host:port>`, or, to add it to a running cluster, \
+                 `baton members add` at that cluster",
                 first.id
             );
         }

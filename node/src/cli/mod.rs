@@ -424,9 +424,6 @@ fn hangup_ignored_at_start() -> bool {
     })
 }
 
-/// A TTL from the command line: a duration of at least a millisecond (TTLs travel in whole
-/// milliseconds, and the store refuses 0), so that `--ttl 0s` is bad usage (exit 2) rather than
-/// a store refusal, and a judgement never seeds its task for a race it cannot run.
 /// `--timeout`: a duration of at least 1 ms (zero gave every attempt no time at all, and every
 /// command "cluster unavailable").
 fn timeout(text: &str) -> Result<Duration, String> {
@@ -437,6 +434,9 @@ fn timeout(text: &str) -> Result<Duration, String> {
     Ok(timeout)
 }
 
+/// A TTL from the command line: a duration of at least a millisecond (TTLs travel in whole
+/// milliseconds, and the store refuses 0), so that `--ttl 0s` is bad usage (exit 2) rather than
+/// a store refusal, and a judgement never seeds its task for a race it cannot run.
 pub fn ttl(text: &str) -> Result<Duration, String> {
     let ttl = humantime::parse_duration(text).map_err(|e| e.to_string())?;
     if ttl < Duration::from_millis(1) {

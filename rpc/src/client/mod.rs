@@ -606,7 +606,8 @@ fn decoded<T>(result: Result<T, Refusal>, call: &str) -> Result<T, Error> {
 
 /// Whether a normalized endpoint ends in a port (`host:port`, `[v6]:port`).
 fn has_port(endpoint: &str) -> bool {
-    endpoint.rsplit_once(':').is_some_and(|(host, port)| {
+    let authority = endpoint.split('/').next().unwrap_or_default();
+    authority.rsplit_once(':').is_some_and(|(host, port)| {
         !host.is_empty() && !host.ends_with(':') && port.parse::<u16>().is_ok_and(|p| p > 0)
     })
 }
@@ -685,6 +686,7 @@ mod classify_tests {
         for good in [
             "10.0.0.1:7001",
             "http://node1:7001/",
+            "http://node1:7001/x",
             "[::1]:7001",
             "localhost:1",
         ] {
