@@ -16,21 +16,27 @@
 use std::future::Future;
 
 use baton_rpc::error::not_leader_status;
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::BasicNode;
 use tonic::Status;
 
-use crate::node::member_addr;
+use crate::node::{member_addr, write_error};
 use crate::types::{NodeId, Raft};
 
-/// `write`'s own answer, unless another node is known to lead first: then `NOT_LEADER` naming it.
+/// A Raft write's outcome as an answer (its error as [`write_error`] says), unless another node is
+/// known to lead first: then `NOT_LEADER` naming it.
 pub(crate) async fn unless_deposed<T>(
     raft: &Raft,
-    write: impl Future<Output = Result<T, Status>>,
+    write: impl Future<Output = Result<T, WriteError>>,
 ) -> Result<T, Status> {
     tokio::select! {
-        written = write => written,
+        written = write => written.map_err(write_error),
         leader = deposed(raft) => Err(not_leader_status(leader)),
     }
 }
+
+/// What a refused Raft write (a client command, a membership change) says.
+type WriteError = RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>;
 
 /// Resolves once a node other than this one is known to lead, with its id and address.
 async fn deposed(raft: &Raft) -> Option<(NodeId, String)> {

@@ -174,13 +174,8 @@ impl Node {
             origin: None,
             command: crate::sweeper::sweep_command(),
         };
-        let written = unless_deposed(&self.raft, async {
-            self.raft
-                .client_write(Batch(vec![sweep]))
-                .await
-                .map_err(write_error)
-        })
-        .await?;
+        let written =
+            unless_deposed(&self.raft, self.raft.client_write(Batch(vec![sweep]))).await?;
         self.read_barrier_term
             .fetch_max(written.log_id.leader_id.term, Ordering::AcqRel);
         Ok(())

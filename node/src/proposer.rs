@@ -21,7 +21,6 @@ use tonic::{Code, Status};
 
 use crate::codec;
 use crate::deposed::unless_deposed;
-use crate::node::write_error;
 use crate::stamp;
 use crate::types::{Batch, Raft};
 
@@ -121,12 +120,7 @@ async fn write_batch(raft: Raft, batch: Vec<Pending>, _slot: OwnedSemaphorePermi
         answers.push(pending.answer);
     }
     let count = envelopes.len();
-    let written = unless_deposed(&raft, async {
-        raft.client_write(Batch(envelopes))
-            .await
-            .map_err(write_error)
-    })
-    .await;
+    let written = unless_deposed(&raft, raft.client_write(Batch(envelopes))).await;
     let responses = match written {
         Ok(written) if written.data.0.len() == count => {
             let index = written.log_id.index;

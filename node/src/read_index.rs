@@ -24,7 +24,7 @@ use tonic::{Code, Status};
 
 use crate::admission::Admission;
 use crate::deposed::unless_deposed;
-use crate::node::{not_leader, write_error};
+use crate::node::not_leader;
 use crate::types::{Batch, Raft};
 
 /// The queue of reads waiting for the next confirmation round; clones share it.
@@ -134,12 +134,7 @@ impl Nudge {
         // is known to lead (its purged entry may never be answered), or once Raft stops.
         self.pending = Some(tokio::spawn(async move {
             tracing::debug!("no quorum answered a read-index round; appending an empty entry");
-            let _ = unless_deposed(&raft, async {
-                raft.client_write(Batch(Vec::new()))
-                    .await
-                    .map_err(write_error)
-            })
-            .await;
+            let _ = unless_deposed(&raft, raft.client_write(Batch(Vec::new()))).await;
         }));
     }
 }

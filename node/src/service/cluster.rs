@@ -25,7 +25,7 @@ use crate::codec;
 use crate::deposed::unless_deposed;
 use crate::handover;
 use crate::network::Network;
-use crate::node::{write_error, NodeRef};
+use crate::node::NodeRef;
 use crate::snapshot_file::STATE_FORMAT;
 use crate::stamp::wall_clock_ms;
 use crate::types::{NodeId, TypeConfig};
@@ -172,12 +172,7 @@ impl cluster_server::Cluster for ClusterService {
         }
         tracing::info!(id, %addr, "adding learner");
         let raft = &self.node.raft;
-        let written = unless_deposed(raft, async {
-            raft.add_learner(id, BasicNode { addr }, true)
-                .await
-                .map_err(write_error)
-        })
-        .await?;
+        let written = unless_deposed(raft, raft.add_learner(id, BasicNode { addr }, true)).await?;
         Ok(Response::new(membership_response(&written)))
     }
 
@@ -195,12 +190,7 @@ impl cluster_server::Cluster for ClusterService {
         }
         tracing::info!(?voters, "changing voters");
         let raft = &self.node.raft;
-        let written = unless_deposed(raft, async {
-            raft.change_membership(voters, false)
-                .await
-                .map_err(write_error)
-        })
-        .await?;
+        let written = unless_deposed(raft, raft.change_membership(voters, false)).await?;
         Ok(Response::new(membership_response(&written)))
     }
 
@@ -237,12 +227,7 @@ impl cluster_server::Cluster for ClusterService {
         };
         tracing::info!(id, ?change, "removing member");
         let raft = &self.node.raft;
-        let written = unless_deposed(raft, async {
-            raft.change_membership(change, false)
-                .await
-                .map_err(write_error)
-        })
-        .await?;
+        let written = unless_deposed(raft, raft.change_membership(change, false)).await?;
         Ok(Response::new(membership_response(&written)))
     }
 
