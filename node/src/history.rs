@@ -217,19 +217,11 @@ impl History {
                 ring.last_evicted = Some((*skipped, changes.len()));
             }
             for (revision, changes) in kept {
-                let bytes = sizes.pop().unwrap_or(0);
+                let (bytes, offsets) = sizes.pop().unwrap_or_default();
                 if changes.is_empty() {
                     continue;
                 }
                 let (seq, byte_seq) = (ring.recorded, ring.recorded_bytes);
-                let offsets = changes
-                    .iter()
-                    .scan(0u64, |before, change| {
-                        let at = *before;
-                        *before += change.approx_bytes() as u64;
-                        Some(at)
-                    })
-                    .collect();
                 ring.recorded += changes.len() as u64;
                 ring.recorded_bytes += bytes as u64;
                 ring.events += changes.len();
@@ -255,19 +247,29 @@ impl History {
     /// The first of `entries` whose changes survive eviction: every later entry's too. Eviction
     /// keeps the longest run of newest whole revisions that fits the limits, so walking back
     /// from the newest entry, the first that does not fit is evicted with everything before it.
-    /// Also returns the byte sizes of the kept entries, newest first, so each is computed once.
-    fn first_kept(&self, entries: &[(u64, Vec<Change>)]) -> (usize, Vec<usize>) {
+    /// Also returns the byte size of each kept entry and the bytes before each of its changes
+    /// ([`Revision::offsets`]), newest first: each change's size is computed once, before the
+    /// history is locked.
+    fn first_kept(&self, entries: &[(u64, Vec<Change>)]) -> (usize, Vec<(usize, Vec<u64>)>) {
         let limits = self.inner.limits;
         let mut sizes = Vec::with_capacity(entries.len());
         let (mut events, mut bytes) = (0usize, 0usize);
         for (at, (_, changes)) in entries.iter().enumerate().rev() {
-            let size: usize = changes.iter().map(Change::approx_bytes).sum();
+            let mut size = 0usize;
+            let offsets: Vec<u64> = changes
+                .iter()
+                .map(|change| {
+                    let before = size as u64;
+                    size += change.approx_bytes();
+                    before
+                })
+                .collect();
             events += changes.len();
             bytes += size;
             if events > limits.events || bytes > limits.bytes {
                 return (at + 1, sizes);
             }
-            sizes.push(size);
+            sizes.push((size, offsets));
         }
         (0, sizes)
     }
