@@ -261,27 +261,19 @@ fn t71_a_release_with_a_superseded_claim_and_a_lost_fence_are_reported() {
 /// the second claim, or a second claim after the TTL, explains it.
 #[test]
 fn t71_two_holders_at_once_are_reported_even_with_rising_fences() {
-    let claim = |agent: &str| Input::Claim {
-        task: "task-0".into(),
-        agent: agent.into(),
-    };
-    let lease = |fence: u64, token: &str| Output::Lease {
-        fence,
-        token: token.into(),
-    };
     let release = Input::ReleaseTask {
         task: "task-0".into(),
-        token: "x".into(),
+        token: "t1".into(),
         fence: 1,
     };
     let history = |second_claim_at: u64, release_before: bool| {
         let mut h = H::default();
-        h.ok("a0", claim("a0"), 0, 10, lease(1, "x"));
+        h.ok("a0", claim_of("a0"), 0, 10, lease_of(1));
         if release_before {
             h.ambiguous("a0", release.clone(), 15);
         }
         let at = second_claim_at;
-        h.ok("a1", claim("a1"), at, at + 10, lease(2, "y"));
+        h.ok("a1", claim_of("a1"), at, at + 10, lease_of(2));
         if !release_before {
             h.refused("a0", release.clone(), at + 20, at + 30, "LEASE_LOST");
         }
@@ -526,27 +518,14 @@ fn t71_a_permit_token_granted_twice_and_a_lost_submission_are_reported() {
 /// answered every claim TAKEN passes every exclusivity rule. Both are reported.
 #[test]
 fn t71_a_run_without_faults_or_grants_is_reported() {
-    let claim = |agent: &str| Input::Claim {
-        task: "task-0".into(),
-        agent: agent.into(),
-    };
     let mut h = H::default();
-    h.refused("a0", claim("a0"), 0, 10, "TAKEN");
-    h.refused("a1", claim("a1"), 20, 30, "TAKEN");
+    h.refused("a0", claim_of("a0"), 0, 10, "TAKEN");
+    h.refused("a1", claim_of("a1"), 20, 30, "TAKEN");
     let violations = progress(&h.ops, 0);
     let keys: Vec<&str> = violations.iter().map(|v| v.key.as_str()).collect();
     assert_eq!(keys, ["nemesis", "board"], "{violations:?}");
     assert_eq!(rules(&violations), ["progress"]);
-    h.ok(
-        "a2",
-        claim("a2"),
-        40,
-        50,
-        Output::Lease {
-            fence: 1,
-            token: "z".into(),
-        },
-    );
+    h.ok("a2", claim_of("a2"), 40, 50, lease_of(1));
     assert!(progress(&h.ops, 1).is_empty());
 }
 
@@ -579,24 +558,12 @@ fn t71_a_lease_without_its_permit_and_a_renewal_changing_the_token_are_reported(
     assert_eq!(flagged, ["key-0", "key-1", ""], "{violations:?}");
 
     let mut h = H::default();
-    h.ok(
-        "a0",
-        Input::Claim {
-            task: "task-0".into(),
-            agent: "a0".into(),
-        },
-        0,
-        10,
-        Output::Lease {
-            fence: 1,
-            token: "x".into(),
-        },
-    );
+    h.ok("a0", claim_of("a0"), 0, 10, lease_of(1));
     h.ok(
         "a0",
         Input::RenewTask {
             task: "task-0".into(),
-            token: "x".into(),
+            token: "t1".into(),
             fence: 1,
         },
         20,
