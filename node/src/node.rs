@@ -127,7 +127,11 @@ impl Node {
     /// The answer to `command` when it needs no log entry: a retry already answered, or a
     /// refusal that changes nothing (see `State::prejudge`), judged on state confirmed current
     /// by a read index, so the answer is linearizable. Only a command the local state already
-    /// prejudges pays for the read index; every other command goes straight to the log.
+    /// prejudges pays for the read index; every other command goes straight to the log, and so
+    /// does a repeat of a request this node is still proposing (with or without the retry flag):
+    /// the state does not include that request yet, and the log entry gets the first attempt's
+    /// answer from the session table. That check comes before the state is read (see
+    /// [`Proposer::is_proposing`]).
     async fn prejudged(
         &self,
         origin: Option<&Origin>,
@@ -141,7 +145,8 @@ impl Node {
                 .state
                 .prejudge(origin, command, stamp::wall_clock_ms()),
         };
-        if !leading || judge(&self.state_machine.read()).is_none() {
+        let proposing = origin.is_some_and(|origin| self.proposer.is_proposing(origin));
+        if !leading || proposing || judge(&self.state_machine.read()).is_none() {
             return Ok(None);
         }
         self.read(judge).await

@@ -11,8 +11,13 @@
 //!
 //! Each command keeps its own stamp and origin and is applied on its own, in queue order, so
 //! batching changes no outcome: it is as if the entries had been appended one after another.
+//!
+//! The proposer also knows which client requests it holds ([`Proposer::is_proposing`]): a repeat
+//! of one of them must go to the log, where the session table gives it the first attempt's
+//! answer, and not be judged on state that does not include the first attempt yet.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use baton_rpc::error::{infra, infra_status};
 use baton_statemachine::{Command, Envelope, Origin, Response};
@@ -42,6 +47,7 @@ pub type Proposed = Result<(Response, u64), Status>;
 #[derive(Clone)]
 pub struct Proposer {
     queue: mpsc::Sender<Pending>,
+    proposing: Proposing,
 }
 
 /// A command waiting to be batched, and where its answer goes.
@@ -50,6 +56,53 @@ struct Pending {
     command: Command,
     bytes: usize,
     answer: oneshot::Sender<Proposed>,
+    /// Keeps the request counted as proposing until its entry is applied or the command is
+    /// dropped unwritten.
+    held: Option<Held>,
+}
+
+/// The client requests this proposer holds — queued, or in an entry not yet applied — counted
+/// by `(client_id, seq)` (a client that repeats a request before the first attempt is answered
+/// has two of it here).
+#[derive(Clone, Default)]
+struct Proposing(Arc<Mutex<HashMap<(u64, u64), usize>>>);
+
+/// One request counted in [`Proposing`]; dropping it uncounts it.
+struct Held {
+    proposing: Proposing,
+    request: (u64, u64),
+}
+
+impl Proposing {
+    fn hold(&self, origin: &Origin) -> Held {
+        let request = (origin.client_id, origin.seq);
+        *self.lock().entry(request).or_default() += 1;
+        Held {
+            proposing: self.clone(),
+            request,
+        }
+    }
+
+    fn contains(&self, origin: &Origin) -> bool {
+        self.lock().contains_key(&(origin.client_id, origin.seq))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(u64, u64), usize>> {
+        // The map is consistent between statements; a panic elsewhere cannot leave it half-made.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut proposing = self.proposing.lock();
+        if let Some(count) = proposing.get_mut(&self.request) {
+            *count -= 1;
+            if *count == 0 {
+                proposing.remove(&self.request);
+            }
+        }
+    }
 }
 
 impl Proposer {
@@ -57,7 +110,17 @@ impl Proposer {
     pub fn start(raft: Raft) -> Self {
         let (queue, pending) = mpsc::channel(QUEUE_DEPTH);
         tokio::spawn(batch_loop(raft, pending));
-        Self { queue }
+        Self {
+            queue,
+            proposing: Proposing::default(),
+        }
+    }
+
+    /// Whether the request `origin` names is queued here or in an entry not yet applied. Checked
+    /// before the state is read, a `false` means the request was either applied before that read
+    /// (so the session table holds its answer) or not yet handed to this proposer.
+    pub fn is_proposing(&self, origin: &Origin) -> bool {
+        self.proposing.contains(origin)
     }
 
     /// Queues `command`, and resolves once the entry that carries it is committed and applied
@@ -66,6 +129,7 @@ impl Proposer {
         let (answer, answered) = oneshot::channel();
         let pending = Pending {
             bytes: codec::encoded_len(&command),
+            held: origin.as_ref().map(|origin| self.proposing.hold(origin)),
             origin,
             command,
             answer,
@@ -111,6 +175,7 @@ async fn batch_loop(raft: Raft, mut queue: mpsc::Receiver<Pending>) {
 async fn write_batch(raft: Raft, batch: Vec<Pending>, _slot: OwnedSemaphorePermit) {
     let mut envelopes = Vec::with_capacity(batch.len());
     let mut answers = Vec::with_capacity(batch.len());
+    let mut held = Vec::with_capacity(batch.len());
     for pending in batch {
         envelopes.push(Envelope {
             stamp: stamp::stamp(),
@@ -118,6 +183,7 @@ async fn write_batch(raft: Raft, batch: Vec<Pending>, _slot: OwnedSemaphorePermi
             command: pending.command,
         });
         answers.push(pending.answer);
+        held.push(pending.held);
     }
     let count = envelopes.len();
     let written = unless_deposed(&raft, raft.client_write(Batch(envelopes))).await;
@@ -140,8 +206,46 @@ async fn write_batch(raft: Raft, batch: Vec<Pending>, _slot: OwnedSemaphorePermi
         }
         Err(status) => vec![Err(status); count],
     };
+    // Applied (or refused as a whole): the session table now answers a repeat.
+    drop(held);
     for (answer, response) in answers.into_iter().zip(responses) {
         // A proposer that gave up waiting is not an error: its command's fate is in the log.
         let _ = answer.send(response);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn origin(client_id: u64, seq: u64) -> Origin {
+        Origin {
+            client_id,
+            seq,
+            acked_below: 0,
+        }
+    }
+
+    #[test]
+    fn a_request_is_proposing_until_its_last_attempt_lets_go() {
+        let proposing = Proposing::default();
+        let first = proposing.hold(&origin(7, 1));
+        let repeat = proposing.hold(&origin(7, 1));
+        let other = proposing.hold(&origin(8, 1));
+        assert!(proposing.contains(&origin(7, 1)));
+        assert!(
+            !proposing.contains(&origin(7, 2)),
+            "another seq of the client"
+        );
+        drop(first);
+        assert!(
+            proposing.contains(&origin(7, 1)),
+            "the repeat is still being proposed"
+        );
+        drop(repeat);
+        assert!(!proposing.contains(&origin(7, 1)));
+        assert!(proposing.contains(&origin(8, 1)));
+        drop(other);
+        assert!(proposing.lock().is_empty(), "nothing is left behind");
     }
 }
