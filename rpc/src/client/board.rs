@@ -101,7 +101,7 @@ impl Client {
     /// Linearizable read of every task (tokens withheld).
     pub async fn tasks(&self) -> Result<TaskSnapshot, Error> {
         let reply = self
-            .call(|channel| async move {
+            .call_patiently(|channel| async move {
                 BoardClient::new(channel)
                     .max_decoding_message_size(MAX_ANSWER_BYTES)
                     .list(proto::ListTasksRequest {})

@@ -93,7 +93,7 @@ impl Client {
     /// Linearizable read of every ticket.
     pub async fn tickets(&self) -> Result<TicketSnapshot, Error> {
         let reply = self
-            .call(|channel| async move {
+            .call_patiently(|channel| async move {
                 HandoffClient::new(channel)
                     .max_decoding_message_size(MAX_ANSWER_BYTES)
                     .list(proto::ListTicketsRequest {})

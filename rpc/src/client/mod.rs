@@ -109,8 +109,9 @@ struct Inner {
     cursor: AtomicU64,
     /// Writes, at most [`SEQ_WINDOW`] ahead of the oldest unanswered one.
     session: Session,
-    /// Long polls number their requests in a session of their own, without a window: a poll
-    /// waits for work by design, and in the writes' session it would hold every write up.
+    /// Long polls number their requests in a session of their own: a poll waits for work by
+    /// design, and in the writes' session it would hold every write up. It has the same window
+    /// (a lease attempt lost in a failover must still be remembered when it is retried).
     poll_session: Session,
 }
 
@@ -127,8 +128,8 @@ const SEQ_WINDOW: u64 = MAX_REPLIES_PER_CLIENT as u64 / 2;
 struct Session {
     /// The session's identity (random, drawn by the client).
     client_id: u64,
-    /// How far the newest request may run ahead of the oldest unanswered one (`None`: no limit).
-    window: Option<u64>,
+    /// How far the newest request may run ahead of the oldest unanswered one.
+    window: u64,
     numbers: Mutex<Numbers>,
     /// Told when the oldest unanswered request ends, for requests waiting for the window.
     oldest_ended: tokio::sync::Notify,
@@ -144,7 +145,7 @@ struct Numbers {
 
 impl Session {
     /// A new session: a fresh identity, request numbers from 1.
-    fn new(window: Option<u64>) -> Self {
+    fn new(window: u64) -> Self {
         Self {
             client_id: rand::random(),
             window,
@@ -183,8 +184,8 @@ impl<'a> InFlight<'a> {
     /// Numbers a request if the window has room.
     fn try_begin(session: &'a Session) -> Option<Self> {
         let mut numbers = lock(&session.numbers);
-        if let (Some(window), Some(oldest)) = (session.window, numbers.in_flight.first()) {
-            if numbers.next_seq - oldest >= window {
+        if let Some(oldest) = numbers.in_flight.first() {
+            if numbers.next_seq - oldest >= session.window {
                 return None;
             }
         }
@@ -306,8 +307,8 @@ impl Client {
                 channels: Mutex::default(),
                 leader: Mutex::default(),
                 cursor: AtomicU64::new(0),
-                session: Session::new(Some(SEQ_WINDOW)),
-                poll_session: Session::new(None),
+                session: Session::new(SEQ_WINDOW),
+                poll_session: Session::new(SEQ_WINDOW),
             }),
         })
     }
@@ -464,8 +465,9 @@ impl Client {
     }
 
     /// [`Client::call`] for a request the leader may work on for long before it answers (a
-    /// snapshot of the whole state, a learner catching up, a membership change): one attempt may
-    /// take the whole deadline, rather than being cut off and sent again to start the work over.
+    /// snapshot of the whole state, a listing of every ticket or task, a learner catching up, a
+    /// membership change): one attempt may take the whole deadline, rather than being cut off and
+    /// sent again to start the work over.
     async fn call_patiently<T, F, Fut>(&self, attempt: F) -> Result<T, Error>
     where
         F: Fn(Conn) -> Fut,
@@ -493,6 +495,12 @@ impl Client {
             let addr = self.target();
             tried.insert(addr.clone());
             let last = match self.channel(&addr) {
+                // A leader's address as a node advertised it, which this client cannot dial: try
+                // the endpoints it was given instead of failing every call from now on.
+                Err(error) if !self.inner.endpoints.contains(&addr) => {
+                    self.forget_leader(&addr);
+                    format!("{addr}: {error}")
+                }
                 Err(error) => return Err(error),
                 Ok(channel) => {
                     // No attempt outlives the call's deadline.
@@ -615,9 +623,13 @@ fn has_port(endpoint: &str) -> bool {
 /// `http://host:port/` -> `host:port`.
 fn normalize(endpoint: &str) -> String {
     let endpoint = endpoint.trim();
-    let endpoint = endpoint
-        .strip_prefix("http://")
-        .or_else(|| endpoint.strip_prefix("https://"))
+    let endpoint = ["http://", "https://"]
+        .iter()
+        .find_map(|scheme| {
+            let head = endpoint.get(..scheme.len())?;
+            head.eq_ignore_ascii_case(scheme)
+                .then(|| &endpoint[scheme.len()..])
+        })
         .unwrap_or(endpoint);
     endpoint.trim_end_matches('/').to_string()
 }
@@ -631,6 +643,18 @@ fn classify(status: &Status) -> Verdict {
                 status.message()
             )));
         }
+        if let Code::Unimplemented | Code::Unauthenticated | Code::PermissionDenied = status.code()
+        {
+            // Not a Baton node's answer (its own carry a detail): a node of another version, or
+            // something in front of the cluster refusing this client. Asking again changes
+            // nothing.
+            return Verdict::Fail(Error::Protocol(format!(
+                "{:?} without a Baton answer (an older node, or a proxy in front of the \
+                 cluster?): {}",
+                status.code(),
+                status.message()
+            )));
+        }
         // No Baton detail: the node never answered (transport failure, proxy, overload).
         return Verdict::Retry(format!("{:?}: {}", status.code(), status.message()));
     };
@@ -638,7 +662,8 @@ fn classify(status: &Status) -> Verdict {
         return Verdict::Fail(Error::Refused(refusal));
     }
     match detail.code.as_str() {
-        infra::NOT_LEADER if !detail.leader_addr.is_empty() => {
+        // A leader address without a port would be dialled at port 80: treated as no address.
+        infra::NOT_LEADER if has_port(&normalize(&detail.leader_addr)) => {
             Verdict::Redirect(normalize(&detail.leader_addr))
         }
         infra::NOT_LEADER
@@ -689,6 +714,7 @@ mod classify_tests {
             "http://node1:7001/x",
             "[::1]:7001",
             "localhost:1",
+            "HTTP://node1:7001",
         ] {
             assert!(
                 Client::new(&[good], ClientConfig::default()).is_ok(),
@@ -725,6 +751,48 @@ mod classify_tests {
             classify(&Status::unavailable("connection refused")),
             Verdict::Retry(_)
         ));
+    }
+
+    /// A method the node does not have, or credentials something in front of the cluster
+    /// refuses, fail the same way on every attempt: said at once, not after the deadline as
+    /// "cluster unavailable".
+    #[test]
+    fn a_refusal_that_is_not_a_baton_answer_fails_at_once() {
+        for status in [
+            Status::unimplemented(""),
+            Status::unauthenticated("proxy: bad credentials"),
+            Status::permission_denied("proxy: forbidden"),
+        ] {
+            match classify(&status) {
+                Verdict::Fail(Error::Protocol(message)) => {
+                    assert!(message.contains("proxy"), "{message}")
+                }
+                _ => panic!("{:?} is retried", status.code()),
+            }
+        }
+    }
+
+    /// A leader address without a port would be dialled at port 80 and burn the deadline: the
+    /// hint is dropped and the client tries its endpoints.
+    #[test]
+    fn a_leader_hint_without_a_port_is_not_followed() {
+        let hint = |addr: &str| classify(&crate::error::not_leader_status(Some((2, addr.into()))));
+        assert!(matches!(hint("node2"), Verdict::Retry(_)));
+        match hint("HTTP://node2:7001/") {
+            Verdict::Redirect(leader) => assert_eq!(leader, "node2:7001"),
+            _ => panic!("a good hint is not followed"),
+        }
+    }
+
+    /// Endpoints are normalized whatever the scheme's case, so they dial as given.
+    #[test]
+    fn a_scheme_in_capitals_is_understood() {
+        let client = Client::new(
+            &["HTTP://node1:7001/", "Http://node2:7001"],
+            ClientConfig::default(),
+        )
+        .expect("both endpoints are good");
+        assert_eq!(client.endpoints(), ["node1:7001", "node2:7001"]);
     }
 }
 
@@ -796,6 +864,28 @@ mod connection_tests {
         assert!(Client::new(&["http://127.0.0.1:7001"], ClientConfig::default()).is_ok());
     }
 
+    /// A node may name a leader at an address this client cannot dial (as another node's
+    /// configuration spells it): the calls go on at the endpoints given, instead of every later
+    /// call failing at once with a configuration error.
+    #[tokio::test]
+    async fn an_undialable_leader_address_is_forgotten() {
+        let (addr, accepted) = silent_node().await;
+        let config = ClientConfig {
+            deadline: Duration::from_millis(300),
+            attempt_timeout: Duration::from_millis(100),
+            connect_timeout: Duration::from_millis(100),
+        };
+        let client = Client::new(&[addr], config).unwrap();
+        *lock(&client.inner.leader) = Some("bad host:7001".into());
+        let error = client.ticket("k").await.unwrap_err();
+        assert!(matches!(error, Error::Unavailable { .. }), "{error:?}");
+        assert_eq!(*lock(&client.inner.leader), None);
+        assert!(
+            accepted.load(Ordering::SeqCst) >= 1,
+            "the endpoint was tried"
+        );
+    }
+
     #[tokio::test]
     async fn a_call_ends_at_its_deadline_even_inside_an_attempt() {
         let (addr, _) = silent_node().await;
@@ -833,7 +923,7 @@ mod session_tests {
 
     #[test]
     fn acked_below_never_passes_a_request_still_in_flight() {
-        let s = Session::new(Some(SEQ_WINDOW));
+        let s = Session::new(SEQ_WINDOW);
         let a = begin(&s).unwrap();
         let b = begin(&s).unwrap();
         assert_eq!((a.seq, a.acked_below), (1, 1));
@@ -853,7 +943,7 @@ mod session_tests {
 
     #[test]
     fn concurrent_writers_never_acknowledge_an_unsent_seq() {
-        let s = std::sync::Arc::new(Session::new(Some(SEQ_WINDOW)));
+        let s = std::sync::Arc::new(Session::new(SEQ_WINDOW));
         let threads: Vec<_> = (0..8)
             .map(|_| {
                 let s = s.clone();
@@ -890,17 +980,24 @@ mod session_tests {
     /// back `SESSION_EXPIRED`, its outcome unknown.
     #[test]
     fn a_write_stuck_under_thousands_of_later_ones_can_still_be_retried() {
-        let s = Session::new(Some(SEQ_WINDOW));
+        let client = Client::new(&["127.0.0.1:7001"], ClientConfig::default()).unwrap();
+        // Long polls too: a lease attempt lost in a failover is retried like any write.
+        for session in [&client.inner.session, &client.inner.poll_session] {
+            a_stuck_request_can_still_be_retried(session);
+        }
+    }
+
+    fn a_stuck_request_can_still_be_retried(s: &Session) {
         let origin = |request: &InFlight| Origin {
             client_id: s.client_id,
             seq: request.seq,
             acked_below: request.acked_below,
         };
         let mut store = Sessions::default();
-        let stuck = begin(&s).unwrap();
+        let stuck = begin(s).unwrap();
         let mut sent = 0;
         for n in 0..3 * MAX_REPLIES_PER_CLIENT as u64 {
-            let Some(request) = begin(&s) else { break };
+            let Some(request) = begin(s) else { break };
             store.record(
                 &origin(&request),
                 Response::Answer(Ok(Reply::Swept { expired: n })),
@@ -915,19 +1012,9 @@ mod session_tests {
         );
         assert_eq!(store.lookup(&origin(&stuck)), SessionLookup::New);
         // The waiting write goes as soon as the stuck one ends.
-        let mut waiting = Box::pin(InFlight::begin(&s));
+        let mut waiting = Box::pin(InFlight::begin(s));
         assert!((&mut waiting).now_or_never().is_none());
         drop(stuck);
         assert!(waiting.now_or_never().is_some());
-    }
-
-    /// Long polls wait for work by design: their session has no window.
-    #[test]
-    fn the_poll_session_never_holds_a_request_back() {
-        let s = Session::new(None);
-        let _held = begin(&s).unwrap();
-        for _ in 0..3 * SEQ_WINDOW {
-            begin(&s).unwrap();
-        }
     }
 }

@@ -18,7 +18,7 @@ use futures::StreamExt;
 use tokio::time::Instant;
 use tonic::{Status, Streaming};
 
-use super::{classify, Client};
+use super::{classify, Client, Grpc};
 use crate::convert;
 use crate::error::{detail_of, infra, Error};
 use crate::proto;
@@ -314,7 +314,9 @@ impl Watcher {
             if !tried.contains(&addr) {
                 tried.push(addr.clone());
             }
-            match tokio::time::timeout(config.attempt_timeout, self.open(&addr)).await {
+            // The same for every node (TLS settings): a configuration error, not a retry.
+            let channel = self.client.grpc(&addr)?;
+            match tokio::time::timeout(config.attempt_timeout, self.open(channel)).await {
                 Ok(Ok(stream)) => {
                     self.avoid = None;
                     return Ok((addr, stream));
@@ -359,16 +361,12 @@ impl Watcher {
         }
     }
 
-    /// One attempt to open a stream on `addr`. A watch from "now" waits for the first progress
+    /// One attempt to open a stream on `channel`'s node. A watch from "now" waits for the first progress
     /// message, which fixes the position later reconnects resume from.
     ///
     /// Every stream gets a connection of its own: changes a slow caller has not read yet occupy
     /// its connection's flow-control window, which must not stall the client's other calls.
-    async fn open(&mut self, addr: &str) -> Result<Streaming<proto::WatchResponse>, Status> {
-        let channel = self
-            .client
-            .grpc(addr)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    async fn open(&mut self, channel: Grpc) -> Result<Streaming<proto::WatchResponse>, Status> {
         let request = proto::WatchRequest {
             filter: Some(self.filter.clone()),
             start_revision: self.next.map_or(0, |p| p.revision),
