@@ -561,22 +561,27 @@ impl Run {
                             }
                             _ => !receipt.failure.is_empty(),
                         };
-                        if !consistent {
-                            prop_assert!(
-                                matches!(refusal, Refusal::Invalid { field, .. } if field.starts_with("receipt.")),
+                        // The receipt is judged last: only a reply that could settle the
+                        // ticket is refused for it.
+                        let expected = match t_old {
+                            None => Some(Refusal::UnknownKey),
+                            Some(_) if winner != Some(token) => Some(Refusal::LeaseLost),
+                            Some(t) if t.state == TicketState::Expired || was_overdue => {
+                                Some(Refusal::Expired)
+                            }
+                            Some(t) if t.state != TicketState::Accepted => {
+                                Some(Refusal::AlreadySettled)
+                            }
+                            Some(_) => None,
+                        };
+                        match expected {
+                            Some(expected) => prop_assert_eq!(refusal, &expected),
+                            None => prop_assert!(
+                                !consistent
+                                    && matches!(refusal, Refusal::Invalid { field, .. } if field.starts_with("receipt.")),
                                 "{:?}",
                                 refusal
-                            );
-                        } else {
-                            let expected = match t_old {
-                                None => Refusal::UnknownKey,
-                                Some(_) if winner != Some(token) => Refusal::LeaseLost,
-                                Some(t) if t.state == TicketState::Expired || was_overdue => {
-                                    Refusal::Expired
-                                }
-                                Some(_) => Refusal::AlreadySettled,
-                            };
-                            prop_assert_eq!(refusal, &expected);
+                            ),
                         }
                     }
                     (other, _) => unreachable!("{other:?} handled above"),

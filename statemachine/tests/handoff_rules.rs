@@ -816,6 +816,34 @@ fn reply_just_before_the_deadline_closes() {
     assert_eq!(w.ticket("k").state, TicketState::Closed);
 }
 
+/// The receipt is judged last (contract §1, seed 000's `Reply`): a reply that could not settle
+/// the ticket anyway is told why — unknown, not the holder's, too late, already settled —
+/// whatever its receipt says.
+#[test]
+fn a_reply_that_cannot_settle_is_told_why_before_its_receipt_is_judged() {
+    let bad = Receipt {
+        summary: String::new(),
+        ..done()
+    };
+    let (mut w, handle) = accepted(500);
+    w.assert_refused_unchanged(
+        reply("nope", &handle.token, bad.clone()),
+        Refusal::UnknownKey,
+    );
+    w.assert_refused_unchanged(reply("k", "not-a-token", bad.clone()), Refusal::LeaseLost);
+    assert_eq!(
+        w.reply(T0 + 500, "k", &handle.token, bad.clone()),
+        Err(Refusal::Expired),
+        "a late reply"
+    );
+    assert_eq!(w.ticket("k").state, TicketState::Expired);
+
+    let (mut w, handle) = accepted(500);
+    w.reply(T0 + 20, "k", &handle.token, done())
+        .expect("in time");
+    w.assert_refused_unchanged(reply("k", &handle.token, bad), Refusal::AlreadySettled);
+}
+
 #[test]
 fn an_inconsistent_receipt_is_refused_naming_the_field_and_changes_nothing() {
     let cases = [

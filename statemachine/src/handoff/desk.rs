@@ -134,7 +134,9 @@ impl Desk {
     }
 
     /// Settles a taken ticket with a receipt, accepted only with the take's token and only
-    /// before the deadline (late receipts are refused: fail-closed).
+    /// before the deadline (late receipts are refused: fail-closed). Judged in the contract's
+    /// order: unknown key, wrong token, past the deadline, and only then an inconsistent receipt
+    /// (a late or foreign reply is told so, whatever its receipt says).
     pub fn reply(
         &mut self,
         clock_ms: u64,
@@ -143,7 +145,6 @@ impl Desk {
         receipt: Receipt,
     ) -> Result<(), Refusal> {
         validate::key(key)?;
-        validate::receipt(&receipt)?;
         let record = self.records.get(key).ok_or(Refusal::UnknownKey)?;
         if record.token.as_deref() != Some(token) {
             return Err(Refusal::LeaseLost);
@@ -155,6 +156,7 @@ impl Desk {
             TicketState::Expired => return Err(Refusal::Expired),
             _ => return Err(Refusal::AlreadySettled),
         }
+        validate::receipt(&receipt)?;
         let deadline = record.ticket.deadline_ms;
         let ticket = Arc::make_mut(&mut record.ticket);
         let holder = ticket.holder.take().unwrap_or_default();
