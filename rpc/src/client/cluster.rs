@@ -1,7 +1,7 @@
 //! Cluster administration: membership changes, leadership handover and backups (leader only;
 //! followers redirect like any write).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 
@@ -104,6 +104,7 @@ impl Client {
     /// Fetches a snapshot of the state at a linearizable point from the leader (streamed), for
     /// a backup.
     pub async fn save_snapshot(&self) -> Result<SavedSnapshot, Error> {
+        let started = Instant::now();
         let mut stream = self
             .call_patiently(|channel: Conn| async move {
                 ClusterClient::new(channel)
@@ -111,8 +112,10 @@ impl Client {
                     .await
             })
             .await?;
+        // One deadline for the whole download: what the leader took to start is spent.
         let limit = self.inner.config.deadline;
-        let received = tokio::time::timeout(limit, async {
+        let left = limit.saturating_sub(started.elapsed());
+        let received = tokio::time::timeout(left, async {
             let mut meta: Option<SnapshotMeta> = None;
             let mut state = Vec::new();
             while let Some(part) = stream.next().await {

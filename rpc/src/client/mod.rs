@@ -121,7 +121,7 @@ struct Inner {
 /// thousands of later ones (an attempt lost in a failover, waiting out its timeout) would fall
 /// out of that window before its retry, and come back `SESSION_EXPIRED`, its outcome unknown,
 /// although the store may never have applied it. So new writes wait for it instead, which costs
-/// a busy client at most that one write's attempt timeout.
+/// a busy client at most what is left of that one write's deadline.
 const SEQ_WINDOW: u64 = MAX_REPLIES_PER_CLIENT as u64 / 2;
 
 /// The client's side of a session with the store: its identity and request numbers.
@@ -362,11 +362,18 @@ impl Client {
                 })
                 .collect(),
         };
-        ClusterClient::new(channel)
-            .initialize(request)
-            .await
-            .map(|_| ())
-            .map_err(|status| final_error(&status))
+        let deadline = self.inner.config.deadline;
+        match tokio::time::timeout(deadline, ClusterClient::new(channel).initialize(request)).await
+        {
+            Ok(answer) => answer.map(|_| ()).map_err(|status| final_error(&status)),
+            Err(_) => Err(Error::Unavailable {
+                endpoints: vec![addr.to_string()],
+                waited: deadline,
+                last: "no answer to the initialization (it may have gone through: see `baton \
+                       status`)"
+                    .into(),
+            }),
+        }
     }
 
     /// Waits until some node names a leader; returns its address.
@@ -415,6 +422,7 @@ impl Client {
         } else {
             &self.inner.poll_session
         };
+        let started = Instant::now();
         let deadline = self.inner.config.deadline + wait;
         let Ok(request) = tokio::time::timeout(deadline, InFlight::begin(session)).await else {
             return Err(Error::Unavailable {
@@ -427,7 +435,8 @@ impl Client {
             });
         };
         let sent = AtomicBool::new(false);
-        self.call_waiting(wait, |channel| {
+        // The wait for the window counts against the call's deadline.
+        self.call_waiting(started, wait, |channel| {
             let header = RequestHeader {
                 client_id: session.client_id,
                 seq: request.seq,
@@ -446,18 +455,25 @@ impl Client {
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
-        self.call_waiting(Duration::ZERO, attempt).await
+        self.call_waiting(Instant::now(), Duration::ZERO, attempt)
+            .await
     }
 
-    /// [`Client::call`] where the server may hold each attempt for up to `wait`.
-    async fn call_waiting<T, F, Fut>(&self, wait: Duration, attempt: F) -> Result<T, Error>
+    /// [`Client::call`] where the server may hold each attempt for up to `wait`, for a call
+    /// that began at `started`: the call ends `wait` after its usual deadline.
+    async fn call_waiting<T, F, Fut>(
+        &self,
+        started: Instant,
+        wait: Duration,
+        attempt: F,
+    ) -> Result<T, Error>
     where
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let base = &self.inner.config;
         let config = ClientConfig {
-            deadline: base.deadline + wait,
+            deadline: (base.deadline + wait).saturating_sub(started.elapsed()),
             attempt_timeout: base.attempt_timeout + wait,
             connect_timeout: base.connect_timeout,
         };
@@ -883,6 +899,43 @@ mod connection_tests {
         assert!(
             accepted.load(Ordering::SeqCst) >= 1,
             "the endpoint was tried"
+        );
+    }
+
+    /// A write that waited for the session's window has used part of its deadline: the call
+    /// as a whole ends at the deadline (it used to get a whole deadline more after the wait).
+    #[tokio::test]
+    async fn the_wait_for_the_window_counts_against_the_deadline() {
+        let (addr, _) = silent_node().await;
+        let deadline = Duration::from_secs(1);
+        let config = ClientConfig {
+            deadline,
+            attempt_timeout: Duration::from_millis(200),
+            connect_timeout: Duration::from_millis(200),
+        };
+        let client = Client::new(&[addr], config).unwrap();
+        let session = &client.inner.session;
+        let stuck = InFlight::begin(session).await;
+        let mut later = Vec::new();
+        for _ in 1..SEQ_WINDOW {
+            later.push(InFlight::begin(session).await);
+        }
+        let started = Instant::now();
+        let write = client.cancel("k", "me");
+        let unblock = async {
+            tokio::time::sleep(deadline * 4 / 5).await;
+            drop(stuck);
+            std::future::pending::<()>().await
+        };
+        let error = tokio::select! {
+            error = write => error.unwrap_err(),
+            () = unblock => unreachable!(),
+        };
+        assert!(matches!(error, Error::Unavailable { .. }), "{error:?}");
+        let took = started.elapsed();
+        assert!(
+            took < deadline + deadline / 2,
+            "took {took:?}, past the {deadline:?} deadline by more than any attempt"
         );
     }
 
