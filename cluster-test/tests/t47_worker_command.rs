@@ -307,3 +307,32 @@ fn t47_a_command_that_cannot_run_is_refused_before_anything_is_leased() {
         );
     }
 }
+
+/// The worker's own settings are checked before the cluster is reached too: a lease TTL or a
+/// slot count the worker refuses is said at once (exit 2), not after the 15 s the connection to
+/// a cluster that does not answer would take (exit 4).
+#[test]
+fn t47_settings_the_worker_refuses_are_said_before_connecting() {
+    let bin = baton_cluster_test::binary::baton_bin().unwrap();
+    for (flags, said) in [
+        (["--id", "w", "--lease-ttl", "10ms"], "lease TTL"),
+        (["--id", "w", "--slots", "0"], "slots"),
+        (["--id", " ", "--slots", "1"], "worker id"),
+    ] {
+        let started = std::time::Instant::now();
+        let output = std::process::Command::new(&bin)
+            .args(["--endpoints", "127.0.0.1:9", "worker", "run"])
+            .args(flags)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{flags:?}: {stderr}");
+        assert!(stderr.contains(said), "{flags:?}: {stderr}");
+        assert!(
+            !stderr.contains("retrying"),
+            "{flags:?}: it tried the cluster first: {stderr}"
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    }
+}

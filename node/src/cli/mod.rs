@@ -298,13 +298,20 @@ pub async fn run(cli: Cli) -> ExitCode {
         }
         other => other,
     };
-    if let Command::Worker(command) = &command {
-        if let Err(code) = queue::check_command(command) {
-            return ExitCode::from(code);
-        }
-    }
     let deadline = config.deadline;
-    let connecting = Client::connect_with_security(&endpoints, config, security);
+    let client = match Client::new_with_security(&endpoints, config, security) {
+        Ok(client) => client,
+        Err(error) => return ExitCode::from(exit::report(&error)),
+    };
+    // A worker's flags and program are checked before the cluster is reached.
+    let worker = match &command {
+        Command::Worker(command) => match queue::prepare_worker(command, &client) {
+            Ok(worker) => Some(worker),
+            Err(code) => return ExitCode::from(code),
+        },
+        _ => None,
+    };
+    let connecting = client.discover_leader();
     tokio::pin!(connecting);
     // Quiet while it retries, a command against a cluster that is down would look hung.
     let connected = tokio::select! {
@@ -317,10 +324,9 @@ pub async fn run(cli: Cli) -> ExitCode {
             connecting.await
         }
     };
-    let client = match connected {
-        Ok(client) => client,
-        Err(error) => return ExitCode::from(exit::report(&error)),
-    };
+    if let Err(error) = connected {
+        return ExitCode::from(exit::report(&error));
+    }
     let code = match command {
         Command::Members(command) => members::run(command, &client).await,
         Command::Ticket(command) => {
@@ -341,7 +347,8 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Worker(command) => {
             let mut env = cli.security.child_env();
             env.push(("BATON_ENDPOINTS", endpoints.join(",").into()));
-            queue::run_worker(command, &client, env).await
+            let worker = worker.expect("prepared above");
+            queue::run_worker(worker, command, env).await
         }
         Command::Watch(args) => watch::run(args, &client).await,
         Command::Leader(command) => leader::run(command, &client).await,

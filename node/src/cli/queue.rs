@@ -389,13 +389,9 @@ fn print_attempts(attempts: &[Attempt]) {
 
 // ---------------------------------------------------------------- worker run
 
-/// Runs a worker whose command gets `env` (how to reach the cluster) besides the task's own
-/// variables.
-pub async fn run_worker(
-    command: WorkerCommand,
-    client: &Client,
-    env: Vec<(&'static str, std::ffi::OsString)>,
-) -> u8 {
+/// A worker ready to run `command`'s program, checked before anything is leased or the cluster
+/// is even reached: its settings (the builder's limits) and its program (see [`check_program`]).
+pub fn prepare_worker(command: &WorkerCommand, client: &Client) -> Result<Worker, u8> {
     let WorkerCommand::Run {
         id,
         queues,
@@ -405,20 +401,38 @@ pub async fn run_worker(
         drain_timeout,
         command,
     } = command;
-    let built = Worker::builder(client.clone(), id.clone())
+    check_program(command)?;
+    Worker::builder(client.clone(), id.clone())
         .queues(queues.clone())
-        .concurrency_keys(concurrency_keys)
-        .slots(slots)
-        .lease_ttl(lease_ttl)
-        .drain_timeout(drain_timeout)
+        .concurrency_keys(*concurrency_keys)
+        .slots(*slots)
+        .lease_ttl(*lease_ttl)
+        .drain_timeout(*drain_timeout)
         .on_finish(print_finished)
-        .build();
-    let worker = match built {
-        Ok(worker) => worker,
-        Err(error) => return exit::report(&error),
-    };
+        .build()
+        .map_err(|error| {
+            eprintln!("baton worker: {error}");
+            exit::USAGE
+        })
+}
+
+/// Runs a prepared worker whose command gets `env` (how to reach the cluster) besides the task's
+/// own variables.
+pub async fn run_worker(
+    worker: Worker,
+    command: WorkerCommand,
+    env: Vec<(&'static str, std::ffi::OsString)>,
+) -> u8 {
+    let WorkerCommand::Run {
+        queues,
+        concurrency_keys,
+        slots,
+        command,
+        ..
+    } = command;
     eprintln!(
-        "baton worker: {id} on {} (concurrency keys {}, {slots} slots); Ctrl-C to stop",
+        "baton worker: {} on {} (concurrency keys {}, {slots} slots); Ctrl-C to stop",
+        worker.id(),
         if queues.is_empty() {
             "every queue".to_string()
         } else {
@@ -445,10 +459,9 @@ pub async fn run_worker(
     }
 }
 
-/// Refuses a worker whose command cannot be run, before anything is leased: every task it leased
-/// would fail for good ("cannot run"), so a typo in the command would fail a whole queue.
-pub fn check_command(command: &WorkerCommand) -> Result<(), u8> {
-    let WorkerCommand::Run { command, .. } = command;
+/// Refuses a worker whose program cannot be run: every task it leased would fail for good
+/// ("cannot run"), so a typo in the command would fail a whole queue.
+fn check_program(command: &[String]) -> Result<(), u8> {
     let Some(program) = command.first() else {
         eprintln!("baton worker: no command to run (put it after `--`)");
         return Err(exit::USAGE);
