@@ -50,6 +50,32 @@ const CONNECT_LIMIT: Duration = Duration::from_secs(2);
 /// every connection made is kept.
 const MAX_LINKS: usize = 8;
 
+/// How many of a peer's [`MAX_LINKS`] may carry AppendEntries without entries (heartbeats and
+/// read-index rounds) at once; the others are left to replication and elections.
+///
+/// A read-index round ends once a quorum answered and leaves its call to a slow follower running
+/// until that call's deadline, and under a read load rounds follow each other faster than that:
+/// without a cap the leftover calls to a follower that is briefly slow (an fsync stall, a
+/// snapshot being written) took every link, and the AppendEntries carrying its entries waited
+/// behind them until they failed, which openraft takes for an unreachable peer (backoff).
+const MAX_HEARTBEAT_LINKS: usize = MAX_LINKS - 2;
+
+/// What a call carries, for the links it may use (see [`MAX_HEARTBEAT_LINKS`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Traffic {
+    /// An AppendEntries without entries: a heartbeat or a read-index round.
+    Heartbeat,
+    /// Everything else: entries, votes, snapshots, handovers.
+    Other,
+}
+
+/// What a call holds while it uses (or dials) a link: one of the peer's [`MAX_LINKS`], and for a
+/// heartbeat one of its [`MAX_HEARTBEAT_LINKS`].
+struct Slot {
+    _link: OwnedSemaphorePermit,
+    _heartbeat: Option<OwnedSemaphorePermit>,
+}
+
 /// How much sooner than openraft's limit a call gives up on its own.
 const CALL_MARGIN: Duration = Duration::from_millis(3);
 
@@ -83,6 +109,8 @@ struct Links {
     idle: Vec<Link>,
     /// One per connection, idle or in use: [`MAX_LINKS`].
     permits: Arc<Semaphore>,
+    /// Taken first by a heartbeat: [`MAX_HEARTBEAT_LINKS`].
+    heartbeats: Arc<Semaphore>,
     /// No new connection before this instant (see [`REDIAL_PAUSE`]).
     quiet_until: Option<Instant>,
 }
@@ -93,6 +121,7 @@ impl Links {
             addr: addr.to_string(),
             idle: Vec::new(),
             permits: Arc::new(Semaphore::new(MAX_LINKS)),
+            heartbeats: Arc::new(Semaphore::new(MAX_HEARTBEAT_LINKS)),
             quiet_until: None,
         }
     }
@@ -124,15 +153,48 @@ impl Network {
             .to_string()
     }
 
-    /// The permits for calls to peer `target` at `addr`, where a call starts. When the peer
-    /// moved, what was kept for its old address is let go first.
-    fn permits(&self, target: NodeId, addr: &str) -> Arc<Semaphore> {
+    /// The permits for calls to peer `target` at `addr` (all calls', heartbeats'), where a call
+    /// starts. When the peer moved, what was kept for its old address is let go first.
+    fn permits(&self, target: NodeId, addr: &str) -> (Arc<Semaphore>, Arc<Semaphore>) {
         let mut peers = lock(&self.peers);
         let links = peers.entry(target).or_insert_with(|| Links::to(addr));
         if links.addr != addr {
             *links = Links::to(addr);
         }
-        links.permits.clone()
+        (links.permits.clone(), links.heartbeats.clone())
+    }
+
+    /// Waits (until `deadline`) for a link to `target` at `addr` that `traffic` may use.
+    async fn slot(
+        &self,
+        target: NodeId,
+        addr: &str,
+        traffic: Traffic,
+        deadline: Instant,
+    ) -> Result<Slot, CallFailure> {
+        let busy = |limit: usize| {
+            CallFailure::unsent(format!(
+                "node {target} at {addr}: all {limit} connections busy"
+            ))
+        };
+        let (permits, heartbeats) = self.permits(target, addr);
+        let heartbeat = match traffic {
+            Traffic::Heartbeat => Some(
+                tokio::time::timeout_at(deadline, heartbeats.acquire_owned())
+                    .await
+                    .map_err(|_| busy(MAX_HEARTBEAT_LINKS))?
+                    .map_err(|e| CallFailure::unsent(e.to_string()))?,
+            ),
+            Traffic::Other => None,
+        };
+        let link = tokio::time::timeout_at(deadline, permits.acquire_owned())
+            .await
+            .map_err(|_| busy(MAX_LINKS))?
+            .map_err(|e| CallFailure::unsent(e.to_string()))?;
+        Ok(Slot {
+            _link: link,
+            _heartbeat: heartbeat,
+        })
     }
 
     /// Runs `f` on what is kept for peer `target` at `addr`; does nothing if the peer has moved
@@ -185,9 +247,8 @@ impl Network {
         Ok(raft_wire::link(stream))
     }
 
-    /// Dials `addr` (within [`CONNECT_LIMIT`]) in a task of its own, which holds `permit` (one
-    /// of the peer's [`MAX_LINKS`]) until the dial ends, and hands the connection and the permit
-    /// back by `deadline`. When the caller has stopped waiting, the connection, once made, is
+    /// Dials `addr` (within [`CONNECT_LIMIT`]) in a task of its own, which holds `slot` until the
+    /// dial ends, and hands the connection and the slot back by `deadline`. When the caller has stopped waiting, the connection, once made, is
     /// kept for the next call to `target`: on a link where a new connection takes longer than a
     /// call may (TLS takes about three round trips, an AppendEntries gets one heartbeat), dialing
     /// only within calls would fail every time, and the peer would not be reached again.
@@ -195,9 +256,9 @@ impl Network {
         &self,
         target: NodeId,
         addr: &str,
-        permit: OwnedSemaphorePermit,
+        slot: Slot,
         deadline: Instant,
-    ) -> Result<(Link, OwnedSemaphorePermit), String> {
+    ) -> Result<(Link, Slot), String> {
         let (made, mut wanted) = oneshot::channel();
         let (network, owned) = (self.clone(), addr.to_string());
         tokio::spawn(async move {
@@ -205,9 +266,9 @@ impl Network {
             let dialed = tokio::time::timeout(CONNECT_LIMIT, network.dial(&addr))
                 .await
                 .unwrap_or_else(|_| Err(format!("cannot connect to {addr} in {CONNECT_LIMIT:?}")));
-            match made.send(dialed.map(|link| (link, permit))) {
+            match made.send(dialed.map(|link| (link, slot))) {
                 Ok(()) => {}
-                Err(Ok((link, _permit))) => network.give_back(target, &addr, link),
+                Err(Ok((link, _slot))) => network.give_back(target, &addr, link),
                 Err(Err(why)) => tracing::debug!(peer = target, %why, "a dial outlived its call"),
             }
         });
@@ -216,7 +277,7 @@ impl Network {
             Err(_) => {
                 // Made just as the wait ended: kept all the same.
                 wanted.close();
-                if let Ok(Ok((link, _permit))) = wanted.try_recv() {
+                if let Ok(Ok((link, _slot))) = wanted.try_recv() {
                     self.give_back(target, addr, link);
                 }
                 Err(format!("cannot connect to node {target} at {addr} in time"))
@@ -224,26 +285,19 @@ impl Network {
         }
     }
 
-    /// Sends `frame` to peer `target` at `addr` and returns the answer by `deadline` (dialing
-    /// included). Every failure is a transport failure.
+    /// Sends `frame`, which carries `traffic`, to peer `target` at `addr` and returns the answer
+    /// by `deadline` (dialing included). Every failure is a transport failure.
     async fn call(
         &self,
         target: NodeId,
         addr: &str,
+        traffic: Traffic,
         frame: Bytes,
         deadline: Instant,
     ) -> Result<(Outcome, Bytes), CallFailure> {
         let unanswered =
             || CallFailure::sent(format!("node {target} at {addr}: no answer in time"));
-        let permits = self.permits(target, addr);
-        let permit = tokio::time::timeout_at(deadline, permits.acquire_owned())
-            .await
-            .map_err(|_| {
-                CallFailure::unsent(format!(
-                    "node {target} at {addr}: all {MAX_LINKS} connections busy"
-                ))
-            })?
-            .map_err(|e| CallFailure::unsent(e.to_string()))?;
+        let slot = self.slot(target, addr, traffic, deadline).await?;
         if let Some(link) = self.take_idle(target, addr) {
             match exchange(link, frame.clone(), deadline).await {
                 Ok((link, answer)) => return self.answered(target, addr, link, answer),
@@ -270,9 +324,9 @@ impl Network {
                 )));
             }
         }
-        let failure = match self.dial_kept(target, addr, permit, deadline).await {
+        let failure = match self.dial_kept(target, addr, slot, deadline).await {
             Err(why) => CallFailure::unsent(why),
-            Ok((link, _permit)) => match exchange(link, frame, deadline).await {
+            Ok((link, _slot)) => match exchange(link, frame, deadline).await {
                 Ok((link, answer)) => return self.answered(target, addr, link, answer),
                 Err(Failure::Late) => unanswered(),
                 Err(Failure::Broken(why)) => {
@@ -338,17 +392,17 @@ impl Network {
         let addr = self.address(target, addr);
         let frame =
             raft_wire::request(kind, message).map_err(|e| Declined::Refused(e.to_string()))?;
-        let (outcome, body) =
-            self.call(target, &addr, frame, deadline)
-                .await
-                .map_err(|failure| {
-                    let why = format!("node {target}: {}", failure.why);
-                    if failure.sent {
-                        Declined::Unanswered(why)
-                    } else {
-                        Declined::Refused(why)
-                    }
-                })?;
+        let (outcome, body) = self
+            .call(target, &addr, Traffic::Other, frame, deadline)
+            .await
+            .map_err(|failure| {
+                let why = format!("node {target}: {}", failure.why);
+                if failure.sent {
+                    Declined::Unanswered(why)
+                } else {
+                    Declined::Refused(why)
+                }
+            })?;
         match outcome {
             Outcome::Answered => Ok(()),
             Outcome::Refused => Err(Declined::Refused(
@@ -460,10 +514,12 @@ type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E
 struct TransportError(String);
 
 impl Peer {
-    /// Sends `request`, which openraft handed over at `started` with `option`'s limit.
+    /// Sends `request`, which carries `traffic` and which openraft handed over at `started`
+    /// with `option`'s limit.
     async fn send<Req, Resp, E>(
         &mut self,
         kind: Kind,
+        traffic: Traffic,
         request: &Req,
         started: Instant,
         option: &RPCOption,
@@ -478,7 +534,7 @@ impl Peer {
             .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let (outcome, body) = self
             .network
-            .call(self.target, &self.addr, frame, deadline)
+            .call(self.target, &self.addr, traffic, frame, deadline)
             .await
             .map_err(|e| RPCError::Unreachable(Unreachable::new(&TransportError(e.why))))?;
         match outcome {
@@ -547,6 +603,11 @@ impl RaftNetwork<TypeConfig> for Peer {
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
         let started = Instant::now();
         let all = rpc.entries.len();
+        let traffic = if all == 0 {
+            Traffic::Heartbeat
+        } else {
+            Traffic::Other
+        };
         let keep = if all > 1 {
             entries_within(
                 rpc.entries.iter().map(codec::encoded_len),
@@ -556,12 +617,14 @@ impl RaftNetwork<TypeConfig> for Peer {
             all
         };
         if keep == all {
-            return self.send(Kind::AppendEntries, &rpc, started, &option).await;
+            return self
+                .send(Kind::AppendEntries, traffic, &rpc, started, &option)
+                .await;
         }
         rpc.entries.truncate(keep);
         let last_sent = rpc.entries.last().map(|entry| entry.log_id);
         let response = self
-            .send(Kind::AppendEntries, &rpc, started, &option)
+            .send(Kind::AppendEntries, traffic, &rpc, started, &option)
             .await?;
         Ok(match response {
             AppendEntriesResponse::Success => AppendEntriesResponse::PartialSuccess(last_sent),
@@ -574,8 +637,14 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
-        self.send(Kind::InstallSnapshot, &rpc, Instant::now(), &option)
-            .await
+        self.send(
+            Kind::InstallSnapshot,
+            Traffic::Other,
+            &rpc,
+            Instant::now(),
+            &option,
+        )
+        .await
     }
 
     async fn vote(
@@ -583,7 +652,8 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
-        self.send(Kind::Vote, &rpc, Instant::now(), &option).await
+        self.send(Kind::Vote, Traffic::Other, &rpc, Instant::now(), &option)
+            .await
     }
 }
 
@@ -650,10 +720,10 @@ mod tests {
             let mut link = raft_wire::link(Box::new(stream));
             while let Some(Ok(frame)) = link.next().await {
                 let (kind, _) = raft_wire::parse_request(frame.freeze()).unwrap();
-                assert_eq!(kind, Kind::Vote);
                 if self.mute.load(SeqCst) {
                     continue;
                 }
+                assert_eq!(kind, Kind::Vote);
                 let delay = self.delay_ms.load(SeqCst);
                 tokio::time::sleep(Duration::from_millis(delay)).await;
                 let granted: Result<VoteResponse<NodeId>, RaftError<NodeId>> =
@@ -720,6 +790,36 @@ mod tests {
         }
         assert!(vote_through_new_client(&mut network, &moved.addr).await);
         assert_eq!(moved.accepted.load(SeqCst), 1);
+    }
+
+    /// Heartbeats and read-index rounds left running to a follower that stopped answering for a
+    /// while cannot take every link to it: a call carrying entries still gets one (it used to
+    /// wait behind them, "all 8 connections busy", until its own deadline).
+    #[tokio::test]
+    async fn heartbeats_leave_links_for_replication() {
+        let peer = StandIn::start().await;
+        peer.mute.store(true, SeqCst);
+        let network = Network::default();
+        let call = |traffic, limit| {
+            let (network, addr) = (network.clone(), peer.addr.clone());
+            tokio::spawn(async move {
+                let frame = raft_wire::request(Kind::AppendEntries, &()).unwrap();
+                let deadline = Instant::now() + limit;
+                network.call(2, &addr, traffic, frame, deadline).await
+            })
+        };
+        let heartbeats: Vec<_> = (0..3 * MAX_LINKS)
+            .map(|_| call(Traffic::Heartbeat, Duration::from_secs(2)))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let entries = call(Traffic::Other, Duration::from_millis(300));
+        let failure = entries.await.unwrap().unwrap_err();
+        assert!(failure.why.contains("no answer in time"), "{}", failure.why);
+        assert!(failure.sent, "the entries went out");
+        assert_eq!(peer.accepted.load(SeqCst), MAX_HEARTBEAT_LINKS + 1);
+        for heartbeat in heartbeats {
+            assert!(heartbeat.await.unwrap().is_err(), "the peer says nothing");
+        }
     }
 
     #[tokio::test]
