@@ -130,7 +130,7 @@ impl Node {
     /// prejudges pays for the read index; every other command goes straight to the log, and so
     /// does a repeat of a request this node is still proposing (with or without the retry flag):
     /// the state does not include that request yet, and the log entry gets the first attempt's
-    /// answer from the session table. That check comes before the state is read (see
+    /// answer from the session table. That check is made while the applied state is held (see
     /// [`Proposer::is_proposing`]).
     async fn prejudged(
         &self,
@@ -141,12 +141,14 @@ impl Node {
         let leading = self.raft.metrics().borrow().current_leader == Some(self.id);
         let judge = |applied: &Applied| match (retry, origin) {
             (true, Some(origin)) => applied.state.answered(origin),
+            // Checked while `applied` is held: an attempt no longer proposing was applied
+            // before it (see `Proposer::is_proposing`).
+            (false, Some(origin)) if self.proposer.is_proposing(origin) => None,
             _ => applied
                 .state
                 .prejudge(origin, command, stamp::wall_clock_ms()),
         };
-        let proposing = origin.is_some_and(|origin| self.proposer.is_proposing(origin));
-        if !leading || proposing || judge(&self.state_machine.read()).is_none() {
+        if !leading || judge(&self.state_machine.read()).is_none() {
             return Ok(None);
         }
         self.read(judge).await
@@ -243,5 +245,98 @@ pub(crate) fn write_error(error: RaftError<NodeId, ClientWriteError<NodeId, Basi
         RaftError::Fatal(fatal) => {
             infra_status(Code::Unavailable, infra::INTERNAL, fatal.to_string())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use baton_statemachine::board;
+
+    use super::*;
+    use crate::admission::Admission;
+    use crate::network::Network;
+
+    /// A one-member cluster in this process, leading, over storage in `dir`.
+    async fn lone_leader(dir: &std::path::Path) -> Node {
+        let (log, state_machine) =
+            crate::store::open_with(&dir.join("db"), Default::default()).unwrap();
+        let config = openraft::Config {
+            cluster_name: "test".into(),
+            ..Default::default()
+        };
+        let raft = Raft::new(
+            1,
+            Arc::new(config.validate().unwrap()),
+            Network::default(),
+            log,
+            state_machine.clone(),
+        )
+        .await
+        .unwrap();
+        let members = BTreeMap::from([(1, BasicNode::new("127.0.0.1:1"))]);
+        raft.initialize(members).await.unwrap();
+        raft.wait(Some(Duration::from_secs(10)))
+            .current_leader(1, "leading")
+            .await
+            .unwrap();
+        let nudge = Nudge::new(Admission::new(None), Duration::from_millis(400));
+        Node::new(1, "127.0.0.1:1".into(), raft, state_machine, nudge)
+    }
+
+    fn origin(client_id: u64, seq: u64) -> Origin {
+        Origin {
+            client_id,
+            seq,
+            acked_below: seq,
+        }
+    }
+
+    fn claim(agent: &str) -> Command {
+        Command::Board(board::Command::Claim {
+            id: "t".into(),
+            agent: agent.into(),
+            ttl_ms: 60_000,
+        })
+    }
+
+    /// A repeat (without the retry flag) of a request this node is still proposing is not
+    /// judged on the state, which does not include the first attempt yet: it goes to the log,
+    /// whose session table gives it the first attempt's answer. Judged on the state, a claim of
+    /// a task held by someone else was refused TAKEN without a log entry, while the first
+    /// attempt, behind a release in the queue, could go on to win.
+    #[tokio::test]
+    async fn a_repeat_of_a_request_still_being_proposed_goes_to_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = lone_leader(dir.path()).await;
+        let seed = board::Command::Seed(vec![board::TaskSpec {
+            id: "t".into(),
+            deps: vec![],
+        }]);
+        node.propose(None, Command::Board(seed)).await.unwrap();
+        node.propose(Some(origin(1, 1)), claim("holder"))
+            .await
+            .unwrap();
+
+        // Judged on the state, a claim of the held task is refused without a log entry.
+        let stranger = origin(2, 1);
+        assert!(node.propose(Some(stranger), claim("a")).await.is_err());
+        assert_eq!(node.state_machine.read().state.answered(&stranger), None);
+
+        // The first attempt of this request is in the proposer (held as it would be).
+        let repeat = origin(3, 1);
+        let _first = node.proposer.hold(&repeat);
+        let status = node.propose(Some(repeat), claim("a")).await.unwrap_err();
+        let code = baton_rpc::error::detail_of(&status).unwrap().code;
+        assert_eq!(code, "TAKEN", "{status:?}");
+        assert!(
+            node.state_machine.read().state.answered(&repeat).is_some(),
+            "the repeat went through the log"
+        );
+        node.raft.shutdown().await.unwrap();
     }
 }

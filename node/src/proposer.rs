@@ -117,10 +117,19 @@ impl Proposer {
     }
 
     /// Whether the request `origin` names is queued here or in an entry not yet applied. Checked
-    /// before the state is read, a `false` means the request was either applied before that read
-    /// (so the session table holds its answer) or not yet handed to this proposer.
+    /// while the applied state is held (its lock excludes the apply), a `false` means the
+    /// request was either applied before that state (so the session table holds its answer), or
+    /// not yet handed to this proposer, or its entry's write ended without an answer (this node
+    /// was deposed: it judges nothing until, leading again, it has applied what it inherited).
     pub fn is_proposing(&self, origin: &Origin) -> bool {
         self.proposing.contains(origin)
+    }
+
+    /// Counts `origin`'s request as proposing until the returned value is dropped, as if a first
+    /// attempt of it waited in the queue.
+    #[cfg(test)]
+    pub(crate) fn hold(&self, origin: &Origin) -> impl Drop {
+        self.proposing.hold(origin)
     }
 
     /// Queues `command`, and resolves once the entry that carries it is committed and applied
@@ -206,7 +215,7 @@ async fn write_batch(raft: Raft, batch: Vec<Pending>, _slot: OwnedSemaphorePermi
         }
         Err(status) => vec![Err(status); count],
     };
-    // Applied (or refused as a whole): the session table now answers a repeat.
+    // Applied (the session table answers a repeat now), or this node was deposed.
     drop(held);
     for (answer, response) in answers.into_iter().zip(responses) {
         // A proposer that gave up waiting is not an error: its command's fate is in the log.
