@@ -50,14 +50,16 @@ const CONNECT_LIMIT: Duration = Duration::from_secs(2);
 /// every connection made is kept.
 const MAX_LINKS: usize = 8;
 
-/// How many of a peer's [`MAX_LINKS`] may carry AppendEntries without entries (heartbeats and
-/// read-index rounds) at once; the others are left to replication and elections.
+/// How many of a peer's [`MAX_LINKS`] may carry AppendEntries without entries (heartbeats,
+/// commit-only appends and read-index rounds) at once; the others are left to entries, votes
+/// and snapshots. A heartbeat that finds them all in use fails at once, as busy.
 ///
 /// A read-index round ends once a quorum answered and leaves its call to a slow follower running
 /// until that call's deadline, and under a read load rounds follow each other faster than that:
 /// without a cap the leftover calls to a follower that is briefly slow (an fsync stall, a
 /// snapshot being written) took every link, and the AppendEntries carrying its entries waited
-/// behind them until they failed, which openraft takes for an unreachable peer (backoff).
+/// behind them until they failed, which openraft took for an unreachable peer (a backoff during
+/// which nothing is sent to it).
 const MAX_HEARTBEAT_LINKS: usize = MAX_LINKS - 2;
 
 /// What a call carries, for the links it may use (see [`MAX_HEARTBEAT_LINKS`]).
@@ -173,17 +175,17 @@ impl Network {
         deadline: Instant,
     ) -> Result<Slot, CallFailure> {
         let busy = |limit: usize| {
-            CallFailure::unsent(format!(
+            CallFailure::busy(format!(
                 "node {target} at {addr}: all {limit} connections busy"
             ))
         };
         let (permits, heartbeats) = self.permits(target, addr);
         let heartbeat = match traffic {
+            // Another heartbeat is due soon: no point in waiting for this one's turn.
             Traffic::Heartbeat => Some(
-                tokio::time::timeout_at(deadline, heartbeats.acquire_owned())
-                    .await
-                    .map_err(|_| busy(MAX_HEARTBEAT_LINKS))?
-                    .map_err(|e| CallFailure::unsent(e.to_string()))?,
+                heartbeats
+                    .try_acquire_owned()
+                    .map_err(|_| busy(MAX_HEARTBEAT_LINKS))?,
             ),
             Traffic::Other => None,
         };
@@ -397,7 +399,7 @@ impl Network {
             .await
             .map_err(|failure| {
                 let why = format!("node {target}: {}", failure.why);
-                if failure.sent {
+                if failure.delivery == Delivery::Sent {
                     Declined::Unanswered(why)
                 } else {
                     Declined::Refused(why)
@@ -434,16 +436,52 @@ pub enum Declined {
 #[derive(Debug)]
 struct CallFailure {
     why: String,
-    sent: bool,
+    delivery: Delivery,
+}
+
+/// How far a failed call got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Delivery {
+    /// The request went out: it may have been handled.
+    Sent,
+    /// It never left: the peer could not be reached.
+    Unsent,
+    /// It never left: every connection it may use was busy with earlier calls to the peer (a
+    /// slow peer, not a missing one).
+    Busy,
 }
 
 impl CallFailure {
     fn sent(why: String) -> Self {
-        Self { why, sent: true }
+        Self {
+            why,
+            delivery: Delivery::Sent,
+        }
     }
 
     fn unsent(why: String) -> Self {
-        Self { why, sent: false }
+        Self {
+            why,
+            delivery: Delivery::Unsent,
+        }
+    }
+
+    fn busy(why: String) -> Self {
+        Self {
+            why,
+            delivery: Delivery::Busy,
+        }
+    }
+
+    /// How openraft is told: a busy peer is a network error, which it retries with the next
+    /// heartbeat or entries; anything else makes it back off (see [`retry_delays`]), so that an
+    /// unreachable peer is not dialled at every turn.
+    fn into_rpc_error<E: std::error::Error>(self) -> RpcError<E> {
+        let error = TransportError(self.why);
+        match self.delivery {
+            Delivery::Busy => RPCError::Network(NetworkError::new(&error)),
+            Delivery::Sent | Delivery::Unsent => RPCError::Unreachable(Unreachable::new(&error)),
+        }
     }
 }
 
@@ -507,7 +545,8 @@ pub struct Peer {
     network: Network,
 }
 
-type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
+type RpcError<E> = RPCError<NodeId, BasicNode, RaftError<NodeId, E>>;
+type RpcResult<T, E> = Result<T, RpcError<E>>;
 
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -536,7 +575,7 @@ impl Peer {
             .network
             .call(self.target, &self.addr, traffic, frame, deadline)
             .await
-            .map_err(|e| RPCError::Unreachable(Unreachable::new(&TransportError(e.why))))?;
+            .map_err(CallFailure::into_rpc_error)?;
         match outcome {
             Outcome::Answered => {
                 codec::decode(&body).map_err(|e| RPCError::Network(NetworkError::new(&e)))
@@ -792,34 +831,69 @@ mod tests {
         assert_eq!(moved.accepted.load(SeqCst), 1);
     }
 
+    /// An AppendEntries to peer 2 at `addr` through a fresh client (as openraft's read-index
+    /// rounds make them), carrying `entries` blank entries, with `limit` to be answered.
+    fn append_in_background(
+        network: &Network,
+        addr: &str,
+        entries: u64,
+        limit: Duration,
+    ) -> tokio::task::JoinHandle<
+        RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible>,
+    > {
+        let (mut network, addr) = (network.clone(), addr.to_string());
+        tokio::spawn(async move {
+            let mut peer = network.new_client(2, &BasicNode::new(&addr)).await;
+            let leader = openraft::CommittedLeaderId::new(1, 1);
+            let request = AppendEntriesRequest {
+                vote: openraft::Vote::new_committed(1, 1),
+                prev_log_id: None,
+                entries: (1..=entries)
+                    .map(|index| openraft::Entry {
+                        log_id: openraft::LogId::new(leader, index),
+                        payload: openraft::EntryPayload::Blank,
+                    })
+                    .collect(),
+                leader_commit: None,
+            };
+            peer.append_entries(request, RPCOption::new(limit)).await
+        })
+    }
+
     /// Heartbeats and read-index rounds left running to a follower that stopped answering for a
-    /// while cannot take every link to it: a call carrying entries still gets one (it used to
-    /// wait behind them, "all 8 connections busy", until its own deadline).
+    /// while cannot take every link to it: an AppendEntries carrying entries still gets one (it
+    /// used to wait behind them, "all 8 connections busy", and fail as unreachable, which makes
+    /// openraft back off). A heartbeat that finds its links in use fails at once as a network
+    /// error, which openraft does not back off from.
     #[tokio::test]
     async fn heartbeats_leave_links_for_replication() {
         let peer = StandIn::start().await;
         peer.mute.store(true, SeqCst);
         let network = Network::default();
-        let call = |traffic, limit| {
-            let (network, addr) = (network.clone(), peer.addr.clone());
-            tokio::spawn(async move {
-                let frame = raft_wire::request(Kind::AppendEntries, &()).unwrap();
-                let deadline = Instant::now() + limit;
-                network.call(2, &addr, traffic, frame, deadline).await
-            })
-        };
         let heartbeats: Vec<_> = (0..3 * MAX_LINKS)
-            .map(|_| call(Traffic::Heartbeat, Duration::from_secs(2)))
+            .map(|_| append_in_background(&network, &peer.addr, 0, Duration::from_secs(2)))
             .collect();
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let entries = call(Traffic::Other, Duration::from_millis(300));
-        let failure = entries.await.unwrap().unwrap_err();
-        assert!(failure.why.contains("no answer in time"), "{}", failure.why);
-        assert!(failure.sent, "the entries went out");
-        assert_eq!(peer.accepted.load(SeqCst), MAX_HEARTBEAT_LINKS + 1);
-        for heartbeat in heartbeats {
-            assert!(heartbeat.await.unwrap().is_err(), "the peer says nothing");
+        let entries = append_in_background(&network, &peer.addr, 1, Duration::from_millis(300));
+        match entries.await.unwrap() {
+            Err(RPCError::Unreachable(e)) => {
+                assert!(e.to_string().contains("no answer in time"), "{e}")
+            }
+            other => panic!("the entries did not go out: {other:?}"),
         }
+        assert_eq!(peer.accepted.load(SeqCst), MAX_HEARTBEAT_LINKS + 1);
+        let mut busy = 0;
+        for heartbeat in heartbeats {
+            match heartbeat.await.unwrap() {
+                Err(RPCError::Network(e)) => {
+                    assert!(e.to_string().contains("busy"), "{e}");
+                    busy += 1;
+                }
+                Err(RPCError::Unreachable(_)) => {}
+                other => panic!("the peer said nothing, yet: {other:?}"),
+            }
+        }
+        assert_eq!(busy, 3 * MAX_LINKS - MAX_HEARTBEAT_LINKS);
     }
 
     #[tokio::test]
