@@ -52,6 +52,10 @@ use security::Credentials;
 /// server, not to judge answers.
 pub(crate) const MAX_ANSWER_BYTES: usize = 1 << 30;
 
+/// The least time worth sending a write with: one left less of its deadline after waiting for
+/// the session's window is not sent (its answer could hardly come back in time).
+const MIN_ATTEMPT: Duration = Duration::from_millis(100);
+
 /// The first pause before retrying a failed attempt; it doubles up to [`MAX_RETRY_PAUSE`].
 const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(20);
 /// The longest pause between attempts. A failover is retried through: after a leader dies, every
@@ -391,6 +395,14 @@ impl Client {
                         "no leader elected yet",
                     ));
                 }
+                if !has_port(&normalize(&info.leader_addr)) {
+                    // Dialled as given it would go to port 80.
+                    return Err(crate::error::infra_status(
+                        Code::Unavailable,
+                        infra::NO_LEADER,
+                        format!("the leader's address {} names no port", info.leader_addr),
+                    ));
+                }
                 Ok(tonic::Response::new(info))
             })
             .await?;
@@ -434,6 +446,16 @@ impl Client {
                 ),
             });
         };
+        if started.elapsed() + MIN_ATTEMPT >= deadline {
+            return Err(Error::Unavailable {
+                endpoints: vec![],
+                waited: started.elapsed(),
+                last: format!(
+                    "not sent: an earlier write of this client stayed unanswered while \
+                     {SEQ_WINDOW} later ones were made, until too little of the deadline was left"
+                ),
+            });
+        }
         let sent = AtomicBool::new(false);
         // The wait for the window counts against the call's deadline.
         self.call_waiting(started, wait, |channel| {
@@ -659,14 +681,13 @@ fn classify(status: &Status) -> Verdict {
                 status.message()
             )));
         }
-        if let Code::Unimplemented | Code::Unauthenticated | Code::PermissionDenied = status.code()
-        {
-            // Not a Baton node's answer (its own carry a detail): a node of another version, or
-            // something in front of the cluster refusing this client. Asking again changes
-            // nothing.
+        if let Code::Unauthenticated | Code::PermissionDenied = status.code() {
+            // Not a Baton node's answer (its own carry a detail): something in front of the
+            // cluster refusing this client's credentials. Asking again changes nothing. (An
+            // `Unimplemented` is retried: during a rolling upgrade another node may have the
+            // method.)
             return Verdict::Fail(Error::Protocol(format!(
-                "{:?} without a Baton answer (an older node, or a proxy in front of the \
-                 cluster?): {}",
+                "{:?} without a Baton answer (a proxy in front of the cluster?): {}",
                 status.code(),
                 status.message()
             )));
@@ -769,13 +790,15 @@ mod classify_tests {
         ));
     }
 
-    /// A method the node does not have, or credentials something in front of the cluster
-    /// refuses, fail the same way on every attempt: said at once, not after the deadline as
-    /// "cluster unavailable".
+    /// Credentials something in front of the cluster refuses fail the same way on every
+    /// attempt: said at once, not after the deadline as "cluster unavailable".
     #[test]
     fn a_refusal_that_is_not_a_baton_answer_fails_at_once() {
+        assert!(
+            matches!(classify(&Status::unimplemented("")), Verdict::Retry(_)),
+            "another node may have the method"
+        );
         for status in [
-            Status::unimplemented(""),
             Status::unauthenticated("proxy: bad credentials"),
             Status::permission_denied("proxy: forbidden"),
         ] {
@@ -937,6 +960,40 @@ mod connection_tests {
             took < deadline + deadline / 2,
             "took {took:?}, past the {deadline:?} deadline by more than any attempt"
         );
+    }
+
+    /// A write let through the window with too little of its deadline left is not sent (it
+    /// could only end as "no answer", its outcome unknown).
+    #[tokio::test]
+    async fn a_write_the_window_held_until_its_deadline_is_not_sent() {
+        let (addr, accepted) = silent_node().await;
+        let deadline = Duration::from_millis(500);
+        let config = ClientConfig {
+            deadline,
+            ..ClientConfig::default()
+        };
+        let client = Client::new(&[addr], config).unwrap();
+        let session = &client.inner.session;
+        let stuck = InFlight::begin(session).await;
+        let mut later = Vec::new();
+        for _ in 1..SEQ_WINDOW {
+            later.push(InFlight::begin(session).await);
+        }
+        let write = client.cancel("k", "me");
+        let unblock = async {
+            tokio::time::sleep(deadline - MIN_ATTEMPT / 2).await;
+            drop(stuck);
+            std::future::pending::<()>().await
+        };
+        let error = tokio::select! {
+            error = write => error.unwrap_err(),
+            () = unblock => unreachable!(),
+        };
+        match error {
+            Error::Unavailable { last, .. } => assert!(last.contains("not sent"), "{last}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 0, "nothing was sent");
     }
 
     #[tokio::test]
