@@ -925,6 +925,28 @@ mod connection_tests {
         );
     }
 
+    /// A write (a cancel) from `client` while the session's window is full, the oldest write of
+    /// the window ending `after` it was made: what the write failed with, and when.
+    async fn write_held_by_the_window(client: &Client, after: Duration) -> (Error, Duration) {
+        let session = &client.inner.session;
+        let stuck = InFlight::begin(session).await;
+        let mut later = Vec::new();
+        for _ in 1..SEQ_WINDOW {
+            later.push(InFlight::begin(session).await);
+        }
+        let started = Instant::now();
+        let write = client.cancel("k", "me");
+        let unblock = async {
+            tokio::time::sleep(after).await;
+            drop(stuck);
+            std::future::pending::<()>().await
+        };
+        tokio::select! {
+            error = write => (error.unwrap_err(), started.elapsed()),
+            () = unblock => unreachable!(),
+        }
+    }
+
     /// A write that waited for the session's window has used part of its deadline: the call
     /// as a whole ends at the deadline (it used to get a whole deadline more after the wait).
     #[tokio::test]
@@ -937,25 +959,8 @@ mod connection_tests {
             connect_timeout: Duration::from_millis(200),
         };
         let client = Client::new(&[addr], config).unwrap();
-        let session = &client.inner.session;
-        let stuck = InFlight::begin(session).await;
-        let mut later = Vec::new();
-        for _ in 1..SEQ_WINDOW {
-            later.push(InFlight::begin(session).await);
-        }
-        let started = Instant::now();
-        let write = client.cancel("k", "me");
-        let unblock = async {
-            tokio::time::sleep(deadline * 4 / 5).await;
-            drop(stuck);
-            std::future::pending::<()>().await
-        };
-        let error = tokio::select! {
-            error = write => error.unwrap_err(),
-            () = unblock => unreachable!(),
-        };
+        let (error, took) = write_held_by_the_window(&client, deadline * 4 / 5).await;
         assert!(matches!(error, Error::Unavailable { .. }), "{error:?}");
-        let took = started.elapsed();
         assert!(
             took < deadline + deadline / 2,
             "took {took:?}, past the {deadline:?} deadline by more than any attempt"
@@ -973,22 +978,7 @@ mod connection_tests {
             ..ClientConfig::default()
         };
         let client = Client::new(&[addr], config).unwrap();
-        let session = &client.inner.session;
-        let stuck = InFlight::begin(session).await;
-        let mut later = Vec::new();
-        for _ in 1..SEQ_WINDOW {
-            later.push(InFlight::begin(session).await);
-        }
-        let write = client.cancel("k", "me");
-        let unblock = async {
-            tokio::time::sleep(deadline - MIN_ATTEMPT / 2).await;
-            drop(stuck);
-            std::future::pending::<()>().await
-        };
-        let error = tokio::select! {
-            error = write => error.unwrap_err(),
-            () = unblock => unreachable!(),
-        };
+        let (error, _) = write_held_by_the_window(&client, deadline - MIN_ATTEMPT / 2).await;
         match error {
             Error::Unavailable { last, .. } => assert!(last.contains("not sent"), "{last}"),
             other => panic!("{other:?}"),
