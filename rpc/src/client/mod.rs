@@ -53,7 +53,8 @@ use security::Credentials;
 pub(crate) const MAX_ANSWER_BYTES: usize = 1 << 30;
 
 /// The least time worth sending a write with: one left less of its deadline after waiting for
-/// the session's window is not sent (its answer could hardly come back in time).
+/// the session's window is not sent (its answer could hardly come back in time). A call whose
+/// whole deadline is shorter needs half of it left.
 const MIN_ATTEMPT: Duration = Duration::from_millis(100);
 
 /// The first pause before retrying a failed attempt; it doubles up to [`MAX_RETRY_PAUSE`].
@@ -446,7 +447,8 @@ impl Client {
                 ),
             });
         };
-        if started.elapsed() + MIN_ATTEMPT >= deadline {
+        // (Half the deadline for a deadline under twice MIN_ATTEMPT, or nothing would be sent.)
+        if deadline.saturating_sub(started.elapsed()) < MIN_ATTEMPT.min(deadline / 2) {
             return Err(Error::Unavailable {
                 endpoints: vec![],
                 waited: started.elapsed(),
@@ -984,6 +986,22 @@ mod connection_tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 0, "nothing was sent");
+    }
+
+    /// A client whose whole deadline is shorter than [`MIN_ATTEMPT`] still sends its writes.
+    #[tokio::test]
+    async fn a_write_with_a_short_deadline_is_sent() {
+        let (addr, accepted) = silent_node().await;
+        let config = ClientConfig {
+            deadline: MIN_ATTEMPT / 2,
+            ..ClientConfig::default()
+        };
+        let client = Client::new(&[addr], config).unwrap();
+        match client.cancel("k", "me").await.unwrap_err() {
+            Error::Unavailable { last, .. } => assert!(!last.contains("not sent"), "{last}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(accepted.load(Ordering::SeqCst) >= 1, "the write went out");
     }
 
     #[tokio::test]
