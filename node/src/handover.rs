@@ -360,8 +360,8 @@ async fn wait_new_leader(node: &Node, limit: Duration) -> Option<(NodeId, u64)> 
     found.ok().flatten()
 }
 
-/// Handles a `TimeoutNow` at the target: if this node is a voter in the asking leader's term,
-/// holds its last log entry and is not leaving, it starts an election `after_ms` from now
+/// Handles a `TimeoutNow` at the target: if this node is a voter that follows the asking
+/// leader in its term, holds its last log entry and is not leaving, it starts an election `after_ms` from now
 /// (unless its term has moved on by then, or it started leaving) and answers at once; otherwise
 /// it says why not.
 pub async fn on_timeout_now(
@@ -381,6 +381,14 @@ pub async fn on_timeout_now(
         return Err(format!(
             "node {me} is in term {}, the leader asked in term {}",
             metrics.current_term, message.term
+        ));
+    }
+    // Only the leader this node follows may hand over to it: a message from any other node (a
+    // deposed leader's late one, a peer's bug) would disrupt a term that stands.
+    if message.from == me || metrics.current_leader != Some(message.from) {
+        return Err(format!(
+            "node {me} does not follow node {} in term {} (its leader: {:?})",
+            message.from, message.term, metrics.current_leader
         ));
     }
     let mine = raft.data_metrics().borrow().last_log;

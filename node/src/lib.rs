@@ -27,6 +27,7 @@ pub mod security;
 pub mod server;
 pub mod service;
 pub mod shutdown;
+pub mod snapshot_chunks;
 pub mod snapshot_file;
 pub mod snapshot_schedule;
 pub mod stalled_leader;

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
+use openraft::error::RaftError;
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, VoteRequest,
 };
@@ -23,6 +24,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use crate::node::is_voter;
 use crate::pre_vote::{self, Contact};
 use crate::raft_wire::{self, Kind};
+use crate::snapshot_chunks::ChunkIntake;
 use crate::tls::PeerAcceptor;
 use crate::types::{NodeId, Raft, TypeConfig};
 use crate::{codec, handover, newer_log_stands, stalled_leader};
@@ -80,6 +82,8 @@ pub struct Local {
     pub progress: stalled_leader::LeaderWatch,
     /// How long a leader waits for an answer to an AppendEntries (`raft.heartbeat`).
     pub answer_deadline: Duration,
+    /// What was received of the snapshot being streamed in, by which chunks are admitted.
+    pub snapshot_chunks: ChunkIntake,
 }
 
 /// Accepts connections on `listener` until `closed` turns true: Raft connections are answered by
@@ -314,7 +318,20 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
             if local.progress.refuses(&vote) {
                 return Err("its leader has stalled; refused meanwhile".to_string());
             }
-            let result = raft.install_snapshot(request).await;
+            let chunk = (
+                request.meta.snapshot_id.clone(),
+                request.offset,
+                request.data.len(),
+            );
+            let result = match local.snapshot_chunks.admit(&request) {
+                Ok(()) => raft.install_snapshot(request).await,
+                Err(mismatch) => Err(RaftError::APIError(mismatch)),
+            };
+            // openraft writes a chunk unless this node's vote is newer than the sender's, and
+            // answers with its vote as it was (the vote itself changes only with the last chunk).
+            if result.as_ref().is_ok_and(|response| vote >= response.vote) {
+                local.snapshot_chunks.accepted(&chunk.0, chunk.1, chunk.2);
+            }
             if result.as_ref().is_ok_and(|response| response.vote == vote) {
                 local.contact.heard_from_leader();
             }

@@ -261,6 +261,7 @@ pub async fn serve_secured(
         timing: config.raft.election_timing(),
         progress: stalled_leader::LeaderWatch::default(),
         answer_deadline: config.raft.heartbeat,
+        snapshot_chunks: Default::default(),
     };
     let port = raft_server::split(
         listener,

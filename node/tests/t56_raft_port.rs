@@ -128,6 +128,90 @@ async fn one_port_serves_grpc_and_raft_and_refuses_garbage_on_raft_connections()
     cluster.stop().await;
 }
 
+/// Claim: a snapshot chunk that starts past what was received of its snapshot is refused as a
+/// mismatch (on which a leader sends the snapshot again from its start), and nothing is written.
+/// Before, the node wrote it at the offset it stated: the buffer grew to a terabyte and the
+/// allocation aborted the node (and this test with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_chunk_past_what_was_received_is_refused() {
+    let cluster = Cluster::start().await;
+    let term = cluster.client.node_info(&cluster.addr).await.unwrap().term;
+    // From a leader of a later term, so the node takes the chunks.
+    let vote = openraft::Vote::new_committed(term + 1, 2);
+    let chunk = |offset: u64| InstallSnapshotRequest::<TypeConfig> {
+        vote,
+        meta: SnapshotMeta {
+            last_log_id: None,
+            last_membership: Default::default(),
+            snapshot_id: "far".into(),
+        },
+        offset,
+        data: vec![1, 2, 3],
+        done: false,
+    };
+    let mut link = raft_link(&cluster.addr).await;
+    link.send(raft_wire::request(Kind::InstallSnapshot, &chunk(0)).unwrap())
+        .await
+        .unwrap();
+    let (outcome, _) = next_answer(&mut link).await.expect("an answer");
+    assert_eq!(outcome, Outcome::Answered, "the first chunk is taken");
+
+    for far in [4, 1 << 40] {
+        link.send(raft_wire::request(Kind::InstallSnapshot, &chunk(far)).unwrap())
+            .await
+            .unwrap();
+        let (outcome, body) = next_answer(&mut link).await.expect("an answer");
+        assert_eq!(outcome, Outcome::Refused, "offset {far}");
+        let refusal: openraft::error::RaftError<NodeId, openraft::error::InstallSnapshotError> =
+            baton_node::codec::decode(&body).unwrap();
+        let openraft::error::RaftError::APIError(
+            openraft::error::InstallSnapshotError::SnapshotMismatch(mismatch),
+        ) = refusal
+        else {
+            panic!("offset {far}: {refusal:?}");
+        };
+        assert_eq!((mismatch.expect.offset, mismatch.got.offset), (3, far));
+    }
+    // The chunk that follows the first is taken, and the node answers as before.
+    link.send(raft_wire::request(Kind::InstallSnapshot, &chunk(3)).unwrap())
+        .await
+        .unwrap();
+    let (outcome, _) = next_answer(&mut link).await.expect("an answer");
+    assert_eq!(outcome, Outcome::Answered);
+    cluster.client.node_info(&cluster.addr).await.unwrap();
+    cluster.stop().await;
+}
+
+/// Claim: a `TimeoutNow` is acted on only when it comes from the leader the node follows in that
+/// term; one naming another node, or the node itself, is refused and starts no election. Before,
+/// any `TimeoutNow` in the node's term made it campaign, deposing the leader it followed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_now_from_a_node_that_does_not_lead_is_refused() {
+    let cluster = Cluster::start().await;
+    let term = cluster.client.node_info(&cluster.addr).await.unwrap().term;
+    let mut link = raft_link(&cluster.addr).await;
+    // Node 1 is the one member and leads; node 2 does not exist.
+    for from in [2, 1] {
+        let message = baton_node::handover::TimeoutNow {
+            from,
+            term,
+            last_log: None,
+            after_ms: 0,
+        };
+        link.send(raft_wire::request(Kind::TimeoutNow, &message).unwrap())
+            .await
+            .unwrap();
+        let (outcome, body) = next_answer(&mut link).await.expect("an answer");
+        assert_eq!(outcome, Outcome::Refused, "from node {from}");
+        let why: String = baton_node::codec::decode(&body).unwrap();
+        assert!(why.contains("does not follow"), "from node {from}: {why}");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let info = cluster.client.node_info(&cluster.addr).await.unwrap();
+    assert_eq!(info.term, term, "no election");
+    cluster.stop().await;
+}
+
 /// Whether the node closes `stream` within `limit`, reading and dropping whatever it sends.
 async fn closed_within(mut stream: TcpStream, limit: Duration) -> bool {
     let mut buf = [0u8; 4096];
