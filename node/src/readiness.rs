@@ -7,15 +7,17 @@
 //! call, bounded by [`LEADER_TIMEOUT`], made as a client of the leader would make it: over TLS
 //! and with a token when the cluster wants them). A leader additionally needs a recent
 //! acknowledgement from a quorum, so that one cut off from its followers stops calling itself
-//! ready. A node that is shutting down is not ready from the moment it refuses new requests, so
-//! a load balancer stops sending them while it drains.
+//! ready, and a follower does not take the word of a leader that has been deposed or cut off
+//! from a quorum since. A node that is shutting down, or handing its leadership over, is not
+//! ready from the moment it refuses new requests, so a load balancer stops sending them while
+//! it drains.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use baton_rpc::proto::cluster_client::ClusterClient;
-use baton_rpc::proto::NodeInfoRequest;
+use baton_rpc::proto::{NodeInfoRequest, NodeInfoResponse};
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
@@ -84,6 +86,9 @@ impl Readiness {
         if self.admission.shutting_down() {
             return Err("shutting down: refusing new client requests".into());
         }
+        if self.admission.is_closed() {
+            return Err("handing leadership over: refusing new client requests meanwhile".into());
+        }
         let raft = self.node.raft.metrics().borrow().clone();
         if let Err(fatal) = &raft.running_state {
             return Err(format!("raft has stopped: {fatal}"));
@@ -119,7 +124,7 @@ impl Readiness {
                 None => Err("leader not yet acknowledged by a quorum".into()),
             };
         }
-        let leader_applied = self.leader_applied(leader).await?;
+        let leader_applied = self.leader_applied(leader, raft.current_term).await?;
         if leader_applied.saturating_sub(applied) > self.max_lag {
             return Err(format!(
                 "behind the leader: applied index {applied}, leader {leader} applied {leader_applied}"
@@ -130,8 +135,9 @@ impl Readiness {
         ))
     }
 
-    /// The leader's applied index, asked of the leader itself.
-    async fn leader_applied(&self, leader: u64) -> Result<u64, String> {
+    /// The applied index of `leader` (the leader of `term` as this node knows it), asked of the
+    /// leader itself, which must still lead and be acknowledged by a quorum.
+    async fn leader_applied(&self, leader: u64, term: u64) -> Result<u64, String> {
         let addr = self
             .peer_addrs
             .get(&leader)
@@ -155,7 +161,7 @@ impl Readiness {
                 Ok(Ok(info)) => {
                     self.accepted
                         .store(which, std::sync::atomic::Ordering::Relaxed);
-                    return Ok(info.into_inner().applied_index);
+                    return judge_leader(leader, term, &info.into_inner(), self.max_quorum_silence);
                 }
                 Ok(Err(status)) => {
                     last = format!(
@@ -204,5 +210,78 @@ impl Readiness {
         let channel = endpoint.connect_lazy();
         *cached = Some((addr.to_string(), channel.clone()));
         Ok(channel)
+    }
+}
+
+/// The applied index in `info`, the answer of the node this follower takes for the leader of
+/// `term`, if that node says it still leads that term (or a later one) and a quorum
+/// acknowledged it within `max_quorum_silence`. A follower cut off from the rest of the cluster
+/// can go on naming a leader that has been deposed, or that is cut off from a quorum with it;
+/// neither can serve the clients this follower would take.
+fn judge_leader(
+    leader: u64,
+    term: u64,
+    info: &NodeInfoResponse,
+    max_quorum_silence: Duration,
+) -> Result<u64, String> {
+    if info.role != "leader" || info.leader_id != Some(leader) || info.term < term {
+        return Err(format!(
+            "node {leader} no longer leads: it is {} in term {} (this node is in term {term})",
+            info.role, info.term
+        ));
+    }
+    // Absent from a leader that has not been acknowledged yet, and from older versions.
+    if let Some(age) = info.quorum_ack_age_ms.map(Duration::from_millis) {
+        if age > max_quorum_silence {
+            return Err(format!(
+                "leader {leader} without a quorum acknowledgement for {age:?}"
+            ));
+        }
+    }
+    Ok(info.applied_index)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(role: &str, term: u64, leader: Option<u64>, ack: Option<u64>) -> NodeInfoResponse {
+        NodeInfoResponse {
+            id: 1,
+            role: role.into(),
+            term,
+            leader_id: leader,
+            applied_index: 42,
+            quorum_ack_age_ms: ack,
+            ..Default::default()
+        }
+    }
+
+    const SILENCE: Duration = Duration::from_millis(600);
+
+    #[test]
+    fn a_leader_that_still_leads_gives_its_applied_index() {
+        assert_eq!(
+            judge_leader(1, 5, &info("leader", 5, Some(1), Some(50)), SILENCE),
+            Ok(42)
+        );
+        // Not yet acknowledged, or a version that does not say.
+        assert_eq!(
+            judge_leader(1, 5, &info("leader", 5, Some(1), None), SILENCE),
+            Ok(42)
+        );
+    }
+
+    #[test]
+    fn a_deposed_or_cut_off_leader_makes_the_follower_not_ready() {
+        for (why, answer) in [
+            ("now a follower", info("follower", 6, Some(2), None)),
+            ("a candidate", info("candidate", 6, None, None)),
+            ("leads an older term", info("leader", 4, Some(1), Some(50))),
+            ("names another leader", info("leader", 5, Some(2), Some(50))),
+            ("no quorum", info("leader", 5, Some(1), Some(5_000))),
+        ] {
+            assert!(judge_leader(1, 5, &answer, SILENCE).is_err(), "{why}");
+        }
     }
 }
