@@ -239,6 +239,33 @@ fn a_port_in_use_is_said_at_once() {
     assert!(!stdout.contains("ready"), "{stdout}");
 }
 
+/// Tuning `baton node` would refuse is refused by `baton dev` too, naming the flag, before any
+/// port is bound (before: a sweep interval of 0 made every node's sweeper spin, a heartbeat of
+/// 0 stopped replication; both were taken as given).
+#[test]
+fn tuning_that_cannot_work_is_refused_naming_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    for (flags, said) in [
+        (
+            ["--sweep-interval", "0s"],
+            "--sweep-interval must be longer than 0",
+        ),
+        (["--heartbeat", "0s"], "--heartbeat must be at least 1ms"),
+        (
+            ["--election-timeout", "100ms"],
+            "--election-timeout must be at least 3 times",
+        ),
+    ] {
+        let (code, _, stderr) = dev_until_exit_with(dir.path(), three_free_ports(), &flags);
+        assert_eq!(code, Some(2), "{flags:?}: {stderr}");
+        assert!(stderr.contains(said), "{flags:?}: {stderr}");
+        assert!(
+            !dir.path().join("node-1").exists(),
+            "{flags:?}: a node started"
+        );
+    }
+}
+
 /// SIGHUP (the terminal went away) ends `baton dev` as gracefully as Ctrl-C (before: killed by
 /// the signal); started under `nohup`, which ignores SIGHUP, it keeps running.
 #[test]
@@ -267,9 +294,19 @@ fn sighup_ends_baton_dev_gracefully_unless_nohup_ignores_it() {
 /// Runs `baton dev` until it exits by itself (it is killed if it is still running after
 /// [`READY_WITHIN`]); its exit code, stdout and stderr.
 fn dev_until_exit(data_dir: &Path, port: u16) -> (Option<i32>, String, String) {
+    dev_until_exit_with(data_dir, port, &[])
+}
+
+/// [`dev_until_exit`] with `flags` added.
+fn dev_until_exit_with(
+    data_dir: &Path,
+    port: u16,
+    flags: &[&str],
+) -> (Option<i32>, String, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_baton"))
         .args(["dev", "--base-port", &port.to_string(), "--data-dir"])
         .arg(data_dir)
+        .args(flags)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -28,10 +28,8 @@ pub struct DevArgs {
 
 pub async fn run(args: DevArgs) -> u8 {
     let (stop_tx, stop_rx) = watch::channel(false);
-    // Every port is bound before any node starts: a port in use (another `baton dev`, the
-    // Docker cluster of deploy/up.sh) is said at once, and no other cluster answering there is
-    // mistaken for this one.
-    let mut listeners = Vec::new();
+    // Settings that cannot be used are said before anything else is done.
+    let mut configs = Vec::new();
     for id in 1..=NODES {
         let Some(port) = args.base_port.checked_add(id as u16 - 1) else {
             eprintln!(
@@ -41,8 +39,23 @@ pub async fn run(args: DevArgs) -> u8 {
             return exit::USAGE;
         };
         let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let data_dir = args.data_dir.join(format!("node-{id}"));
+        match args.tuning.node_config(id, listen, data_dir) {
+            Ok(config) => configs.push(config),
+            Err(why) => {
+                eprintln!("baton dev: {why}");
+                return exit::USAGE;
+            }
+        }
+    }
+    // Every port is bound before any node starts: a port in use (another `baton dev`, the
+    // Docker cluster of deploy/up.sh) is said at once, and no other cluster answering there is
+    // mistaken for this one.
+    let mut listeners = Vec::new();
+    for config in configs {
+        let listen = config.listen;
         match tokio::net::TcpListener::bind(listen).await {
-            Ok(listener) => listeners.push((id, listen, listener)),
+            Ok(listener) => listeners.push((config, listener)),
             Err(e) => {
                 eprintln!(
                     "baton dev: cannot listen on {listen}: {e} (is another `baton dev` or \
@@ -54,11 +67,8 @@ pub async fn run(args: DevArgs) -> u8 {
     }
     let mut nodes = tokio::task::JoinSet::new();
     let mut endpoints = Vec::new();
-    for (id, listen, listener) in listeners {
-        endpoints.push(listen.to_string());
-        let mut config =
-            args.tuning
-                .node_config(id, listen, None, args.data_dir.join(format!("node-{id}")));
+    for (mut config, listener) in listeners {
+        endpoints.push(config.listen.to_string());
         // All three stop together on Ctrl-C: no voter would be left to take leadership over.
         config.hand_over_on_shutdown = false;
         let mut stop = stop_rx.clone();

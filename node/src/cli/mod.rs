@@ -25,7 +25,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use baton_node::config::{LogFormat, NodeConfig, RaftTuning, WatchTuning};
+use baton_node::config::{LogFormat, NodeConfig, Settings};
 use baton_rpc::{Client, ClientConfig};
 use clap::parser::ValueSource;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -164,29 +164,38 @@ pub struct TuningArgs {
 }
 
 impl TuningArgs {
-    fn raft(&self) -> RaftTuning {
-        RaftTuning {
-            heartbeat: self.heartbeat,
-            election_timeout: (self.election_timeout, self.election_timeout * 2),
-            snapshot_every: self.snapshot_every,
-            keep_logs: self.keep_logs,
-        }
-    }
-
-    /// A node configuration with these settings.
+    /// A node configuration with these settings, checked as `baton node` checks its own; if
+    /// one cannot be used, the flag and why.
     pub fn node_config(
         &self,
         id: u64,
         listen: SocketAddr,
-        advertise: Option<String>,
         data_dir: PathBuf,
-    ) -> NodeConfig {
-        let mut config = NodeConfig::new(id, listen, data_dir);
-        config.advertise = advertise.unwrap_or_else(|| listen.to_string());
-        config.raft = self.raft();
-        config.sweep_interval = self.sweep_interval;
-        config.watch = WatchTuning::with_history(self.watch_history);
-        config
+    ) -> Result<NodeConfig, String> {
+        let mut settings = Settings {
+            id: Some(id),
+            listen,
+            data_dir,
+            sweep_interval: self.sweep_interval,
+            ..Settings::default()
+        };
+        settings.raft.heartbeat = self.heartbeat;
+        settings.raft.election_timeout = self.election_timeout;
+        settings.raft.snapshot_every = self.snapshot_every;
+        settings.raft.keep_logs = self.keep_logs;
+        settings.watch.history = self.watch_history;
+        settings.to_node_config().map_err(|invalid| {
+            let flag = match invalid.key.as_str() {
+                "raft.heartbeat" => "--heartbeat",
+                "raft.election_timeout" => "--election-timeout",
+                "raft.snapshot_every" => "--snapshot-every",
+                "raft.keep_logs" => "--keep-logs",
+                "sweep_interval" => "--sweep-interval",
+                "watch.history" => "--watch-history",
+                other => other,
+            };
+            format!("{flag} {}", invalid.reason)
+        })
     }
 }
 
