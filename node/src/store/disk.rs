@@ -10,7 +10,11 @@
 //!
 //! Values too large for a log segment (a quarter of it, ~128 KiB: big batched entries,
 //! snapshots) go to files of their own under `<path>/blobs`, which sled never syncs at all. Each
-//! sync therefore also syncs every blob file it has not synced before, and the directory.
+//! sync therefore also syncs every blob file it has not synced at its present length, and the
+//! directory: sled's background flusher can be writing a blob (a page it rewrites) while a sync
+//! lists the directory, and a blob synced half-written would otherwise never be synced again —
+//! after a power loss its checksum would fail, and sled's recovery would stop at it, dropping
+//! every later write.
 //!
 //! sled writes its configuration file (`<path>/conf`) when it creates a database and syncs
 //! neither it nor the directories it creates. Opening a database therefore syncs them once: a
@@ -18,7 +22,7 @@
 //! `data=writeback`) could otherwise leave `conf` as zeros after a power loss, and sled refuses
 //! to open a database whose configuration does not parse.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -31,13 +35,14 @@ pub(super) struct Disk {
     db: sled::Db,
     /// sled's single data file (`<path>/db`); any descriptor of it syncs the same inode.
     file: Arc<File>,
-    /// sled's blob directory and the blob files already synced (sled never rewrites one).
+    /// sled's blob directory and the blob files already synced.
     blobs: Arc<Blobs>,
 }
 
 struct Blobs {
     dir: PathBuf,
-    synced: Mutex<HashSet<OsString>>,
+    /// Each blob file synced, with its length when it was.
+    synced: Mutex<HashMap<OsString, u64>>,
 }
 
 impl Disk {
@@ -87,25 +92,33 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
 }
 
 impl Blobs {
-    /// Syncs the blob files written since the last call, then their directory entries. Blobs
-    /// sled has since removed are forgotten.
+    /// Syncs the blob files written to since the last call (new ones, and ones whose length
+    /// changed: still being written then), then their directory entries. Blobs sled has since
+    /// removed are forgotten.
     fn sync_new(&self) -> io::Result<()> {
         let mut synced = self.synced.lock().unwrap_or_else(|e| e.into_inner());
-        let mut present = HashSet::with_capacity(synced.len());
+        let mut present = HashMap::with_capacity(synced.len());
         let mut new = false;
         for entry in std::fs::read_dir(&self.dir)? {
             let name = entry?.file_name();
-            if !synced.contains(&name) {
-                match File::open(self.dir.join(&name)) {
+            let path = self.dir.join(&name);
+            // Taken before the sync: a write after it changes the length, and the next call
+            // syncs the file again.
+            let len = match std::fs::metadata(&path) {
+                Ok(metadata) => metadata.len(),
+                // Removed by sled since it was listed: nothing to make durable.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            if synced.get(&name) != Some(&len) {
+                match File::open(&path) {
                     Ok(file) => file.sync_data()?,
-                    // Removed by sled since it was listed (it never rewrites one): nothing to
-                    // make durable.
                     Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                     Err(e) => return Err(e),
                 }
                 new = true;
             }
-            present.insert(name);
+            present.insert(name, len);
         }
         if new {
             sync_dir(&self.dir)?;
@@ -148,6 +161,32 @@ mod tests {
         disk.sync_blocking().unwrap();
         let on_disk = std::fs::read_dir(dir.path().join("blobs")).unwrap().count();
         assert_eq!(blobs(&disk), on_disk);
+    }
+
+    /// A blob file still being written when it was synced (sled's flusher rewriting a page
+    /// meanwhile) is synced again once its length changed.
+    #[test]
+    fn a_blob_that_grew_after_its_sync_is_synced_again() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let disk = Disk::new(db, dir.path()).unwrap();
+        let blob = dir.path().join("blobs").join("999");
+        std::fs::write(&blob, [1u8; 100]).unwrap();
+        disk.sync_blocking().unwrap();
+        let synced = |disk: &Disk| {
+            disk.blobs
+                .synced
+                .lock()
+                .unwrap()
+                .get(OsString::from("999").as_os_str())
+                .copied()
+        };
+        assert_eq!(synced(&disk), Some(100));
+        let mut rest = OpenOptions::new().append(true).open(&blob).unwrap();
+        rest.write_all(&[2u8; 50]).unwrap();
+        disk.sync_blocking().unwrap();
+        assert_eq!(synced(&disk), Some(150), "synced again at its new length");
     }
 
     /// sled removes blob files from its own threads; one gone between the listing and the

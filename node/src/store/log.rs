@@ -247,7 +247,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
         let last_purged: Option<LogId> = self.read_meta(LAST_PURGED, ErrorSubject::Logs)?;
-        let last = self.last_entry()?.map(|entry| entry.log_id).or(last_purged);
+        // Entries below the purge point may outlive it on disk (the point is synced first, the
+        // removals after it), but the log never ends before the point.
+        let last = self
+            .last_entry()?
+            .map(|entry| entry.log_id)
+            .max(last_purged);
         Ok(LogState {
             last_purged_log_id: last_purged,
             last_log_id: last,
@@ -340,5 +345,40 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.recent().purge(log_id.index);
         self.remove_range(..=index_key(log_id.index), Removal::OldestFirst)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use openraft::storage::RaftLogStorageExt;
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    use super::*;
+
+    fn log_id(index: u64) -> LogId {
+        LogId::new(CommittedLeaderId::new(1, 1), index)
+    }
+
+    /// A crash between recording a purge point and removing the entries below it leaves entries
+    /// that end before the point (a snapshot installed past the log's end, say): the log is
+    /// reported to end at the point, never before it, as openraft requires.
+    #[tokio::test]
+    async fn the_log_never_ends_before_its_purge_point() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _state_machine) = super::super::open(dir.path()).unwrap();
+        let entries = (1..=5).map(|index| Entry {
+            log_id: log_id(index),
+            payload: EntryPayload::Blank,
+        });
+        log.blocking_append(entries).await.unwrap();
+        // The purge point recorded, the removals not yet made.
+        log.write_meta(LAST_PURGED, &log_id(9), ErrorSubject::Logs)
+            .await
+            .unwrap();
+        let state = log.get_log_state().await.unwrap();
+        assert_eq!(state.last_purged_log_id, Some(log_id(9)));
+        assert_eq!(state.last_log_id, Some(log_id(9)));
     }
 }
