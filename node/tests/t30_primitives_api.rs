@@ -452,6 +452,59 @@ async fn a_retried_claim_is_judged_through_the_log_and_keeps_its_answer() {
     cluster.stop().await;
 }
 
+/// A request whose client id and seq were already used for another request gets that request's
+/// answer from the session table; where it does not fit, the request is refused as INTERNAL
+/// naming the reply's kind only, not reported a success, and not shown what the other answer
+/// carried. Before, a release under a claim's seq said OK while the task stayed held (and a
+/// call that checks its reply's kind put the other reply, token included, in its message).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seq_reused_for_another_request_is_not_taken_for_its_answer() {
+    let cluster = Cluster::start().await;
+    let c = &cluster.client;
+    c.seed(&[spec("t", &[]), spec("u", &[])]).await.unwrap();
+    let held = c.claim("u", "a", 60_000).await.unwrap();
+    let mut board = BoardClient::connect(format!("http://{}", cluster.addr))
+        .await
+        .unwrap();
+    let header = Some(proto::RequestHeader {
+        client_id: 4712,
+        seq: 1,
+        acked_below: 0,
+        retry: false,
+    });
+    let claimed = board
+        .claim(proto::ClaimTaskRequest {
+            header,
+            id: "t".into(),
+            agent: "b".into(),
+            ttl_ms: 60_000,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let claim_token = claimed.task.unwrap().lease.unwrap().token;
+
+    // The same client id and seq for a release of the other task.
+    let status = board
+        .release(proto::ReleaseTaskRequest {
+            header,
+            id: "u".into(),
+            token: held.lease.clone().unwrap().token,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Internal, "{status:?}");
+    let detail = baton_rpc::error::detail_of(&status).unwrap();
+    assert_eq!(detail.code, "INTERNAL");
+    assert!(status.message().contains("a Task reply"), "{status:?}");
+    assert!(!status.message().contains(&claim_token), "{status:?}");
+    let tasks = c.tasks().await.unwrap().tasks;
+    let u = tasks.iter().find(|task| task.id == "u").unwrap();
+    assert!(u.lease.is_some(), "the release did not run: {u:?}");
+
+    cluster.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_wire_input_is_refused_with_the_field_it_broke() {
     let cluster = Cluster::start().await;

@@ -148,6 +148,31 @@ pub enum Reply {
     },
 }
 
+impl Reply {
+    /// The reply's kind, without what it carries (tokens, payloads).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Reply::Ticket(_) => "Ticket",
+            Reply::Handle(_) => "Handle",
+            Reply::Done => "Done",
+            Reply::Seeded { .. } => "Seeded",
+            Reply::Task(_) => "Task",
+            Reply::Outcome(_) => "Outcome",
+            Reply::EffectResult(_) => "EffectResult",
+            Reply::EffectLease(_) => "EffectLease",
+            Reply::Reconcile(_) => "Reconcile",
+            Reply::Resolved(_) => "Resolved",
+            Reply::Written { .. } => "Written",
+            Reply::Queue(_) => "Queue",
+            Reply::Worker(_) => "Worker",
+            Reply::Submitted(_) => "Submitted",
+            Reply::Assignments(_) => "Assignments",
+            Reply::QueueTask(_) => "QueueTask",
+            Reply::Swept { .. } => "Swept",
+        }
+    }
+}
+
 /// What `apply` returns for one envelope.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Response {

@@ -11,7 +11,7 @@ use baton_statemachine::board::Command;
 use baton_statemachine::{Command as Cmd, Reply};
 use tonic::{Request, Response, Status};
 
-use super::{now_ms, origin, revision, unexpected};
+use super::{done, now_ms, origin, revision, unexpected};
 use crate::node::NodeRef;
 
 /// Serves the task board.
@@ -84,9 +84,11 @@ impl board_server::Board for BoardService {
             id: r.id,
             token: r.token,
         };
-        self.node
-            .propose(Some(origin(r.header)?), Cmd::Board(command))
-            .await?;
+        done(
+            self.node
+                .propose(Some(origin(r.header)?), Cmd::Board(command))
+                .await?,
+        )?;
         Ok(Response::new(ReleaseTaskResponse {}))
     }
 
@@ -100,9 +102,11 @@ impl board_server::Board for BoardService {
             id: r.id,
             token: r.token,
         };
-        self.node
-            .propose(Some(origin(r.header)?), Cmd::Board(command))
-            .await?;
+        done(
+            self.node
+                .propose(Some(origin(r.header)?), Cmd::Board(command))
+                .await?,
+        )?;
         Ok(Response::new(CompleteTaskResponse {}))
     }
 

@@ -8,7 +8,7 @@ use baton_statemachine::checkpoint::Command;
 use baton_statemachine::{read_key, Command as Cmd, Refusal};
 use tonic::{Request, Response, Status};
 
-use super::{origin, refused, revision};
+use super::{done, origin, refused, revision};
 use crate::node::NodeRef;
 
 /// Serves checkpoint compare-and-set.
@@ -36,9 +36,11 @@ impl checkpoint_server::Checkpoint for CheckpointService {
             seq: r.seq,
             data: r.data,
         };
-        self.node
-            .propose(Some(origin(r.header)?), Cmd::Checkpoint(command))
-            .await?;
+        done(
+            self.node
+                .propose(Some(origin(r.header)?), Cmd::Checkpoint(command))
+                .await?,
+        )?;
         Ok(Response::new(SaveIfNewerResponse {}))
     }
 

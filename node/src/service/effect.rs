@@ -14,7 +14,7 @@ use baton_statemachine::effect::{Action, Command, EffectLease};
 use baton_statemachine::{read_key, Command as Cmd, Refusal, Reply};
 use tonic::{Request, Response, Status};
 
-use super::{now_ms, origin, refused, revision, unexpected};
+use super::{done, now_ms, origin, refused, revision, unexpected};
 use crate::node::NodeRef;
 
 /// Serves the side-effect gate.
@@ -94,7 +94,7 @@ impl effect_server::Effect for EffectService {
             action: action(r.action)?,
             lease: lease(r.lease)?,
         };
-        self.propose(r.header, command).await?;
+        done(self.propose(r.header, command).await?)?;
         Ok(Response::new(ReleaseEffectResponse {}))
     }
 
@@ -109,7 +109,7 @@ impl effect_server::Effect for EffectService {
             lease: lease(r.lease)?,
             reason: r.reason,
         };
-        self.propose(r.header, command).await?;
+        done(self.propose(r.header, command).await?)?;
         Ok(Response::new(AbandonResponse {}))
     }
 
@@ -143,7 +143,7 @@ impl effect_server::Effect for EffectService {
             lease: lease(r.lease)?,
             reason: r.reason,
         };
-        self.propose(r.header, command).await?;
+        done(self.propose(r.header, command).await?)?;
         Ok(Response::new(MarkUncertainResponse {}))
     }
 

@@ -12,7 +12,7 @@ use baton_statemachine::handoff::{Command, OfferArgs};
 use baton_statemachine::{read_key, Command as Cmd, Refusal, Reply};
 use tonic::{Request, Response, Status};
 
-use super::{now_ms, origin, revision, unexpected};
+use super::{done, now_ms, origin, revision, unexpected};
 use crate::node::NodeRef;
 
 /// Serves handoff tickets.
@@ -88,9 +88,11 @@ impl handoff_server::Handoff for HandoffService {
             token: r.token,
             receipt,
         };
-        self.node
-            .propose(Some(origin(r.header)?), Cmd::Handoff(command))
-            .await?;
+        done(
+            self.node
+                .propose(Some(origin(r.header)?), Cmd::Handoff(command))
+                .await?,
+        )?;
         Ok(Response::new(ReplyResponse {}))
     }
 
@@ -104,9 +106,11 @@ impl handoff_server::Handoff for HandoffService {
             key: r.key,
             by: r.by,
         };
-        self.node
-            .propose(Some(origin(r.header)?), Cmd::Handoff(command))
-            .await?;
+        done(
+            self.node
+                .propose(Some(origin(r.header)?), Cmd::Handoff(command))
+                .await?,
+        )?;
         Ok(Response::new(CancelResponse {}))
     }
 

@@ -20,7 +20,7 @@ pub use queue::QueueService;
 pub use sink::SinkService;
 pub use watch::{WatchOutput, WatchService};
 
-use baton_rpc::error::refusal_status;
+use baton_rpc::error::{infra, infra_status, refusal_status};
 use baton_rpc::proto::RequestHeader;
 use baton_statemachine::{Origin, Refusal, Reply};
 use tonic::Status;
@@ -28,9 +28,29 @@ use tonic::Status;
 use crate::stamp::wall_clock_ms;
 use crate::store::Applied;
 
-/// A reply of the wrong kind for the command: a bug, never a contract answer.
+/// A reply of the wrong kind for the command: the session table's answer to another request
+/// under the same client id and seq (a client that reuses either), or a bug; never a contract
+/// answer. Named by its kind only: what it carries (another request's token) is not for this
+/// caller.
 fn unexpected(reply: Reply) -> Status {
-    Status::internal(format!("unexpected reply {reply:?}"))
+    infra_status(
+        tonic::Code::Internal,
+        infra::INTERNAL,
+        format!(
+            "the store's answer to this request is a {} reply, not one for this method: \
+             header.client_id and header.seq were used for another request",
+            reply.kind()
+        ),
+    )
+}
+
+/// Success of a command that returns nothing ([`Reply::Done`]); any other reply is
+/// [`unexpected`].
+fn done(reply: Reply) -> Result<(), Status> {
+    match reply {
+        Reply::Done => Ok(()),
+        other => Err(unexpected(other)),
+    }
 }
 
 /// Bad input found while decoding, as the refusal status the state machine would have sent.
