@@ -472,6 +472,17 @@ pub fn attempt_from_proto(attempt: proto::Attempt) -> Result<Attempt, Refusal> {
 
 /// A queue task as protobuf.
 pub fn queue_task_to_proto(task: &QueueTask) -> proto::QueueTask {
+    proto::QueueTask {
+        payload: task.spec.payload.clone(),
+        result: task.result.clone(),
+        ..queue_task_summary_to_proto(task)
+    }
+}
+
+/// A queue task as a listing shows it: everything but the payload and the result, which only
+/// the task's own read ([`queue_task_to_proto`]) carries, so listings stay small (and cost no
+/// copy of them).
+pub fn queue_task_summary_to_proto(task: &QueueTask) -> proto::QueueTask {
     let spec = &task.spec;
     proto::QueueTask {
         id: task.id,
@@ -481,7 +492,7 @@ pub fn queue_task_to_proto(task: &QueueTask) -> proto::QueueTask {
         handler: spec.handler.clone(),
         handler_version: spec.handler_version.clone(),
         payload_version: spec.payload_version.clone(),
-        payload: spec.payload.clone(),
+        payload: Vec::new(),
         concurrency_key: spec.concurrency_key.clone(),
         business_key: spec.business_key.clone(),
         max_attempts: spec.max_attempts,
@@ -491,18 +502,9 @@ pub fn queue_task_to_proto(task: &QueueTask) -> proto::QueueTask {
         submitted_at_ms: task.submitted_at_ms,
         deadline_ms: task.deadline_ms,
         retry_at_ms: task.retry_at_ms,
-        result: task.result.clone(),
+        result: Vec::new(),
         last_error: task.last_error.clone(),
     }
-}
-
-/// A queue task as a listing shows it: everything but the payload and the result, which only
-/// the task's own read ([`queue_task_to_proto`]) carries, so listings stay small.
-pub fn queue_task_summary_to_proto(task: &QueueTask) -> proto::QueueTask {
-    let mut summary = queue_task_to_proto(task);
-    summary.payload = Vec::new();
-    summary.result = Vec::new();
-    summary
 }
 
 /// A protobuf queue task as the state-machine value; an unknown state or attempt outcome is an

@@ -271,7 +271,8 @@ impl queue_server::Queue for QueueService {
             state,
             concurrency_key: r.concurrency_key,
         };
-        let reply = self
+        // Pointers under the state lock, converted after it (applies wait while it is held).
+        let (tasks, next_after, now_ms, revision) = self
             .node
             .read(|applied| {
                 let page = applied.state.queue.list_page(
@@ -280,19 +281,19 @@ impl queue_server::Queue for QueueService {
                     limit as usize,
                     MAX_LIST_SCAN,
                 );
-                ListQueueTasksResponse {
-                    tasks: page
-                        .tasks
-                        .into_iter()
-                        .map(convert::queue_task_summary_to_proto)
-                        .collect(),
-                    now_ms: now_ms(applied),
-                    revision: revision(applied),
-                    next_after_id: page.next_after.unwrap_or(0),
-                }
+                let tasks: Vec<_> = page.tasks.into_iter().cloned().collect();
+                (tasks, page.next_after, now_ms(applied), revision(applied))
             })
             .await?;
-        Ok(Response::new(reply))
+        Ok(Response::new(ListQueueTasksResponse {
+            tasks: tasks
+                .iter()
+                .map(|task| convert::queue_task_summary_to_proto(task))
+                .collect(),
+            now_ms,
+            revision,
+            next_after_id: next_after.unwrap_or(0),
+        }))
     }
 
     #[tracing::instrument(skip_all, fields(query = "queue.attempts"))]

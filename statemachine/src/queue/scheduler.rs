@@ -85,8 +85,8 @@ impl TaskFilter {
 /// One page of a task listing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskPage<'a> {
-    /// The matching tasks, by id.
-    pub tasks: Vec<&'a Task>,
+    /// The matching tasks, by id (shared: a reader can hold them after letting the state go).
+    pub tasks: Vec<&'a Arc<Task>>,
     /// The id the next page starts after; `None` when no task is left.
     pub next_after: Option<u64>,
 }
