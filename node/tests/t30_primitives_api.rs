@@ -640,3 +640,56 @@ async fn deadlines_and_save_times_follow_the_store_clock() {
     );
     cluster.stop().await;
 }
+
+/// `Initialize` refuses a member list with a node listed twice or without an address, and the
+/// node stays uninitialised; before, the duplicate was kept with its last address and an empty
+/// address was taken as given (its node then unreachable for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn initialize_refuses_duplicate_and_addressless_members() {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let config = baton_node::config::NodeConfig::new(
+        1,
+        listener.local_addr().unwrap(),
+        dir.path().join("node-1"),
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(baton_node::server::serve(config, listener, async move {
+        let _ = stopped.await;
+    }));
+    let client = baton_rpc::Client::new(
+        &[addr.as_str()],
+        baton_rpc::ClientConfig {
+            deadline: std::time::Duration::from_secs(10),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let twice = [
+        (1, addr.clone()),
+        (2, "127.0.0.1:1".into()),
+        (2, "127.0.0.1:2".into()),
+    ];
+    let addressless = [(1, addr.clone()), (2, " ".to_string())];
+    for (members, why) in [
+        (&twice[..], "node 2 is listed twice"),
+        (&addressless[..], "node 2 has no address"),
+    ] {
+        match client.initialize(&addr, members).await {
+            Err(Error::Refused(Refusal::Invalid { field, rule })) => {
+                assert_eq!(field, "members");
+                assert_eq!(rule, why);
+            }
+            other => panic!("{members:?}: {other:?}"),
+        }
+        let info = client.node_info(&addr).await.unwrap();
+        assert!(!info.initialized, "{members:?}: initialised anyway");
+    }
+    client
+        .initialize(&addr, &[(1, addr.clone())])
+        .await
+        .unwrap();
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+}

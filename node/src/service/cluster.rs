@@ -145,10 +145,22 @@ impl cluster_server::Cluster for ClusterService {
                 format!("must include this node (id {})", self.node.id),
             )));
         }
-        let nodes: BTreeMap<u64, BasicNode> = members
-            .into_iter()
-            .map(|member| (member.id, BasicNode { addr: member.addr }))
-            .collect();
+        let mut nodes = BTreeMap::new();
+        for member in members {
+            if member.addr.trim().is_empty() {
+                return Err(refusal_status(&Refusal::invalid(
+                    "members",
+                    format!("node {} has no address", member.id),
+                )));
+            }
+            let id = member.id;
+            if nodes.insert(id, BasicNode { addr: member.addr }).is_some() {
+                return Err(refusal_status(&Refusal::invalid(
+                    "members",
+                    format!("node {id} is listed twice"),
+                )));
+            }
+        }
         match self.node.raft.initialize(nodes).await {
             Ok(()) => Ok(Response::new(InitializeResponse {})),
             Err(RaftError::APIError(InitializeError::NotAllowed(e))) => Err(infra_status(
