@@ -482,8 +482,23 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
         let data = snapshot.into_inner();
+        let len = data.len();
         let installed = async {
-            self.restore(meta, &data)?;
+            // Decoding a large state takes a while (~0.3–1 s per million leases), and the
+            // write lock may wait for a backup's copy: on a blocking thread, not on one of the
+            // runtime's two workers.
+            let (store, meta_copy) = (self.clone(), meta.clone());
+            let data = tokio::task::spawn_blocking(move || {
+                store.restore(&meta_copy, &data).map(|()| data)
+            })
+            .await
+            .map_err(|e| {
+                io_error(
+                    ErrorSubject::Snapshot(Some(meta.signature())),
+                    ErrorVerb::Read,
+                    e,
+                )
+            })??;
             self.save_snapshot(meta, &data).await
         };
         if let Err(error) = installed.await {
@@ -492,12 +507,18 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         }
         // Stored now, or a snapshot as new was already: either way the stream has landed.
         self.cover.installed(meta.last_log_id);
-        tracing::info!(snapshot = %meta.snapshot_id, bytes = data.len(), "installed snapshot");
+        tracing::info!(snapshot = %meta.snapshot_id, bytes = len, "installed snapshot");
         Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        self.load_snapshot()
+        // openraft asks for it on its state machine task whenever it sends a snapshot to a
+        // follower: reading and copying a large image there would hold up applies and block a
+        // runtime worker meanwhile.
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || store.load_snapshot())
+            .await
+            .map_err(|e| io_error(ErrorSubject::Snapshot(None), ErrorVerb::Read, e))?
     }
 }
 
