@@ -453,7 +453,7 @@ async fn a_retried_claim_is_judged_through_the_log_and_keeps_its_answer() {
 }
 
 /// A request whose client id and seq were already used for another request gets that request's
-/// answer from the session table; where it does not fit, the request is refused as INTERNAL
+/// answer from the session table; where it does not fit, the request is refused SEQ_REUSED
 /// naming the reply's kind only, not reported a success, and not shown what the other answer
 /// carried. Before, a release under a claim's seq said OK while the task stayed held (and a
 /// call that checks its reply's kind put the other reply, token included, in its message).
@@ -493,9 +493,9 @@ async fn a_seq_reused_for_another_request_is_not_taken_for_its_answer() {
         })
         .await
         .unwrap_err();
-    assert_eq!(status.code(), tonic::Code::Internal, "{status:?}");
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
     let detail = baton_rpc::error::detail_of(&status).unwrap();
-    assert_eq!(detail.code, "INTERNAL");
+    assert_eq!(detail.code, "SEQ_REUSED");
     assert!(status.message().contains("a Task reply"), "{status:?}");
     assert!(!status.message().contains(&claim_token), "{status:?}");
     let tasks = c.tasks().await.unwrap().tasks;

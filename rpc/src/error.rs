@@ -46,6 +46,10 @@ pub mod infra {
     /// The request carried no token, or one the node does not accept (gRPC `UNAUTHENTICATED`);
     /// nothing was done. Give the client a listed token (`Security::token`).
     pub const UNAUTHENTICATED: &str = "UNAUTHENTICATED";
+    /// The store's answer to the request's `client_id` and `seq` is another request's (gRPC
+    /// `FAILED_PRECONDITION`): the client used them twice. Nothing was done for this request,
+    /// and asking again under the same seq gets the same answer.
+    pub const SEQ_REUSED: &str = "SEQ_REUSED";
     /// A leadership handover (`TransferLeader`) did not complete: no other voter, or no election
     /// won in time; the message says which. Check `baton status` before asking again.
     pub const HANDOVER_FAILED: &str = "HANDOVER_FAILED";
@@ -302,6 +306,7 @@ mod tests {
             infra::REQUEST_TOO_LARGE,
             infra::UNAUTHENTICATED,
             infra::HANDOVER_FAILED,
+            infra::SEQ_REUSED,
         ] {
             let status = infra_status(Code::Unavailable, code, "x");
             let detail = detail_of(&status).expect("detail");

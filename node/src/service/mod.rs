@@ -29,13 +29,13 @@ use crate::stamp::wall_clock_ms;
 use crate::store::Applied;
 
 /// A reply of the wrong kind for the command: the session table's answer to another request
-/// under the same client id and seq (a client that reuses either), or a bug; never a contract
-/// answer. Named by its kind only: what it carries (another request's token) is not for this
-/// caller.
+/// under the same client id and seq (a client that reuses them); never a contract answer, and
+/// not worth retrying (the same seq gets the same answer). Named by its kind only: what it
+/// carries (another request's token) is not for this caller.
 fn unexpected(reply: Reply) -> Status {
     infra_status(
-        tonic::Code::Internal,
-        infra::INTERNAL,
+        tonic::Code::FailedPrecondition,
+        infra::SEQ_REUSED,
         format!(
             "the store's answer to this request is a {} reply, not one for this method: \
              header.client_id and header.seq were used for another request",

@@ -813,6 +813,21 @@ mod classify_tests {
         }
     }
 
+    /// A seq used twice gets the same answer on every attempt: said at once with its code, not
+    /// retried to the deadline.
+    #[test]
+    fn a_reused_seq_fails_at_once() {
+        let status = crate::error::infra_status(
+            Code::FailedPrecondition,
+            crate::error::infra::SEQ_REUSED,
+            "the store's answer to this request is a Task reply",
+        );
+        match classify(&status) {
+            Verdict::Fail(Error::Server { code, .. }) => assert_eq!(code, "SEQ_REUSED"),
+            _ => panic!("a reused seq is retried"),
+        }
+    }
+
     /// A leader address without a port would be dialled at port 80 and burn the deadline: the
     /// hint is dropped and the client tries its endpoints.
     #[test]
