@@ -693,3 +693,55 @@ async fn initialize_refuses_duplicate_and_addressless_members() {
     let _ = stop.send(());
     server.await.unwrap().unwrap();
 }
+
+/// A reply whose receipt cannot be decoded (none, or an unknown status) is still told first why
+/// it could not settle the ticket anyway, as the store judges a decoded one (contract §1: the
+/// receipt is judged last); only a reply that could settle it hears about its receipt. Before,
+/// every such reply was refused INVALID_ARGUMENT, whatever the ticket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_with_an_undecodable_receipt_is_judged_against_the_ticket_first() {
+    let cluster = Cluster::start().await;
+    let c = &cluster.client;
+    c.offer(support::offer("k")).await.unwrap();
+    let handle = c.take("k", "b").await.unwrap();
+    let mut handoff =
+        proto::handoff_client::HandoffClient::connect(format!("http://{}", cluster.addr))
+            .await
+            .unwrap();
+    let mut seq = 0;
+    let mut reply = |key: &str, token: &str, receipt: Option<proto::Receipt>| {
+        seq += 1;
+        proto::ReplyRequest {
+            header: Some(proto::RequestHeader {
+                client_id: 4713,
+                seq,
+                acked_below: 0,
+                retry: false,
+            }),
+            key: key.into(),
+            token: token.into(),
+            receipt,
+        }
+    };
+    let bogus = Some(proto::Receipt {
+        status: "bogus".into(),
+        summary: "s".into(),
+        ..Default::default()
+    });
+    for (request, want) in [
+        (reply("nope", &handle.token, None), "UNKNOWN_KEY"),
+        (reply("k", "not-a-token", bogus.clone()), "LEASE_LOST"),
+        (reply("k", &handle.token, bogus.clone()), "INVALID_ARGUMENT"),
+        (reply("k", &handle.token, None), "INVALID_ARGUMENT"),
+    ] {
+        let status = handoff.reply(request).await.unwrap_err();
+        let detail = baton_rpc::error::detail_of(&status).unwrap();
+        assert_eq!(detail.code, want, "{status:?}");
+    }
+    let ticket = c.ticket("k").await.unwrap();
+    assert_eq!(
+        ticket.state,
+        baton_statemachine::handoff::TicketState::Accepted
+    );
+    cluster.stop().await;
+}

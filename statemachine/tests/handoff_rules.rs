@@ -844,6 +844,50 @@ fn a_reply_that_cannot_settle_is_told_why_before_its_receipt_is_judged() {
     w.assert_refused_unchanged(reply("k", &handle.token, bad), Refusal::AlreadySettled);
 }
 
+/// `judge_reply` (what a node asks of its state for a reply whose receipt it cannot decode)
+/// gives the refusal `reply` gives before judging the receipt, and changes nothing.
+#[test]
+fn judging_a_reply_without_its_receipt_agrees_with_the_reply() {
+    let (w, handle) = accepted(500);
+    let desk = &w.state.handoff;
+    let before = w.state.clone();
+    assert_eq!(
+        desk.judge_reply(T0 + 20, "nope", &handle.token),
+        Err(Refusal::UnknownKey)
+    );
+    assert_eq!(
+        desk.judge_reply(T0 + 20, "k", "not-a-token"),
+        Err(Refusal::LeaseLost)
+    );
+    assert_eq!(desk.judge_reply(T0 + 20, "k", &handle.token), Ok(()));
+    assert_eq!(
+        desk.judge_reply(T0 + 500, "k", &handle.token),
+        Err(Refusal::Expired)
+    );
+    assert!(matches!(
+        desk.judge_reply(T0, "", &handle.token),
+        Err(Refusal::Invalid { .. })
+    ));
+    assert_eq!(w.state, before, "judging changes nothing");
+
+    let (mut w, handle) = accepted(500);
+    w.reply(T0 + 20, "k", &handle.token, done())
+        .expect("in time");
+    let desk = &w.state.handoff;
+    assert_eq!(
+        desk.judge_reply(T0 + 30, "k", &handle.token),
+        Err(Refusal::AlreadySettled)
+    );
+
+    let (mut w, handle) = accepted(500);
+    assert_eq!(w.sweep(T0 + 600), 1);
+    let desk = &w.state.handoff;
+    assert_eq!(
+        desk.judge_reply(T0 + 600, "k", &handle.token),
+        Err(Refusal::Expired)
+    );
+}
+
 #[test]
 fn an_inconsistent_receipt_is_refused_naming_the_field_and_changes_nothing() {
     let cases = [

@@ -81,8 +81,24 @@ impl handoff_server::Handoff for HandoffService {
         request: Request<ReplyRequest>,
     ) -> Result<Response<ReplyResponse>, Status> {
         let r = request.into_inner();
-        let receipt =
-            convert::receipt_from_proto(r.receipt).map_err(|refusal| refusal_status(&refusal))?;
+        let receipt = match convert::receipt_from_proto(r.receipt) {
+            Ok(receipt) => receipt,
+            Err(undecodable) => {
+                // Judged last, as the store judges a decoded one: a reply that could not settle
+                // the ticket anyway (unknown, not the holder's, late, settled) is told so first.
+                let (key, token) = (r.key, r.token);
+                self.node
+                    .read(|applied| {
+                        applied
+                            .state
+                            .handoff
+                            .judge_reply(now_ms(applied), &key, &token)
+                    })
+                    .await?
+                    .map_err(|refusal| refusal_status(&refusal))?;
+                return Err(refusal_status(&undecodable));
+            }
+        };
         let command = Command::Reply {
             key: r.key,
             token: r.token,

@@ -144,19 +144,14 @@ impl Desk {
         token: &str,
         receipt: Receipt,
     ) -> Result<(), Refusal> {
-        validate::key(key)?;
-        let record = self.records.get(key).ok_or(Refusal::UnknownKey)?;
-        if record.token.as_deref() != Some(token) {
-            return Err(Refusal::LeaseLost);
+        let settles = self.judge_reply(clock_ms, key, token);
+        if settles == Err(Refusal::Expired) {
+            // Taken, and overdue: it expires now (if the sweep has not expired it already).
+            self.expire_if_overdue(key, clock_ms);
         }
-        self.expire_if_overdue(key, clock_ms);
-        let record = self.record_mut(key)?;
-        match record.ticket.state {
-            TicketState::Accepted => {}
-            TicketState::Expired => return Err(Refusal::Expired),
-            _ => return Err(Refusal::AlreadySettled),
-        }
+        settles?;
         validate::receipt(&receipt)?;
+        let record = self.record_mut(key)?;
         let deadline = record.ticket.deadline_ms;
         let ticket = Arc::make_mut(&mut record.ticket);
         let holder = ticket.holder.take().unwrap_or_default();
@@ -167,6 +162,26 @@ impl Desk {
         self.forget_deadline(deadline, key);
         self.journal.push(closed);
         Ok(())
+    }
+
+    /// Whether a reply to `key` with `token` at `clock_ms` could settle the ticket, judging
+    /// everything but the receipt, in [`Desk::reply`]'s order: unknown key, wrong token, past
+    /// the deadline, settled. Changes nothing, so that a reply whose receipt cannot even be
+    /// decoded is still told these first (contract §1).
+    pub fn judge_reply(&self, clock_ms: u64, key: &str, token: &str) -> Result<(), Refusal> {
+        validate::key(key)?;
+        let record = self.records.get(key).ok_or(Refusal::UnknownKey)?;
+        if record.token.as_deref() != Some(token) {
+            return Err(Refusal::LeaseLost);
+        }
+        match record.ticket.state {
+            TicketState::Accepted if is_overdue(record.ticket.deadline_ms, clock_ms) => {
+                Err(Refusal::Expired)
+            }
+            TicketState::Accepted => Ok(()),
+            TicketState::Expired => Err(Refusal::Expired),
+            _ => Err(Refusal::AlreadySettled),
+        }
     }
 
     /// Withdraws an offered ticket; only its source may, and only before anyone took it.
