@@ -184,7 +184,16 @@ impl TuningArgs {
         settings.raft.snapshot_every = self.snapshot_every;
         settings.raft.keep_logs = self.keep_logs;
         settings.watch.history = self.watch_history;
+        // Not a flag of its own here: kept longer than the heartbeats it must outlast.
+        settings.watch.leaderless_cutoff = settings
+            .watch
+            .leaderless_cutoff
+            .max(self.heartbeat.saturating_mul(3));
         settings.to_node_config().map_err(|invalid| {
+            if invalid.key == "watch.max_backlog" {
+                // Derived from the history: half of it, which must leave room to resume.
+                return "--watch-history must be at least 2".to_string();
+            }
             let flag = match invalid.key.as_str() {
                 "raft.heartbeat" => "--heartbeat",
                 "raft.election_timeout" => "--election-timeout",
@@ -519,7 +528,40 @@ fn report_problems<'a>(
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
+
+    /// `baton dev`'s tuning flags, parsed as clap parses them.
+    fn tuning(flags: &[&str]) -> TuningArgs {
+        #[derive(Parser)]
+        struct Flags {
+            #[command(flatten)]
+            tuning: TuningArgs,
+        }
+        Flags::parse_from(std::iter::once("dev").chain(flags.iter().copied())).tuning
+    }
+
+    fn config(flags: &[&str]) -> Result<NodeConfig, String> {
+        let listen = SocketAddr::from(([127, 0, 0, 1], 7001));
+        tuning(flags).node_config(1, listen, PathBuf::from("d"))
+    }
+
+    /// Slow heartbeats are taken with a watch cutoff that outlasts them (a setting `baton dev`
+    /// has no flag for), and a watch history too short to resume in is refused by its flag.
+    #[test]
+    fn dev_tuning_is_refused_only_by_its_own_flags() {
+        let slow = config(&["--heartbeat", "1500ms", "--election-timeout", "5s"]).unwrap();
+        assert!(slow.watch.leaderless_cutoff >= Duration::from_millis(4_500));
+        assert_eq!(
+            config(&["--watch-history", "1"]).unwrap_err(),
+            "--watch-history must be at least 2"
+        );
+        let defaults = config(&[]).unwrap();
+        assert_eq!(defaults.raft.heartbeat, Duration::from_millis(50));
+        assert_eq!(defaults.watch.history.events, 100_000);
+        assert_eq!(defaults.watch.max_backlog, 50_000);
+    }
 
     #[test]
     fn deadlines_print_up_to_the_last_writable_millisecond_and_never_panic_beyond() {

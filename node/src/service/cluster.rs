@@ -147,14 +147,14 @@ impl cluster_server::Cluster for ClusterService {
         }
         let mut nodes = BTreeMap::new();
         for member in members {
-            if member.addr.trim().is_empty() {
+            let (id, addr) = (member.id, member.addr.trim().to_string());
+            if addr.is_empty() {
                 return Err(refusal_status(&Refusal::invalid(
                     "members",
-                    format!("node {} has no address", member.id),
+                    format!("node {id} has no address"),
                 )));
             }
-            let id = member.id;
-            if nodes.insert(id, BasicNode { addr: member.addr }).is_some() {
+            if nodes.insert(id, BasicNode { addr }).is_some() {
                 return Err(refusal_status(&Refusal::invalid(
                     "members",
                     format!("node {id} is listed twice"),

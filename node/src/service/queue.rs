@@ -272,6 +272,8 @@ impl queue_server::Queue for QueueService {
             concurrency_key: r.concurrency_key,
         };
         // Pointers under the state lock, converted after it (applies wait while it is held).
+        // An apply that changes a listed task meanwhile copies that one task instead of
+        // sharing it: far less than copying every listed task under the lock.
         let (tasks, next_after, now_ms, revision) = self
             .node
             .read(|applied| {

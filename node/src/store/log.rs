@@ -100,7 +100,11 @@ impl LogStore {
              reported stored)"
         );
         self.remove_range(index_key(missing).., Removal::NewestFirst)?;
-        let last = self.last_entry()?.map(|entry| entry.log_id).or(last_purged);
+        // Never before the purge point (see `get_log_state`).
+        let last = self
+            .last_entry()?
+            .map(|entry| entry.log_id)
+            .max(last_purged);
         let committed: Option<LogId> = self
             .read_meta::<Option<LogId>>(COMMITTED, ErrorSubject::Store)?
             .flatten();
