@@ -8,6 +8,8 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+mod support;
+
 #[test]
 fn robustness_workloads_refuse_an_external_cluster() {
     for workload in ["failover", "scale"] {
@@ -108,4 +110,44 @@ fn an_interrupted_bench_leaves_no_nodes_or_data_behind() {
         .filter(|cmdline| cmdline.contains(&tmp_name))
         .collect();
     assert!(survivors.is_empty(), "still running: {survivors:?}");
+}
+
+/// `bench --endpoints` reaches a cluster that wants TLS with the security flags given (before:
+/// it dialled plaintext and reported the cluster unreachable); without `--endpoints` they do not
+/// apply to its own plaintext cluster, and are refused rather than ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn security_flags_reach_another_cluster_and_are_refused_for_its_own() {
+    let certs = tempfile::tempdir().unwrap();
+    let (security, client) = support::tls(certs.path());
+    let cluster = support::Cluster::start_secured(|_| {}, security, client).await;
+    let ca = certs.path().join("ca.pem");
+    let addr = cluster.addr.clone();
+    let measured = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_baton"))
+            .arg("--tls-ca")
+            .arg(&ca)
+            .args(["bench", "--workload", "handoff", "--clients", "1"])
+            .args(["--duration", "1s", "--warmup", "0s", "--json"])
+            .args(["--endpoints", &addr])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&measured.stderr);
+    assert!(measured.status.success(), "{stderr}");
+    cluster.stop().await;
+
+    let refused = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["bench", "--workload", "handoff", "--duration", "1s"])
+        .args(["--auth-token", "s3cret"])
+        .env_remove("BATON_ENDPOINTS")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--auth-token does not apply without --endpoints"),
+        "{stderr}"
+    );
 }

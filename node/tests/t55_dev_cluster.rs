@@ -266,6 +266,30 @@ fn tuning_that_cannot_work_is_refused_naming_the_flag() {
     }
 }
 
+/// Flags `baton dev` has no use for (its cluster is plaintext, without tokens) are refused, not
+/// ignored; the environment's client settings do not concern it (before, an exported
+/// `BATON_TLS_CA` that did not exist stopped it).
+#[test]
+fn client_flags_given_to_dev_are_refused_and_exported_ones_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    for flags in [["--auth-token", "s3cret"], ["--tls-ca", "ca.pem"]] {
+        let (code, _, stderr) = dev_until_exit_with(dir.path(), three_free_ports(), &flags);
+        assert_eq!(code, Some(2), "{flags:?}: {stderr}");
+        let said = format!("baton dev: {} does not apply", flags[0]);
+        assert!(stderr.contains(&said), "{flags:?}: {stderr}");
+    }
+    // A setting of its own refused, to end it early: that, not the CA file, is what it says.
+    let output = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["dev", "--sweep-interval", "0s", "--data-dir"])
+        .arg(dir.path())
+        .env("BATON_TLS_CA", dir.path().join("missing.pem"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--sweep-interval"), "{stderr}");
+    assert!(!stderr.contains("missing.pem"), "{stderr}");
+}
+
 /// SIGHUP (the terminal went away) ends `baton dev` as gracefully as Ctrl-C (before: killed by
 /// the signal); started under `nohup`, which ignores SIGHUP, it keeps running.
 #[test]

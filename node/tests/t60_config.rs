@@ -475,3 +475,44 @@ fn unusable_tls_or_token_settings_name_their_key_and_exit_2() {
     );
     assert!(good_tls.status.success(), "{}", stderr(&good_tls));
 }
+
+/// Client flags given to `baton node` on its command line are refused, saying what to use
+/// instead; before, they were ignored, and a node given `--auth-token` accepted every client.
+/// From the environment (a shell that exported a client's settings) they are no obstacle.
+#[test]
+fn client_flags_given_to_a_node_are_refused() {
+    for (flags, said) in [
+        (
+            ["--auth-token", "s3cret"],
+            "--auth-token does not apply (a node reads the tokens",
+        ),
+        (
+            ["--endpoints", "127.0.0.1:7001"],
+            "--endpoints does not apply",
+        ),
+        (["--timeout", "5s"], "--timeout does not apply"),
+    ] {
+        let mut args = vec!["--check-config", "--id", "1"];
+        args.extend(flags);
+        let refused = baton_node(&args, &[]);
+        assert_eq!(
+            refused.status.code(),
+            Some(2),
+            "{flags:?}: {}",
+            stderr(&refused)
+        );
+        assert!(
+            stderr(&refused).contains(said),
+            "{flags:?}: {}",
+            stderr(&refused)
+        );
+    }
+    let exported = baton_node(
+        &["--check-config", "--id", "1"],
+        &[
+            ("BATON_TOKEN", "s3cret"),
+            ("BATON_ENDPOINTS", "127.0.0.1:7001"),
+        ],
+    );
+    assert!(exported.status.success(), "{}", stderr(&exported));
+}

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use baton_rpc::{Client, ClientConfig, Error};
+use baton_rpc::{Client, ClientConfig, Error, Security};
 use baton_statemachine::board::TaskSpec as BoardTask;
 use baton_statemachine::handoff::{OfferArgs, Receipt, ReceiptStatus};
 use baton_statemachine::queue::TaskSpec as QueueTask;
@@ -149,7 +149,11 @@ impl Tally {
 }
 
 /// Runs the benchmark and prints its figures.
-pub async fn run(args: BenchArgs, endpoints: Option<Vec<String>>) -> u8 {
+pub async fn run(args: BenchArgs, target: Option<(Vec<String>, Security)>) -> u8 {
+    let (endpoints, security) = match target {
+        Some((endpoints, security)) => (Some(endpoints), security),
+        None => (None, Security::default()),
+    };
     if args.clients == 0 {
         eprintln!("baton bench: --clients must be at least 1");
         return exit::USAGE;
@@ -180,7 +184,7 @@ pub async fn run(args: BenchArgs, endpoints: Option<Vec<String>>) -> u8 {
             .map(|c| c.endpoints.clone())
             .unwrap_or_default()
     });
-    let (client, run_id) = match connect_and_set_up(&args, &endpoints).await {
+    let (client, run_id) = match connect_and_set_up(&args, &endpoints, security).await {
         Ok(connected) => connected,
         Err(code) => return code,
     };
@@ -214,8 +218,12 @@ async fn start_own_cluster(args: &BenchArgs) -> Result<OwnCluster, u8> {
 
 /// Connects to `endpoints` and sets the workload's data up under a fresh run id; on failure,
 /// reports it and returns the exit code.
-async fn connect_and_set_up(args: &BenchArgs, endpoints: &[String]) -> Result<(Client, u32), u8> {
-    let client = bench_client(endpoints)
+async fn connect_and_set_up(
+    args: &BenchArgs,
+    endpoints: &[String],
+    security: Security,
+) -> Result<(Client, u32), u8> {
+    let client = bench_client(endpoints, security)
         .await
         .map_err(|error| exit::report(&error))?;
     let run_id: u32 = rand::random();
@@ -230,17 +238,17 @@ async fn connect_and_set_up(args: &BenchArgs, endpoints: &[String]) -> Result<(C
 /// change is retried rather than counted as an error. The cluster must first answer within
 /// [`REACH_DEADLINE`], so that addresses nobody answers on are reported at once rather than after
 /// the requests' deadline.
-async fn bench_client(endpoints: &[String]) -> Result<Client, Error> {
+async fn bench_client(endpoints: &[String], security: Security) -> Result<Client, Error> {
     let reach = ClientConfig {
         deadline: REACH_DEADLINE,
         ..ClientConfig::default()
     };
-    Client::connect_with(endpoints, reach).await?;
+    Client::connect_with_security(endpoints, reach, security.clone()).await?;
     let config = ClientConfig {
         deadline: Duration::from_secs(30),
         ..ClientConfig::default()
     };
-    Client::new(endpoints, config)
+    Client::new_with_security(endpoints, config, security)
 }
 
 /// How long the bench waits for a cluster to show a leader before it gives up (an election takes

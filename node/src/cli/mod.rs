@@ -52,6 +52,11 @@ pub struct Cli {
     #[arg(skip)]
     endpoints_from_env: bool,
 
+    /// The global flags given on the command line (not from the environment), by their clap
+    /// ids: a command that has no use for one refuses it rather than ignore it silently.
+    #[arg(skip)]
+    given: Vec<&'static str>,
+
     /// How long a client command keeps retrying before it gives up [default: 15s]. For
     /// `ticket wait`: how long to wait for a ticket [default: 60s].
     #[arg(long, global = true, value_parser = timeout)]
@@ -241,7 +246,46 @@ impl Cli {
         let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
         cli.endpoints_from_env =
             matches.value_source("endpoints") == Some(ValueSource::EnvVariable);
+        cli.given = GLOBAL_FLAGS
+            .iter()
+            .map(|(id, _)| *id)
+            .filter(|id| matches.value_source(id) == Some(ValueSource::CommandLine))
+            .collect();
         cli
+    }
+
+    /// The first global flag given on the command line that this command has no use for, with
+    /// what to do instead; `None` when every one given applies.
+    fn unused_flag(&self) -> Option<String> {
+        const CLIENT_ONLY: &[&str] = &["endpoints", "timeout", "auth_token"];
+        const TLS: &[&str] = &["tls_ca", "tls_cert", "tls_key"];
+        let (command, unused): (&str, Vec<&str>) = match &self.command {
+            // A node's TLS flags are its own identity; its tokens come from a file.
+            Command::Node(_) => ("node", CLIENT_ONLY.to_vec()),
+            // Plaintext, without tokens, on 127.0.0.1.
+            Command::Dev(_) => ("dev", [CLIENT_ONLY, TLS].concat()),
+            Command::Certs(_) => ("certs", [CLIENT_ONLY, TLS].concat()),
+            // Its own cluster is plaintext and unprotected: the security flags are for
+            // measuring another one.
+            Command::Bench(_) if !self.given.contains(&"endpoints") => {
+                ("bench", [&["auth_token"][..], TLS].concat())
+            }
+            _ => return None,
+        };
+        let id = self.given.iter().find(|id| unused.contains(id))?;
+        let flag = GLOBAL_FLAGS
+            .iter()
+            .find(|(known, _)| known == id)
+            .map_or("?", |(_, flag)| *flag);
+        let instead = match (command, *id) {
+            ("node", "auth_token") => {
+                " (a node reads the tokens it accepts from a file: --auth-token-file, or \
+                 auth.token_file in its configuration)"
+            }
+            ("bench", _) => " without --endpoints (its own cluster runs plaintext, without tokens)",
+            _ => "",
+        };
+        Some(format!("baton {command}: {flag} does not apply{instead}"))
     }
 
     /// How many Baton nodes this command runs in the process (sizes the runtime).
@@ -254,8 +298,22 @@ impl Cli {
     }
 }
 
+/// The global flags by clap id, as a user spells them.
+const GLOBAL_FLAGS: &[(&str, &str)] = &[
+    ("endpoints", "--endpoints"),
+    ("timeout", "--timeout"),
+    ("tls_ca", "--tls-ca"),
+    ("tls_cert", "--tls-cert"),
+    ("tls_key", "--tls-key"),
+    ("auth_token", "--auth-token"),
+];
+
 /// Runs the parsed command and returns the process exit code.
 pub async fn run(cli: Cli) -> ExitCode {
+    if let Some(unused) = cli.unused_flag() {
+        eprintln!("{unused}");
+        return ExitCode::from(exit::USAGE);
+    }
     match cli.command {
         Command::Node(args) => return ExitCode::from(node::run(*args, &cli.security).await),
         Command::Dev(_) => init_logging(
@@ -267,6 +325,7 @@ pub async fn run(cli: Cli) -> ExitCode {
     let config = client_config(cli.timeout.unwrap_or(DEFAULT_TIMEOUT));
     let command = match cli.command {
         Command::Certs(command) => return ExitCode::from(certs::run(command)),
+        Command::Dev(args) => return ExitCode::from(dev::run(args).await),
         Command::Snapshot(command) => match snapshot::run_offline(&command).await {
             Some(code) => return ExitCode::from(code),
             None => Command::Snapshot(command),
@@ -291,10 +350,12 @@ pub async fn run(cli: Cli) -> ExitCode {
         } else {
             cli.endpoints
         };
+        // The security settings reach another cluster; its own takes none.
+        let target = endpoints.map(|endpoints| (endpoints, security));
         // Interrupted, the bench is dropped: its own cluster's nodes are killed and their
         // temporary data removed (left to the default signal action, both stayed behind).
         let code = tokio::select! {
-            code = bench::run(args, endpoints) => code,
+            code = bench::run(args, target) => code,
             _ = shutdown_signal() => {
                 eprintln!("baton bench: interrupted; its own cluster (if any) is stopped and removed");
                 exit::FAILURE
@@ -307,7 +368,6 @@ pub async fn run(cli: Cli) -> ExitCode {
         .unwrap_or_else(|| DEV_ENDPOINTS.split(',').map(str::to_string).collect());
     // Commands that run servers or talk to nodes one by one need no leader.
     let command = match command {
-        Command::Dev(args) => return ExitCode::from(dev::run(args).await),
         Command::Cluster(command) => {
             return ExitCode::from(cluster::run(command, &endpoints, config, security).await)
         }

@@ -11,6 +11,7 @@
 
 use std::time::{Duration, Instant};
 
+use baton_rpc::Security;
 use serde_json::json;
 
 use super::{connect_and_set_up, exit, start_own_cluster, BenchArgs, Drivers, Tally};
@@ -33,10 +34,11 @@ pub(super) async fn run(args: &BenchArgs) -> u8 {
         Ok(cluster) => cluster,
         Err(code) => return code,
     };
-    let (client, run_id) = match connect_and_set_up(args, &cluster.endpoints).await {
-        Ok(connected) => connected,
-        Err(code) => return code,
-    };
+    let (client, run_id) =
+        match connect_and_set_up(args, &cluster.endpoints, Security::default()).await {
+            Ok(connected) => connected,
+            Err(code) => return code,
+        };
     let drivers = Drivers::start(&client, args.workload, run_id, args.clients);
     tokio::time::sleep(args.warmup).await;
     drivers.measure();

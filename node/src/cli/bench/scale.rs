@@ -28,7 +28,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use baton_rpc::proto::board_client::BoardClient;
 use baton_rpc::proto::ListTasksRequest;
-use baton_rpc::{Client, ClientConfig, Error};
+use baton_rpc::{Client, ClientConfig, Error, Security};
 use baton_statemachine::board::{TaskSpec, MAX_SEED_TASKS};
 use serde_json::json;
 
@@ -113,7 +113,7 @@ async fn measure(args: &BenchArgs) -> Result<Figures, Failure> {
     let mut cluster = OwnCluster::start(&args.node_args, SCALE_LOGS)
         .await
         .map_err(|why| Failure::Bench(format!("cannot start a local cluster: {why}")))?;
-    let client = bench_client(&cluster.endpoints).await?;
+    let client = bench_client(&cluster.endpoints, Security::default()).await?;
     let run_id: u32 = rand::random();
     let n = args.leases;
     progress(args, format!("seeding {n} tasks"));
