@@ -152,6 +152,25 @@ async fn t50_cli_contract_against_a_live_cluster() {
         "{race}"
     );
 
+    // A race never takes real work: the key of the ticket taken above, a task seeded for work.
+    let refused = baton(
+        &bin,
+        e,
+        &["ticket", "race", "--key", "cli-1", "--takers", "2"],
+    )
+    .await;
+    assert_eq!(refused.code, Some(2), "{refused}");
+    assert!(
+        refused.stderr.contains("race a key of its own"),
+        "{refused}"
+    );
+    let seeded = baton(&bin, e, &["board", "seed", "--task", "cli-work"]).await;
+    assert_eq!(seeded.code, Some(0), "{seeded}");
+    let refused = baton(&bin, e, &["board", "race", "--task", "cli-work"]).await;
+    assert_eq!(refused.code, Some(2), "{refused}");
+    let tasks = baton(&bin, e, &["board", "list", "--json"]).await;
+    assert!(!tasks.stdout.contains("claimer-"), "{tasks}");
+
     // A TTL past the year 9999 is legal (the deadline saturates); listing it must not crash the
     // command for every operator.
     let forever = offer(&bin, e, "cli-forever", "9000y").await;

@@ -63,7 +63,8 @@ pub enum BoardCommand {
     },
     /// Judge the current board snapshot; exits 1 and lists the problems when there are any.
     Check,
-    /// Seed TASK if unknown, let N agents claim it at once, and judge the race.
+    /// Seed TASK (an id of its own: an existing task is refused), let N agents claim it at
+    /// once, and judge the race.
     Race {
         #[arg(long)]
         task: String,
@@ -185,16 +186,22 @@ async fn race(client: &Client, task: String, claimers: usize, ttl: Duration) -> 
         Ok(snapshot) => snapshot.tasks.iter().any(|t| t.id == task),
         Err(error) => return exit::report(&error),
     };
-    if !known {
-        let seeded = client
-            .seed(&[TaskSpec {
-                id: task.clone(),
-                deps: Vec::new(),
-            }])
-            .await;
-        if let Err(error) = seeded {
-            return exit::report(&error);
-        }
+    if known {
+        // The winner keeps it claimed for --ttl: never a task someone seeded for real work.
+        eprintln!(
+            "baton: task {task:?} exists: a race would claim it and hold it for --ttl; race an id \
+             of its own"
+        );
+        return exit::USAGE;
+    }
+    let seeded = client
+        .seed(&[TaskSpec {
+            id: task.clone(),
+            deps: Vec::new(),
+        }])
+        .await;
+    if let Err(error) = seeded {
+        return exit::report(&error);
     }
     let agents: Vec<String> = (1..=claimers).map(|i| format!("claimer-{i}")).collect();
     let outcome = judge::concurrent_claim(client, &task, &agents, ttl).await;

@@ -5,7 +5,7 @@ use std::time::Duration;
 use baton_rpc::judge;
 use baton_rpc::{Client, Error};
 use baton_statemachine::handoff::{OfferArgs, Receipt, ReceiptStatus, Ticket, TicketState};
-use baton_statemachine::{ChangeFilter, ChangeKind, ChangeValue, Primitive};
+use baton_statemachine::{ChangeFilter, ChangeKind, ChangeValue, Primitive, Refusal};
 use clap::{Subcommand, ValueEnum};
 use futures::StreamExt;
 use serde_json::json;
@@ -81,7 +81,8 @@ pub enum TicketCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Offer KEY if needed, let N takers race for it, and judge the race.
+    /// Offer KEY if needed, let N takers race for it, and judge the race (a key holding a
+    /// ticket of anyone but the race itself is refused).
     Race {
         #[arg(long)]
         key: String,
@@ -285,22 +286,43 @@ async fn next_offer(client: &Client, to: &str) -> Result<Ticket, Error> {
     Err(Error::Protocol("the watch ended without an error".into()))
 }
 
+/// Who offers the tickets `ticket race` races on.
+const RACE_SOURCE: &str = "race-source";
+
+fn not_a_race_ticket(key: &str, ticket: &Ticket) -> u8 {
+    eprintln!(
+        "baton: {key:?} holds a ticket from {:?} ({}): a race would take it; race a key of its own",
+        ticket.from,
+        ticket.state.as_str()
+    );
+    exit::USAGE
+}
+
 async fn race(client: &Client, key: String, takers: usize, ttl: Duration) -> u8 {
     if takers == 0 {
         eprintln!("baton: --takers must be at least 1");
         return exit::USAGE;
     }
+    // A race takes the ticket under its addressee's name and keeps it taken: never someone
+    // else's (an offer of a live key answers with the ticket as it stands, and one of a settled
+    // key would start its next generation over the real one).
+    match client.ticket(&key).await {
+        Ok(ticket) if ticket.from != RACE_SOURCE => return not_a_race_ticket(&key, &ticket),
+        Ok(_) | Err(Error::Refused(Refusal::UnknownKey)) => {}
+        Err(error) => return exit::report(&error),
+    }
     let offered = client
         .offer(OfferArgs {
             key: key.clone(),
-            from: "race-source".into(),
+            from: RACE_SOURCE.into(),
             to: "racer".into(),
             payload: Vec::new(),
-            reply_to: "race-source".into(),
+            reply_to: RACE_SOURCE.into(),
             ttl_ms: ttl_ms(ttl),
         })
         .await;
     let ticket = match offered {
+        Ok(ticket) if ticket.from != RACE_SOURCE => return not_a_race_ticket(&key, &ticket),
         Ok(ticket) => ticket,
         Err(error) => return exit::report(&error),
     };
