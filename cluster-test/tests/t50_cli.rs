@@ -202,6 +202,20 @@ async fn t51_bad_usage_exits_2() {
         ],
         // Without a port it would be dialled at port 80 until the deadline.
         vec!["--endpoints", "127.0.0.1", "ticket", "list"],
+        // A member's address without a port: its peers could never dial it (before, every
+        // restored data dir was written with it).
+        vec![
+            "snapshot",
+            "restore",
+            "--from",
+            "/nonexistent-t51.snap",
+            "--data-dir",
+            "/nonexistent-t51-dir",
+            "--id",
+            "1",
+            "--members",
+            "1=10.0.0.1:7001,2=node2",
+        ],
         // TTLs the store would refuse (0 ms) are refused here, before any call; the endpoint is
         // unreachable, so a call would exit 4.
         vec![
@@ -241,7 +255,7 @@ async fn t51_bad_usage_exits_2() {
             args.join(" ")
         );
     }
-    println!("t51: seven kinds of bad usage exit 2");
+    println!("t51: eight kinds of bad usage exit 2");
 }
 
 #[tokio::test]

@@ -263,3 +263,21 @@ fn a_snapshot_save_that_cannot_write_its_file_stops_before_the_download() {
         "{stderr}"
     );
 }
+
+/// A directory where the file should be named is said before the download (before: the whole
+/// state was downloaded, then the rename onto the directory failed).
+#[test]
+fn a_snapshot_save_to_a_directory_stops_before_the_download() {
+    let bin = baton_cluster_test::binary::baton_bin().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let trailing = format!("{}/", dir.path().join("new").display());
+    for target in [dir.path().to_string_lossy().into_owned(), trailing] {
+        let output = std::process::Command::new(&bin)
+            .args(["--endpoints", "127.0.0.1:9", "snapshot", "save", &target])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{target}: {stderr}");
+        assert!(stderr.contains("is a directory"), "{target}: {stderr}");
+    }
+}

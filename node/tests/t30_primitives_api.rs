@@ -641,9 +641,10 @@ async fn deadlines_and_save_times_follow_the_store_clock() {
     cluster.stop().await;
 }
 
-/// `Initialize` refuses a member list with a node listed twice or without an address, and the
-/// node stays uninitialised; before, the duplicate was kept with its last address and an empty
-/// address was taken as given (its node then unreachable for good).
+/// `Initialize` refuses a member list with a node listed twice or without a `host:port`
+/// address, and the node stays uninitialised; before, the duplicate was kept with its last
+/// address and an empty or portless address was taken as given (its node then unreachable for
+/// good). A learner's address is held to the same rule.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn initialize_refuses_duplicate_and_addressless_members() {
     let dir = tempfile::tempdir().unwrap();
@@ -672,9 +673,14 @@ async fn initialize_refuses_duplicate_and_addressless_members() {
         (2, "127.0.0.1:2".into()),
     ];
     let addressless = [(1, addr.clone()), (2, " ".to_string())];
+    let portless = [(1, addr.clone()), (2, "127.0.0.1".to_string())];
     for (members, why) in [
         (&twice[..], "node 2 is listed twice"),
         (&addressless[..], "node 2 has no address"),
+        (
+            &portless[..],
+            "node 2's address \"127.0.0.1\" is not host:port",
+        ),
     ] {
         match client.initialize(&addr, members).await {
             Err(Error::Refused(Refusal::Invalid { field, rule })) => {
@@ -690,6 +696,19 @@ async fn initialize_refuses_duplicate_and_addressless_members() {
         .initialize(&addr, &[(1, addr.clone())])
         .await
         .unwrap();
+    let connected = baton_rpc::Client::connect_with(
+        &[addr.as_str()],
+        baton_rpc::ClientConfig {
+            deadline: std::time::Duration::from_secs(10),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    match connected.add_learner(2, "10.0.0.2").await {
+        Err(Error::Refused(Refusal::Invalid { field, .. })) => assert_eq!(field, "addr"),
+        other => panic!("a portless learner: {other:?}"),
+    }
     let _ = stop.send(());
     server.await.unwrap().unwrap();
 }

@@ -15,7 +15,6 @@ use baton_statemachine::handoff::{self, Handle, Problem};
 use baton_statemachine::Refusal;
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
-use tokio::time::Instant;
 
 use crate::{Client, Error};
 
@@ -94,7 +93,7 @@ where
         });
     }
     let mut race = Race::default();
-    let deadline = Instant::now() + limit;
+    let deadline = crate::client::instant_after(limit);
     loop {
         match tokio::time::timeout_at(deadline, running.join_next()).await {
             Ok(None) => break,

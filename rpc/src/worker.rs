@@ -670,7 +670,7 @@ impl Worker {
 
         // Drain: no more leases; in-flight handlers finish within the drain timeout.
         tracing::info!(worker = %settings.id, in_flight = in_flight.len(), "draining");
-        let drain_until = Instant::now() + settings.drain_timeout;
+        let drain_until = crate::client::instant_after(settings.drain_timeout);
         let mut drained = true;
         while !in_flight.is_empty() {
             match tokio::time::timeout_at(drain_until, in_flight.join_next()).await {

@@ -140,6 +140,9 @@ fn parse_peer_addr(value: &str) -> Result<(u64, String), String> {
     if addr.is_empty() {
         return Err("the address is empty".into());
     }
+    if !baton_node::config::is_dialable(addr) {
+        return Err(format!("{addr:?} is not host:port (e.g. 10.0.0.5:7001)"));
+    }
     Ok((id, addr.to_string()))
 }
 

@@ -63,6 +63,14 @@ pub async fn run_offline(command: &SnapshotCommand) -> Option<u8> {
 /// Whether `file` can be written where it is (its directory takes a new file: the save writes
 /// a temporary file beside it and renames it); the exit code to stop with when it cannot.
 fn writable(file: &std::path::Path) -> Result<(), u8> {
+    // Known before the download, not at the rename after it.
+    if file.is_dir() || file.as_os_str().to_string_lossy().ends_with('/') {
+        eprintln!(
+            "baton: {} is a directory: name the file to save to; nothing was saved",
+            file.display()
+        );
+        return Err(exit::USAGE);
+    }
     let dir = match file.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => std::path::Path::new("."),

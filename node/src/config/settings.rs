@@ -274,18 +274,21 @@ fn nonzero(key: &str, value: Duration) -> Result<(), Invalid> {
 
 /// `addr` must be `host:port` with a port peers can dial.
 fn dialable(key: &str, addr: &str) -> Result<(), Invalid> {
-    let port = addr
-        .rsplit_once(':')
-        .map(|(host, port)| (host.trim(), port));
-    match port {
-        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => {
-            Ok(())
-        }
-        _ => Err(invalid(
-            key,
-            format!("{addr:?} is not host:port (e.g. 10.0.0.5:7001)"),
-        )),
+    if is_dialable(addr) {
+        return Ok(());
     }
+    Err(invalid(
+        key,
+        format!("{addr:?} is not host:port (e.g. 10.0.0.5:7001)"),
+    ))
+}
+
+/// Whether `addr` is `host:port` with a port other than 0: what a member's address must be for
+/// its peers to dial it.
+pub fn is_dialable(addr: &str) -> bool {
+    addr.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.trim().is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
+    })
 }
 
 /// The smallest `limits.max_request_bytes`: room for a call carrying the largest payload

@@ -22,6 +22,7 @@ use tonic::{Code, Request, Response, Status};
 
 use crate::admission::Admission;
 use crate::codec;
+use crate::config::is_dialable;
 use crate::deposed::unless_deposed;
 use crate::handover;
 use crate::network::Network;
@@ -154,6 +155,12 @@ impl cluster_server::Cluster for ClusterService {
                     format!("node {id} has no address"),
                 )));
             }
+            if !is_dialable(&addr) {
+                return Err(refusal_status(&Refusal::invalid(
+                    "members",
+                    format!("node {id}'s address {addr:?} is not host:port"),
+                )));
+            }
             if nodes.insert(id, BasicNode { addr }).is_some() {
                 return Err(refusal_status(&Refusal::invalid(
                     "members",
@@ -177,10 +184,17 @@ impl cluster_server::Cluster for ClusterService {
         request: Request<AddLearnerRequest>,
     ) -> Result<Response<MembershipResponse>, Status> {
         let AddLearnerRequest { id, addr } = request.into_inner();
+        let addr = addr.trim().to_string();
         if addr.is_empty() {
             return Err(refusal_status(&Refusal::invalid(
                 "addr",
                 "must not be empty",
+            )));
+        }
+        if !is_dialable(&addr) {
+            return Err(refusal_status(&Refusal::invalid(
+                "addr",
+                format!("{addr:?} is not host:port (e.g. 10.0.0.4:7001)"),
             )));
         }
         tracing::info!(id, %addr, "adding learner");

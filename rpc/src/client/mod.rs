@@ -660,6 +660,14 @@ fn has_port(endpoint: &str) -> bool {
     })
 }
 
+/// The instant `wait` from now, or one decades away for a wait too long to add (a duration
+/// typed as `300000000000y`), instead of the overflow's panic.
+pub(crate) fn instant_after(wait: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(wait)
+        .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 24 * 3600))
+}
+
 /// `http://host:port/` -> `host:port`.
 fn normalize(endpoint: &str) -> String {
     let endpoint = endpoint.trim();
@@ -811,6 +819,15 @@ mod classify_tests {
                 _ => panic!("{:?} is retried", status.code()),
             }
         }
+    }
+
+    /// A wait too long to add to now is taken as decades, not a panic.
+    #[test]
+    fn a_wait_too_long_to_add_is_decades() {
+        let far = instant_after(Duration::MAX);
+        assert!(far > tokio::time::Instant::now() + Duration::from_secs(10 * 365 * 24 * 3600));
+        let soon = instant_after(Duration::from_secs(1));
+        assert!(soon <= tokio::time::Instant::now() + Duration::from_secs(1));
     }
 
     /// A seq used twice gets the same answer on every attempt: said at once with its code, not
