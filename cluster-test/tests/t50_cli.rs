@@ -97,6 +97,10 @@ async fn t50_cli_contract_against_a_live_cluster() {
                 "member lacks {field}: {member}"
             );
         }
+        assert!(
+            member["version"].as_str().is_some_and(|v| !v.is_empty()),
+            "member lacks its version: {member}"
+        );
         let addr = member["addr"].as_str().unwrap();
         assert_eq!(cluster.id_of(addr), member["id"].as_u64(), "{member}");
     }

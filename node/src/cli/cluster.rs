@@ -156,6 +156,7 @@ pub async fn status(
                     "watch_events": info.as_ref().map(|i| i.watch_events),
                     "watch_bytes": info.as_ref().map(|i| i.watch_bytes),
                     "watch_streams": info.as_ref().map(|i| i.watch_streams),
+                    "version": info.as_ref().map(|i| i.version.as_str()).filter(|v| !v.is_empty()),
                 })
             })
             .collect();
@@ -166,21 +167,27 @@ pub async fn status(
         );
     } else {
         println!(
-            "{:<4} {:<22} {:<12} {:>6} {:>10} {:>10}",
+            "{:<4} {:<22} {:<12} {:>6} {:>10} {:>10}  VERSION",
             "ID", "ADDR", "ROLE", "TERM", "LAST_LOG", "APPLIED"
         );
         for (id, addr, role, info) in &rows {
-            let (term, last, applied) = info
+            let (term, last, applied, version) = info
                 .as_ref()
                 .map(|i| {
                     (
                         i.term.to_string(),
                         i.last_log_index.to_string(),
                         i.applied_index.to_string(),
+                        // Older versions do not say.
+                        if i.version.is_empty() {
+                            "-".to_string()
+                        } else {
+                            i.version.clone()
+                        },
                     )
                 })
-                .unwrap_or_else(|| ("-".into(), "-".into(), "-".into()));
-            println!("{id:<4} {addr:<22} {role:<12} {term:>6} {last:>10} {applied:>10}");
+                .unwrap_or_else(|| ("-".into(), "-".into(), "-".into(), "-".into()));
+            println!("{id:<4} {addr:<22} {role:<12} {term:>6} {last:>10} {applied:>10}  {version}");
         }
         match leader {
             Some(id) => println!("leader: node {id}"),

@@ -126,6 +126,7 @@ impl cluster_server::Cluster for ClusterService {
             watch_bytes: history.bytes as u64,
             watch_streams: history.streams as u64,
             quorum_ack_age_ms: metrics.millis_since_quorum_ack,
+            version: env!("CARGO_PKG_VERSION").to_string(),
         }))
     }
 
