@@ -335,6 +335,55 @@ fn t71_two_holders_at_once_are_reported_even_with_rising_fences() {
         rules(&violations).contains(&"exclusive-hold"),
         "{violations:?}"
     );
+    // Both to one worker (its start failed, it leased again while its own permit was live):
+    // held twice all the same.
+    let mut h = H::default();
+    for (call, task, token) in [(10, 1, 7), (30, 2, 8)] {
+        h.ok(
+            "w0",
+            lease("w0"),
+            call,
+            call + 10,
+            Output::Leased(vec![(task, 1, "key-0".into(), Some(token))]),
+        );
+    }
+    let violations = queue::check(&h.ops, 100_000);
+    assert!(
+        rules(&violations).contains(&"exclusive-hold"),
+        "one worker: {violations:?}"
+    );
+}
+
+/// A refused release ended nothing: a grant given while the refused one's holder still held it
+/// is two holders at once. (Before, any release counted as an end, refused or not.)
+#[test]
+fn t71_a_refused_release_does_not_end_a_hold() {
+    let mut h = H::default();
+    h.ok("a0", claim_of("a0"), 0, 10, lease_of(1));
+    h.refused(
+        "a0",
+        Input::ReleaseTask {
+            task: "task-0".into(),
+            token: "t1".into(),
+            fence: 1,
+        },
+        15,
+        18,
+        "LEASE_LOST",
+    );
+    h.ok("a1", claim_of("a1"), 20, 30, lease_of(2));
+    h.ok(
+        "final",
+        Input::ListTasks,
+        100,
+        110,
+        Output::Tasks(vec![("task-0".into(), "open".into(), 2)]),
+    );
+    let violations = board::check(&h.ops, 100_000);
+    assert!(
+        rules(&violations).contains(&"exclusive-hold"),
+        "{violations:?}"
+    );
 }
 
 fn write(resource: &str, fence: u64, value: &str) -> Input {
@@ -641,8 +690,9 @@ fn board_rules(mut h: H, end: u64, fence: u64) -> Vec<String> {
 }
 
 /// `TAKEN` needs a claim that may have held the task meanwhile: one acknowledged and not yet
-/// released or expired, or one whose outcome is unknown. A store that answers `TAKEN` for a free
-/// task (a stale judgement made without a log entry) passes every grant rule.
+/// released or expired, or one whose outcome is unknown that may have won a fence the final
+/// listing counts and held it then. A store that answers `TAKEN` for a free task (a stale
+/// judgement made without a log entry) passes every grant rule.
 #[test]
 fn t71_taken_for_a_free_task_is_reported() {
     let ttl = board::TTL_MS as u64;
@@ -681,6 +731,35 @@ fn t71_taken_for_a_free_task_is_reported() {
     h.ambiguous("a1", claim_of("a1"), 0);
     h.refused("a0", claim_of("a0"), ttl + 1_000, ttl + 1_010, "TAKEN");
     assert!(board_rules(h, ttl + 2_000, 1).is_empty());
+    // ... but only if it may have won: the final listing counts no fence it could hold.
+    let mut h = H::default();
+    h.ambiguous("a1", claim_of("a1"), 0);
+    h.refused("a0", claim_of("a0"), ttl + 1_000, ttl + 1_010, "TAKEN");
+    assert_eq!(board_rules(h, ttl + 2_000, 0), ["unexplained-taken"]);
+    // ... and only while it may have held it: a fence it won lies below an acknowledged one,
+    // applied after it, so it held the task until that claim's answer plus the TTL at most.
+    let mut h = H::default();
+    h.ambiguous("a1", claim_of("a1"), 0);
+    h.ok("a2", claim_of("a2"), ttl + 100, ttl + 110, lease_of(2));
+    h.ok(
+        "a2",
+        Input::ReleaseTask {
+            task: "task-0".into(),
+            token: "t2".into(),
+            fence: 2,
+        },
+        ttl + 120,
+        ttl + 130,
+        Output::Done,
+    );
+    h.refused(
+        "a0",
+        claim_of("a0"),
+        2 * ttl + 1_000,
+        2 * ttl + 1_010,
+        "TAKEN",
+    );
+    assert_eq!(board_rules(h, 2 * ttl + 2_000, 2), ["unexplained-taken"]);
     // Renewed (answered, or not) before its end, the same claim still holds it then.
     let renew = Input::RenewTask {
         task: "task-0".into(),

@@ -156,7 +156,9 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
     let mut uses = Vec::new();
     let mut ends = Vec::new();
     for op in history {
-        if let Input::ReleaseTask { task, fence, .. } = &op.input {
+        // A refused release ended nothing.
+        if let (Input::ReleaseTask { task, fence, .. }, false) = (&op.input, op.refused().is_some())
+        {
             ends.push(Use {
                 key: task.clone(),
                 fence: *fence,
@@ -205,7 +207,7 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
     }
     violations.extend(durable(history, &grants, final_from));
     violations.extend(reads(history, &grants, final_from));
-    violations.extend(explained_taken(history));
+    violations.extend(explained_taken(history, final_from));
     violations
 }
 
@@ -272,14 +274,67 @@ fn reads(history: &[Op], grants: &[Grant], final_from: u64) -> Vec<Violation> {
     violations
 }
 
+/// Per task, until when (history clock) a claim that won without its claimant hearing of it
+/// may have held the task: the fences the final listing counts that no acknowledged claim holds
+/// were won by unanswered claims, each applied before the first acknowledged claim with a higher
+/// fence (fences are given in apply order), so it held the task at most until that claim's
+/// answer plus the TTL; `None` (for good) when no acknowledged claim followed it. A task whose
+/// fences are all acknowledged has no entry: its unanswered claims won nothing. The whole map is
+/// `None` when no final listing was made (then every unanswered claim counts as a winner, for
+/// good).
+fn silent_winners(history: &[Op], final_from: u64) -> Option<BTreeMap<&str, Option<u64>>> {
+    let last = history
+        .iter()
+        .rfind(|op| op.call >= final_from && matches!(op.input, Input::ListTasks));
+    let Some(Output::Tasks(tasks)) = last.and_then(Op::ok) else {
+        return None;
+    };
+    // Per task: each acknowledged claim's fence and answer.
+    let mut acknowledged: BTreeMap<&str, BTreeMap<u64, u64>> = BTreeMap::new();
+    for op in history {
+        if let (Input::Claim { task, .. }, Some(Output::Lease { fence, .. }), Some(ret)) =
+            (&op.input, op.ok(), op.ret)
+        {
+            let at = acknowledged
+                .entry(task)
+                .or_default()
+                .entry(*fence)
+                .or_insert(ret);
+            *at = (*at).min(ret);
+        }
+    }
+    let ttl_us = TTL_MS as u64 * 1000;
+    let mut winners = BTreeMap::new();
+    let none = BTreeMap::new();
+    for (task, _, max_fence) in tasks {
+        let fences = acknowledged.get(task.as_str()).unwrap_or(&none);
+        let mut until: Option<Option<u64>> = None;
+        for fence in (1..=*max_fence).filter(|fence| !fences.contains_key(fence)) {
+            // The earliest answer of an acknowledged claim at a higher fence.
+            let next = fences.range(fence + 1..).map(|(_, ret)| *ret).min();
+            let end = next.map(|ret| ret + ttl_us);
+            until = Some(match (until, end) {
+                (None, end) => end,
+                (Some(None), _) | (_, None) => None,
+                (Some(Some(a)), Some(b)) => Some(a.max(b)),
+            });
+        }
+        if let Some(until) = until {
+            winners.insert(task.as_str(), until);
+        }
+    }
+    Some(winners)
+}
+
 /// A claim refused `TAKEN` is explained by a claim that may have held the task at some moment
 /// while the refusal was on its way: sent before the refusal came back, not released (by an
 /// acknowledged release that came back) before the refused claim was sent, and not certainly
-/// expired by then — its TTL counted from the latest answer of it or of a renewal of it (an
-/// unanswered claim or renewal may take effect at any time, so it explains every later refusal).
-/// A store that answers `TAKEN` for a free task (a stale judgement without a log entry, say)
-/// passes every grant rule; this one catches it.
-fn explained_taken(history: &[Op]) -> Vec<Violation> {
+/// expired by then — its TTL counted from the latest answer of it or of a renewal of it. An
+/// unanswered claim explains a refusal only if it may have won ([`silent_winners`]) and held the
+/// task then. A store that answers `TAKEN` for a free task (a stale judgement without a log
+/// entry, say) passes every grant rule; this one catches it.
+fn explained_taken(history: &[Op], final_from: u64) -> Vec<Violation> {
+    let winners = silent_winners(history, final_from);
     let ttl_us = TTL_MS as u64 * 1000;
     // Indexed once: the claims per task; per claim (task, fence), the earliest return of an
     // acknowledged release, and its renewals.
@@ -323,7 +378,13 @@ fn explained_taken(history: &[Op]) -> Vec<Violation> {
                 }
                 let fence = match (&claim.outcome, claim.ok()) {
                     (_, Some(Output::Lease { fence, .. })) => *fence,
-                    (Outcome::Ambiguous(_), _) => return true,
+                    (Outcome::Ambiguous(_), _) => {
+                        return winners.as_ref().is_none_or(|winners| {
+                            winners.get(task.as_str()).is_some_and(|until| {
+                                until.is_none_or(|until| until + CLOCK_SLACK_US >= op.call)
+                            })
+                        })
+                    }
                     _ => return false,
                 };
                 let key = (task.as_str(), fence);

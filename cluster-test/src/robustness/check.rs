@@ -227,15 +227,17 @@ pub fn no_stale_holder(
 /// leader's wall clock (the same machine's), which agree to well within this over a run.
 pub const CLOCK_SLACK_US: u64 = 250_000;
 
-/// Two processes never hold one key at once: a grant acknowledged while an earlier grant on the
-/// key to another client was certainly still live is a violation, whatever the fences say (a
-/// store that ignored live leases but kept raising fences would pass every fence rule).
+/// No two grants hold one key at once: a grant acknowledged while an earlier grant on the key
+/// was certainly still live is a violation, whatever the fences say (a store that ignored live
+/// leases but kept raising fences would pass every fence rule), also when both went to one
+/// client (a worker whose start failed leasing again while its own permit was live).
 ///
 /// Certainly live: the earlier grant `g1` was applied before `g2` (it returned before `g2` was
 /// invoked), `g2` returned before `g1`'s TTL ran out counted from `g1`'s invocation (the store
 /// applies a command after it is sent and counts the TTL from then; less [`CLOCK_SLACK_US`]), and
 /// no operation in `ends` (every call that could end a grant — release, complete —, answered or
-/// not, matched by key and fence) on `g1` was invoked before `g2` returned. Renewals only make a
+/// not, but not refused: a refusal ends nothing; matched by key and fence) on `g1` was invoked
+/// before `g2` returned. Renewals only make a
 /// lease longer and are ignored. Pairs with equal fences are [`unique_grants`]'s.
 pub fn exclusive_holds(
     what: &str,
@@ -267,8 +269,7 @@ pub fn exclusive_holds(
             };
             let live = grants[..i].iter().rev().find(|first| {
                 let op1 = &history[first.op];
-                op1.client != history[second.op].client
-                    && first.fence != second.fence
+                first.fence != second.fence
                     && op1.ret.is_some_and(|ret1| ret1 < call2)
                     && ret2 + CLOCK_SLACK_US < op1.call + ttl_us
                     && first_end

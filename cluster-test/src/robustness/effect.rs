@@ -211,11 +211,14 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
             resource, fence, ..
         } = &op.input
         {
-            ends.push(Use {
-                key: resource.clone(),
-                fence: *fence,
-                op: op.index,
-            });
+            // A refusal ended nothing.
+            if op.refused().is_none() {
+                ends.push(Use {
+                    key: resource.clone(),
+                    fence: *fence,
+                    op: op.index,
+                });
+            }
         }
         match (&op.input, op.ok()) {
             (Input::Acquire { resource, .. }, Some(Output::Granted { fence, .. })) => {

@@ -277,11 +277,14 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
             ..
         } = &op.input
         {
-            ends.push(Use {
-                key: concurrency_key.clone(),
-                fence: *token,
-                op: op.index,
-            });
+            // A refusal ended nothing.
+            if op.refused().is_none() {
+                ends.push(Use {
+                    key: concurrency_key.clone(),
+                    fence: *token,
+                    op: op.index,
+                });
+            }
         }
         match (&op.input, op.ok()) {
             (Input::Lease { .. }, Some(Output::Leased(assignments))) => {
