@@ -464,8 +464,12 @@ pub async fn run(scenario: Scenario, seed: u64, settings: &Settings) -> anyhow::
     let label = Label {
         name: scenario.name().to_string(),
         seed,
+        // The fault time too: without it the binary derives another one from the seed, and
+        // the replay follows another schedule.
         replay: format!(
-            "cargo run --release -p baton-cluster-test --bin robustness -- --scenario {scenario} --seed {seed}"
+            "cargo run --release -p baton-cluster-test --bin robustness -- --scenario {scenario} \
+             --seed {seed} --fault-time {}",
+            humantime::format_duration(settings.fault_time)
         ),
         started,
     };
