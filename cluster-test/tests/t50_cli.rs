@@ -404,6 +404,10 @@ async fn t55_members_promote_refuses_a_change_most_voters_cannot_answer() {
         .save_if_newer("t55", 1, b"still writable")
         .await
         .unwrap();
+    // The last voter cannot be removed: said plainly, even with --force.
+    let last = baton(&bin, e, &["members", "remove", "--id", "1", "--force"]).await;
+    assert_eq!(last.code, Some(2), "{last}");
+    assert!(last.stderr.contains("node 1 is the last voter"), "{last}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -438,6 +442,20 @@ async fn t54_members_remove_takes_out_learners_and_voters_and_refuses_strangers(
     assert!(
         members.iter().any(|m| m.id == 4 && !m.voter),
         "{add}\n{members:?}"
+    );
+
+    // Promoting it: three of four voters would answer, a majority, but the cluster would be
+    // one failure from stopping: refused unless --force.
+    let promote = baton(&bin, e, &["members", "promote", "--id", "4"]).await;
+    assert_eq!(promote.code, Some(2), "{promote}");
+    assert!(
+        promote.stderr.contains("node 4 does not answer"),
+        "{promote}"
+    );
+    let members = cluster.node_info(leader).await.unwrap().members;
+    assert!(
+        members.iter().any(|m| m.id == 4 && !m.voter),
+        "still a learner: {members:?}"
     );
 
     let remove = baton(&bin, e, &["members", "remove", "--id", "4"]).await;

@@ -150,4 +150,13 @@ async fn security_flags_reach_another_cluster_and_are_refused_for_its_own() {
         stderr.contains("--auth-token does not apply without --endpoints"),
         "{stderr}"
     );
+    // Its requests keep their own deadline: --timeout is refused, not ignored.
+    let refused = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["--timeout", "5s", "bench", "--workload", "handoff"])
+        .args(["--endpoints", "127.0.0.1:9"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--timeout does not apply"), "{stderr}");
 }

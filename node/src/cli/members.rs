@@ -71,6 +71,16 @@ pub async fn run(command: MembersCommand, client: &Client) -> u8 {
             if !force && !quorum_answers(client, &current, &next).await {
                 return exit::USAGE;
             }
+            // Most voters answering is not enough: a voter nobody reaches leaves the cluster
+            // one failure short of stopping (3 of 4 answer; one more down and writes stop).
+            if !force && !answers(client, &current, id).await {
+                eprintln!(
+                    "baton: node {id} does not answer: promoted, it would be a voter the cluster \
+                     cannot reach, and one more failure would stop its writes. Start it (or fix \
+                     its address) first, or pass --force"
+                );
+                return exit::USAGE;
+            }
             client.change_membership(&next).await
         }
         MembersCommand::Remove { id, force } => {
@@ -81,6 +91,10 @@ pub async fn run(command: MembersCommand, client: &Client) -> u8 {
                 return exit::USAGE;
             }
             let next: Vec<u64> = voters.iter().copied().filter(|v| *v != id).collect();
+            if next.is_empty() {
+                eprintln!("baton: node {id} is the last voter; a cluster cannot do without one");
+                return exit::USAGE;
+            }
             if !force && next != voters && !quorum_answers(client, &current, &next).await {
                 return exit::USAGE;
             }
@@ -104,15 +118,7 @@ pub async fn run(command: MembersCommand, client: &Client) -> u8 {
 async fn quorum_answers(client: &Client, members: &[Member], next: &[u64]) -> bool {
     let mut silent = Vec::new();
     for id in next {
-        let addr = members
-            .iter()
-            .find(|m| m.id == *id)
-            .map(|m| m.addr.as_str());
-        let answers = match addr {
-            Some(addr) => client.node_info(addr).await.is_ok(),
-            None => false,
-        };
-        if !answers {
+        if !answers(client, members, *id).await {
             silent.push(*id);
         }
     }
@@ -126,6 +132,14 @@ async fn quorum_answers(client: &Client, members: &[Member], next: &[u64]) -> bo
          fix their addresses) first, or pass --force"
     );
     false
+}
+
+/// Whether member `id` answers (NodeInfo) at its address.
+async fn answers(client: &Client, members: &[Member], id: u64) -> bool {
+    match members.iter().find(|m| m.id == id) {
+        Some(member) => client.node_info(&member.addr).await.is_ok(),
+        None => false,
+    }
 }
 
 async fn current_members(client: &Client) -> Result<Vec<Member>, u8> {

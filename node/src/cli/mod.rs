@@ -271,8 +271,10 @@ impl Cli {
             // Its own cluster is plaintext and unprotected: the security flags are for
             // measuring another one.
             Command::Bench(_) if !self.given.contains(&"endpoints") => {
-                ("bench", [&["auth_token"][..], TLS].concat())
+                ("bench", [&["auth_token", "timeout"][..], TLS].concat())
             }
+            // Its requests keep their own deadline (a leader change is retried, not counted).
+            Command::Bench(_) => ("bench", vec!["timeout"]),
             _ => return None,
         };
         let id = self.given.iter().find(|id| unused.contains(id))?;
@@ -285,6 +287,7 @@ impl Cli {
                 " (a node reads the tokens it accepts from a file: --auth-token-file, or \
                  auth.token_file in its configuration)"
             }
+            ("bench", "timeout") => " (each request has a deadline of its own)",
             ("bench", _) => " without --endpoints (its own cluster runs plaintext, without tokens)",
             _ => "",
         };
