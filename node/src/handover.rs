@@ -361,9 +361,9 @@ async fn wait_new_leader(node: &Node, limit: Duration) -> Option<(NodeId, u64)> 
 }
 
 /// Handles a `TimeoutNow` at the target: if this node is a voter that follows the asking
-/// leader in its term, holds its last log entry and is not leaving, it starts an election `after_ms` from now
-/// (unless its term has moved on by then, or it started leaving) and answers at once; otherwise
-/// it says why not.
+/// leader in its term, holds its last log entry and is not leaving, it starts an election
+/// `after_ms` from now (unless its term has moved on by then, or it started leaving) and answers
+/// at once; otherwise it says why not.
 pub async fn on_timeout_now(
     raft: &Raft,
     contact: &Contact,

@@ -318,19 +318,16 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
             if local.progress.refuses(&vote) {
                 return Err("its leader has stalled; refused meanwhile".to_string());
             }
-            let chunk = (
-                request.meta.snapshot_id.clone(),
-                request.offset,
-                request.data.len(),
-            );
-            let result = match local.snapshot_chunks.admit(&request) {
-                Ok(()) => raft.install_snapshot(request).await,
-                Err(mismatch) => Err(RaftError::APIError(mismatch)),
+            let (admitted, result) = match local.snapshot_chunks.admit(&request) {
+                Ok(admitted) => (Some(admitted), raft.install_snapshot(request).await),
+                Err(mismatch) => (None, Err(RaftError::APIError(mismatch))),
             };
             // openraft writes a chunk unless this node's vote is newer than the sender's, and
             // answers with its vote as it was (the vote itself changes only with the last chunk).
-            if result.as_ref().is_ok_and(|response| vote >= response.vote) {
-                local.snapshot_chunks.accepted(&chunk.0, chunk.1, chunk.2);
+            if let Some(admitted) = admitted {
+                if result.as_ref().is_ok_and(|response| vote >= response.vote) {
+                    local.snapshot_chunks.accepted(admitted);
+                }
             }
             if result.as_ref().is_ok_and(|response| response.vote == vote) {
                 local.contact.heard_from_leader();

@@ -30,20 +30,27 @@ struct Received {
     end: u64,
 }
 
+/// An admitted chunk: its snapshot and where it ends, recorded once openraft wrote it.
+#[derive(Debug)]
+pub struct Admitted(Received);
+
 impl ChunkIntake {
     /// Whether `chunk` starts within what was received of its snapshot (or at the start of a
     /// snapshot); if not, the mismatch to answer.
     pub fn admit(
         &self,
         chunk: &InstallSnapshotRequest<TypeConfig>,
-    ) -> Result<(), InstallSnapshotError> {
+    ) -> Result<Admitted, InstallSnapshotError> {
         let received = self.received.lock().unwrap_or_else(|e| e.into_inner());
         let end = match &*received {
             Some(received) if received.snapshot_id == chunk.meta.snapshot_id => received.end,
             _ => 0,
         };
         if chunk.offset <= end {
-            return Ok(());
+            return Ok(Admitted(Received {
+                snapshot_id: chunk.meta.snapshot_id.clone(),
+                end: chunk.offset.saturating_add(chunk.data.len() as u64),
+            }));
         }
         let at = |offset| SnapshotSegmentId {
             id: chunk.meta.snapshot_id.clone(),
@@ -55,20 +62,14 @@ impl ChunkIntake {
         }))
     }
 
-    /// Records that `chunk` was written.
-    pub fn accepted(&self, chunk_id: &str, offset: u64, len: usize) {
-        let end = offset.saturating_add(len as u64);
+    /// Records that the `admitted` chunk was written.
+    pub fn accepted(&self, Admitted(chunk): Admitted) {
         let mut received = self.received.lock().unwrap_or_else(|e| e.into_inner());
         match &mut *received {
-            Some(received) if received.snapshot_id == chunk_id => {
-                received.end = received.end.max(end);
+            Some(received) if received.snapshot_id == chunk.snapshot_id => {
+                received.end = received.end.max(chunk.end);
             }
-            other => {
-                *other = Some(Received {
-                    snapshot_id: chunk_id.to_string(),
-                    end,
-                })
-            }
+            other => *other = Some(chunk),
         }
     }
 }
@@ -94,11 +95,13 @@ mod tests {
     }
 
     fn take(intake: &ChunkIntake, chunk: &InstallSnapshotRequest<TypeConfig>) -> bool {
-        let admitted = intake.admit(chunk).is_ok();
-        if admitted {
-            intake.accepted(&chunk.meta.snapshot_id, chunk.offset, chunk.data.len());
+        match intake.admit(chunk) {
+            Ok(admitted) => {
+                intake.accepted(admitted);
+                true
+            }
+            Err(_) => false,
         }
-        admitted
     }
 
     #[test]
