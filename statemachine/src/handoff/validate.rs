@@ -6,24 +6,7 @@ use crate::limits::{
     MAX_ADDRESS_BYTES, MAX_AGENT_BYTES, MAX_ARTIFACTS, MAX_KEY_BYTES, MAX_PAYLOAD_BYTES,
     MAX_TEXT_BYTES,
 };
-
-/// A required, bounded string.
-pub(super) fn required(field: &str, value: &str, max: usize) -> Result<(), Refusal> {
-    if value.is_empty() {
-        return Err(Refusal::invalid(field, "must not be empty"));
-    }
-    bounded(field, value, max)
-}
-
-fn bounded(field: &str, value: &str, max: usize) -> Result<(), Refusal> {
-    if value.len() > max {
-        return Err(Refusal::invalid(
-            field,
-            format!("must be at most {max} bytes"),
-        ));
-    }
-    Ok(())
-}
+use crate::validate::{bounded, bounded_bytes, required, ttl};
 
 pub(super) fn key(value: &str) -> Result<(), Refusal> {
     required("key", value, MAX_KEY_BYTES)
@@ -38,16 +21,8 @@ pub(super) fn offer(args: &OfferArgs) -> Result<(), Refusal> {
     agent("from", &args.from)?;
     agent("to", &args.to)?;
     required("reply_to", &args.reply_to, MAX_ADDRESS_BYTES)?;
-    if args.ttl_ms <= 0 {
-        return Err(Refusal::invalid("ttl", "must be > 0"));
-    }
-    if args.payload.len() > MAX_PAYLOAD_BYTES {
-        return Err(Refusal::invalid(
-            "payload",
-            format!("must be at most {MAX_PAYLOAD_BYTES} bytes"),
-        ));
-    }
-    Ok(())
+    ttl(args.ttl_ms)?;
+    bounded_bytes("payload", &args.payload, MAX_PAYLOAD_BYTES)
 }
 
 pub(super) fn receipt(receipt: &Receipt) -> Result<(), Refusal> {
