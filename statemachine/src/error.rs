@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize};
 ///
 /// Infrastructure failures (no leader, timeouts, unreachable nodes) are deliberately absent:
 /// they are not answers from the contract and must never be mistaken for one.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error, strum::EnumIter,
+)]
 pub enum Refusal {
     /// The input broke a validation rule; `field` names the input, `rule` the rule it broke.
     #[error("invalid {field}: {rule}")]
@@ -136,45 +138,18 @@ impl Refusal {
         }
     }
 
-    /// Every refusal without fields, for exhaustive mapping tables and tests.
-    pub const ALL_SIMPLE: &'static [Refusal] = &[
-        Refusal::UnknownKey,
-        Refusal::Taken,
-        Refusal::Expired,
-        Refusal::NotAddressee,
-        Refusal::NotSource,
-        Refusal::LeaseLost,
-        Refusal::AlreadySettled,
-        Refusal::UnknownTask,
-        Refusal::AlreadyDone,
-        Refusal::Blocked,
-        Refusal::UnknownAction,
-        Refusal::FenceStale,
-        Refusal::NotHolder,
-        Refusal::ResourceMismatch,
-        Refusal::NotInProgress,
-        Refusal::NotUncertain,
-        Refusal::ReconcileTaken,
-        Refusal::UnsafeNotRetryable,
-        Refusal::StaleSeq,
-        Refusal::NotFound,
-        Refusal::IdempotencyConflict,
-        Refusal::UnknownQueue,
-        Refusal::UnknownWorker,
-        Refusal::StateConflict,
-        Refusal::AlreadyStarted,
-        Refusal::NotStarted,
-    ];
+    /// Every refusal, [`Refusal::Invalid`] with empty fields: for exhaustive mapping tables
+    /// and tests.
+    pub fn all() -> impl Iterator<Item = Refusal> {
+        <Refusal as strum::IntoEnumIterator>::iter()
+    }
 
     /// The refusal a wire code names (`field` and `rule` are used for `INVALID_ARGUMENT`).
     pub fn from_code(code: &str, field: &str, rule: &str) -> Option<Refusal> {
         if code == "INVALID_ARGUMENT" {
             return Some(Refusal::invalid(field, rule));
         }
-        Refusal::ALL_SIMPLE
-            .iter()
-            .find(|refusal| refusal.code() == code)
-            .cloned()
+        Refusal::all().find(|refusal| refusal.code() == code)
     }
 
     /// Builds an [`Refusal::Invalid`].
@@ -190,19 +165,54 @@ impl Refusal {
 mod tests {
     use super::*;
 
+    /// The codes as hosts match on them (the contract spells most of them out): renaming one
+    /// breaks every host, so each is pinned here, and a variant added without a code here fails.
+    const WIRE_CODES: &[&str] = &[
+        "INVALID_ARGUMENT",
+        "UNKNOWN_KEY",
+        "TAKEN",
+        "EXPIRED",
+        "NOT_ADDRESSEE",
+        "NOT_SOURCE",
+        "LEASE_LOST",
+        "ALREADY_SETTLED",
+        "UNKNOWN_TASK",
+        "ALREADY_DONE",
+        "BLOCKED",
+        "UNKNOWN_ACTION",
+        "FENCE_STALE",
+        "NOT_HOLDER",
+        "RESOURCE_MISMATCH",
+        "NOT_IN_PROGRESS",
+        "NOT_UNCERTAIN",
+        "RECONCILE_TAKEN",
+        "UNSAFE_NOT_RETRYABLE",
+        "STALE_SEQ",
+        "NOT_FOUND",
+        "IDEMPOTENCY_CONFLICT",
+        "UNKNOWN_QUEUE",
+        "UNKNOWN_WORKER",
+        "STATE_CONFLICT",
+        "ALREADY_STARTED",
+        "NOT_STARTED",
+    ];
+
+    #[test]
+    fn every_refusal_has_its_pinned_wire_code() {
+        let codes: Vec<&str> = Refusal::all().map(|refusal| refusal.code()).collect();
+        assert_eq!(codes, WIRE_CODES);
+    }
+
     #[test]
     fn codes_are_unique_and_round_trip() {
         let mut seen = std::collections::BTreeSet::new();
-        for refusal in Refusal::ALL_SIMPLE {
+        for refusal in Refusal::all().filter(|r| !matches!(r, Refusal::Invalid { .. })) {
             assert!(
                 seen.insert(refusal.code()),
                 "duplicate code {}",
                 refusal.code()
             );
-            assert_eq!(
-                Refusal::from_code(refusal.code(), "", ""),
-                Some(refusal.clone())
-            );
+            assert_eq!(Refusal::from_code(refusal.code(), "", ""), Some(refusal));
         }
         assert!(seen.insert("INVALID_ARGUMENT"));
         assert_eq!(
