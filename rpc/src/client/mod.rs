@@ -821,6 +821,25 @@ mod classify_tests {
         }
     }
 
+    /// A request older than the store's session window is neither refused nor retried: its
+    /// first attempt may or may not have taken effect, so the host hears "outcome unknown" (an
+    /// infrastructure error, never a contract refusal) and reconciles.
+    #[test]
+    fn a_forgotten_request_is_outcome_unknown() {
+        let status = crate::error::infra_status(
+            Code::Aborted,
+            infra::SESSION_EXPIRED,
+            "older than the session window",
+        );
+        match classify(&status) {
+            Verdict::Fail(error @ Error::OutcomeUnknown(_)) => {
+                assert!(error.is_infrastructure());
+                assert!(error.refusal().is_none());
+            }
+            _ => panic!("SESSION_EXPIRED is not outcome unknown"),
+        }
+    }
+
     /// A wait too long to add to now is taken as decades, not a panic.
     #[test]
     fn a_wait_too_long_to_add_is_decades() {
