@@ -12,6 +12,7 @@
 //! - board fences per task strictly increase and a task has at most one live lease.
 #![allow(clippy::unwrap_used)]
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use baton_statemachine::board::{self, check, BoardProblemCode, TaskSpec, TaskState};
@@ -285,11 +286,18 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
     let mut state = State::default();
     let mut model = Model::new();
     let mut seq = 0u64;
+    // Every entry applied and its answer, for a follower to replay at the end.
+    let log = RefCell::new(Vec::new());
+    let logged = |state: &mut State, envelope: Envelope| {
+        let response = apply(state, &envelope);
+        log.borrow_mut().push((envelope, response.clone()));
+        answer(response)
+    };
     let mut send = |state: &mut State, now_ms: u64, command: Command| {
         seq += 1;
-        answer(apply(
+        logged(
             state,
-            &Envelope {
+            Envelope {
                 stamp: Stamp {
                     now_ms,
                     entropy: u128::from(seq)
@@ -302,7 +310,7 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
                 }),
                 command,
             },
-        ))
+        )
     };
     let seed = TASKS
         .iter()
@@ -769,14 +777,14 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
                 }
             }
             Op::Sweep => {
-                let reply = answer(apply(
+                let reply = logged(
                     &mut state,
-                    &Envelope {
+                    Envelope {
                         stamp: Stamp { now_ms, entropy: 0 },
                         origin: None,
                         command: Command::Sweep,
                     },
-                ));
+                );
                 prop_assert!(
                     matches!(reply, Ok(Reply::Swept { .. })),
                     "sweep answered {:?}",
@@ -790,6 +798,13 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
         }
         compare(&state, &model)?;
     }
+    // A follower applying the same log answers every entry alike and ends in the same state:
+    // nothing in apply depends on anything but the state and the entry.
+    let mut follower = State::default();
+    for (envelope, response) in log.borrow().iter() {
+        prop_assert_eq!(&apply(&mut follower, envelope), response);
+    }
+    prop_assert_eq!(follower, state);
     Ok(())
 }
 

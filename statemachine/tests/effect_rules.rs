@@ -512,6 +512,23 @@ fn expired_intent_is_uncertain_lazily_never_a_fresh_grant() {
     assert!(!view.reason.is_empty());
 }
 
+/// Contract §0 "store clock": a leader whose wall clock is behind the store clock (a new leader
+/// after a failover) neither shortens a grant or renewal nor ends a live intent early.
+#[test]
+fn deadlines_use_the_store_clock_not_a_lagging_leader_stamp() {
+    let mut w = World::new();
+    w.sweep(T0 + 5_000);
+    let a = action("a", "r");
+    let lease = w.grant(T0 + 1_000, &a, 100);
+    assert_eq!(lease.until_ms, T0 + 5_000 + 100);
+    let renewed = w.renew(T0 + 1_050, &a, &lease, 200).unwrap();
+    assert_eq!(renewed.until_ms, T0 + 5_000 + 200);
+    // Behind the deadline by the lagging stamp, not by the store clock: still in progress.
+    w.sweep(T0 + 5_150);
+    assert_eq!(w.acquire(T0 + 1_100, &a, TTL), Outcome::InProgress);
+    assert_eq!(w.status("a"), KeyStatus::InProgress);
+}
+
 #[test]
 fn expired_intent_is_uncertain_via_sweep() {
     let mut w = World::new();

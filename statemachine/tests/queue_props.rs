@@ -157,6 +157,8 @@ struct Harness {
     previous: BTreeMap<u64, Task>,
     /// The previous client request and its response.
     last_request: Option<(Envelope, Response)>,
+    /// Every entry applied and its answer, for a follower to replay.
+    log: Vec<(Envelope, Response)>,
 }
 
 impl Harness {
@@ -169,6 +171,7 @@ impl Harness {
             last_token: BTreeMap::new(),
             previous: BTreeMap::new(),
             last_request: None,
+            log: Vec::new(),
         };
         for (name, namespace) in QUEUES {
             let command = queue::Command::CreateQueue(queue::Queue {
@@ -185,6 +188,23 @@ impl Harness {
             assert!(h.send(command).is_ok());
         }
         h
+    }
+
+    /// Applies `envelope` and logs it with its answer.
+    fn apply(&mut self, envelope: Envelope) -> Response {
+        let response = apply(&mut self.state, &envelope);
+        self.log.push((envelope, response.clone()));
+        response
+    }
+
+    /// A follower applying the same log answers every entry alike and ends in the same state:
+    /// nothing in apply depends on anything but the state and the entry.
+    fn replay_on_a_follower(&self) {
+        let mut follower = State::default();
+        for (envelope, response) in &self.log {
+            assert_eq!(&apply(&mut follower, envelope), response);
+        }
+        assert_eq!(follower, self.state);
     }
 
     fn q(&self) -> &TaskQueue {
@@ -209,7 +229,7 @@ impl Harness {
             }),
             command: Command::Queue(command),
         };
-        let response = apply(&mut self.state, &envelope);
+        let response = self.apply(envelope.clone());
         self.last_request = Some((envelope, response.clone()));
         match response {
             Response::Answer(result) => result,
@@ -698,7 +718,7 @@ impl Harness {
             origin: None,
             command: Command::Sweep,
         };
-        let response = apply(&mut self.state, &envelope);
+        let response = self.apply(envelope);
         assert!(matches!(
             response,
             Response::Answer(Ok(Reply::Swept { .. }))
@@ -734,7 +754,7 @@ impl Harness {
             return;
         };
         let before = self.state.clone();
-        let again = apply(&mut self.state, &envelope);
+        let again = self.apply(envelope);
         assert_eq!(again, first, "a retry gets the first answer");
         assert_eq!(self.state, before, "a retry changes nothing");
     }
@@ -968,5 +988,6 @@ proptest! {
             h.step(*delta, op);
             h.check();
         }
+        h.replay_on_a_follower();
     }
 }

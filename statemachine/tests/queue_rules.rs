@@ -1565,3 +1565,28 @@ fn the_attempt_history_keeps_every_attempt_with_its_token() {
     assert!(task.attempts.iter().all(|a| a.ended_at_ms.is_some()));
     assert_eq!(w.highest(NS, K), 5);
 }
+
+/// Contract §0 "store clock": a leader whose wall clock is behind the store clock (a new leader
+/// after a failover) shortens neither a task's total deadline nor a lease or its renewal, and its
+/// sweep ends no live lease.
+#[test]
+fn deadlines_use_the_store_clock_not_a_lagging_leader_stamp() {
+    let mut w = World::new();
+    w.advance(5_000);
+    w.sweep();
+    let store_clock = w.now;
+    w.now = T0 + 1_000;
+    let id = w.submit(spec(Q1, "late-leader", K));
+    assert_eq!(w.task(id).deadline_ms, store_clock + 600_000);
+    let a = w.lease_only(W, id);
+    assert_eq!(a.lease_until_ms, store_clock + LEASE as u64);
+    let renewed = w.renew(&a, 2 * LEASE).unwrap();
+    assert_eq!(
+        renewed.attempts[0].lease_until_ms,
+        store_clock + 2 * LEASE as u64
+    );
+    // Past the lease by the lagging clock's reckoning, not by the store's: nothing ends.
+    w.now = store_clock + 2 * LEASE as u64 - 1;
+    assert_eq!(w.sweep(), 0);
+    assert_eq!(w.holder(NS, K), Some(id));
+}
