@@ -764,3 +764,49 @@ async fn a_reply_with_an_undecodable_receipt_is_judged_against_the_ticket_first(
     );
     cluster.stop().await;
 }
+
+/// Every token is fresh 128-bit randomness the leader drew for that one command (contract §0,
+/// "minted by the store"): takes and claims sent at once, so that the client batches them and
+/// the leader packs many into one Raft entry, each get a token of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_gets_its_own_token_even_within_one_entry() {
+    const N: usize = 64;
+    let cluster = Cluster::start().await;
+    let c = &cluster.client;
+    let ids: Vec<String> = (0..N).map(|i| format!("task-{i}")).collect();
+    let specs: Vec<TaskSpec> = ids.iter().map(|id| spec(id, &[])).collect();
+    c.seed(&specs).await.unwrap();
+    let offers = ids.iter().map(|key| {
+        c.offer(OfferArgs {
+            key: key.clone(),
+            from: "src".into(),
+            to: "dst".into(),
+            payload: Vec::new(),
+            reply_to: "src".into(),
+            ttl_ms: 60_000,
+        })
+    });
+    for offered in futures::future::join_all(offers).await {
+        offered.unwrap();
+    }
+
+    let claims = futures::future::join_all(ids.iter().map(|id| c.claim(id, "agent", 60_000)));
+    let takes = futures::future::join_all(ids.iter().map(|key| c.take(key, "dst")));
+    let (claims, takes) = tokio::join!(claims, takes);
+    let mut tokens: Vec<String> = claims
+        .into_iter()
+        .map(|claimed| claimed.unwrap().lease.unwrap().token)
+        .collect();
+    tokens.extend(takes.into_iter().map(|taken| taken.unwrap().token));
+
+    for token in &tokens {
+        assert_eq!(token.len(), 32, "128-bit hex: {token}");
+        assert!(token.bytes().all(|b| b.is_ascii_hexdigit()), "{token}");
+    }
+    let distinct: std::collections::BTreeSet<&String> = tokens.iter().collect();
+    assert_eq!(distinct.len(), 2 * N, "tokens repeat: {tokens:?}");
+    // Randomness, not a counter: a counter's tokens share all but their last few hex digits.
+    let prefixes: std::collections::BTreeSet<&str> = tokens.iter().map(|t| &t[..8]).collect();
+    assert!(prefixes.len() > N, "tokens look sequential: {tokens:?}");
+    cluster.stop().await;
+}
