@@ -1091,3 +1091,66 @@ async fn a_panicking_finish_hook_does_not_stop_the_worker() {
 
     cluster.stop().await;
 }
+
+/// A handler's result larger than the store keeps fails its attempt for good, at once, with the
+/// reason in the attempt's note: retrying would only run the handler (and its effects) again.
+/// Both sizes: over the store's payload limit (refused by the store), and over the node's
+/// request limit too (refused before the store sees it; this one used to be left to its lease,
+/// so the handler ran again on every attempt).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_larger_than_the_store_keeps_fails_the_attempt_once() {
+    let cluster = Cluster::start().await;
+    let c = cluster.client.clone();
+    c.create_queue("big", "ns").await.unwrap();
+    let mut sizes = BTreeMap::new();
+    for (name, size) in [("over-payload", 2usize << 20), ("over-request", 5 << 20)] {
+        let id = c.submit(&spec("big", name, "h", "")).await.unwrap().task.id;
+        sizes.insert(id, size);
+    }
+    let ids: Vec<u64> = sizes.keys().copied().collect();
+    let calls = Arc::new(Mutex::new(BTreeMap::<u64, u32>::new()));
+    let worker = Worker::builder(c.clone(), "generous")
+        .queue("big")
+        .lease_ttl(Duration::from_secs(1))
+        .poll_wait(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let counted = calls.clone();
+    let run = tokio::spawn(worker.run(
+        move |ctx: TaskContext| {
+            *counted.lock().unwrap().entry(ctx.task_id).or_default() += 1;
+            let size = sizes[&ctx.task_id];
+            async move { Ok(vec![7u8; size]) }
+        },
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let mut ended = Vec::new();
+    for id in ids {
+        ended.push(wait_for_state(&c, id, TaskState::Failed, Duration::from_secs(10)).await);
+    }
+    // Long enough for a lease left to run out to be leased again.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let _ = stop.send(());
+    let summary = run.await.unwrap().unwrap();
+    for task in &ended {
+        assert_eq!(task.attempts.len(), 1, "{task:?}");
+        assert_eq!(task.attempts[0].outcome, AttemptOutcome::Failed);
+        assert!(
+            task.attempts[0].note.contains("result"),
+            "{:?}",
+            task.attempts[0].note
+        );
+    }
+    let calls = calls.lock().unwrap().clone();
+    assert_eq!(
+        calls.values().copied().collect::<Vec<_>>(),
+        vec![1, 1],
+        "{calls:?}"
+    );
+    assert_eq!((summary.failed, summary.lost), (2, 0), "{summary:?}");
+
+    cluster.stop().await;
+}

@@ -41,10 +41,15 @@
 //!                 let (Some(key), Some(token)) = (ctx.concurrency_key.clone(), ctx.token) else {
 //!                     return Err(TaskError::non_retryable("expected a keyed task"));
 //!                 };
+//!                 // A refusal (a newer token wrote) fails the task; no answer may mean the
+//!                 // write was applied, so its effect is unknown: a retry would write again.
 //!                 client
 //!                     .write_fenced(&key, token, &ctx.payload)
 //!                     .await
-//!                     .map_err(TaskError::retryable)?;
+//!                     .map_err(|e| match e.is_infrastructure() {
+//!                         true => TaskError::unknown_effect(e),
+//!                         false => TaskError::non_retryable(e),
+//!                     })?;
 //!                 Ok(b"written".to_vec())
 //!             }
 //!         },
@@ -62,7 +67,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use baton_statemachine::limits::MAX_TEXT_BYTES;
+use baton_statemachine::limits::{MAX_PAYLOAD_BYTES, MAX_TEXT_BYTES};
 use baton_statemachine::queue::{Assignment, Task as QueueTask};
 use baton_statemachine::Refusal;
 use tokio::sync::watch;
@@ -1026,6 +1031,15 @@ enum Report {
 impl Report {
     fn of(outcome: Result<Result<Vec<u8>, TaskError>, tokio::task::JoinError>) -> Self {
         match outcome {
+            // Refused by the store, or before it by the node's request limit, whatever the
+            // attempt: the handler's effects are not run again for a result that cannot be kept.
+            Ok(Ok(result)) if result.len() > MAX_PAYLOAD_BYTES => Self::Fail {
+                message: format!(
+                    "the result was refused: {} bytes, the store keeps at most {MAX_PAYLOAD_BYTES}",
+                    result.len()
+                ),
+                retryable: false,
+            },
             Ok(Ok(result)) => Self::Complete(result),
             Ok(Err(TaskError::Retryable(message))) => Self::Fail {
                 message: bounded(message),
