@@ -117,7 +117,11 @@ async fn t60_32_claimers_one_winner_31_taken_and_fences_increase() {
         fences.push(lease.fence);
         // A loser's (guessed) token cannot release it; the winner's can.
         let guessed = client.release_task("t60-repeat", "00").await.unwrap_err();
-        assert!(guessed.refusal().is_some(), "{guessed}");
+        assert_eq!(
+            guessed.refusal().map(|r| r.code()),
+            Some("LEASE_LOST"),
+            "{guessed}"
+        );
         client
             .release_task("t60-repeat", &lease.token)
             .await
