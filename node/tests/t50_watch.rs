@@ -468,6 +468,70 @@ async fn a_stream_behind_by_half_the_historys_bytes_is_cut_where_it_can_resume()
     cluster.stop().await;
 }
 
+/// A stream with a selective filter owes its client the changes it skipped on the way to the
+/// change it waits to hand over: the client resumes right after the last change it got and reads
+/// past them again. The backlog is counted from there, so the stream is cut `SLOW_CONSUMER`
+/// while that point is still held. Counted from the waiting change, it was cut only once that
+/// point had been evicted (`COMPACTED`: a resync), though nothing it missed matched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_selective_stream_is_cut_where_its_client_can_resume() {
+    let mut tuning = WatchTuning::with_history(200);
+    tuning.stream_buffer = 1;
+    let cluster = Cluster::start_with(tuning).await;
+    let client = &cluster.client;
+    let start = next_revision(&cluster).await;
+    let mut watch = WatchClient::connect(format!("http://{}", cluster.addr))
+        .await
+        .unwrap();
+    let filter = proto::WatchFilter {
+        key: Some("a".into()),
+        ..Default::default()
+    };
+    let mut stuck = watch
+        .watch(WatchRequest {
+            filter: Some(filter),
+            start_revision: start,
+            start_index: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    // Each large `a` is followed by 120 changes that do not match: more than the history keeps
+    // beyond the backlog limit (200 - 100). The transport takes a few MiB before the unread
+    // stream blocks; the writes stop soon after the node cuts it.
+    let large = vec![b'x'; 512 << 10];
+    let mut cut = false;
+    'groups: for fence in 1..=40u64 {
+        client.write_fenced("a", fence, &large).await.unwrap();
+        for i in 0..120u64 {
+            client
+                .write_fenced(&format!("b{i}"), fence, b"y")
+                .await
+                .unwrap();
+            if i % 10 == 9 && node_info(&cluster).await.watch_streams == 0 {
+                cut = true;
+                break 'groups;
+            }
+        }
+    }
+    assert!(cut, "the unread stream was never cut");
+    let (delivered, status) = read_until_cut(&mut stuck).await;
+    let detail = detail_of(&status).unwrap();
+    assert_eq!(
+        (status.code(), detail.code.as_str()),
+        (Code::ResourceExhausted, infra::SLOW_CONSUMER),
+        "{status:?}"
+    );
+    assert_eq!(delivered.last().map(|d| d.0), Some(detail.last_revision));
+    let oldest = node_info(&cluster).await.watch_oldest_revision;
+    assert!(
+        oldest <= detail.last_revision + 1,
+        "the resume point {} is gone (oldest {oldest})",
+        detail.last_revision + 1
+    );
+    cluster.stop().await;
+}
+
 /// This process's resident memory in KiB.
 fn rss_kib() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();

@@ -124,6 +124,7 @@ impl watch_server::Watch for WatchService {
             filter,
             next: start,
             last_sent: None,
+            resume: start,
             events,
             budget,
             tuning: self.tuning.clone(),
@@ -183,6 +184,12 @@ struct Pump {
     next: WatchPosition,
     /// The last change handed to the buffer.
     last_sent: Option<WatchPosition>,
+    /// Where the client resumes if the stream ends now: right after the last change or progress
+    /// handed to the buffer (the stream's start before either). A slow consumer's backlog is
+    /// counted from here, not from the change the stream waits to hand over: the changes it
+    /// skipped on the way there (not matching its filter) are owed too, since the client will
+    /// read past them again.
+    resume: WatchPosition,
     events: mpsc::Sender<Buffered>,
     /// [`STREAM_BUFFER_BYTES`] of permits.
     budget: Arc<Semaphore>,
@@ -227,10 +234,11 @@ impl Pump {
                     let response = WatchResponse {
                         item: Some(Item::Event(event)),
                     };
-                    if let Err(end) = self.hand_over(response, after, &mut head).await {
+                    if let Err(end) = self.hand_over(response, &mut head).await {
                         return end;
                     }
                     self.last_sent = Some(position);
+                    self.resume = after;
                 }
                 self.next = after;
             }
@@ -238,8 +246,7 @@ impl Pump {
                 if last_progress.elapsed() >= self.tuning.progress_every {
                     // Busy skipping changes that do not match: still tell the client how far
                     // the stream got, so a reconnect need not go back further.
-                    let passed = self.next.revision.saturating_sub(1);
-                    let _ = self.events.try_send((progress(passed), None));
+                    self.report_progress(self.next.revision.saturating_sub(1));
                     last_progress = Instant::now();
                 }
                 tokio::task::yield_now().await;
@@ -261,14 +268,19 @@ impl Pump {
             }
             // Idle for a while: report progress (also the stream's keep-alive), and make sure
             // this node is still current.
-            let _ = self.events.try_send((
-                progress(batch.head.max(self.next.revision.saturating_sub(1))),
-                None,
-            ));
+            self.report_progress(batch.head.max(self.next.revision.saturating_sub(1)));
             last_progress = Instant::now();
             if self.freshness.out_of_touch() {
                 return Some(out_of_touch());
             }
+        }
+    }
+
+    /// Tells the client the stream has passed every change up to `revision`, if the buffer has
+    /// room (a full buffer has something to say already).
+    fn report_progress(&mut self, revision: u64) {
+        if self.events.try_send((progress(revision), None)).is_ok() {
+            self.resume = self.resume.max(WatchPosition::at(revision + 1));
         }
     }
 
@@ -278,7 +290,6 @@ impl Pump {
     async fn hand_over(
         &mut self,
         response: WatchResponse,
-        after: WatchPosition,
         head: &mut watch::Receiver<u64>,
     ) -> Result<(), Option<Status>> {
         let cost = response.encoded_len().clamp(1, STREAM_BUFFER_BYTES);
@@ -302,12 +313,11 @@ impl Pump {
                     // `None`: a snapshot install restarted the history past what the stream
                     // still owes, or the byte limit evicted it; the client resumes after the
                     // last change it received (elsewhere, or it resyncs).
-                    let Some(backlog) = self.history.backlog(after) else {
-                        let resume = self.last_sent.map_or(self.next, |p| WatchPosition {
-                            revision: p.revision,
-                            index: p.index.saturating_add(1),
-                        });
-                        return Err(Some(compacted_status(resume.revision, self.history.oldest())));
+                    let Some(backlog) = self.history.backlog(self.resume) else {
+                        return Err(Some(compacted_status(
+                            self.resume.revision,
+                            self.history.oldest(),
+                        )));
                     };
                     // Cut while the resume point is still held: by count (max_backlog is below
                     // the history's count), and by size (large values can fill the history's
