@@ -22,11 +22,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use baton_cluster_test::{cli, first, wait, Cluster, Options};
-use baton_rpc::{Client, Error, Event};
+use baton_rpc::{Client, Error, Event, Watch};
 use baton_statemachine::board::TaskSpec;
 use baton_statemachine::handoff::{OfferArgs, TicketState};
 use baton_statemachine::{ChangeFilter, ChangeKind, ChangeValue, Primitive};
-use futures::stream::BoxStream;
 use futures::StreamExt;
 
 /// Changes the writers make in total.
@@ -105,7 +104,7 @@ struct Watched {
 }
 
 /// Collects a watch's events in the background until it ends.
-fn collect(mut events: BoxStream<'static, Result<Event, Error>>) -> Arc<Watched> {
+fn collect(mut events: Watch) -> Arc<Watched> {
     let watched = Arc::new(Watched::default());
     let into = watched.clone();
     tokio::spawn(async move {
@@ -705,4 +704,71 @@ async fn t80_a_stream_whose_node_installs_a_snapshot_under_it_ends_compacted() {
         "oldest {} at the cut, {oldest} now, last delivered {last}",
         detail.oldest_revision
     );
+}
+
+/// A watch that ended `Unavailable` (its only endpoint cut off for longer than the client's
+/// deadline) says where it would resume, also when it had delivered nothing (progress on the
+/// changes it skipped moved that point): a watch from there delivers what was committed
+/// meanwhile, with no gap. Before, such a watch had no position to give, and a caller watching
+/// from now again missed everything committed while it was cut off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t80_a_watch_that_ended_unavailable_resumes_where_it_stopped() {
+    use baton_cluster_test::proxy::Proxy;
+    use baton_rpc::ClientConfig;
+
+    let cluster = Cluster::start(1, Options::default()).await.unwrap();
+    let direct = cluster.client().await.unwrap();
+    let proxy = Proxy::start(cluster.addr(1)).await.unwrap();
+    let config = ClientConfig {
+        deadline: Duration::from_secs(2),
+        attempt_timeout: Duration::from_secs(1),
+        connect_timeout: Duration::from_secs(1),
+    };
+    let proxied = Client::new(&[proxy.addr().to_string()], config).unwrap();
+    let mut watch = proxied.watch(ChangeFilter::all().key("k"), None).await;
+    let started = watch.resume_position().unwrap();
+    // Changes the filter skips; the node's progress (every second) moves the resume point past
+    // them, though no event was delivered.
+    for fence in 1..=5 {
+        direct.write_fenced("other", fence, b"o").await.unwrap();
+    }
+    // Progress is taken in while the caller waits for the next event.
+    let mut waited = Duration::ZERO;
+    while watch.resume_position() <= Some(started) {
+        assert!(
+            waited < Duration::from_secs(10),
+            "no progress past the skipped changes"
+        );
+        let nothing = tokio::time::timeout(Duration::from_millis(500), watch.next()).await;
+        assert!(nothing.is_err(), "no change matches yet: {nothing:?}");
+        waited += Duration::from_millis(500);
+    }
+
+    proxy.cut();
+    direct.write_fenced("k", 1, b"while cut off").await.unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(30), watch.next())
+        .await
+        .expect("the watch ends within 30 s");
+    assert!(
+        matches!(ended, Some(Err(Error::Unavailable { .. }))),
+        "{ended:?}"
+    );
+    let resume = watch.resume_position().unwrap();
+    assert!(resume > started, "{resume:?}");
+
+    proxy.heal();
+    let mut resumed = proxied
+        .watch_from(ChangeFilter::all().key("k"), Some(resume))
+        .await;
+    let event = tokio::time::timeout(Duration::from_secs(10), resumed.next())
+        .await
+        .expect("the change made while cut off")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (event.change.key.as_str(), event.change.fence),
+        ("k", 1),
+        "{event:?}"
+    );
+    assert!(event.position() >= resume);
 }

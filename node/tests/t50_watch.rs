@@ -12,11 +12,10 @@ use baton_rpc::error::{detail_of, infra, refusal_of};
 use baton_rpc::proto::watch_client::WatchClient;
 use baton_rpc::proto::watch_response::Item;
 use baton_rpc::proto::{self, WatchRequest};
-use baton_rpc::{Error, Event, WatchPosition};
+use baton_rpc::{Error, Event, Watch, WatchPosition};
 use baton_statemachine::board::TaskSpec;
 use baton_statemachine::handoff::{OfferArgs, Receipt, ReceiptStatus, TicketState};
 use baton_statemachine::{ChangeFilter, ChangeKind, ChangeValue, Primitive, Refusal};
-use futures::stream::BoxStream;
 use futures::StreamExt;
 use tonic::Code;
 
@@ -24,7 +23,7 @@ mod support;
 use support::Cluster;
 
 /// The next event of a watch, within a generous bound.
-async fn next(events: &mut BoxStream<'static, Result<Event, Error>>) -> Event {
+async fn next(events: &mut Watch) -> Event {
     tokio::time::timeout(Duration::from_secs(10), events.next())
         .await
         .expect("an event within 10 s")
@@ -90,10 +89,7 @@ async fn read_until_cut(
 }
 
 /// A library watch of everything, from right after the last change a cut stream delivered.
-async fn resume_after(
-    client: &baton_rpc::Client,
-    cut: &proto::ErrorDetail,
-) -> BoxStream<'static, Result<Event, Error>> {
+async fn resume_after(client: &baton_rpc::Client, cut: &proto::ErrorDetail) -> Watch {
     client
         .watch_from(
             ChangeFilter::all(),

@@ -6,10 +6,9 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use baton_rpc::{Error, Event};
+use baton_rpc::{Event, Watch};
 use baton_statemachine::board::TaskSpec;
 use baton_statemachine::{ChangeFilter, ChangeKind};
-use futures::stream::BoxStream;
 use futures::StreamExt;
 
 mod support;
@@ -28,7 +27,7 @@ fn unix_ms() -> u64 {
         .as_millis() as u64
 }
 
-async fn next(events: &mut BoxStream<'static, Result<Event, Error>>) -> Event {
+async fn next(events: &mut Watch) -> Event {
     tokio::time::timeout(Duration::from_secs(45), events.next())
         .await
         .expect("an event within 45 s")

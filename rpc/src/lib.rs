@@ -21,7 +21,8 @@ pub mod worker;
 
 pub use client::{
     AttemptHistory, Client, ClientConfig, ClientTls, Event, QueueTaskPage, SavedSnapshot, Security,
-    TaskSnapshot, TicketSnapshot, WatchPosition, HANDOVER_WAIT, MAX_LEASE_WAIT, WATCH_SILENCE,
+    TaskSnapshot, TicketSnapshot, Watch, WatchPosition, HANDOVER_WAIT, MAX_LEASE_WAIT,
+    WATCH_SILENCE,
 };
 pub use error::Error;
 

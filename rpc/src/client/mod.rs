@@ -25,7 +25,7 @@ pub use cluster::{SavedSnapshot, HANDOVER_WAIT};
 pub use handoff::TicketSnapshot;
 pub use queue::{AttemptHistory, QueueTaskPage, MAX_LEASE_WAIT};
 pub use security::{ClientTls, Security};
-pub use watch::{Event, WatchPosition, WATCH_SILENCE};
+pub use watch::{Event, Watch, WatchPosition, WATCH_SILENCE};
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;

@@ -10,11 +10,14 @@
 //! [`Error::Compacted`]: nothing is ever skipped silently.
 
 use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use baton_statemachine::{Change, ChangeFilter};
 use futures::stream::BoxStream;
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use tokio::time::Instant;
 use tonic::{Status, Streaming};
 
@@ -79,6 +82,44 @@ impl Event {
     }
 }
 
+/// A watch's events, in commit order (a [`Stream`]), and where it would resume.
+pub struct Watch {
+    events: BoxStream<'static, Result<Event, Error>>,
+    resume: Arc<Mutex<Option<WatchPosition>>>,
+}
+
+impl Watch {
+    /// Where this watch would continue: right after the last event it delivered, or after the
+    /// last progress its node reported (changes that did not match), whichever is later. `None`
+    /// only for a watch from now that never reached a node (it has no "now" yet).
+    ///
+    /// After the stream ended with [`Error::Unavailable`], `Client::watch_from(filter,
+    /// watch.resume_position())` continues it with neither a gap nor a duplicate, also when it
+    /// had delivered no event.
+    pub fn resume_position(&self) -> Option<WatchPosition> {
+        *self
+            .resume
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Stream for Watch {
+    type Item = Result<Event, Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.events.poll_next_unpin(cx)
+    }
+}
+
+impl std::fmt::Debug for Watch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watch")
+            .field("resume_position", &self.resume_position())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Client {
     /// Follows every committed change matching `filter`, from `from_revision` on: `Some(r)`
     /// delivers every change of revision `r` and later (after reading a snapshot at revision R,
@@ -91,28 +132,22 @@ impl Client {
     /// [`Error::Server`] with [`crate::error::infra::UNAUTHENTICATED`] (no or a wrong token),
     /// [`Error::Protocol`] (an event over the size limit), or [`Error::Unavailable`] (no node
     /// answered within the client's deadline). After such an
-    /// error the stream yields nothing more; [`Client::watch_from`] resumes at an exact
-    /// position.
-    pub async fn watch(
-        &self,
-        filter: ChangeFilter,
-        from_revision: Option<u64>,
-    ) -> BoxStream<'static, Result<Event, Error>> {
+    /// error the stream yields nothing more; [`Client::watch_from`] at
+    /// [`Watch::resume_position`] goes on from where it stopped.
+    pub async fn watch(&self, filter: ChangeFilter, from_revision: Option<u64>) -> Watch {
         self.watch_from(filter, from_revision.map(|r| WatchPosition::at(r.max(1))))
             .await
     }
 
     /// [`Client::watch`] from an exact position (e.g. [`Event::next_position`] of the last event
     /// a previous watch delivered).
-    pub async fn watch_from(
-        &self,
-        filter: ChangeFilter,
-        from: Option<WatchPosition>,
-    ) -> BoxStream<'static, Result<Event, Error>> {
+    pub async fn watch_from(&self, filter: ChangeFilter, from: Option<WatchPosition>) -> Watch {
+        let resume = Arc::new(Mutex::new(from));
         let mut watcher = Watcher {
             client: self.clone(),
             filter: convert::filter_to_proto(&filter),
             next: from,
+            resume: resume.clone(),
             stream: None,
             avoid: None,
             compacted: None,
@@ -121,12 +156,16 @@ impl Client {
         };
         // Open the first stream now, so that "from now" means from this call.
         if let Err(error) = watcher.connect().await.map(|s| watcher.stream = Some(s)) {
-            return futures::stream::once(async { Err(error) }).boxed();
+            return Watch {
+                events: futures::stream::once(async { Err(error) }).boxed(),
+                resume,
+            };
         }
-        futures::stream::unfold(watcher, |mut watcher| async move {
+        let events = futures::stream::unfold(watcher, |mut watcher| async move {
             watcher.next_event().await.map(|item| (item, watcher))
         })
-        .boxed()
+        .boxed();
+        Watch { events, resume }
     }
 }
 
@@ -175,6 +214,8 @@ struct Watcher {
     filter: proto::WatchFilter,
     /// The next position to deliver; `None` until the first stream says where "now" is.
     next: Option<WatchPosition>,
+    /// `next`, for [`Watch::resume_position`].
+    resume: Arc<Mutex<Option<WatchPosition>>>,
     stream: Option<(String, Streaming<proto::WatchResponse>)>,
     /// The node that just failed, tried last on the next connect.
     avoid: Option<String>,
@@ -247,7 +288,7 @@ impl Watcher {
                             // Already delivered (a server never sends this; kept as a guard).
                             continue;
                         }
-                        self.next = Some(event.next_position());
+                        self.set_next(event.next_position());
                         return Some(Ok(event));
                     }
                     Err(refusal) => {
@@ -264,8 +305,16 @@ impl Watcher {
 
     fn advance(&mut self, to: WatchPosition) {
         if self.next.is_none_or(|next| next < to) {
-            self.next = Some(to);
+            self.set_next(to);
         }
+    }
+
+    fn set_next(&mut self, to: WatchPosition) {
+        self.next = Some(to);
+        *self
+            .resume
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(to);
     }
 
     fn reconnect(&mut self, avoid: Option<String>) {
@@ -381,7 +430,7 @@ impl Watcher {
             match stream.message().await? {
                 Some(proto::WatchResponse {
                     item: Some(Item::Progress(revision)),
-                }) => self.next = Some(WatchPosition::at(revision + 1)),
+                }) => self.set_next(WatchPosition::at(revision + 1)),
                 other => {
                     return Err(Status::internal(format!(
                         "a watch from now must start with its progress, got {other:?}"
