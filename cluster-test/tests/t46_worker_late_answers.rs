@@ -473,3 +473,82 @@ async fn t46_a_start_whose_answer_is_lost_is_failed_harmlessly() {
         .unwrap()
         .unwrap();
 }
+
+/// Claim: a worker never runs more than `slots` handlers at once, also when a lease is lost
+/// under a handler that blocks its thread: the handler is stopped at its next await, and its
+/// slot is free only then. Before, the slot was freed at once, and after an outage the worker
+/// leased and ran the next task beside the one still running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t46_a_handler_stopped_on_lease_loss_keeps_its_slot_until_it_has_stopped() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let Setup {
+        _cluster,
+        direct,
+        proxy,
+        proxied,
+    } = Setup::start().await;
+    let running = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let worker = Worker::builder(proxied, "t46-one-slot")
+        .queue(QUEUE)
+        .slots(1)
+        .lease_ttl(Duration::from_secs(1))
+        .poll_wait(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let (now, peak) = (running.clone(), most.clone());
+    let worker = tokio::spawn(worker.run(
+        move |ctx| {
+            let (now, peak) = (now.clone(), peak.clone());
+            async move {
+                let at_once = now.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(at_once, Ordering::SeqCst);
+                if ctx.payload == b"blocker" {
+                    // Blocks its thread, past the lease and the outage below.
+                    std::thread::sleep(Duration::from_secs(4));
+                }
+                now.fetch_sub(1, Ordering::SeqCst);
+                Ok(b"done".to_vec())
+            }
+        },
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+
+    direct.submit(&spec("blocker")).await.unwrap();
+    wait::until("the blocker runs", Duration::from_secs(20), || async {
+        match running.load(Ordering::SeqCst) {
+            0 => Err("not yet".to_string()),
+            _ => Ok(()),
+        }
+    })
+    .await
+    .unwrap();
+    // Renewals fail until the lease is lost; then the worker can lease again.
+    proxy.cut();
+    tokio::time::sleep(Duration::from_millis(1_800)).await;
+    proxy.heal();
+    let next = direct.submit(&spec("next")).await.unwrap().task.id;
+    wait::until("the next task done", Duration::from_secs(30), || async {
+        match direct.queue_task(next).await {
+            Ok(task) if task.state == TaskState::Succeeded => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    let _ = stop_tx.send(());
+    let summary = tokio::time::timeout(Duration::from_secs(30), worker)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        1,
+        "two handlers ran at once on one slot ({summary:?})"
+    );
+}

@@ -949,9 +949,17 @@ where
                 std::future::pending::<()>().await;
             }
         } => {
-            drop(work);
-            tracing::warn!(task = task_id, attempt, "lease lost; handler stopped");
-            return finished(&assignment, AttemptEnd::LeaseLost, "the lease was lost while the handler ran".into());
+            // Stopped, and waited for: the slot is free only once the handler is gone (one that
+            // blocks its thread stops at its next await, not at once), so no more than `slots`
+            // handlers ever run. One that finished meanwhile is reported like any other.
+            work.0.abort();
+            match (&mut work.0).await {
+                Ok(result) => Ok(result),
+                Err(_) => {
+                    tracing::warn!(task = task_id, attempt, "lease lost; handler stopped");
+                    return finished(&assignment, AttemptEnd::LeaseLost, "the lease was lost while the handler ran".into());
+                }
+            }
         }
     };
     drop(_renewer);
