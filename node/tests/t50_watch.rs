@@ -528,6 +528,78 @@ async fn a_selective_stream_is_cut_where_its_client_can_resume() {
     cluster.stop().await;
 }
 
+/// A stand-in node that answers every watch `NO_LEADER` (as nodes do during an election).
+struct Leaderless;
+
+#[tonic::async_trait]
+impl proto::watch_server::Watch for Leaderless {
+    type WatchStream = futures::stream::Empty<Result<proto::WatchResponse, tonic::Status>>;
+
+    async fn watch(
+        &self,
+        _request: tonic::Request<WatchRequest>,
+    ) -> Result<tonic::Response<Self::WatchStream>, tonic::Status> {
+        Err(baton_rpc::error::infra_status(
+            Code::Unavailable,
+            infra::NO_LEADER,
+            "no leader yet",
+        ))
+    }
+}
+
+/// The address of a [`Leaderless`] node serving until the test ends.
+async fn leaderless_node() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(proto::watch_server::WatchServer::new(Leaderless))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    addr
+}
+
+/// A watch that one node refuses `COMPACTED` ends `Compacted` (resync) only when no other node
+/// answered otherwise: nodes without a leader yet may hold the history, so the watch ends
+/// `Unavailable` and may be resumed; nodes that never answer (down for good) do not hold the
+/// watch up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_is_compacted_only_when_no_other_node_may_hold_its_history() {
+    let cluster = Cluster::start_with(WatchTuning::with_history(40)).await;
+    for i in 0..100u64 {
+        cluster.client.write_fenced("r", i + 1, b"v").await.unwrap();
+    }
+    let config = baton_rpc::ClientConfig {
+        deadline: Duration::from_secs(2),
+        attempt_timeout: Duration::from_millis(500),
+        connect_timeout: Duration::from_millis(500),
+    };
+    let compacted = cluster.addr.to_string();
+
+    let electing = [
+        compacted.clone(),
+        leaderless_node().await,
+        leaderless_node().await,
+    ];
+    let client = baton_rpc::Client::new(&electing, config.clone()).unwrap();
+    let mut events = client.watch(ChangeFilter::all(), Some(1)).await;
+    match events.next().await {
+        Some(Err(Error::Unavailable { .. })) => {}
+        other => panic!("want Unavailable, got {other:?}"),
+    }
+
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let gone = [compacted, dead.local_addr().unwrap().to_string()];
+    drop(dead);
+    let client = baton_rpc::Client::new(&gone, config).unwrap();
+    let mut events = client.watch(ChangeFilter::all(), Some(1)).await;
+    match events.next().await {
+        Some(Err(Error::Compacted { requested: 1, .. })) => {}
+        other => panic!("want Compacted, got {other:?}"),
+    }
+    cluster.stop().await;
+}
+
 /// This process's resident memory in KiB.
 fn rss_kib() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
