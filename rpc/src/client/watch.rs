@@ -356,8 +356,6 @@ impl Watcher {
         let mut pause = Duration::from_millis(20);
         let mut last;
         let mut tried = Vec::new();
-        // Whether a node gave an answer of its own other than COMPACTED (it may hold the history).
-        let mut answered_otherwise = false;
         loop {
             let Some(addr) = self.pick(&compacted) else {
                 return Err(self.compacted_error(&compacted));
@@ -372,25 +370,21 @@ impl Watcher {
                     self.avoid = None;
                     return Ok((addr, stream));
                 }
-                Ok(Err(status)) => {
-                    answered_otherwise |=
-                        detail_of(&status).is_some_and(|d| d.code != infra::COMPACTED);
-                    match judge(&status) {
-                        Verdict::Final(error) => return Err(error),
-                        Verdict::Compacted(oldest) => {
-                            compacted.insert(addr.clone(), oldest);
-                            if compacted.len() >= self.client.endpoints().len() {
-                                return Err(self.compacted_error(&compacted));
-                            }
-                            continue;
+                Ok(Err(status)) => match judge(&status) {
+                    Verdict::Final(error) => return Err(error),
+                    Verdict::Compacted(oldest) => {
+                        compacted.insert(addr.clone(), oldest);
+                        if compacted.len() >= self.client.endpoints().len() {
+                            return Err(self.compacted_error(&compacted));
                         }
-                        Verdict::Again => last = format!("{addr}: {}", status.message()),
-                        Verdict::Elsewhere(reason) => {
-                            self.avoid = Some(addr.clone());
-                            last = format!("{addr}: {reason}");
-                        }
+                        continue;
                     }
-                }
+                    Verdict::Again => last = format!("{addr}: {}", status.message()),
+                    Verdict::Elsewhere(reason) => {
+                        self.avoid = Some(addr.clone());
+                        last = format!("{addr}: {reason}");
+                    }
+                },
                 Err(_) => {
                     self.avoid = Some(addr.clone());
                     last = format!("{addr}: no answer within {:?}", config.attempt_timeout);
@@ -400,10 +394,8 @@ impl Watcher {
             if waited + pause >= config.deadline {
                 // Some nodes said COMPACTED and the others did not answer in time: resync. (One
                 // of those may hold the position, but a node down for good would make a caller
-                // that waits for it retry forever; a resync always moves on.) A node that
-                // answered otherwise (no leader yet, shutting down) may hold it: unavailable,
-                // and the caller may resume later.
-                if !compacted.is_empty() && !answered_otherwise {
+                // that waits for it retry forever; a resync always moves on.)
+                if !compacted.is_empty() {
                     return Err(self.compacted_error(&compacted));
                 }
                 return Err(Error::Unavailable {
