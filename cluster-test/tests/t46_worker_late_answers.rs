@@ -503,13 +503,22 @@ async fn t46_a_handler_stopped_on_lease_loss_keeps_its_slot_until_it_has_stopped
         move |ctx| {
             let (now, peak) = (now.clone(), peak.clone());
             async move {
+                /// Counts a running handler until it is gone (finished or stopped).
+                struct Running(Arc<AtomicUsize>);
+                impl Drop for Running {
+                    fn drop(&mut self) {
+                        self.0.fetch_sub(1, Ordering::SeqCst);
+                    }
+                }
                 let at_once = now.fetch_add(1, Ordering::SeqCst) + 1;
+                let _running = Running(now);
                 peak.fetch_max(at_once, Ordering::SeqCst);
                 if ctx.payload == b"blocker" {
-                    // Blocks its thread, past the lease and the outage below.
-                    std::thread::sleep(Duration::from_secs(4));
+                    // Blocks its thread, well past the lease and the outage below; stopped at
+                    // the await after.
+                    std::thread::sleep(Duration::from_secs(8));
+                    tokio::task::yield_now().await;
                 }
-                now.fetch_sub(1, Ordering::SeqCst);
                 Ok(b"done".to_vec())
             }
         },
@@ -551,4 +560,5 @@ async fn t46_a_handler_stopped_on_lease_loss_keeps_its_slot_until_it_has_stopped
         1,
         "two handlers ran at once on one slot ({summary:?})"
     );
+    assert_eq!((summary.completed, summary.lost), (1, 1), "{summary:?}");
 }

@@ -20,6 +20,8 @@
 //!   keyed one to a worker registered without concurrency keys, or one that changes the key or
 //!   token of an attempt already running. Such an attempt is failed non-retryably with a
 //!   `protocol error: ...` message and logged;
+//! - a handler whose lease is lost is stopped at its next await, and keeps its slot until then:
+//!   never more than `slots` handlers run;
 //! - on shutdown it drains: it stops leasing, lets in-flight handlers finish (bounded by the
 //!   drain timeout) and returns a [`WorkerSummary`].
 //!
@@ -693,8 +695,9 @@ impl Worker {
                 stopped = in_flight.len(),
                 "drain timed out; stopping the remaining handlers (their leases will run out)"
             );
-            // A stopped handler's attempt ends at once; one whose handler already finished goes
-            // on reporting its answer, for a while: aborted, finished work would be done again.
+            // A stopped handler's attempt ends once the handler reaches its next await; one whose
+            // handler already finished goes on reporting its answer, for a while: aborted,
+            // finished work would be done again.
             for entry in lock(&running).values() {
                 entry.lost.send_replace(true);
             }
@@ -704,10 +707,13 @@ impl Worker {
             {
                 self.tally(&mut summary, joined);
             }
+            // What is left is a report not recorded in time, or a handler that never reached an
+            // await: lost either way.
             in_flight.abort_all();
             while let Some(joined) = in_flight.join_next().await {
-                if !matches!(&joined, Err(e) if e.is_cancelled()) {
-                    self.tally(&mut summary, joined);
+                match joined {
+                    Err(e) if e.is_cancelled() => summary.lost += 1,
+                    joined => self.tally(&mut summary, joined),
                 }
             }
         }
@@ -951,14 +957,14 @@ where
         } => {
             // Stopped, and waited for: the slot is free only once the handler is gone (one that
             // blocks its thread stops at its next await, not at once), so no more than `slots`
-            // handlers ever run. One that finished meanwhile is reported like any other.
+            // handlers ever run. One that finished (or panicked) meanwhile is reported as such.
+            tracing::warn!(task = task_id, attempt, "lease lost; stopping the handler");
             work.0.abort();
             match (&mut work.0).await {
-                Ok(result) => Ok(result),
-                Err(_) => {
-                    tracing::warn!(task = task_id, attempt, "lease lost; handler stopped");
+                Err(stopped) if stopped.is_cancelled() => {
                     return finished(&assignment, AttemptEnd::LeaseLost, "the lease was lost while the handler ran".into());
                 }
+                ended => ended,
             }
         }
     };
