@@ -745,7 +745,6 @@ async fn t80_a_watch_that_ended_unavailable_resumes_where_it_stopped() {
     }
 
     proxy.cut();
-    direct.write_fenced("k", 1, b"while cut off").await.unwrap();
     let ended = tokio::time::timeout(Duration::from_secs(30), watch.next())
         .await
         .expect("the watch ends within 30 s");
@@ -755,6 +754,8 @@ async fn t80_a_watch_that_ended_unavailable_resumes_where_it_stopped() {
     );
     let resume = watch.resume_position().unwrap();
     assert!(resume > started, "{resume:?}");
+    // Committed after the watch ended, before it is resumed: a watch from now would miss it.
+    direct.write_fenced("k", 1, b"while cut off").await.unwrap();
 
     proxy.heal();
     let mut resumed = proxied

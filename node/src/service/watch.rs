@@ -313,7 +313,14 @@ impl Pump {
                     // `None`: a snapshot install restarted the history past what the stream
                     // still owes, or the byte limit evicted it; the client resumes after the
                     // last change it received (elsewhere, or it resyncs).
-                    let Some(backlog) = self.history.backlog(self.resume) else {
+                    // From the resume point while it is held; once it is not, the client cannot
+                    // resume there anyway, and the stream goes on from where it is (the changes
+                    // in between did not match) unless that is gone too.
+                    let backlog = self
+                        .history
+                        .backlog(self.resume)
+                        .or_else(|| self.history.backlog(self.next));
+                    let Some(backlog) = backlog else {
                         return Err(Some(compacted_status(
                             self.resume.revision,
                             self.history.oldest(),

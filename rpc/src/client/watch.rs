@@ -97,10 +97,7 @@ impl Watch {
     /// watch.resume_position())` continues it with neither a gap nor a duplicate, also when it
     /// had delivered no event.
     pub fn resume_position(&self) -> Option<WatchPosition> {
-        *self
-            .resume
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        *super::lock(&self.resume)
     }
 }
 
@@ -311,10 +308,7 @@ impl Watcher {
 
     fn set_next(&mut self, to: WatchPosition) {
         self.next = Some(to);
-        *self
-            .resume
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(to);
+        *super::lock(&self.resume) = Some(to);
     }
 
     fn reconnect(&mut self, avoid: Option<String>) {
