@@ -88,6 +88,29 @@ async fn read_until_cut(
     }
 }
 
+/// Reads a stream whose reader had stopped until the node cuts it, and checks the cut:
+/// `SLOW_CONSUMER`, naming the last change delivered, with the point right after it still held.
+async fn cut_where_it_can_resume(
+    cluster: &Cluster,
+    stuck: &mut tonic::Streaming<proto::WatchResponse>,
+) -> (Vec<(u64, u32)>, proto::ErrorDetail) {
+    let (delivered, status) = read_until_cut(stuck).await;
+    let detail = detail_of(&status).unwrap();
+    assert_eq!(
+        (status.code(), detail.code.as_str()),
+        (Code::ResourceExhausted, infra::SLOW_CONSUMER),
+        "{status:?}"
+    );
+    assert_eq!(delivered.last().map(|d| d.0), Some(detail.last_revision));
+    let oldest = node_info(cluster).await.watch_oldest_revision;
+    assert!(
+        oldest <= detail.last_revision + 1,
+        "the resume point {} is gone (oldest {oldest})",
+        detail.last_revision + 1
+    );
+    (delivered, detail)
+}
+
 /// A library watch of everything, from right after the last change a cut stream delivered.
 async fn resume_after(client: &baton_rpc::Client, cut: &proto::ErrorDetail) -> Watch {
     client
@@ -435,20 +458,7 @@ async fn a_stream_behind_by_half_the_historys_bytes_is_cut_where_it_can_resume()
     // 800 changes of 32 KiB (25 MiB, all held): the stream takes about 6 MiB of them before
     // its reader stops it, and is 16 MiB behind about 500 changes later.
     write_values(client, "big", 800, 32 << 10).await;
-    let (delivered, status) = read_until_cut(&mut stuck).await;
-    let detail = detail_of(&status).unwrap();
-    assert_eq!(
-        (status.code(), detail.code.as_str()),
-        (Code::ResourceExhausted, infra::SLOW_CONSUMER),
-        "{status:?}"
-    );
-    assert_eq!(delivered.last().map(|d| d.0), Some(detail.last_revision));
-    let oldest = node_info(&cluster).await.watch_oldest_revision;
-    assert!(
-        oldest <= detail.last_revision + 1,
-        "the resume point {} is gone (oldest {oldest})",
-        detail.last_revision + 1
-    );
+    let (delivered, detail) = cut_where_it_can_resume(&cluster, &mut stuck).await;
 
     // Resuming right after the last delivered change gives the rest, exactly.
     let mut resumed = resume_after(client, &detail).await;
@@ -513,20 +523,7 @@ async fn a_selective_stream_is_cut_where_its_client_can_resume() {
         }
     }
     assert!(cut, "the unread stream was never cut");
-    let (delivered, status) = read_until_cut(&mut stuck).await;
-    let detail = detail_of(&status).unwrap();
-    assert_eq!(
-        (status.code(), detail.code.as_str()),
-        (Code::ResourceExhausted, infra::SLOW_CONSUMER),
-        "{status:?}"
-    );
-    assert_eq!(delivered.last().map(|d| d.0), Some(detail.last_revision));
-    let oldest = node_info(&cluster).await.watch_oldest_revision;
-    assert!(
-        oldest <= detail.last_revision + 1,
-        "the resume point {} is gone (oldest {oldest})",
-        detail.last_revision + 1
-    );
+    cut_where_it_can_resume(&cluster, &mut stuck).await;
     cluster.stop().await;
 }
 
