@@ -1,8 +1,8 @@
 //! Claims: `baton snapshot save` captures the state at a linearizable point, and
 //! `baton snapshot restore` builds a NEW cluster (three members or one) that starts with that
 //! state and a fresh membership, elects a leader by itself, serves the saved data, and mints
-//! fences above the saved ones. A damaged or foreign file is refused with a clear reason and
-//! nothing is written.
+//! fences above any the old cluster handed out after the save (raised by a billion unless told
+//! otherwise). A damaged or foreign file is refused with a clear reason and nothing is written.
 #![allow(clippy::unwrap_used)]
 
 mod admin_support;
@@ -53,6 +53,10 @@ async fn a_saved_snapshot_restores_into_a_new_cluster_that_continues_above_it() 
     println!("{}", String::from_utf8_lossy(&output.stdout).trim());
     // Written after the save: must not be in the restored cluster.
     client.save_if_newer("later", 1, b"x").await.unwrap();
+    // Handed out after the save (the 1 ms claim has run out): the restored cluster must never
+    // hand this fence out again.
+    let after_save = client.claim("task", "late", 60_000).await.unwrap();
+    assert_eq!(after_save.lease.unwrap().fence, saved_fence + 1);
 
     let inspect = std::process::Command::new(source.bin())
         .args(["snapshot", "inspect"])
@@ -70,7 +74,7 @@ async fn a_saved_snapshot_restores_into_a_new_cluster_that_continues_above_it() 
     }
     let members = member_list(&procs);
     for id in 1..=3 {
-        restore(&procs, &file, &procs.data_dir(id), id, &members);
+        restore(&procs, &file, &procs.data_dir(id), id, &members, None);
     }
     for id in 1..=3 {
         procs.start(id).await.unwrap();
@@ -78,22 +82,23 @@ async fn a_saved_snapshot_restores_into_a_new_cluster_that_continues_above_it() 
     let leader = procs.leader().await.unwrap();
     println!("restored three-node cluster elected node {leader}");
     let client = procs.client(Security::default()).await.unwrap();
-    check_restored(&client, saved_fence).await;
+    check_restored(&client, saved_fence + 1_000_000_000 + 1).await;
     let info = procs.info(leader).await.unwrap();
     let ids: Vec<u64> = info.members.iter().map(|m| m.id).collect();
     assert_eq!(ids, vec![1, 2, 3], "the fresh membership");
     assert!(info.members.iter().all(|m| m.addr == procs.addr(m.id)));
     procs.kill_all();
 
-    // The same file restores a single-node cluster too.
+    // The same file restores a single-node cluster too, here told to keep the saved counters:
+    // it hands the fence out again (and says so when restoring).
     let mut single = Procs::new(Security::default()).unwrap();
     single.declare(7, &[]).unwrap();
     let members = member_list(&single);
-    restore(&single, &file, &single.data_dir(7), 7, &members);
+    restore(&single, &file, &single.data_dir(7), 7, &members, Some(0));
     single.start(7).await.unwrap();
     assert_eq!(single.leader().await.unwrap(), 7);
     let client = single.client(Security::default()).await.unwrap();
-    check_restored(&client, saved_fence).await;
+    check_restored(&client, saved_fence + 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -204,8 +209,17 @@ fn member_list(procs: &Procs) -> String {
         .join(",")
 }
 
-fn restore(procs: &Procs, file: &Path, data_dir: &Path, id: u64, members: &str) {
-    let output = std::process::Command::new(procs.bin())
+/// Restores member `id`, with `--raise-fences` when given.
+fn restore(
+    procs: &Procs,
+    file: &Path,
+    data_dir: &Path,
+    id: u64,
+    members: &str,
+    raise_fences: Option<u64>,
+) {
+    let mut command = std::process::Command::new(procs.bin());
+    command
         .args([
             "snapshot",
             "restore",
@@ -217,15 +231,24 @@ fn restore(procs: &Procs, file: &Path, data_dir: &Path, id: u64, members: &str) 
         .arg("--from")
         .arg(file)
         .arg("--data-dir")
-        .arg(data_dir)
-        .output()
-        .unwrap();
+        .arg(data_dir);
+    if let Some(raise) = raise_fences {
+        command.args(["--raise-fences", &raise.to_string()]);
+    }
+    let output = command.output().unwrap();
     assert!(output.status.success(), "{}", show(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let raised = raise_fences.unwrap_or(1_000_000_000);
+    assert!(
+        stdout.contains(&format!("fences raised by {raised}")),
+        "{stdout}"
+    );
+    let warned = String::from_utf8_lossy(&output.stderr).contains("handed out again");
+    assert_eq!(warned, raised == 0, "{}", show(&output));
 }
 
-/// The saved data is there, the later write is not, and new writes continue above the saved
-/// fences.
-async fn check_restored(client: &Client, saved_fence: u64) {
+/// The saved data is there, the later write is not, and a new claim gets `next_fence`.
+async fn check_restored(client: &Client, next_fence: u64) {
     let job = client.load("job").await.unwrap();
     assert_eq!((job.seq, job.data.as_slice()), (41, &b"progress"[..]));
     let later = client.load("later").await;
@@ -233,14 +256,9 @@ async fn check_restored(client: &Client, saved_fence: u64) {
         matches!(later, Err(Error::Refused(Refusal::NotFound))),
         "written after the save, so never saved here: {later:?}"
     );
-    // The 1 ms claim from before the save has expired: a new claim gets the next fence.
+    // The 1 ms claim from before the save has expired.
     let claim = client.claim("task", "c", 60_000).await.unwrap();
-    let fence = claim.lease.unwrap().fence;
-    assert_eq!(
-        fence,
-        saved_fence + 1,
-        "fences continue above the saved ones"
-    );
+    assert_eq!(claim.lease.unwrap().fence, next_fence);
     client.save_if_newer("job", 42, b"more").await.unwrap();
     assert_eq!(client.load("job").await.unwrap().seq, 42);
 }

@@ -239,12 +239,14 @@ fn word(bytes: &[u8], at: usize) -> [u8; 4] {
 }
 
 /// Seeds `data_dir` as member `id` of a new cluster of `members` (every one a voter) holding the
-/// snapshot's state. Refuses a data dir that already has content.
+/// snapshot's state, with every fence raised by `raise_fences` (the same on every member, or
+/// their states differ). Refuses a data dir that already has content.
 pub async fn restore(
     snapshot: &SnapshotFile,
     data_dir: &Path,
     id: NodeId,
     members: &BTreeMap<NodeId, String>,
+    raise_fences: u64,
 ) -> anyhow::Result<()> {
     ensure!(
         members.contains_key(&id),
@@ -281,13 +283,26 @@ pub async fn restore(
     log.purge(last).await?;
     // Having voted for itself in the saved term, the node's first election is in the next one.
     log.save_vote(&Vote::new(last.leader_id.term, id)).await?;
+    let state = if raise_fences == 0 {
+        snapshot.state.clone()
+    } else {
+        let mut state: State =
+            codec::decode_state(&snapshot.state).context("the snapshot's state does not decode")?;
+        state.raise_fences(raise_fences);
+        codec::encode(&state).context("cannot encode the restored state")?
+    };
     state_machine
-        .install_snapshot(&meta, Box::new(Cursor::new(snapshot.state.clone())))
+        .install_snapshot(&meta, Box::new(Cursor::new(state)))
         .await?;
     drop((log, state_machine));
     crate::server::record_identity(data_dir, id)?;
     durable_file::remove(&data_dir.join(UNFINISHED_RESTORE))
 }
+
+/// How much a restore raises every fence, ticket generation and permit token by default
+/// ([`baton_statemachine::State::raise_fences`]): more grants than any one key gets between a
+/// backup and its restore, and still room for billions of restores before a counter runs out.
+pub const RESTORE_FENCE_RAISE: u64 = 1_000_000_000;
 
 /// The file that marks a data dir whose restore has not finished.
 const UNFINISHED_RESTORE: &str = "restore-unfinished";
@@ -430,16 +445,16 @@ mod tests {
     async fn restore_refuses_a_used_data_dir_and_a_node_outside_the_members() {
         let dir = tempfile::tempdir().expect("tempdir");
         let members = BTreeMap::from([(1, "127.0.0.1:1".to_string())]);
-        let error = restore(&sample(), &dir.path().join("a"), 2, &members)
+        let error = restore(&sample(), &dir.path().join("a"), 2, &members, 0)
             .await
             .expect_err("id 2 is not a member");
         assert!(format!("{error:#}").contains("include this node"));
         std::fs::write(dir.path().join("junk"), b"x").expect("write");
-        let error = restore(&sample(), dir.path(), 1, &members)
+        let error = restore(&sample(), dir.path(), 1, &members, 0)
             .await
             .expect_err("not empty");
         assert!(format!("{error:#}").contains("not empty"));
-        restore(&sample(), &dir.path().join("b"), 1, &members)
+        restore(&sample(), &dir.path().join("b"), 1, &members, 0)
             .await
             .expect("a fresh dir is seeded");
     }
@@ -452,13 +467,13 @@ mod tests {
         // A state that does not decode stops the restore after the log was purged.
         let mut broken = sample();
         broken.state = vec![0xff; 16];
-        restore(&broken, &data_dir, 1, &members)
+        restore(&broken, &data_dir, 1, &members, 0)
             .await
             .expect_err("the state does not decode");
         let error = refuse_unfinished_restore(&data_dir).expect_err("half restored");
         assert!(format!("{error:#}").contains("did not finish"), "{error:#}");
 
-        restore(&sample(), &data_dir, 1, &members)
+        restore(&sample(), &data_dir, 1, &members, 0)
             .await
             .expect("the same restore runs again");
         refuse_unfinished_restore(&data_dir).expect("finished");

@@ -37,6 +37,25 @@ pub struct State {
     pub queue: TaskQueue,
 }
 
+impl State {
+    /// Raises every fence the store mints by `by`: board fences, ticket generations, side-effect
+    /// resource fences and queue permit tokens. The next one of each is then above any the store
+    /// handed out after this state was saved, as long as no key was granted `by` times since.
+    ///
+    /// For a restore from a backup: the old cluster went on minting after the save, and the
+    /// restored one would otherwise mint those fences again (contract §0: never reset, never
+    /// reused), so a fenced resource could not tell a late holder of the old cluster from a new
+    /// one. Live side-effect attempts lose their fence (their actions are refused `FENCE_STALE`
+    /// and their intents end uncertain, to reconcile): whether they finished after the save is
+    /// unknown. Live leases, handles and attempts of the other primitives keep working.
+    pub fn raise_fences(&mut self, by: u64) {
+        self.board.raise_fences(by);
+        self.handoff.raise_generations(by);
+        self.effects.raise_fences(by);
+        self.queue.raise_tokens(by);
+    }
+}
+
 /// Applies one log entry. Deterministic: the result depends only on `state` and `envelope`.
 ///
 /// A repeated `(client_id, seq)` gets the response of its first application and changes nothing,

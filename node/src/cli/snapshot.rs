@@ -42,6 +42,11 @@ pub enum SnapshotCommand {
         /// `1=10.0.0.1:7001,2=10.0.0.2:7001,3=10.0.0.3:7001`.
         #[arg(long, value_delimiter = ',', value_name = "ID=ADDR", value_parser = super::parse_peer_addr, required = true)]
         members: Vec<(u64, String)>,
+        /// Raise every fence, ticket generation and permit token by N, so that none the old
+        /// cluster handed out after the save is handed out again. Give every member the same N
+        /// (the default does); 0 keeps the saved counters.
+        #[arg(long, value_name = "N", default_value_t = snapshot_file::RESTORE_FENCE_RAISE)]
+        raise_fences: u64,
     },
 }
 
@@ -56,7 +61,8 @@ pub async fn run_offline(command: &SnapshotCommand) -> Option<u8> {
             data_dir,
             id,
             members,
-        } => Some(restore(from, data_dir, *id, members).await),
+            raise_fences,
+        } => Some(restore(from, data_dir, *id, members, *raise_fences).await),
     }
 }
 
@@ -188,6 +194,7 @@ async fn restore(
     data_dir: &std::path::Path,
     id: u64,
     members: &[(u64, String)],
+    raise_fences: u64,
 ) -> u8 {
     let members = match new_members(id, members) {
         Ok(members) => members,
@@ -203,10 +210,11 @@ async fn restore(
             return exit::FAILURE;
         }
     };
-    match snapshot_file::restore(&snapshot, data_dir, id, &members).await {
+    match snapshot_file::restore(&snapshot, data_dir, id, &members, raise_fences).await {
         Ok(()) => {
             println!(
-                "restored node {id} in {} from index {} (term {}); members {}",
+                "restored node {id} in {} from index {} (term {}); members {}; fences raised by \
+                 {raise_fences}",
                 data_dir.display(),
                 snapshot.header.last_log_index,
                 snapshot.header.last_log_term,
@@ -216,6 +224,12 @@ async fn restore(
                     .collect::<Vec<_>>()
                     .join(",")
             );
+            if raise_fences == 0 {
+                eprintln!(
+                    "baton: fences were not raised: any the old cluster handed out after the save \
+                     will be handed out again"
+                );
+            }
             exit::OK
         }
         Err(error) => {

@@ -171,6 +171,14 @@ pub struct Board {
 }
 
 impl Board {
+    /// Raises every task's highest fence by `by` ([`crate::State::raise_fences`]).
+    pub(crate) fn raise_fences(&mut self, by: u64) {
+        for task in self.tasks.values_mut() {
+            let task = Arc::make_mut(task);
+            task.max_fence = task.max_fence.saturating_add(by);
+        }
+    }
+
     /// Seeds tasks; returns how many were written.
     pub fn seed(&mut self, specs: Vec<TaskSpec>) -> Result<u64, Refusal> {
         if specs.is_empty() {

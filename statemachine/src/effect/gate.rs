@@ -441,6 +441,13 @@ impl Gate {
         })
     }
 
+    /// Raises every resource's highest fence by `by` ([`crate::State::raise_fences`]).
+    pub(crate) fn raise_fences(&mut self, by: u64) {
+        for resource in self.resources.values_mut() {
+            resource.max_fence = resource.max_fence.saturating_add(by);
+        }
+    }
+
     /// The highest fence ever issued on a resource (0 if none).
     pub fn resource_fence(&self, resource: &str) -> u64 {
         self.resources.get(resource).map_or(0, |r| r.max_fence)

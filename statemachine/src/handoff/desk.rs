@@ -38,6 +38,15 @@ pub struct Desk {
 }
 
 impl Desk {
+    /// Raises every ticket's generation by `by` ([`crate::State::raise_fences`]): a ticket taken
+    /// now gets a fence above the raised generation, and so does the next one offered on a key.
+    pub(crate) fn raise_generations(&mut self, by: u64) {
+        for record in self.records.values_mut() {
+            let ticket = Arc::make_mut(&mut record.ticket);
+            ticket.generation = ticket.generation.saturating_add(by);
+        }
+    }
+
     /// Offers a ticket. A live ticket with the same key is returned unchanged (a replay); a
     /// settled one is replaced by the next generation; an unknown key starts at generation 1.
     pub fn offer(&mut self, clock_ms: u64, args: OfferArgs) -> Result<Ticket, Refusal> {

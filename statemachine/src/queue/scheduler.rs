@@ -714,6 +714,16 @@ impl TaskQueue {
         self.workers.get(id)
     }
 
+    /// Raises every key's highest permit token by `by` ([`crate::State::raise_fences`]). A key
+    /// whose tokens are used up stays so, and a raise never uses one up.
+    pub(crate) fn raise_tokens(&mut self, by: u64) {
+        for permit in self.permits.values_mut() {
+            if permit.highest_token < u64::MAX {
+                permit.highest_token = permit.highest_token.saturating_add(by).min(u64::MAX - 1);
+            }
+        }
+    }
+
     /// The highest permit token ever issued for a key (0 if none).
     pub fn highest_token(&self, namespace: &str, key: &str) -> u64 {
         self.permits
