@@ -299,3 +299,57 @@ async fn connection_limit_refuses_only(cluster: Cluster, busy: Channel, other: C
     held.await.unwrap().unwrap();
     cluster.stop().await;
 }
+
+/// A stand-in node that answers every checkpoint read `OVERLOADED`, counting them.
+struct Overloaded(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+#[tonic::async_trait]
+impl baton_rpc::proto::checkpoint_server::Checkpoint for Overloaded {
+    async fn save_if_newer(
+        &self,
+        _request: tonic::Request<baton_rpc::proto::SaveIfNewerRequest>,
+    ) -> Result<tonic::Response<baton_rpc::proto::SaveIfNewerResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("reads only"))
+    }
+
+    async fn load(
+        &self,
+        _request: tonic::Request<baton_rpc::proto::LoadCheckpointRequest>,
+    ) -> Result<tonic::Response<baton_rpc::proto::LoadCheckpointResponse>, tonic::Status> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Err(baton_rpc::error::infra_status(
+            Code::ResourceExhausted,
+            infra::OVERLOADED,
+            "at the in-flight limit",
+        ))
+    }
+}
+
+/// A client told `OVERLOADED` backs off up to a second between attempts, not the tenth of a
+/// second it uses to find a new leader quickly: asked ten times a second by every waiting call,
+/// a busy node would spend itself answering refusals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overloaded_node_is_asked_again_after_longer_pauses() {
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(baton_rpc::proto::checkpoint_server::CheckpointServer::new(
+                Overloaded(answered.clone()),
+            ))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let config = ClientConfig {
+        deadline: Duration::from_secs(3),
+        attempt_timeout: Duration::from_secs(1),
+        connect_timeout: Duration::from_secs(1),
+    };
+    let client = Client::new(&[addr], config).unwrap();
+    let read = client.load("run").await;
+    assert!(matches!(read, Err(Error::Unavailable { .. })), "{read:?}");
+    let attempts = answered.load(std::sync::atomic::Ordering::SeqCst);
+    // Pauses of 20, 40, ... ms doubling to 1 s (each jittered to 50-100 %): at most 12 in 3 s
+    // (capped at 100 ms it was about 40).
+    assert!((3..=12).contains(&attempts), "{attempts} attempts in 3 s");
+}

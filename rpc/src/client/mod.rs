@@ -63,6 +63,9 @@ const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(20);
 /// client's attempts fail at once, and a long cap (it was 500 ms) left writes waiting for the next
 /// retry well after the new leader was elected (`baton bench --workload failover`).
 const MAX_RETRY_PAUSE: Duration = Duration::from_millis(100);
+/// The longest pause once a node said `OVERLOADED`: retrying a busy node ten times a second (as
+/// after a failover) would keep it busy answering refusals.
+const MAX_OVERLOADED_PAUSE: Duration = Duration::from_secs(1);
 
 /// Half the pause plus a random part of the other half, so that clients that failed together do
 /// not all retry at the same instant.
@@ -530,6 +533,7 @@ impl Client {
         let started = Instant::now();
         let mut tried: BTreeSet<String> = BTreeSet::new();
         let mut pause = FIRST_RETRY_PAUSE;
+        let mut longest_pause = MAX_RETRY_PAUSE;
         let mut redirects = 0;
         loop {
             let addr = self.target();
@@ -561,7 +565,10 @@ impl Client {
                                 self.forget_leader(&addr);
                                 format!("{addr}: {reason}")
                             }
-                            Verdict::Backoff(reason) => format!("{addr}: {reason}"),
+                            Verdict::Backoff(reason) => {
+                                longest_pause = MAX_OVERLOADED_PAUSE;
+                                format!("{addr}: {reason}")
+                            }
                         },
                         Err(_) => {
                             self.forget_leader(&addr);
@@ -581,7 +588,7 @@ impl Client {
             }
             tracing::debug!(%last, ?pause, "retrying");
             tokio::time::sleep(jittered(pause)).await;
-            pause = (pause * 2).min(MAX_RETRY_PAUSE);
+            pause = (pause * 2).min(longest_pause);
         }
     }
 
