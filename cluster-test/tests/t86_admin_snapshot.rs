@@ -198,6 +198,31 @@ fn restore_refuses_members_named_twice_or_without_this_node() {
         assert!(stderr.contains(reason), "{members}: {}", show(&output));
         assert!(!data_dir.exists(), "{members}: nothing is written");
     }
+    // A raise past 2^40 could run a fence counter out: refused before anything is read.
+    let data_dir = dir.path().join("data");
+    let output = std::process::Command::new(&bin)
+        .args([
+            "snapshot",
+            "restore",
+            "--id",
+            "1",
+            "--members",
+            "1=127.0.0.1:1",
+        ])
+        .args(["--raise-fences", &((1u64 << 40) + 1).to_string()])
+        .arg("--from")
+        .arg(dir.path().join("no-such-file.snap"))
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2), "{}", show(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("--raise-fences"),
+        "{}",
+        show(&output)
+    );
+    assert!(!data_dir.exists(), "nothing is written");
 }
 
 fn member_list(procs: &Procs) -> String {

@@ -252,6 +252,11 @@ pub async fn restore(
         members.contains_key(&id),
         "the new members must include this node (id {id})"
     );
+    ensure!(
+        raise_fences <= baton_statemachine::MAX_FENCE_RAISE,
+        "fences can be raised by at most {}",
+        baton_statemachine::MAX_FENCE_RAISE
+    );
     prepare_restore_dir(data_dir)?;
     // Marked first and unmarked last: a node refuses to start a half-restored dir, and running
     // the same restore again starts over.

@@ -30,6 +30,6 @@ pub use change::{Change, ChangeFilter, ChangeKind, ChangeValue, Permit, Primitiv
 pub use command::{Command, Envelope, Origin, Reply, Response, Stamp};
 pub use error::Refusal;
 pub use session::{SessionLookup, Sessions, MAX_REPLIES_PER_CLIENT, SESSION_IDLE_TTL_MS};
-pub use state::{apply, apply_with_changes, State};
+pub use state::{apply, apply_with_changes, State, MAX_FENCE_RAISE};
 pub use time::{deadline_after, is_overdue};
 pub use validate::read_key;

@@ -37,10 +37,16 @@ pub struct State {
     pub queue: TaskQueue,
 }
 
+/// The largest raise [`State::raise_fences`] is meant for: 2^40 (a trillion) leaves room for
+/// millions of raises before a counter nears its end.
+pub const MAX_FENCE_RAISE: u64 = 1 << 40;
+
 impl State {
     /// Raises every fence the store mints by `by`: board fences, ticket generations, side-effect
-    /// resource fences and queue permit tokens. The next one of each is then above any the store
-    /// handed out after this state was saved, as long as no key was granted `by` times since.
+    /// resource fences and queue permit tokens (and queue task ids). The next one of each is then
+    /// above any the store handed out after this state was saved, as long as no key was granted
+    /// `by` times since. A raise is at most [`MAX_FENCE_RAISE`] (a larger `by` raises by that),
+    /// so that counters minted by adding one stay far from their end.
     ///
     /// For a restore from a backup: the old cluster went on minting after the save, and the
     /// restored one would otherwise mint those fences again (contract §0: never reset, never
@@ -49,6 +55,7 @@ impl State {
     /// and their intents end uncertain, to reconcile): whether they finished after the save is
     /// unknown. Live leases, handles and attempts of the other primitives keep working.
     pub fn raise_fences(&mut self, by: u64) {
+        let by = by.min(MAX_FENCE_RAISE);
         self.board.raise_fences(by);
         self.handoff.raise_generations(by);
         self.effects.raise_fences(by);

@@ -42,10 +42,11 @@ pub enum SnapshotCommand {
         /// `1=10.0.0.1:7001,2=10.0.0.2:7001,3=10.0.0.3:7001`.
         #[arg(long, value_delimiter = ',', value_name = "ID=ADDR", value_parser = super::parse_peer_addr, required = true)]
         members: Vec<(u64, String)>,
-        /// Raise every fence, ticket generation and permit token by N, so that none the old
-        /// cluster handed out after the save is handed out again. Give every member the same N
-        /// (the default does); 0 keeps the saved counters.
-        #[arg(long, value_name = "N", default_value_t = snapshot_file::RESTORE_FENCE_RAISE)]
+        /// Raise every fence, ticket generation and permit token by N (at most 2^40), so that
+        /// none the old cluster handed out after the save is handed out again. Give every member
+        /// the same N (the default does); 0 keeps the saved counters.
+        #[arg(long, value_name = "N", default_value_t = snapshot_file::RESTORE_FENCE_RAISE,
+              value_parser = clap::value_parser!(u64).range(0..=baton_statemachine::MAX_FENCE_RAISE))]
         raise_fences: u64,
     },
 }

@@ -714,12 +714,15 @@ impl TaskQueue {
         self.workers.get(id)
     }
 
-    /// Raises every key's highest permit token by `by` ([`crate::State::raise_fences`]). A key
-    /// whose tokens are used up stays so, and a raise never uses one up.
+    /// Raises every key's highest permit token by `by` ([`crate::State::raise_fences`]), and the
+    /// task ids to come: a late report of the old cluster names a task id and attempt that the
+    /// restored one must not have given to another task. A key whose tokens are used up stays
+    /// so.
     pub(crate) fn raise_tokens(&mut self, by: u64) {
+        self.next_task_id = self.next_task_id.saturating_add(by);
         for permit in self.permits.values_mut() {
             if permit.highest_token < u64::MAX {
-                permit.highest_token = permit.highest_token.saturating_add(by).min(u64::MAX - 1);
+                permit.highest_token = permit.highest_token.saturating_add(by);
             }
         }
     }
