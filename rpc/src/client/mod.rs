@@ -57,7 +57,8 @@ pub(crate) const MAX_ANSWER_BYTES: usize = 1 << 30;
 /// whole deadline is shorter needs half of it left.
 const MIN_ATTEMPT: Duration = Duration::from_millis(100);
 
-/// The first pause before retrying a failed attempt; it doubles up to [`MAX_RETRY_PAUSE`].
+/// The first pause before retrying a failed attempt; it doubles up to [`MAX_RETRY_PAUSE`] (or
+/// [`MAX_OVERLOADED_PAUSE`] while the last answer was `OVERLOADED`).
 const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(20);
 /// The longest pause between attempts. A failover is retried through: after a leader dies, every
 /// client's attempts fail at once, and a long cap (it was 500 ms) left writes waiting for the next
@@ -563,6 +564,7 @@ impl Client {
                             Verdict::Redirect(leader) => format!("{addr} redirected to {leader}"),
                             Verdict::Retry(reason) => {
                                 self.forget_leader(&addr);
+                                longest_pause = MAX_RETRY_PAUSE;
                                 format!("{addr}: {reason}")
                             }
                             Verdict::Backoff(reason) => {
@@ -572,6 +574,7 @@ impl Client {
                         },
                         Err(_) => {
                             self.forget_leader(&addr);
+                            longest_pause = MAX_RETRY_PAUSE;
                             format!("{addr}: no answer within {budget:?}")
                         }
                     }
@@ -588,6 +591,7 @@ impl Client {
             }
             tracing::debug!(%last, ?pause, "retrying");
             tokio::time::sleep(jittered(pause)).await;
+            // Back to the failover pace at once when the node stops saying OVERLOADED.
             pause = (pause * 2).min(longest_pause);
         }
     }
