@@ -82,6 +82,41 @@ impl World {
         }
     }
 
+    /// Queue `q` in namespace `ns`, and worker `w` with concurrency keys.
+    fn queue_and_worker(&mut self, now_ms: u64) {
+        for command in [
+            queue::Command::CreateQueue(Queue {
+                name: "q".into(),
+                namespace: "ns".into(),
+            }),
+            queue::Command::RegisterWorker(Worker {
+                id: "w".into(),
+                concurrency_keys: true,
+            }),
+        ] {
+            self.send(now_ms, Command::Queue(command)).unwrap();
+        }
+    }
+
+    /// Worker `w` starts and completes a leased attempt.
+    fn start_and_complete(&mut self, now_ms: u64, task_id: u64, attempt: u32) {
+        for command in [
+            queue::Command::Start {
+                task_id,
+                attempt,
+                worker: "w".into(),
+            },
+            queue::Command::Complete {
+                task_id,
+                attempt,
+                worker: "w".into(),
+                result: Vec::new(),
+            },
+        ] {
+            self.send(now_ms, Command::Queue(command)).unwrap();
+        }
+    }
+
     fn submit(&mut self, now_ms: u64, idempotency_key: &str) {
         let spec = queue::TaskSpec {
             queue: "q".into(),
@@ -142,18 +177,7 @@ fn after_a_raise_every_primitive_mints_above_the_raised_fences() {
     };
     assert_eq!(effect_lease.fence, 1);
     // Queue: a keyed attempt holding permit token 1.
-    for command in [
-        queue::Command::CreateQueue(Queue {
-            name: "q".into(),
-            namespace: "ns".into(),
-        }),
-        queue::Command::RegisterWorker(Worker {
-            id: "w".into(),
-            concurrency_keys: true,
-        }),
-    ] {
-        w.send(at, Command::Queue(command)).unwrap();
-    }
+    w.queue_and_worker(at);
     w.submit(at, "first");
     let (task_id, attempt, token) = w.lease_token(at);
     assert_eq!(token, Some(1));
@@ -198,21 +222,7 @@ fn after_a_raise_every_primitive_mints_above_the_raised_fences() {
     }
     assert_eq!(w.acquire(at + 200, "print-1"), Outcome::Uncertain);
     // The live queue attempt goes on; the key's next permit is above the raise.
-    for command in [
-        queue::Command::Start {
-            task_id,
-            attempt,
-            worker: "w".into(),
-        },
-        queue::Command::Complete {
-            task_id,
-            attempt,
-            worker: "w".into(),
-            result: Vec::new(),
-        },
-    ] {
-        w.send(at + 1, Command::Queue(command)).unwrap();
-    }
+    w.start_and_complete(at + 1, task_id, attempt);
     // Task ids go on above the raise too: a late report of the old cluster names a task id the
     // restored one has not given to another task.
     w.submit(at + 1, "second");
@@ -224,18 +234,7 @@ fn after_a_raise_every_primitive_mints_above_the_raised_fences() {
 #[test]
 fn a_raise_is_at_most_the_largest_allowed_and_minting_goes_on() {
     let mut w = World::default();
-    for command in [
-        queue::Command::CreateQueue(Queue {
-            name: "q".into(),
-            namespace: "ns".into(),
-        }),
-        queue::Command::RegisterWorker(Worker {
-            id: "w".into(),
-            concurrency_keys: true,
-        }),
-    ] {
-        w.send(T0, Command::Queue(command)).unwrap();
-    }
+    w.queue_and_worker(T0);
     w.submit(T0, "first");
     let (task_id, attempt, _) = w.lease_token(T0);
     w.state.raise_fences(u64::MAX);
@@ -243,21 +242,7 @@ fn a_raise_is_at_most_the_largest_allowed_and_minting_goes_on() {
         w.state.queue.highest_token("ns", "object/1"),
         1 + MAX_FENCE_RAISE
     );
-    for command in [
-        queue::Command::Start {
-            task_id,
-            attempt,
-            worker: "w".into(),
-        },
-        queue::Command::Complete {
-            task_id,
-            attempt,
-            worker: "w".into(),
-            result: Vec::new(),
-        },
-    ] {
-        w.send(T0 + 1, Command::Queue(command)).unwrap();
-    }
+    w.start_and_complete(T0 + 1, task_id, attempt);
     w.submit(T0 + 1, "second");
     let (second, _, token) = w.lease_token(T0 + 1);
     assert_eq!(token, Some(2 + MAX_FENCE_RAISE));
