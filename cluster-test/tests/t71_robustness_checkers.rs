@@ -6,7 +6,7 @@
 
 use baton_cluster_test::robustness::check::Violation;
 use baton_cluster_test::robustness::history::{AttemptRecord, Input, Op, Outcome, Output};
-use baton_cluster_test::robustness::{board, effect, handoff, progress, queue};
+use baton_cluster_test::robustness::{board, checkpoint, effect, handoff, progress, queue};
 
 /// Builds a history; times are in milliseconds for readability.
 #[derive(Default)]
@@ -802,4 +802,127 @@ fn t71_stale_and_phantom_listings_are_reported() {
         h.ok("r", Input::ListTasks, 5, 15, listing(seen));
         assert!(board_rules(h, 100, 1).is_empty(), "saw {seen}");
     }
+}
+
+fn save(seq: u64, data: &str) -> Input {
+    Input::SaveCheckpoint {
+        run: "run-0".into(),
+        seq,
+        data: data.into(),
+    }
+}
+
+fn load() -> Input {
+    Input::LoadCheckpoint {
+        run: "run-0".into(),
+    }
+}
+
+fn loaded(seq: u64, data: &str) -> Output {
+    Output::Checkpoint {
+        seq,
+        data: data.into(),
+    }
+}
+
+/// A legal checkpoint history: a load before any save finds nothing, an equal seq is stale, a
+/// save racing a higher one may land first and be overtaken, an ambiguous save that did land
+/// explains both a load of its data and a refusal of a lower seq, and the final load agrees.
+fn legal_checkpoints() -> H {
+    let mut h = H::default();
+    h.refused("s0", load(), 0, 5, "NOT_FOUND");
+    h.ok("s0", save(2, "a"), 10, 20, Output::Done);
+    h.refused("s1", save(2, "b"), 30, 40, "STALE_SEQ");
+    // Concurrent: 3 stored, then 4 over it; the load in between sees 3.
+    h.ok("s0", save(3, "c"), 50, 70, Output::Done);
+    h.ok("s1", save(4, "d"), 55, 80, Output::Done);
+    h.ok("s2", load(), 56, 75, loaded(3, "c"));
+    h.ambiguous("s1", save(6, "e"), 90);
+    h.refused("s0", save(5, "f"), 100, 110, "STALE_SEQ");
+    h.ok("final", load(), 200, 210, loaded(6, "e"));
+    h
+}
+
+#[test]
+fn t71_a_legal_checkpoint_history_passes() {
+    let h = legal_checkpoints();
+    let violations = checkpoint::check(&h.ops, 200_000);
+    assert!(violations.is_empty(), "{violations:?}");
+}
+
+/// contract §4: a seq at or below the stored one is `STALE_SEQ` and writes nothing. A stale save
+/// acknowledged, or a load showing a stale save's data, is no order of the operations.
+#[test]
+fn t71_a_stale_save_stored_is_reported() {
+    let mut h = legal_checkpoints();
+    h.ok("s2", save(1, "g"), 120, 130, Output::Done);
+    let violations = checkpoint::check(&h.ops, 200_000);
+    assert_eq!(rules(&violations), ["linearizable"], "{violations:?}");
+    assert!(violations[0].stuck.contains(&9), "{violations:?}");
+
+    // The refused save's data read back: it was written though refused.
+    let mut h = legal_checkpoints();
+    h.ok("s2", load(), 42, 48, loaded(2, "b"));
+    let violations = checkpoint::check(&h.ops, 200_000);
+    assert_eq!(rules(&violations), ["linearizable"], "{violations:?}");
+
+    // A newer seq refused as stale while nothing as high was ever sent.
+    let mut h = legal_checkpoints();
+    h.refused("s2", save(9, "h"), 120, 130, "STALE_SEQ");
+    let violations = checkpoint::check(&h.ops, 200_000);
+    assert_eq!(rules(&violations), ["linearizable"], "{violations:?}");
+}
+
+/// contract §4: `load` of a run never saved is `NOT_FOUND`, and a saved run never goes back to
+/// "not found"; an acknowledged save missing after recovery is a lost acknowledgement.
+#[test]
+fn t71_a_lost_or_forgotten_checkpoint_is_reported() {
+    let mut h = legal_checkpoints();
+    h.ops.pop();
+    h.ok("final", load(), 200, 210, loaded(4, "d"));
+    // Seq 5's refusal shows the ambiguous seq 6 was stored; the run cannot go back to 4 (nothing
+    // acknowledged is missing, so only the order rules it out).
+    let violations = checkpoint::check(&h.ops, 200_000);
+    assert_eq!(rules(&violations), ["linearizable"], "{violations:?}");
+
+    let mut h = H::default();
+    h.ok("s0", save(1, "a"), 0, 10, Output::Done);
+    h.ok("s0", save(7, "b"), 20, 30, Output::Done);
+    h.ok("final", load(), 200, 210, loaded(1, "a"));
+    let violations = checkpoint::check(&h.ops, 200_000);
+    assert_eq!(
+        rules(&violations),
+        ["linearizable", "lost-ack"],
+        "{violations:?}"
+    );
+    let lost = violations.iter().find(|v| v.rule == "lost-ack").unwrap();
+    assert_eq!(lost.ops, vec![1, 2]);
+
+    let mut h = H::default();
+    h.ok("s0", save(1, "a"), 0, 10, Output::Done);
+    h.refused("final", load(), 200, 210, "NOT_FOUND");
+    let violations = checkpoint::check(&h.ops, 200_000);
+    assert_eq!(
+        rules(&violations),
+        ["linearizable", "lost-ack"],
+        "{violations:?}"
+    );
+
+    // No load after recovery at all: nothing shows the save survived.
+    let mut h = H::default();
+    h.ok("s0", save(1, "a"), 0, 10, Output::Done);
+    let violations = checkpoint::check(&h.ops, 200_000);
+    assert_eq!(rules(&violations), ["lost-ack"], "{violations:?}");
+}
+
+/// A checkpoint workload whose every save was refused checked nothing.
+#[test]
+fn t71_checkpoint_saves_all_refused_prove_nothing() {
+    let mut h = H::default();
+    h.refused("s0", save(1, "a"), 0, 10, "STALE_SEQ");
+    let violations = progress(&h.ops, 1);
+    let keys: Vec<&str> = violations.iter().map(|v| v.key.as_str()).collect();
+    assert_eq!(keys, ["checkpoint"], "{violations:?}");
+    h.ok("s0", save(2, "b"), 20, 30, Output::Done);
+    assert!(progress(&h.ops, 1).is_empty());
 }

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use super::history::{Input, Op, Output};
+use crate::linearizability::{self, Model, Operation, Verdict};
 
 /// A broken rule and the operations that show it.
 #[derive(Debug, Clone)]
@@ -455,4 +456,96 @@ pub fn sink(history: &[Op], mine: impl Fn(&str) -> bool) -> Vec<Violation> {
         }
     }
     violations
+}
+
+/// The operations `key_of` gives a key, grouped by it, each group in history order.
+pub fn by_key<'a>(
+    history: &'a [Op],
+    key_of: impl Fn(&'a Input) -> Option<&'a str>,
+) -> BTreeMap<&'a str, Vec<&'a Op>> {
+    let mut groups: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
+    for op in history {
+        if let Some(key) = key_of(&op.input) {
+            groups.entry(key).or_default().push(op);
+        }
+    }
+    groups
+}
+
+/// `op` as the linearizability checker sees it, with the model's `input` and `output` (`None`
+/// for an ambiguous operation, which then has no completion time either).
+pub fn operation<I, O>(op: &Op, input: I, output: Option<O>) -> Operation<I, O> {
+    Operation {
+        client: op.index,
+        input,
+        ret: output.as_ref().and(op.ret),
+        output,
+        call: op.call,
+    }
+}
+
+/// Linearizability of one key's history against `model`: the operations `to_model` maps are
+/// searched for an order that explains every answer, for at most `max_steps` steps (a search that
+/// gives up is reported, never passed). `what` names the key's kind in the message ("ticket").
+pub fn linearizable<M: Model>(
+    model: &M,
+    what: &str,
+    key: &str,
+    ops: &[&Op],
+    to_model: impl Fn(&Op) -> Option<Operation<M::Input, M::Output>>,
+    max_steps: u64,
+) -> Vec<Violation> {
+    // Keep the position in `ops` of every operation the model sees: the search names them so.
+    let mut positions = Vec::new();
+    let mut model_ops = Vec::new();
+    for (i, op) in ops.iter().enumerate() {
+        if let Some(model_op) = to_model(op) {
+            positions.push(i);
+            model_ops.push(model_op);
+        }
+    }
+    match linearizability::check_bounded(model, &model_ops, max_steps) {
+        Verdict::Linearizable => Vec::new(),
+        Verdict::Violation { longest } => {
+            let in_prefix: Vec<usize> = longest.iter().map(|i| positions[*i]).collect();
+            let prefix: Vec<usize> = in_prefix.iter().map(|i| ops[*i].index).collect();
+            // The operations that could come next: not in the prefix and invoked before the
+            // first of them had to complete.
+            let rest: Vec<&&Op> = positions
+                .iter()
+                .filter(|i| !in_prefix.contains(i))
+                .map(|i| &ops[*i])
+                .collect();
+            let horizon = rest
+                .iter()
+                .filter_map(|op| op.ret)
+                .min()
+                .unwrap_or(u64::MAX);
+            let stuck: Vec<usize> = rest
+                .iter()
+                .filter(|op| op.call <= horizon)
+                .map(|op| op.index)
+                .collect();
+            let mut violation = Violation::new(
+                "linearizable",
+                key,
+                format!(
+                    "no order of the {} operations on this {what} explains what they returned",
+                    model_ops.len()
+                ),
+                prefix,
+            );
+            violation.stuck = stuck;
+            vec![violation]
+        }
+        Verdict::Inconclusive { steps } => vec![Violation::new(
+            "linearizable",
+            key,
+            format!(
+                "INCONCLUSIVE: the search gave up after {steps} steps over {} operations",
+                model_ops.len()
+            ),
+            Vec::new(),
+        )],
+    }
 }

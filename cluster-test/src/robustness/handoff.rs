@@ -12,9 +12,11 @@ use baton_statemachine::handoff::{Handle, OfferArgs, Receipt, ReceiptStatus, Tic
 use rand::rngs::StdRng;
 use rand::Rng;
 
-use super::check::{increasing_fences, unique_grants, Grant, Violation};
+use super::check::{
+    by_key, increasing_fences, linearizable, operation, unique_grants, Grant, Violation,
+};
 use super::history::{Input, Op, Outcome, Output, Recorder};
-use crate::linearizability::{self, Operation, TicketInput, TicketModel, TicketOutput, Verdict};
+use crate::linearizability::{Operation, TicketInput, TicketModel, TicketOutput};
 
 /// The source of every ticket.
 pub const FROM: &str = "src";
@@ -205,28 +207,24 @@ fn to_model(op: &Op) -> Option<Operation<TicketInput, TicketOutput>> {
         Outcome::Refused(code) => Some(TicketOutput::Refused(code.clone())),
         Outcome::Ambiguous(_) | Outcome::Pending => None,
     };
-    Some(Operation {
-        client: op.index,
-        input,
-        ret: output.as_ref().and(op.ret),
-        output,
-        call: op.call,
-    })
+    Some(operation(op, input, output))
 }
 
 /// Every handoff checker over the finished history. `final_from` is the time (µs) from which
 /// operations are the reads made after recovery.
 pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
-    let mut by_key: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
-    for op in history {
-        if let Some(key) = key_of(&op.input) {
-            by_key.entry(key).or_default().push(op);
-        }
-    }
+    let by_key = by_key(history, key_of);
     let mut violations = Vec::new();
     let mut grants = Vec::new();
     for (key, ops) in &by_key {
-        violations.extend(linearizable(key, ops));
+        violations.extend(linearizable(
+            &TicketModel,
+            "ticket",
+            key,
+            ops,
+            to_model,
+            MAX_STEPS,
+        ));
         for op in ops {
             if let (Input::Take { .. }, Some(Output::Handle { fence, .. })) = (&op.input, op.ok()) {
                 grants.push(Grant {
@@ -241,56 +239,6 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
     violations.extend(unique_grants("take", &grants, history));
     violations.extend(increasing_fences("take", &grants, history));
     violations
-}
-
-/// Linearizability of one key's history.
-fn linearizable(key: &str, ops: &[&Op]) -> Vec<Violation> {
-    let model_ops: Vec<Operation<TicketInput, TicketOutput>> =
-        ops.iter().filter_map(|op| to_model(op)).collect();
-    match linearizability::check_bounded(&TicketModel, &model_ops, MAX_STEPS) {
-        Verdict::Linearizable => Vec::new(),
-        Verdict::Violation { longest } => {
-            let prefix: Vec<usize> = longest.iter().map(|i| ops[*i].index).collect();
-            // The operations that could come next: not in the prefix and invoked before the
-            // first of them had to complete.
-            let rest: Vec<&&Op> = ops
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| !longest.contains(i))
-                .map(|(_, op)| op)
-                .collect();
-            let horizon = rest
-                .iter()
-                .filter_map(|op| op.ret)
-                .min()
-                .unwrap_or(u64::MAX);
-            let stuck: Vec<usize> = rest
-                .iter()
-                .filter(|op| op.call <= horizon)
-                .map(|op| op.index)
-                .collect();
-            let mut violation = Violation::new(
-                "linearizable",
-                key,
-                format!(
-                    "no order of the {} operations on this ticket explains what they returned",
-                    ops.len()
-                ),
-                prefix,
-            );
-            violation.stuck = stuck;
-            vec![violation]
-        }
-        Verdict::Inconclusive { steps } => vec![Violation::new(
-            "linearizable",
-            key,
-            format!(
-                "INCONCLUSIVE: the search gave up after {steps} steps over {} operations",
-                ops.len()
-            ),
-            Vec::new(),
-        )],
-    }
 }
 
 /// After recovery, the ticket holds at least the highest generation anyone was acknowledged.

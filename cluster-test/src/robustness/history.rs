@@ -167,6 +167,20 @@ pub enum Input {
         /// Task id.
         task: u64,
     },
+    /// Checkpoint `save_if_newer(run, seq, data)`.
+    SaveCheckpoint {
+        /// Run id.
+        run: String,
+        /// Sequence number offered.
+        seq: u64,
+        /// Data saved (unique per save).
+        data: String,
+    },
+    /// Checkpoint `load(run)`.
+    LoadCheckpoint {
+        /// Run id.
+        run: String,
+    },
 }
 
 /// One attempt as `attempts(task)` reports it.
@@ -258,6 +272,13 @@ pub enum Output {
         state: String,
         /// Every attempt.
         attempts: Vec<AttemptRecord>,
+    },
+    /// A loaded checkpoint.
+    Checkpoint {
+        /// Its seq.
+        seq: u64,
+        /// Its data.
+        data: String,
     },
 }
 
@@ -389,6 +410,10 @@ impl fmt::Display for Input {
                 "complete task={task} attempt={attempt} worker={worker} key={concurrency_key} token={token}"
             ),
             Input::Attempts { task } => write!(f, "attempts task={task}"),
+            Input::SaveCheckpoint { run, seq, data } => {
+                write!(f, "save {run} seq={seq} data={data}")
+            }
+            Input::LoadCheckpoint { run } => write!(f, "load {run}"),
         }
     }
 }
@@ -444,6 +469,7 @@ impl fmt::Display for Output {
                     .collect();
                 write!(f, "state={state} [{}]", shown.join(" "))
             }
+            Output::Checkpoint { seq, data } => write!(f, "seq={seq} data={data}"),
         }
     }
 }

@@ -6,8 +6,9 @@
 //!
 //! 1. start three `baton node` processes whose peer links go through TCP proxies;
 //! 2. start the workloads — handoff races ([`handoff`]), board claims ([`board`]), side-effect
-//!    acquires with fenced sink writes ([`effect`]), keyed queue permits ([`queue`]) — every
-//!    client recording each operation in one [`history::Recorder`];
+//!    acquires with fenced sink writes ([`effect`]), keyed queue permits ([`queue`]), checkpoint
+//!    saves ([`checkpoint`]) — every client recording each operation in one
+//!    [`history::Recorder`];
 //! 3. inject the scenario's faults for a while ([`faults::Nemesis`]), then undo them all and
 //!    wait for the cluster to converge;
 //! 4. require that every workload is answered again after recovery, stop the workloads, and read
@@ -23,6 +24,7 @@
 
 pub mod board;
 pub mod check;
+pub mod checkpoint;
 pub mod effect;
 pub mod faults;
 pub mod handoff;
@@ -143,6 +145,10 @@ pub struct Mix {
     pub resources: usize,
     /// Queue workers (plus one submitter).
     pub workers: usize,
+    /// Checkpoint savers.
+    pub savers: usize,
+    /// Checkpoint runs they share.
+    pub runs: usize,
 }
 
 impl Default for Mix {
@@ -156,6 +162,8 @@ impl Default for Mix {
             effect: 3,
             resources: 2,
             workers: 2,
+            savers: 2,
+            runs: 2,
         }
     }
 }
@@ -254,7 +262,7 @@ impl Report {
 
     /// Per-workload counts, the run time and the fault log, for the lines after the summary.
     pub fn details(&self) -> String {
-        let mut counts = [(0usize, 0usize); 4];
+        let mut counts = [(0usize, 0usize); WORKLOADS.len()];
         for op in &self.history {
             let slot = workload_of(&op.input);
             counts[slot].0 += 1;
@@ -262,8 +270,7 @@ impl Report {
                 counts[slot].1 += 1;
             }
         }
-        let names = ["handoff", "board", "effect+sink", "queue"];
-        let parts: Vec<String> = names
+        let parts: Vec<String> = WORKLOADS
             .iter()
             .zip(counts)
             .map(|(name, (ops, amb))| format!("{name}={ops}/{amb}"))
@@ -303,7 +310,10 @@ impl Report {
     }
 }
 
-/// 0 handoff, 1 board, 2 effect and sink, 3 queue.
+/// The workloads, in the order [`workload_of`] numbers them.
+const WORKLOADS: [&str; 5] = ["handoff", "board", "effect+sink", "queue", "checkpoint"];
+
+/// Which of [`WORKLOADS`] `input` belongs to.
 fn workload_of(input: &Input) -> usize {
     match input {
         Input::Offer { .. }
@@ -324,6 +334,7 @@ fn workload_of(input: &Input) -> usize {
         {
             2
         }
+        Input::SaveCheckpoint { .. } | Input::LoadCheckpoint { .. } => 4,
         _ => 3,
     }
 }
@@ -404,6 +415,19 @@ impl Workloads {
                 worker_name(i),
                 rec.clone(),
                 pace.clone(),
+                next_rng(),
+                stop.clone(),
+            )));
+        }
+        let runs = Arc::new(checkpoint::run_ids(mix.runs));
+        let highest = checkpoint::highest(mix.runs);
+        for i in 0..mix.savers {
+            tasks.push(tokio::spawn(checkpoint::run(
+                connect(endpoints, i).await?,
+                format!("saver-{i}"),
+                rec.clone(),
+                runs.clone(),
+                highest.clone(),
                 next_rng(),
                 stop.clone(),
             )));
@@ -581,6 +605,7 @@ async fn drive<T: Target>(
     violations.extend(board::check(&history, final_from));
     violations.extend(effect::check(&history, final_from));
     violations.extend(queue::check(&history, final_from));
+    violations.extend(checkpoint::check(&history, final_from));
     violations.extend(progress(&history, nemesis.faults));
 
     let mut report = Report {
@@ -603,8 +628,9 @@ async fn drive<T: Target>(
 }
 
 /// A run that checked something: it injected at least one fault, and every workload that ran got
-/// at least one grant acknowledged (a take, claim, acquire or permit). Without these every rule
-/// holds vacuously: a store that refused every grant (or a nemesis that did nothing) would pass.
+/// at least one grant acknowledged (a take, claim, acquire, permit or stored save). Without these
+/// every rule holds vacuously: a store that refused every grant (or a nemesis that did nothing)
+/// would pass.
 pub fn progress(history: &[Op], faults: usize) -> Vec<Violation> {
     let mut violations = Vec::new();
     if faults == 0 {
@@ -615,9 +641,8 @@ pub fn progress(history: &[Op], faults: usize) -> Vec<Violation> {
             Vec::new(),
         ));
     }
-    let names = ["handoff", "board", "effect+sink", "queue"];
-    let mut ran = [false; 4];
-    let mut granted = [false; 4];
+    let mut ran = [false; WORKLOADS.len()];
+    let mut granted = [false; WORKLOADS.len()];
     for op in history {
         let slot = workload_of(&op.input);
         ran[slot] = true;
@@ -625,14 +650,15 @@ pub fn progress(history: &[Op], faults: usize) -> Vec<Violation> {
             (Input::Take { .. }, Some(_)) | (Input::Claim { .. }, Some(_)) => true,
             (Input::Acquire { .. }, Some(Output::Granted { .. })) => true,
             (Input::Lease { .. }, Some(Output::Leased(assignments))) => !assignments.is_empty(),
+            (Input::SaveCheckpoint { .. }, Some(_)) => true,
             _ => false,
         };
     }
-    for slot in 0..names.len() {
+    for (slot, name) in WORKLOADS.iter().enumerate() {
         if ran[slot] && !granted[slot] {
             violations.push(Violation::new(
                 "progress",
-                names[slot],
+                name,
                 "no grant was acknowledged in the whole run, so its exclusivity rules checked nothing",
                 Vec::new(),
             ));
@@ -644,10 +670,9 @@ pub fn progress(history: &[Op], faults: usize) -> Vec<Violation> {
 /// Every workload must get definite answers again within `limit` of recovery; one that does not
 /// is reported (the cluster did not recover).
 async fn available_again(rec: &Recorder, since: u64, limit: Duration) -> Vec<Violation> {
-    let names = ["handoff", "board", "effect+sink", "queue"];
     let started = Instant::now();
     loop {
-        let silent: Vec<usize> = (0..names.len())
+        let silent: Vec<usize> = (0..WORKLOADS.len())
             .filter(|slot| rec.answers_since(since, |input| workload_of(input) == *slot) == 0)
             .collect();
         if silent.is_empty() {
@@ -659,7 +684,7 @@ async fn available_again(rec: &Recorder, since: u64, limit: Duration) -> Vec<Vio
                 .map(|slot| {
                     Violation::new(
                         "available-after-recovery",
-                        names[slot],
+                        WORKLOADS[slot],
                         format!("no operation was answered within {limit:?} after every fault was undone"),
                         Vec::new(),
                     )
@@ -672,7 +697,7 @@ async fn available_again(rec: &Recorder, since: u64, limit: Duration) -> Vec<Vio
 
 /// Reads back, through a fresh client, everything the checkers compare with the
 /// acknowledgements: every ticket, the board, every completed action, every queue task, every
-/// sink.
+/// sink, every checkpoint run.
 async fn read_back(
     endpoints: &[String],
     rec: &Recorder,
@@ -704,6 +729,9 @@ async fn read_back(
         .await;
     for key in queue::KEYS {
         effect::read_sink(rec, &client, name, &format!("{}{key}", queue::SINK_PREFIX)).await;
+    }
+    for run in checkpoint::run_ids(mix.runs) {
+        checkpoint::load(rec, &client, name, &run).await;
     }
     Ok(())
 }
