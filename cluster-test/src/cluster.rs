@@ -59,6 +59,9 @@ pub struct Options {
     /// alternate between losing everything unsynced and keeping a random part of it
     /// ([`Unsynced`]), the first losing everything.
     pub power_cut: bool,
+    /// Extra environment of particular nodes' processes (a skewed clock:
+    /// [`crate::clock_skew::offset_env`]).
+    pub env: BTreeMap<u64, Vec<(String, String)>>,
 }
 
 impl Default for Options {
@@ -74,6 +77,7 @@ impl Default for Options {
             timeout: Duration::from_secs(20),
             proxied: false,
             power_cut: false,
+            env: BTreeMap::new(),
         }
     }
 }
@@ -660,6 +664,7 @@ impl Cluster {
             .args(&routes)
             // Plain text logs: they are read by people and grepped by tests.
             .env("NO_COLOR", "1")
+            .envs(o.env.get(&id).into_iter().flatten().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

@@ -11,6 +11,7 @@
 //! - [`wait`]: bounded polling.
 //! - [`proxy`]: one TCP proxy per peer link, cut and healed to partition the cluster.
 //! - [`power_cut`]: a FUSE directory whose unsynced writes a test can throw away, as a power loss does.
+//! - [`clock_skew`]: a node whose wall clock runs ahead or behind (libfaketime).
 //! - [`linearizability`]: a Wing–Gong/Lowe linearizability checker and a handoff ticket model.
 //! - [`robustness`]: fault scenarios under recorded workloads, and the checkers that judge them.
 //! - [`docker`]: the compose cluster of `deploy/` in containers, and container faults (skipped
@@ -19,6 +20,7 @@
 
 pub mod binary;
 pub mod cli;
+pub mod clock_skew;
 pub mod cluster;
 pub mod docker;
 pub mod history;
@@ -32,6 +34,19 @@ pub mod wait;
 pub mod workload;
 
 pub use cluster::{client_config, Cluster, Options};
+
+/// Panics unless every ticket passes the invariants `baton check` judges
+/// ([`baton_rpc::judge::check`], at the store's own time).
+pub async fn assert_check_clean(client: &baton_rpc::Client) {
+    let problems = baton_rpc::judge::check(client)
+        .await
+        .expect("check could not read the state");
+    assert!(
+        problems.is_empty(),
+        "check found problems: {}",
+        first(&problems, 5)
+    );
+}
 
 /// At most `n` items of a list for an assertion message, with the total count.
 pub fn first<T: std::fmt::Debug>(items: &[T], n: usize) -> String {

@@ -6,8 +6,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use baton_cluster_test::{first, wait, Cluster, Options};
-use baton_rpc::{judge, Error};
+use baton_cluster_test::{assert_check_clean, wait, Cluster, Options};
+use baton_rpc::Error;
 use baton_statemachine::handoff::{OfferArgs, TicketState};
 use baton_statemachine::Refusal;
 
@@ -82,12 +82,7 @@ async fn t15_deadlines_follow_the_leader_stamped_store_clock() {
     .await
     .unwrap();
 
-    let problems = judge::check(&client).await.unwrap();
-    assert!(
-        problems.is_empty(),
-        "check found problems: {}",
-        first(&problems, 5)
-    );
+    assert_check_clean(&client).await;
     println!(
         "t15: deadline = stamped clock + ttl; late take EXPIRED; sweep expired an untouched ticket \
          (deadline {}); check clean",
