@@ -179,7 +179,7 @@ impl Node {
         let sweep = Envelope {
             stamp: stamp::stamp(),
             origin: None,
-            command: crate::sweeper::sweep_command(),
+            command: crate::sweeper::barrier_command(),
         };
         let written =
             unless_deposed(&self.raft, self.raft.client_write(Batch(vec![sweep]))).await?;

@@ -159,6 +159,7 @@ pub async fn serve_secured(
         node.clone(),
         admission.clone(),
         config.sweep_interval,
+        sweeper::budget(&config.watch),
         stop_rx.clone(),
     ));
     let contact = Contact::default();

@@ -5,7 +5,8 @@
 //! holders hear of them promptly and snapshots carry no overdue leftovers. While this node leads
 //! it sleeps until the earliest thing the state watches falls due
 //! ([`baton_statemachine::State::next_due_ms`]) and proposes a [`Command::SweepAtMost`] of at
-//! most [`SWEEP_BATCH`] expiries. A sweep that hit its bound is followed by the next at once;
+//! most [`SWEEP_BATCH`] expiries, fewer when their changes would not fit its [`budget`] (see
+//! [`SweepBudget`]). A sweep that hit its bound is followed by the next at once;
 //! otherwise the next waits at least [`SWEEP_SPACING`], so leases that fall due one by one cost
 //! at most a few sweep entries a second. With nothing due
 //! nothing is proposed, except a sweep every [`SESSION_SWEEP_EVERY`] to forget idle client
@@ -17,12 +18,13 @@
 
 use std::time::Duration;
 
-use baton_statemachine::sweep::SWEEP_BATCH;
+use baton_statemachine::sweep::{SweepBudget, SWEEP_BATCH};
 use baton_statemachine::{Command, Reply};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::admission::Admission;
+use crate::config::WatchTuning;
 use crate::node::NodeRef;
 use crate::stamp::wall_clock_ms;
 
@@ -34,10 +36,24 @@ pub const SESSION_SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// trickle in, and a lease waits at most this long (plus the sweep's commit) once it falls due.
 pub const SWEEP_SPACING: Duration = Duration::from_millis(50);
 
-/// The command a leader proposes to sweep: bounded, so no apply grows with the number due.
-pub fn sweep_command() -> Command {
-    Command::SweepAtMost {
+/// The entry a new leader commits before it serves reads: a sweep that takes no expiries (the
+/// sweeper takes those, in entries it sizes), so it stays small whatever is due.
+pub fn barrier_command() -> Command {
+    Command::SweepAtMost { expiries: 0 }
+}
+
+/// The budget of each sweep this node proposes: four fifths of what one watch stream may owe
+/// before it is cut `SLOW_CONSUMER` — by changes the smaller of the history's count and
+/// `max_backlog`, by bytes half the history's bytes — and at most [`SWEEP_BATCH`] expiries. The
+/// history then always holds a whole sweep entry (a bigger one would be skipped, and every watch
+/// before it end `COMPACTED`), and a watch that keeps up is never cut over one. With the default
+/// limits it is 40,000 changes and 25.6 MiB: a board lease or a ticket without payload makes one
+/// small change, so their sweeps keep the full [`SWEEP_BATCH`].
+pub fn budget(watch: &WatchTuning) -> SweepBudget {
+    SweepBudget {
         expiries: SWEEP_BATCH,
+        changes: watch.history.events.min(watch.max_backlog) / 5 * 4,
+        bytes: watch.history.bytes / 2 / 5 * 4,
     }
 }
 
@@ -91,11 +107,12 @@ fn next(situation: Situation, every: Duration) -> Next {
     }
 }
 
-/// Runs the sweeps while this node leads, until `stop` turns true.
+/// Runs the sweeps while this node leads, each within `budget`, until `stop` turns true.
 pub async fn run(
     node: NodeRef,
     admission: Admission,
     every: Duration,
+    budget: SweepBudget,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut applied = node.state_machine.subscribe();
@@ -138,16 +155,22 @@ pub async fn run(
             Next::Sweep => {
                 last_sweep = Instant::now();
                 backlog = false;
+                let bound = {
+                    let applied = node.state_machine.read();
+                    let now_ms = wall_clock_ms().max(applied.state.clock_ms);
+                    applied.state.sweep_bound(now_ms, budget)
+                };
                 // A leader cut off from its followers waits for this entry forever (openraft
                 // 0.9 has no check-quorum): a shutdown must not wait with it.
+                let command = Command::SweepAtMost { expiries: bound };
                 let proposed = tokio::select! {
-                    proposed = node.propose(None, sweep_command()) => proposed,
+                    proposed = node.propose(None, command) => proposed,
                     _ = stop.changed() => return,
                 };
                 match proposed {
                     Ok(reply) => {
-                        tracing::debug!(?reply, "swept");
-                        backlog = matches!(reply, Reply::Swept { expired } if expired >= u64::from(SWEEP_BATCH));
+                        tracing::debug!(?reply, bound, "swept");
+                        backlog = matches!(reply, Reply::Swept { expired } if expired >= u64::from(bound));
                     }
                     Err(status) => tracing::debug!(%status, "sweep not applied"),
                 }

@@ -1,13 +1,19 @@
 //! The leader's sweeps against an in-process single-node cluster (docs/design.md "Expiry"): a
 //! lease is swept as soon as it falls due — the leader sleeps until the earliest deadline and
-//! wakes when a command brings an earlier one — not at the next `sweep_interval` tick; and a
-//! leader with nothing due writes nothing to the log.
+//! wakes when a command brings an earlier one — not at the next `sweep_interval` tick; a leader
+//! with nothing due writes nothing to the log; and a mass expiry is swept in entries small
+//! enough for every watch to follow.
 #![allow(clippy::unwrap_used)]
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use std::collections::BTreeSet;
+
+use baton_node::config::WatchTuning;
+use baton_node::sweeper;
 use baton_rpc::{Event, Watch};
 use baton_statemachine::board::TaskSpec;
+use baton_statemachine::queue;
 use baton_statemachine::{ChangeFilter, ChangeKind};
 use futures::StreamExt;
 
@@ -91,5 +97,76 @@ async fn a_leader_with_nothing_due_writes_nothing() {
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let after = client.node_info(&cluster.addr).await.unwrap().applied_index;
     assert_eq!(after, before, "log entries written with nothing due");
+    cluster.stop().await;
+}
+
+/// A keyed queue lease that runs out makes three changes (lost, key freed, leasable). 800 of them
+/// falling due together were swept in one entry of 2,400 changes, more than this node's history
+/// of 2,000 keeps: the history skipped the entry, and a watch positioned before it ended
+/// `COMPACTED` however fast it read. The leader now sizes its sweeps to its budget (four fifths of
+/// the 1,000 changes a stream may owe here), and a watch of the last ten keys hears each freed.
+/// (A watch of everything that reads slower than the sweeps come may still be cut and find its
+/// place evicted: the history is bounded; see docs/watch.md.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mass_expiry_of_keyed_leases_is_swept_in_entries_the_history_keeps() {
+    const TASKS: usize = 800;
+    let tuning = WatchTuning::with_history(2_000);
+    assert!(sweeper::budget(&tuning).changes < 3 * TASKS);
+    let cluster = Cluster::start_custom(|config| config.watch = tuning).await;
+    let client = &cluster.client;
+    client.create_queue("q", "ns").await.unwrap();
+    client.register_worker("w", true).await.unwrap();
+    let specs: Vec<queue::TaskSpec> = (0..TASKS)
+        .map(|n| queue::TaskSpec {
+            queue: "q".into(),
+            idempotency_key: format!("task-{n:03}"),
+            handler: "h".into(),
+            handler_version: String::new(),
+            payload_version: String::new(),
+            payload: Vec::new(),
+            concurrency_key: format!("key-{n:03}"),
+            business_key: String::new(),
+            max_attempts: 3,
+            ttl_ms: 600_000,
+        })
+        .collect();
+    futures::stream::iter(&specs)
+        .for_each_concurrent(32, |spec| async move {
+            client.submit(spec).await.unwrap();
+        })
+        .await;
+
+    let mut last_keys = client
+        .watch(
+            ChangeFilter::all()
+                .prefix("key-79")
+                .kinds([ChangeKind::KeyFreed]),
+            None,
+        )
+        .await;
+    // Leased 100 at a time (a lease entry makes changes per task too, and this history is
+    // small), each lease shorter by the time since the first, so that all fall due together.
+    let mut leased = 0;
+    let first_lease = std::time::Instant::now();
+    while leased < TASKS {
+        let ttl_ms = 2_000 - first_lease.elapsed().as_millis() as i64;
+        assert!(ttl_ms > 500, "leasing took too long to end together");
+        let got = client
+            .lease("w", &[], 100, ttl_ms, Duration::ZERO)
+            .await
+            .unwrap();
+        assert!(!got.is_empty(), "only {leased} of {TASKS} tasks leased");
+        leased += got.len();
+    }
+
+    let mut freed = BTreeSet::new();
+    while freed.len() < 10 {
+        let event = next(&mut last_keys).await;
+        assert_eq!(event.change.kind, ChangeKind::KeyFreed);
+        freed.insert(event.change.key);
+    }
+    let expected: BTreeSet<String> = (790..800).map(|n| format!("key-{n}")).collect();
+    assert_eq!(freed, expected);
+    drop(last_keys);
     cluster.stop().await;
 }

@@ -337,53 +337,67 @@ pub struct Change {
     pub value: ChangeValue,
 }
 
+/// What every change costs besides its key, holder and value, in [`Change::approx_bytes`].
+pub(crate) const CHANGE_OVERHEAD: usize = 160;
+
 impl Change {
     /// A rough size in bytes, for bounding how many changes a node keeps in memory.
     pub fn approx_bytes(&self) -> usize {
-        const OVERHEAD: usize = 160;
         let value = match &self.value {
-            ChangeValue::Ticket(t) => {
-                t.key.len()
-                    + t.from.len()
-                    + t.to.len()
-                    + t.payload.len()
-                    + t.reply_to.len()
-                    + t.receipt.as_ref().map_or(0, |r| {
-                        r.summary.len()
-                            + r.failure.len()
-                            + r.artifacts.iter().map(String::len).sum::<usize>()
-                    })
-            }
-            ChangeValue::Task(t) => t.id.len() + t.deps.iter().map(|d| d.len() + 24).sum::<usize>(),
-            ChangeValue::Action(a) => {
-                a.key.len()
-                    + a.resource.len()
-                    + a.reason.len()
-                    + a.result.as_ref().map_or(0, String::len)
-            }
+            ChangeValue::Ticket(t) => ticket_bytes(t),
+            ChangeValue::Task(t) => board_task_bytes(t),
+            ChangeValue::Action(a) => action_bytes(a),
             ChangeValue::Sink(s) => s.value.len(),
             ChangeValue::Checkpoint(c) => c.data.len(),
-            ChangeValue::QueueTask(t) => {
-                let s = &t.spec;
-                s.queue.len()
-                    + s.idempotency_key.len()
-                    + s.handler.len()
-                    + s.concurrency_key.len()
-                    + s.business_key.len()
-                    + t.last_error.len()
-                    + t.attempts
-                        .iter()
-                        .map(|a| a.worker.len() + a.note.len() + 64)
-                        .sum::<usize>()
-            }
+            ChangeValue::QueueTask(t) => queue_task_bytes(t),
             ChangeValue::Queue(q) => q.name.len() + q.namespace.len(),
             ChangeValue::Worker(w) => w.id.len(),
-            ChangeValue::Permit(p) => {
-                p.namespace.len() + p.key.len() + p.queues.iter().map(String::len).sum::<usize>()
-            }
+            ChangeValue::Permit(p) => permit_bytes(p),
         };
-        OVERHEAD + self.key.len() + self.holder.len() + value
+        CHANGE_OVERHEAD + self.key.len() + self.holder.len() + value
     }
+}
+
+/// A ticket's share of [`Change::approx_bytes`].
+pub(crate) fn ticket_bytes(t: &Ticket) -> usize {
+    t.key.len()
+        + t.from.len()
+        + t.to.len()
+        + t.payload.len()
+        + t.reply_to.len()
+        + t.receipt.as_ref().map_or(0, |r| {
+            r.summary.len() + r.failure.len() + r.artifacts.iter().map(String::len).sum::<usize>()
+        })
+}
+
+/// A board task's share of [`Change::approx_bytes`].
+pub(crate) fn board_task_bytes(t: &board::Task) -> usize {
+    t.id.len() + t.deps.iter().map(|d| d.len() + 24).sum::<usize>()
+}
+
+/// A side-effect view's share of [`Change::approx_bytes`].
+fn action_bytes(a: &ActionView) -> usize {
+    a.key.len() + a.resource.len() + a.reason.len() + a.result.as_ref().map_or(0, String::len)
+}
+
+/// A queue task's share of [`Change::approx_bytes`] (changes carry no payload).
+pub(crate) fn queue_task_bytes(t: &queue::Task) -> usize {
+    let s = &t.spec;
+    s.queue.len()
+        + s.idempotency_key.len()
+        + s.handler.len()
+        + s.concurrency_key.len()
+        + s.business_key.len()
+        + t.last_error.len()
+        + t.attempts
+            .iter()
+            .map(|a| a.worker.len() + a.note.len() + 64)
+            .sum::<usize>()
+}
+
+/// A permit's share of [`Change::approx_bytes`].
+fn permit_bytes(p: &Permit) -> usize {
+    p.namespace.len() + p.key.len() + p.queues.iter().map(String::len).sum::<usize>()
 }
 
 /// Which changes a watch wants. Every criterion that is set must hold (they combine with AND);

@@ -421,13 +421,13 @@ impl State {
         // Everything is due at the end of time, so each source's first due time is its earliest.
         let end = u64::MAX;
         [
-            self.handoff.due(end).next(),
-            self.board.due(end).next(),
-            self.effects.due_intents(end).next(),
-            self.effects.due_holds(end).next(),
-            self.queue.due_leases(end).next(),
-            self.queue.due_retries(end).next(),
-            self.queue.due_deadlines(end).next(),
+            self.handoff.due(end).next().map(|(at, _)| at),
+            self.board.due(end).next().map(|(at, _)| at),
+            self.effects.due_intents(end).next().map(|(at, _)| at),
+            self.effects.due_holds(end).next().map(|(at, _)| at),
+            self.queue.due_leases(end).next().map(|(at, _)| at),
+            self.queue.due_retries(end).next().map(|(at, _)| at),
+            self.queue.due_deadlines(end).next().map(|(at, _)| at),
         ]
         .into_iter()
         .flatten()

@@ -10,9 +10,15 @@
 //! the sweep runs the primitives (handoff tickets, board leases, effect intents, effect holds,
 //! queue leases, queue back-offs, queue total deadlines), and within one primitive in its index
 //! order (time, then key), so the choice depends on the state alone.
+//!
+//! How many: at most [`SWEEP_BATCH`], and fewer when their changes would not fit a
+//! [`SweepBudget`] — the leader weighs the expiries it is about to propose
+//! ([`State::sweep_bound`]) so that a watch can follow the entry, and writes the resulting count
+//! into the command like any bound.
 
 use std::iter::Peekable;
 
+use crate::change::CHANGE_OVERHEAD;
 use crate::state::State;
 
 /// How many expiries a leader's sweep takes at most: the bound it writes into
@@ -22,6 +28,88 @@ use crate::state::State;
 /// commands to interleave and well inside the default 200 ms minimum election timeout; half of
 /// it was measurably slower in all (each sweep also costs a log round trip).
 pub const SWEEP_BATCH: u32 = 40_000;
+
+/// How big the leader lets one sweep's log entry grow, so that every node's watch history can
+/// hold it whole and a watch that keeps up is never cut over it: a mass expiry of leases that
+/// each make several changes (a keyed queue lease makes three), or of tickets with large
+/// payloads, would otherwise make one entry with more changes or bytes than the history keeps,
+/// and every watch positioned before it would end `COMPACTED`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SweepBudget {
+    /// Most expiries ([`SWEEP_BATCH`] on a leader).
+    pub expiries: u32,
+    /// Most changes, as watches count them.
+    pub changes: usize,
+    /// Most bytes, as [`crate::Change::approx_bytes`] counts them.
+    pub bytes: usize,
+}
+
+impl State {
+    /// The bound of a [`crate::Command::SweepAtMost`] proposed at `now_ms` whose entry stays
+    /// within `budget`: the expiries that fell due first, taken as the sweep takes them, while
+    /// their changes fit (at least one, so every sweep makes progress); `budget.expiries` when
+    /// they all fit. The leader sizes each sweep with it once; replicas apply the bound, never
+    /// the budget, so every replica takes exactly the same expiries whatever its state's size
+    /// estimates say.
+    pub fn sweep_bound(&self, now_ms: u64, budget: SweepBudget) -> u32 {
+        let clock_ms = now_ms.max(self.clock_ms);
+        let max = usize::try_from(budget.expiries).unwrap_or(usize::MAX);
+        let limit = Weight {
+            changes: budget.changes,
+            bytes: budget.bytes,
+        };
+        match take_first(self, clock_ms, max, Some(limit)) {
+            (taken, true) => u32::try_from(taken.iter().sum::<usize>()).unwrap_or(u32::MAX),
+            (_, false) => budget.expiries,
+        }
+    }
+}
+
+/// What one expiry adds to its sweep entry's changes, as the watch history counts them: an
+/// estimate that errs high (a change the expiry may not make is counted).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Weight {
+    /// Changes.
+    pub(crate) changes: usize,
+    /// Bytes, as [`crate::Change::approx_bytes`] counts them.
+    pub(crate) bytes: usize,
+}
+
+impl Weight {
+    /// An expiry of something no longer there: it makes no change.
+    pub(crate) const NONE: Weight = Weight {
+        changes: 0,
+        bytes: 0,
+    };
+
+    /// One change whose key, holder and value take `bytes`.
+    pub(crate) fn change(bytes: usize) -> Weight {
+        Weight {
+            changes: 1,
+            bytes: CHANGE_OVERHEAD + bytes,
+        }
+    }
+
+    /// `n` such changes.
+    pub(crate) fn times(self, n: usize) -> Weight {
+        Weight {
+            changes: self.changes * n,
+            bytes: self.bytes * n,
+        }
+    }
+
+    /// Both together.
+    pub(crate) fn plus(self, other: Weight) -> Weight {
+        Weight {
+            changes: self.changes + other.changes,
+            bytes: self.bytes + other.bytes,
+        }
+    }
+
+    fn exceeds(&self, limit: &Weight) -> bool {
+        self.changes > limit.changes || self.bytes > limit.bytes
+    }
+}
 
 /// How many due expiries of each kind one bounded sweep materialises.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -42,36 +130,11 @@ pub(crate) struct Plan {
     pub(crate) deadlines: usize,
 }
 
-/// One source of due times, earliest first.
-type Due<'a> = Peekable<Box<dyn Iterator<Item = u64> + 'a>>;
-
 impl Plan {
     /// The (at most) `max` expiries due at `clock_ms` that fell due first.
     pub(crate) fn first_due(state: &State, clock_ms: u64, max: usize) -> Plan {
-        let mut sources: [Due<'_>; 7] = [
-            due(state.handoff.due(clock_ms)),
-            due(state.board.due(clock_ms)),
-            due(state.effects.due_intents(clock_ms)),
-            due(state.effects.due_holds(clock_ms)),
-            due(state.queue.due_leases(clock_ms)),
-            due(state.queue.due_retries(clock_ms)),
-            due(state.queue.due_deadlines(clock_ms)),
-        ];
-        let mut taken = [0usize; 7];
-        for _ in 0..max {
-            // The earliest head; on equal times the first source (the sweep's order).
-            let next = sources
-                .iter_mut()
-                .enumerate()
-                .filter_map(|(source, due)| due.peek().map(|at| (*at, source)))
-                .min();
-            let Some((_, source)) = next else {
-                break;
-            };
-            sources[source].next();
-            taken[source] += 1;
-        }
-        let [tickets, claims, intents, holds, leases, retries, deadlines] = taken;
+        let ([tickets, claims, intents, holds, leases, retries, deadlines], _) =
+            take_first(state, clock_ms, max, None);
         Plan {
             tickets,
             claims,
@@ -84,7 +147,67 @@ impl Plan {
     }
 }
 
-fn due<'a>(times: impl Iterator<Item = u64> + 'a) -> Due<'a> {
-    let boxed: Box<dyn Iterator<Item = u64> + 'a> = Box::new(times);
+/// One source of due expiries, earliest first, each with its weight (none when not weighed).
+type Due<'a> = Peekable<Box<dyn Iterator<Item = (u64, Weight)> + 'a>>;
+
+/// How many of each source's expiries the first `max` due at `clock_ms` take, in the sweep's
+/// order, and whether `limit` (when given: the expiries are then weighed) stopped the count
+/// before everything due or `max` was reached.
+fn take_first(
+    state: &State,
+    clock_ms: u64,
+    max: usize,
+    limit: Option<Weight>,
+) -> ([usize; 7], bool) {
+    let weigh = limit.is_some();
+    let (h, b, e, q) = (&state.handoff, &state.board, &state.effects, &state.queue);
+    let mut sources: [Due<'_>; 7] = [
+        due(h.due(clock_ms), weigh, |key| h.expiry_weight(key)),
+        due(b.due(clock_ms), weigh, |id| b.expiry_weight(id)),
+        due(e.due_intents(clock_ms), weigh, |key| e.intent_weight(key)),
+        due(e.due_holds(clock_ms), weigh, |resource| {
+            e.hold_weight(resource)
+        }),
+        due(q.due_leases(clock_ms), weigh, |id| q.lease_weight(*id)),
+        due(q.due_retries(clock_ms), weigh, |id| q.retry_weight(*id)),
+        due(q.due_deadlines(clock_ms), weigh, |id| {
+            q.deadline_weight(*id)
+        }),
+    ];
+    let mut taken = [0usize; 7];
+    let mut spent = Weight::NONE;
+    for n in 0..max {
+        // The earliest head; on equal times the first source (the sweep's order).
+        let next = sources
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(source, due)| due.peek().map(|(at, _)| (*at, source)))
+            .min();
+        let Some((_, source)) = next else {
+            break;
+        };
+        let Some((_, weight)) = sources[source].next() else {
+            break;
+        };
+        spent = spent.plus(weight);
+        if n > 0 && limit.is_some_and(|limit| spent.exceeds(&limit)) {
+            return (taken, true);
+        }
+        taken[source] += 1;
+    }
+    (taken, false)
+}
+
+/// `items` as a [`Due`] source, each weighed by `weight` when `weigh`.
+fn due<'a, K: ?Sized + 'a>(
+    items: impl Iterator<Item = (u64, &'a K)> + 'a,
+    weigh: bool,
+    weight: impl Fn(&K) -> Weight + 'a,
+) -> Due<'a> {
+    let weighed = items.map(move |(at, key)| {
+        let weight = if weigh { weight(key) } else { Weight::NONE };
+        (at, weight)
+    });
+    let boxed: Box<dyn Iterator<Item = (u64, Weight)> + 'a> = Box::new(weighed);
     boxed.peekable()
 }

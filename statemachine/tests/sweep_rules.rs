@@ -2,13 +2,15 @@
 //! most its bound of expiries, the ones that fell due first across every primitive (equal times in
 //! the sweep's primitive order, then by key), and leaves the rest to the next sweep; a series of
 //! bounded sweeps ends exactly where one unbounded `Command::Sweep` does, and an unbounded
-//! `SweepAtMost` is that `Sweep`. `State::next_due_ms` is the moment a sweep becomes due.
+//! `SweepAtMost` is that `Sweep`. `State::next_due_ms` is the moment a sweep becomes due. A sweep
+//! the leader sizes with `State::sweep_bound` makes no more changes and bytes than its budget.
 #![allow(clippy::unwrap_used)]
 
 use baton_statemachine::board::{self, TaskSpec as BoardSpec};
 use baton_statemachine::effect::{self, Action, RetrySafety};
 use baton_statemachine::handoff::{self, OfferArgs};
 use baton_statemachine::queue::{self, Queue, TaskSpec, Worker};
+use baton_statemachine::sweep::SweepBudget;
 use baton_statemachine::{
     apply, apply_with_changes, Change, ChangeKind, Command, Envelope, Origin, Primitive, Reply,
     Response, Stamp, State,
@@ -51,6 +53,17 @@ impl World {
             })),
         );
         world
+    }
+
+    /// A new world after `ops`, each sent the given number of ms after the one before.
+    fn after(ops: &[(u64, Op)]) -> Self {
+        let mut w = World::new();
+        let mut now = T0;
+        for (dt, op) in ops {
+            now += dt;
+            w.send(now, command(op));
+        }
+        w
     }
 
     /// Applies a client command (refusals are fine: they change nothing).
@@ -395,12 +408,7 @@ proptest! {
         later in 0..300u64,
         bound in 1..6u32,
     ) {
-        let mut w = World::new();
-        let mut now = T0;
-        for (dt, op) in &ops {
-            now += dt;
-            w.send(now, command(op));
-        }
+        let w = World::after(&ops);
         let now = w.state.clock_ms + later;
         if let Some(due) = w.state.next_due_ms() {
             if due > w.state.clock_ms {
@@ -450,5 +458,113 @@ proptest! {
                 "{:?} {:?} {} missing from the bounded sweeps", primitive, kind, key
             );
         }
+    }
+}
+
+/// `(changes, bytes)` a sweep made, as the watch history counts them.
+fn size(changes: &[Change]) -> (usize, usize) {
+    (
+        changes.len(),
+        changes.iter().map(Change::approx_bytes).sum(),
+    )
+}
+
+#[test]
+fn sweeps_of_large_tickets_and_keyed_leases_are_sized_to_the_budget() {
+    let mut w = World::new();
+    // 300 tickets of 2 KiB payload and 100 keyed queue leases, all due at once.
+    for n in 0..300 {
+        let mut command = offer(&format!("big-{n:03}"), 100);
+        if let Command::Handoff(handoff::Command::Offer(args)) = &mut command {
+            args.payload = vec![7; 2048];
+        }
+        ok(w.send(T0, command));
+    }
+    for n in 0..100 {
+        ok(w.send(
+            T0,
+            submit(&format!("keyed-{n:03}"), &format!("k{n:03}"), 60_000, 3),
+        ));
+    }
+    ok(w.send(T0, lease(100, 200)));
+    let now = T0 + 1_000;
+    let budget = SweepBudget {
+        expiries: 1_000,
+        changes: 120,
+        bytes: 100 << 10,
+    };
+
+    // Tickets first (they fell due first): ~2.2 KiB each, so the bytes bound them.
+    let mut state = w.state.clone();
+    let bound = state.sweep_bound(now, budget);
+    assert!((40..=46).contains(&bound), "bound {bound}");
+    let (expired, changes) = sweep_at_most(&mut state, now, bound);
+    assert_eq!(expired, u64::from(bound));
+    let (count, bytes) = size(&changes);
+    assert!(
+        count <= budget.changes && bytes <= budget.bytes,
+        "{count} changes, {bytes} bytes"
+    );
+    assert!(
+        bytes > budget.bytes * 9 / 10,
+        "the estimate is far too high: {bytes} bytes"
+    );
+
+    // Every ticket swept, then keyed leases: three changes each, so the count bounds them.
+    let mut rounds = 0;
+    while state.handoff.has_overdue(now) {
+        let bound = state.sweep_bound(now, budget);
+        let (_, changes) = sweep_at_most(&mut state, now, bound);
+        let (count, bytes) = size(&changes);
+        assert!(count <= budget.changes && bytes <= budget.bytes);
+        rounds += 1;
+        assert!(rounds < 20);
+    }
+    let bound = state.sweep_bound(now, budget);
+    let (expired, changes) = sweep_at_most(&mut state, now, bound);
+    let kinds = summary(&changes);
+    assert!(
+        kinds
+            .iter()
+            .any(|(_, kind, _)| *kind == ChangeKind::KeyFreed),
+        "{kinds:?}"
+    );
+    assert!(changes.len() <= budget.changes, "{} changes", changes.len());
+    assert!(expired >= 30, "only {expired} leases in a 120-change sweep");
+
+    // Nothing due at all: the full bound (the sweep still forgets idle sessions).
+    let mut idle = World::new();
+    assert_eq!(idle.state.sweep_bound(T0, budget), 1_000);
+    ok(idle.send(T0, offer("one", 60_000)));
+    assert_eq!(idle.state.sweep_bound(T0 + 1, budget), 1_000);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// Whatever is due: a sweep bounded by `sweep_bound` makes at most the budget's changes and
+    /// bytes (a single expiry excepted: every sweep takes one), and a budget everything fits
+    /// leaves the bound as it was.
+    #[test]
+    fn a_sized_sweep_stays_within_its_budget(
+        ops in prop::collection::vec((0..40u64, op()), 1..60),
+        later in 0..300u64,
+        changes in 1..12usize,
+        bytes in 200..3_000usize,
+    ) {
+        let w = World::after(&ops);
+        let now = w.state.clock_ms + later;
+        let budget = SweepBudget { expiries: 1_000, changes, bytes };
+        let bound = w.state.sweep_bound(now, budget);
+        prop_assert!(bound >= 1);
+        let mut sized = w.state.clone();
+        let (expired, made) = sweep_at_most(&mut sized, now, bound);
+        let (count, made_bytes) = size(&made);
+        if expired > 1 {
+            prop_assert!(count <= changes, "{} changes over a budget of {}", count, changes);
+            prop_assert!(made_bytes <= bytes, "{} bytes over a budget of {}", made_bytes, bytes);
+        }
+        let roomy = SweepBudget { expiries: 1_000, changes: usize::MAX, bytes: usize::MAX };
+        prop_assert_eq!(w.state.sweep_bound(now, roomy), 1_000);
     }
 }

@@ -16,10 +16,11 @@ use serde::{Deserialize, Serialize};
 
 pub use check::{check, BoardProblem, BoardProblemCode};
 
-use crate::change::{Change, ChangeKind, ChangeValue, Journal, Primitive};
+use crate::change::{board_task_bytes, Change, ChangeKind, ChangeValue, Journal, Primitive};
 use crate::command::Stamp;
 use crate::error::Refusal;
 use crate::limits::{MAX_AGENT_BYTES, MAX_DEPENDENCIES, MAX_KEY_BYTES};
+use crate::sweep::Weight;
 use crate::time::{deadline_after, is_overdue};
 use crate::validate;
 
@@ -358,11 +359,20 @@ impl Board {
 
     /// The deadlines of the leases due at `clock_ms`, earliest first (what [`Board::sweep_first`]
     /// takes in turn).
-    pub(crate) fn due(&self, clock_ms: u64) -> impl Iterator<Item = u64> + '_ {
+    pub(crate) fn due(&self, clock_ms: u64) -> impl Iterator<Item = (u64, &str)> + '_ {
         self.lease_deadlines
             .iter()
-            .map(|(until, _)| *until)
-            .take_while(move |until| is_overdue(*until, clock_ms))
+            .map(|(until, id)| (*until, &**id))
+            .take_while(move |(until, _)| is_overdue(*until, clock_ms))
+    }
+
+    /// What expiring the lease on task `id` adds to a sweep's changes: one change carrying the
+    /// task.
+    pub(crate) fn expiry_weight(&self, id: &str) -> Weight {
+        self.tasks.get(id).map_or(Weight::NONE, |task| {
+            let agent = task.lease.as_ref().map_or(0, |lease| lease.agent.len());
+            Weight::change(id.len() + agent + board_task_bytes(task))
+        })
     }
 
     /// Whether some lease is due for the sweep.

@@ -16,6 +16,7 @@ use crate::change::{Change, ChangeKind, ChangeValue, Journal, Primitive};
 use crate::command::Stamp;
 use crate::error::Refusal;
 use crate::limits::{MAX_KEY_BYTES, MAX_TEXT_BYTES};
+use crate::sweep::Weight;
 use crate::time::{deadline_after, is_overdue};
 use crate::validate;
 
@@ -408,13 +409,42 @@ impl Gate {
     }
 
     /// The deadlines of the intents due at `clock_ms`, earliest first.
-    pub(crate) fn due_intents(&self, clock_ms: u64) -> impl Iterator<Item = u64> + '_ {
+    pub(crate) fn due_intents(&self, clock_ms: u64) -> impl Iterator<Item = (u64, &str)> + '_ {
         due_in(&self.intent_deadlines, clock_ms)
     }
 
     /// The deadlines of the resource holds due at `clock_ms`, earliest first.
-    pub(crate) fn due_holds(&self, clock_ms: u64) -> impl Iterator<Item = u64> + '_ {
+    pub(crate) fn due_holds(&self, clock_ms: u64) -> impl Iterator<Item = (u64, &str)> + '_ {
         due_in(&self.hold_deadlines, clock_ms)
+    }
+
+    /// What the expiry of action `key`'s intent adds to a sweep's changes: at most one change
+    /// carrying the key's view.
+    pub(crate) fn intent_weight(&self, key: &str) -> Weight {
+        self.view_weight(key)
+    }
+
+    /// What the expiry of the hold on `resource` adds to a sweep's changes: at most one change
+    /// carrying the holding key's view.
+    pub(crate) fn hold_weight(&self, resource: &str) -> Weight {
+        self.resources
+            .get(resource)
+            .and_then(|record| record.hold.as_ref())
+            .map_or(Weight::NONE, |hold| self.view_weight(&hold.key))
+    }
+
+    /// One change carrying `key`'s view as an expiry leaves it (with room for the reason an
+    /// expired intent gets).
+    fn view_weight(&self, key: &str) -> Weight {
+        const REASON: usize = 64;
+        self.keys.get(key).map_or(Weight::NONE, |record| {
+            Weight::change(
+                2 * key.len()
+                    + record.resource.len()
+                    + record.reason.len().max(REASON)
+                    + record.result.as_ref().map_or(0, String::len),
+            )
+        })
     }
 
     /// Whether an intent or a hold is due for the sweep.
@@ -586,10 +616,10 @@ fn first_due(set: &BTreeSet<(u64, String)>, clock_ms: u64) -> bool {
 }
 
 /// The deadlines in `set` that have passed at `clock_ms`, earliest first.
-fn due_in(set: &BTreeSet<(u64, String)>, clock_ms: u64) -> impl Iterator<Item = u64> + '_ {
+fn due_in(set: &BTreeSet<(u64, String)>, clock_ms: u64) -> impl Iterator<Item = (u64, &str)> + '_ {
     set.iter()
-        .map(|(until, _)| *until)
-        .take_while(move |until| is_overdue(*until, clock_ms))
+        .map(|(until, key)| (*until, key.as_str()))
+        .take_while(move |(until, _)| is_overdue(*until, clock_ms))
 }
 
 /// An intent that ran out unresolved: nobody knows whether the effect happened. Returns the

@@ -7,9 +7,10 @@ use serde::{Deserialize, Serialize};
 
 use super::types::{Handle, OfferArgs, Receipt, Ticket, TicketState};
 use super::validate;
-use crate::change::{Change, ChangeKind, ChangeValue, Journal, Primitive};
+use crate::change::{ticket_bytes, Change, ChangeKind, ChangeValue, Journal, Primitive};
 use crate::command::Stamp;
 use crate::error::Refusal;
+use crate::sweep::Weight;
 use crate::time::{deadline_after, is_overdue};
 
 /// A ticket plus what clients never see: the token of its current take. The ticket is shared
@@ -240,13 +241,21 @@ impl Desk {
         expired
     }
 
-    /// The deadlines of the live tickets due at `clock_ms`, earliest first (what
+    /// The deadlines and keys of the live tickets due at `clock_ms`, earliest first (what
     /// [`Desk::sweep_first`] takes in turn).
-    pub(crate) fn due(&self, clock_ms: u64) -> impl Iterator<Item = u64> + '_ {
+    pub(crate) fn due(&self, clock_ms: u64) -> impl Iterator<Item = (u64, &str)> + '_ {
         self.live_deadlines
             .iter()
-            .map(|(deadline, _)| *deadline)
-            .take_while(move |deadline| is_overdue(*deadline, clock_ms))
+            .map(|(deadline, key)| (*deadline, &**key))
+            .take_while(move |(deadline, _)| is_overdue(*deadline, clock_ms))
+    }
+
+    /// What expiring ticket `key` adds to a sweep's changes: one change carrying the ticket.
+    pub(crate) fn expiry_weight(&self, key: &str) -> Weight {
+        self.records.get(key).map_or(Weight::NONE, |record| {
+            let ticket = &record.ticket;
+            Weight::change(key.len() + ticket.to.len() + ticket_bytes(ticket))
+        })
     }
 
     /// Whether a sweep at `clock_ms` would expire anything.

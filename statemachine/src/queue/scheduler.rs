@@ -11,9 +11,12 @@ use super::leasable::{permit_key, Leasable, PermitKey};
 use super::types::{
     Assignment, Attempt, AttemptOutcome, Queue, SubmitReceipt, Task, TaskSpec, TaskState, Worker,
 };
-use crate::change::{Change, ChangeKind, ChangeValue, Journal, Permit as PermitView, Primitive};
+use crate::change::{
+    queue_task_bytes, Change, ChangeKind, ChangeValue, Journal, Permit as PermitView, Primitive,
+};
 use crate::error::Refusal;
 use crate::limits::{MAX_AGENT_BYTES, MAX_KEY_BYTES, MAX_PAYLOAD_BYTES, MAX_TEXT_BYTES};
+use crate::sweep::Weight;
 use crate::time::{deadline_after, is_overdue};
 use crate::validate;
 
@@ -603,27 +606,75 @@ impl TaskQueue {
     }
 
     /// The times of the expired leases at `clock_ms`, earliest first.
-    pub(crate) fn due_leases(&self, clock_ms: u64) -> impl Iterator<Item = u64> + '_ {
+    pub(crate) fn due_leases(&self, clock_ms: u64) -> impl Iterator<Item = (u64, &u64)> + '_ {
         self.leases
             .iter()
-            .map(|(until, _)| *until)
-            .take_while(move |until| is_overdue(*until, clock_ms))
+            .map(|(until, id)| (*until, id))
+            .take_while(move |(until, _)| is_overdue(*until, clock_ms))
     }
 
     /// The times of the back-offs ended at `clock_ms`, earliest first.
-    pub(crate) fn due_retries(&self, clock_ms: u64) -> impl Iterator<Item = u64> + '_ {
+    pub(crate) fn due_retries(&self, clock_ms: u64) -> impl Iterator<Item = (u64, &u64)> + '_ {
         self.retries
             .iter()
-            .map(|(at, _)| *at)
-            .take_while(move |at| *at <= clock_ms)
+            .map(|(at, id)| (*at, id))
+            .take_while(move |(at, _)| *at <= clock_ms)
     }
 
     /// The passed total deadlines, at `clock_ms`, of tasks not running, earliest first.
-    pub(crate) fn due_deadlines(&self, clock_ms: u64) -> impl Iterator<Item = u64> + '_ {
+    pub(crate) fn due_deadlines(&self, clock_ms: u64) -> impl Iterator<Item = (u64, &u64)> + '_ {
         self.deadlines
             .iter()
-            .map(|(deadline, _)| *deadline)
-            .take_while(move |deadline| is_overdue(*deadline, clock_ms))
+            .map(|(deadline, id)| (*deadline, id))
+            .take_while(move |(deadline, _)| is_overdue(*deadline, clock_ms))
+    }
+
+    /// What the expiry of task `id`'s lease adds to a sweep's changes: the attempt lost and the
+    /// task leasable again (each carrying the task), and its key freed when it held a permit.
+    pub(crate) fn lease_weight(&self, id: u64) -> Weight {
+        let Some(task) = self.tasks.get(&id) else {
+            return Weight::NONE;
+        };
+        let ended = self.task_weight(task).times(2);
+        match task.active_attempt() {
+            Some(attempt) if attempt.token.is_some() => {
+                let queues: usize = self
+                    .queues
+                    .values()
+                    .filter(|q| q.namespace == task.namespace)
+                    .map(|q| q.name.len())
+                    .sum();
+                let key = task.spec.concurrency_key.len();
+                ended.plus(Weight::change(
+                    2 * key + attempt.worker.len() + task.namespace.len() + queues,
+                ))
+            }
+            _ => ended,
+        }
+    }
+
+    /// What the end of task `id`'s back-off adds to a sweep's changes: requeued and leasable,
+    /// each carrying the task.
+    pub(crate) fn retry_weight(&self, id: u64) -> Weight {
+        self.tasks
+            .get(&id)
+            .map_or(Weight::NONE, |task| self.task_weight(task).times(2))
+    }
+
+    /// What failing task `id` on its total deadline adds to a sweep's changes: one change
+    /// carrying the task.
+    pub(crate) fn deadline_weight(&self, id: u64) -> Weight {
+        self.tasks
+            .get(&id)
+            .map_or(Weight::NONE, |task| self.task_weight(task))
+    }
+
+    /// One change carrying `task` as it will stand: its key, its latest worker, and room for the
+    /// note the change's cause adds to the attempt.
+    fn task_weight(&self, task: &Task) -> Weight {
+        const ID_AND_NOTE: usize = 20 + 128;
+        let worker = task.attempts.last().map_or(0, |a| a.worker.len());
+        Weight::change(ID_AND_NOTE + worker + queue_task_bytes(task))
     }
 
     /// Whether a sweep at `clock_ms` has something to do.
