@@ -6,7 +6,7 @@
 //! it sleeps until the earliest thing the state watches falls due
 //! ([`baton_statemachine::State::next_due_ms`]) and proposes a [`Command::SweepAtMost`] of at
 //! most [`SWEEP_BATCH`] expiries, fewer when their changes would not fit its [`budget`] (see
-//! [`SweepBudget`]). A sweep that hit its bound is followed by the next at once;
+//! [`SweepBudget`]). A sweep that left expiries due is followed by the next at once;
 //! otherwise the next waits at least [`SWEEP_SPACING`], so leases that fall due one by one cost
 //! at most a few sweep entries a second. With nothing due
 //! nothing is proposed, except a sweep every [`SESSION_SWEEP_EVERY`] to forget idle client
@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use baton_statemachine::sweep::{SweepBudget, SWEEP_BATCH};
-use baton_statemachine::{Command, Reply};
+use baton_statemachine::Command;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -45,8 +45,9 @@ pub fn barrier_command() -> Command {
 /// The budget of each sweep this node proposes: four fifths of what one watch stream may owe
 /// before it is cut `SLOW_CONSUMER` — by changes the smaller of the history's count and
 /// `max_backlog`, by bytes half the history's bytes — and at most [`SWEEP_BATCH`] expiries. The
-/// history then always holds a whole sweep entry (a bigger one would be skipped, and every watch
-/// before it end `COMPACTED`), and a watch that keeps up is never cut over one. With the default
+/// history then holds a whole sweep entry (a bigger one would be skipped, and every watch before
+/// it end `COMPACTED`), and a watch that keeps up is not cut over one (the fifth left is room for
+/// client commands batched into the same entry). With the default
 /// limits it is 40,000 changes and 25.6 MiB: a board lease or a ticket without payload makes one
 /// small change, so their sweeps keep the full [`SWEEP_BATCH`].
 pub fn budget(watch: &WatchTuning) -> SweepBudget {
@@ -162,15 +163,17 @@ pub async fn run(
                 };
                 // A leader cut off from its followers waits for this entry forever (openraft
                 // 0.9 has no check-quorum): a shutdown must not wait with it.
-                let command = Command::SweepAtMost { expiries: bound };
+                let command = Command::SweepAtMost {
+                    expiries: bound.expiries,
+                };
                 let proposed = tokio::select! {
                     proposed = node.propose(None, command) => proposed,
                     _ = stop.changed() => return,
                 };
                 match proposed {
                     Ok(reply) => {
-                        tracing::debug!(?reply, bound, "swept");
-                        backlog = matches!(reply, Reply::Swept { expired } if expired >= u64::from(bound));
+                        tracing::debug!(?reply, bound = bound.expiries, "swept");
+                        backlog = bound.more_due;
                     }
                     Err(status) => tracing::debug!(%status, "sweep not applied"),
                 }

@@ -44,23 +44,35 @@ pub struct SweepBudget {
     pub bytes: usize,
 }
 
+/// How many expiries a leader's sweep takes ([`State::sweep_bound`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SweepBound {
+    /// The bound to write into [`crate::Command::SweepAtMost`]: the expiries weighed.
+    pub expiries: u32,
+    /// Whether expiries due were left for the next sweep (the budget or its bound was reached):
+    /// the leader sweeps again at once.
+    pub more_due: bool,
+}
+
 impl State {
     /// The bound of a [`crate::Command::SweepAtMost`] proposed at `now_ms` whose entry stays
-    /// within `budget`: the expiries that fell due first, taken as the sweep takes them, while
-    /// their changes fit (at least one, so every sweep makes progress); `budget.expiries` when
-    /// they all fit. The leader sizes each sweep with it once; replicas apply the bound, never
-    /// the budget, so every replica takes exactly the same expiries whatever its state's size
-    /// estimates say.
-    pub fn sweep_bound(&self, now_ms: u64, budget: SweepBudget) -> u32 {
+    /// within `budget`: the expiries due that fell due first, taken as the sweep takes them, while
+    /// their changes fit (at least one, so every sweep makes progress). It counts only what it
+    /// weighed: anything falling due between now and the sweep's stamp waits for the next sweep
+    /// rather than riding along unweighed. The leader sizes each sweep with it once; replicas
+    /// apply the bound, never the budget, so every replica takes exactly the same expiries
+    /// whatever its state's size estimates say.
+    pub fn sweep_bound(&self, now_ms: u64, budget: SweepBudget) -> SweepBound {
         let clock_ms = now_ms.max(self.clock_ms);
         let max = usize::try_from(budget.expiries).unwrap_or(usize::MAX);
         let limit = Weight {
             changes: budget.changes,
             bytes: budget.bytes,
         };
-        match take_first(self, clock_ms, max, Some(limit)) {
-            (taken, true) => u32::try_from(taken.iter().sum::<usize>()).unwrap_or(u32::MAX),
-            (_, false) => budget.expiries,
+        let (taken, more_due) = take_first(self, clock_ms, max, Some(limit));
+        SweepBound {
+            expiries: u32::try_from(taken.iter().sum::<usize>()).unwrap_or(u32::MAX),
+            more_due,
         }
     }
 }
@@ -151,8 +163,8 @@ impl Plan {
 type Due<'a> = Peekable<Box<dyn Iterator<Item = (u64, Weight)> + 'a>>;
 
 /// How many of each source's expiries the first `max` due at `clock_ms` take, in the sweep's
-/// order, and whether `limit` (when given: the expiries are then weighed) stopped the count
-/// before everything due or `max` was reached.
+/// order (while their weights fit `limit`, when given: the expiries are then weighed), and
+/// whether any due were left out.
 fn take_first(
     state: &State,
     clock_ms: u64,
@@ -168,7 +180,10 @@ fn take_first(
         due(e.due_holds(clock_ms), weigh, |resource| {
             e.hold_weight(resource)
         }),
-        due(q.due_leases(clock_ms), weigh, |id| q.lease_weight(*id)),
+        due(q.due_leases(clock_ms), weigh, {
+            let mut weigh_lease = q.lease_weigher();
+            move |id| weigh_lease(*id)
+        }),
         due(q.due_retries(clock_ms), weigh, |id| q.retry_weight(*id)),
         due(q.due_deadlines(clock_ms), weigh, |id| {
             q.deadline_weight(*id)
@@ -195,14 +210,15 @@ fn take_first(
         }
         taken[source] += 1;
     }
-    (taken, false)
+    let more_due = sources.iter_mut().any(|due| due.peek().is_some());
+    (taken, more_due)
 }
 
 /// `items` as a [`Due`] source, each weighed by `weight` when `weigh`.
 fn due<'a, K: ?Sized + 'a>(
     items: impl Iterator<Item = (u64, &'a K)> + 'a,
     weigh: bool,
-    weight: impl Fn(&K) -> Weight + 'a,
+    mut weight: impl FnMut(&K) -> Weight + 'a,
 ) -> Due<'a> {
     let weighed = items.map(move |(at, key)| {
         let weight = if weigh { weight(key) } else { Weight::NONE };

@@ -10,7 +10,7 @@ use baton_statemachine::board::{self, TaskSpec as BoardSpec};
 use baton_statemachine::effect::{self, Action, RetrySafety};
 use baton_statemachine::handoff::{self, OfferArgs};
 use baton_statemachine::queue::{self, Queue, TaskSpec, Worker};
-use baton_statemachine::sweep::SweepBudget;
+use baton_statemachine::sweep::{SweepBound, SweepBudget};
 use baton_statemachine::{
     apply, apply_with_changes, Change, ChangeKind, Command, Envelope, Origin, Primitive, Reply,
     Response, Stamp, State,
@@ -496,7 +496,9 @@ fn sweeps_of_large_tickets_and_keyed_leases_are_sized_to_the_budget() {
 
     // Tickets first (they fell due first): ~2.2 KiB each, so the bytes bound them.
     let mut state = w.state.clone();
-    let bound = state.sweep_bound(now, budget);
+    let sized = state.sweep_bound(now, budget);
+    assert!(sized.more_due);
+    let bound = sized.expiries;
     assert!((40..=46).contains(&bound), "bound {bound}");
     let (expired, changes) = sweep_at_most(&mut state, now, bound);
     assert_eq!(expired, u64::from(bound));
@@ -513,14 +515,14 @@ fn sweeps_of_large_tickets_and_keyed_leases_are_sized_to_the_budget() {
     // Every ticket swept, then keyed leases: three changes each, so the count bounds them.
     let mut rounds = 0;
     while state.handoff.has_overdue(now) {
-        let bound = state.sweep_bound(now, budget);
+        let bound = state.sweep_bound(now, budget).expiries;
         let (_, changes) = sweep_at_most(&mut state, now, bound);
         let (count, bytes) = size(&changes);
         assert!(count <= budget.changes && bytes <= budget.bytes);
         rounds += 1;
         assert!(rounds < 20);
     }
-    let bound = state.sweep_bound(now, budget);
+    let bound = state.sweep_bound(now, budget).expiries;
     let (expired, changes) = sweep_at_most(&mut state, now, bound);
     let kinds = summary(&changes);
     assert!(
@@ -532,11 +534,29 @@ fn sweeps_of_large_tickets_and_keyed_leases_are_sized_to_the_budget() {
     assert!(changes.len() <= budget.changes, "{} changes", changes.len());
     assert!(expired >= 30, "only {expired} leases in a 120-change sweep");
 
-    // Nothing due at all: the full bound (the sweep still forgets idle sessions).
+    // Nothing due at all: a sweep of nothing (it still forgets idle sessions).
     let mut idle = World::new();
-    assert_eq!(idle.state.sweep_bound(T0, budget), 1_000);
     ok(idle.send(T0, offer("one", 60_000)));
-    assert_eq!(idle.state.sweep_bound(T0 + 1, budget), 1_000);
+    let nothing = SweepBound {
+        expiries: 0,
+        more_due: false,
+    };
+    assert_eq!(idle.state.sweep_bound(T0 + 1, budget), nothing);
+    // Only what was weighed: one due now, a thousand due a moment later stay for the next sweep.
+    for n in 0..1_000 {
+        ok(idle.send(T0 + 1, offer(&format!("later-{n:04}"), 60_100)));
+    }
+    let now = T0 + 60_001;
+    let one = idle.state.sweep_bound(now, budget);
+    assert_eq!(
+        one,
+        SweepBound {
+            expiries: 1,
+            more_due: false
+        }
+    );
+    let (expired, _) = sweep_at_most(&mut idle.state, now + 200, one.expiries);
+    assert_eq!(expired, 1, "the sweep took more than was weighed");
 }
 
 proptest! {
@@ -555,16 +575,23 @@ proptest! {
         let w = World::after(&ops);
         let now = w.state.clock_ms + later;
         let budget = SweepBudget { expiries: 1_000, changes, bytes };
-        let bound = w.state.sweep_bound(now, budget);
-        prop_assert!(bound >= 1);
+        let bound = w.state.sweep_bound(now, budget).expiries;
+        prop_assert_eq!(bound >= 1, w.state.sweep_due(now));
         let mut sized = w.state.clone();
-        let (expired, made) = sweep_at_most(&mut sized, now, bound);
+        let (_, made) = sweep_at_most(&mut sized, now, bound);
         let (count, made_bytes) = size(&made);
-        if expired > 1 {
+        if bound > 1 {
             prop_assert!(count <= changes, "{} changes over a budget of {}", count, changes);
             prop_assert!(made_bytes <= bytes, "{} bytes over a budget of {}", made_bytes, bytes);
         }
+        // With room for everything: every due expiry, none left.
         let roomy = SweepBudget { expiries: 1_000, changes: usize::MAX, bytes: usize::MAX };
-        prop_assert_eq!(w.state.sweep_bound(now, roomy), 1_000);
+        let all = w.state.sweep_bound(now, roomy);
+        prop_assert!(!all.more_due);
+        let mut full = w.state.clone();
+        leader(&mut full, now, Command::Sweep);
+        let mut sized = w.state.clone();
+        sweep_at_most(&mut sized, now, all.expiries);
+        prop_assert_eq!(&sized, &full);
     }
 }

@@ -629,27 +629,34 @@ impl TaskQueue {
             .take_while(move |(deadline, _)| is_overdue(*deadline, clock_ms))
     }
 
-    /// What the expiry of task `id`'s lease adds to a sweep's changes: the attempt lost and the
-    /// task leasable again (each carrying the task), and its key freed when it held a permit.
-    pub(crate) fn lease_weight(&self, id: u64) -> Weight {
-        let Some(task) = self.tasks.get(&id) else {
-            return Weight::NONE;
-        };
-        let ended = self.task_weight(task).times(2);
-        match task.active_attempt() {
-            Some(attempt) if attempt.token.is_some() => {
-                let queues: usize = self
-                    .queues
-                    .values()
-                    .filter(|q| q.namespace == task.namespace)
-                    .map(|q| q.name.len())
-                    .sum();
-                let key = task.spec.concurrency_key.len();
-                ended.plus(Weight::change(
-                    2 * key + attempt.worker.len() + task.namespace.len() + queues,
-                ))
+    /// Weighs the expiry of a task's lease: the attempt lost and the task leasable again (each
+    /// carrying the task), and its key freed when it held a permit (the permit names the
+    /// namespace's queues, added up once per namespace).
+    pub(crate) fn lease_weigher(&self) -> impl FnMut(u64) -> Weight + '_ {
+        let mut queue_names: BTreeMap<&str, usize> = BTreeMap::new();
+        move |id| {
+            let Some(task) = self.tasks.get(&id) else {
+                return Weight::NONE;
+            };
+            let ended = self.task_weight(task).times(2);
+            match task.active_attempt() {
+                Some(attempt) if attempt.token.is_some() => {
+                    let queues = *queue_names
+                        .entry(task.namespace.as_str())
+                        .or_insert_with(|| {
+                            self.queues
+                                .values()
+                                .filter(|q| q.namespace == task.namespace)
+                                .map(|q| q.name.len())
+                                .sum()
+                        });
+                    let key = task.spec.concurrency_key.len();
+                    ended.plus(Weight::change(
+                        2 * key + attempt.worker.len() + task.namespace.len() + queues,
+                    ))
+                }
+                _ => ended,
             }
-            _ => ended,
         }
     }
 
