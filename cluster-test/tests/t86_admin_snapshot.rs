@@ -2,7 +2,9 @@
 //! `baton snapshot restore` builds a NEW cluster (three members or one) that starts with that
 //! state and a fresh membership, elects a leader by itself, serves the saved data, and mints
 //! fences above any the old cluster handed out after the save (raised by a billion unless told
-//! otherwise). A damaged or foreign file is refused with a clear reason and nothing is written.
+//! otherwise). Every member restored together reports one restore fingerprint; members restored
+//! with different options show different ones and `baton status` fails on it. A damaged or
+//! foreign file is refused with a clear reason and nothing is written.
 #![allow(clippy::unwrap_used)]
 
 mod admin_support;
@@ -73,9 +75,10 @@ async fn a_saved_snapshot_restores_into_a_new_cluster_that_continues_above_it() 
         procs.declare(id, &[]).unwrap();
     }
     let members = member_list(&procs);
-    for id in 1..=3 {
-        restore(&procs, &file, &procs.data_dir(id), id, &members, None);
-    }
+    let fingerprints: Vec<String> = (1..=3)
+        .map(|id| restore(&procs, &file, &procs.data_dir(id), id, &members, None))
+        .collect();
+    assert!(fingerprints.iter().all(|f| *f == fingerprints[0]));
     for id in 1..=3 {
         procs.start(id).await.unwrap();
     }
@@ -87,7 +90,45 @@ async fn a_saved_snapshot_restores_into_a_new_cluster_that_continues_above_it() 
     let ids: Vec<u64> = info.members.iter().map(|m| m.id).collect();
     assert_eq!(ids, vec![1, 2, 3], "the fresh membership");
     assert!(info.members.iter().all(|m| m.addr == procs.addr(m.id)));
+    assert_eq!(info.restored_from, fingerprints[0]);
+    let status = status_of(&procs);
+    assert!(status.status.success(), "{}", show(&status));
+    assert!(
+        String::from_utf8_lossy(&status.stdout).contains(&format!(
+            "restored: fingerprint {} on nodes [1, 2, 3]",
+            fingerprints[0]
+        )),
+        "{}",
+        show(&status)
+    );
     procs.kill_all();
+
+    // Node 3 restored with another raise: the same log position, another state. The cluster
+    // runs (Raft compares positions only), and `baton status` fails naming both fingerprints.
+    let mut mixed = Procs::new(Security::default()).unwrap();
+    for id in 1..=3 {
+        mixed.declare(id, &[]).unwrap();
+    }
+    let members = member_list(&mixed);
+    let odd = restore(&mixed, &file, &mixed.data_dir(3), 3, &members, Some(7));
+    let usual = restore(&mixed, &file, &mixed.data_dir(1), 1, &members, None);
+    restore(&mixed, &file, &mixed.data_dir(2), 2, &members, None);
+    assert_ne!(odd, usual);
+    for id in 1..=3 {
+        mixed.start(id).await.unwrap();
+    }
+    mixed.leader().await.unwrap();
+    let status = status_of(&mixed);
+    assert_eq!(status.status.code(), Some(1), "{}", show(&status));
+    let stderr = String::from_utf8_lossy(&status.stderr);
+    assert!(
+        stderr.contains("RESTORE MISMATCH")
+            && stderr.contains(&format!("{usual} on [1, 2]"))
+            && stderr.contains(&format!("{odd} on [3]")),
+        "{}",
+        show(&status)
+    );
+    mixed.kill_all();
 
     // The same file restores a single-node cluster too, here told to keep the saved counters:
     // it hands the fence out again (and says so when restoring).
@@ -234,7 +275,14 @@ fn member_list(procs: &Procs) -> String {
         .join(",")
 }
 
-/// Restores member `id`, with `--raise-fences` when given.
+/// `baton status` of `procs`' nodes.
+fn status_of(procs: &Procs) -> std::process::Output {
+    procs
+        .cli(&["--endpoints", &procs.endpoints().join(","), "status"])
+        .unwrap()
+}
+
+/// Restores member `id`, with `--raise-fences` when given; returns the restore's fingerprint.
 fn restore(
     procs: &Procs,
     file: &Path,
@@ -242,7 +290,7 @@ fn restore(
     id: u64,
     members: &str,
     raise_fences: Option<u64>,
-) {
+) -> String {
     let mut command = std::process::Command::new(procs.bin());
     command
         .args([
@@ -270,6 +318,14 @@ fn restore(
     );
     let warned = String::from_utf8_lossy(&output.stderr).contains("handed out again");
     assert_eq!(warned, raised == 0, "{}", show(&output));
+    let fingerprint = stdout
+        .split("fingerprint ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(fingerprint.len(), 32, "{stdout}");
+    fingerprint
 }
 
 /// The saved data is there, the later write is not, and a new claim gets `next_fence`.

@@ -100,6 +100,10 @@ pub async fn serve_secured(
         .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
     crate::snapshot_file::refuse_unfinished_restore(&config.data_dir)?;
     claim_identity(&config)?;
+    let restored_from = crate::snapshot_file::restored_from(&config.data_dir)?;
+    if !restored_from.is_empty() {
+        tracing::info!(fingerprint = %restored_from, "this data dir was seeded by a restore");
+    }
     let (log_store, state_machine) =
         store::open_with(&config.data_dir.join("db"), config.watch.history)
             .with_context(|| format!("cannot open storage in {}", config.data_dir.display()))?;
@@ -244,6 +248,7 @@ pub async fn serve_secured(
             node.clone(),
             admission.clone(),
             network.clone(),
+            restored_from,
         )))
         .add_service(WatchServer::new(WatchService::new(
             node.clone(),

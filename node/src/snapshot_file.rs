@@ -240,14 +240,15 @@ fn word(bytes: &[u8], at: usize) -> [u8; 4] {
 
 /// Seeds `data_dir` as member `id` of a new cluster of `members` (every one a voter) holding the
 /// snapshot's state, with every fence raised by `raise_fences` (the same on every member, or
-/// their states differ). Refuses a data dir that already has content.
+/// their states differ). Refuses a data dir that already has content. Returns the restore's
+/// [`fingerprint`], also kept in the data dir ([`restored_from`]).
 pub async fn restore(
     snapshot: &SnapshotFile,
     data_dir: &Path,
     id: NodeId,
     members: &BTreeMap<NodeId, String>,
     raise_fences: u64,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<String> {
     ensure!(
         members.contains_key(&id),
         "the new members must include this node (id {id})"
@@ -296,12 +297,59 @@ pub async fn restore(
         state.raise_fences(raise_fences);
         codec::encode(&state).context("cannot encode the restored state")?
     };
+    let fingerprint = fingerprint(&state, &last, members);
     state_machine
         .install_snapshot(&meta, Box::new(Cursor::new(state)))
         .await?;
     drop((log, state_machine));
     crate::server::record_identity(data_dir, id)?;
-    durable_file::remove(&data_dir.join(UNFINISHED_RESTORE))
+    let record = format!(
+        "fingerprint {fingerprint}\nindex {}\nterm {}\nraise_fences {raise_fences}\n",
+        last.index, last.leader_id.term
+    );
+    durable_file::write(&data_dir.join(RESTORED_FROM), record.as_bytes())?;
+    durable_file::remove(&data_dir.join(UNFINISHED_RESTORE))?;
+    Ok(fingerprint)
+}
+
+/// The file in a restored data dir that names what it was restored from.
+const RESTORED_FROM: &str = "restored-from";
+
+/// What one restore seeded, in 32 hex digits: SHA-256 over the state as restored (fences
+/// raised), the saved entry's log id and the new members. Every member restored from one file
+/// with the same `--members` and `--raise-fences` gets the same; members restored otherwise hold
+/// different states (or memberships) at the same log position, which Raft cannot see — it would
+/// let them diverge silently. `baton status` compares the members' fingerprints.
+fn fingerprint(state: &[u8], last: &LogId, members: &BTreeMap<NodeId, String>) -> String {
+    let mut hash = Sha256::new();
+    hash.update(state);
+    hash.update(last.leader_id.term.to_le_bytes());
+    hash.update(last.index.to_le_bytes());
+    for (id, addr) in members {
+        hash.update(id.to_le_bytes());
+        hash.update(addr.as_bytes());
+        hash.update([0]);
+    }
+    hash.finalize()[..16]
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
+}
+
+/// The fingerprint of the restore that seeded `data_dir` ([`restore`]); empty when it was not
+/// seeded by a restore.
+pub fn restored_from(data_dir: &Path) -> anyhow::Result<String> {
+    let path = data_dir.join(RESTORED_FROM);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(text
+            .lines()
+            .find_map(|line| line.strip_prefix("fingerprint "))
+            .unwrap_or_default()
+            .trim()
+            .to_string()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
 }
 
 /// How much a restore raises every fence, ticket generation and permit token by default

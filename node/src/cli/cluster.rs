@@ -1,5 +1,7 @@
 //! `baton cluster init` and `baton status`.
 
+use std::collections::BTreeMap;
+
 use baton_rpc::proto::NodeInfoResponse;
 use baton_rpc::{Client, ClientConfig, Error, Security};
 use clap::Subcommand;
@@ -141,6 +143,18 @@ pub async fn status(
             }
         }
     }
+    // Members restored together from one backup show one restore fingerprint; two mean their
+    // states (or memberships) differ at the same log position, which Raft cannot see.
+    let mut restores: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for (id, _, _, info) in &rows {
+        if let Some(info) = info.as_ref().filter(|i| !i.restored_from.is_empty()) {
+            restores
+                .entry(info.restored_from.as_str())
+                .or_default()
+                .push(*id);
+        }
+    }
+    let restore_mismatch = restores.len() > 1;
     if as_json {
         let members: Vec<_> = rows
             .iter()
@@ -157,13 +171,19 @@ pub async fn status(
                     "watch_bytes": info.as_ref().map(|i| i.watch_bytes),
                     "watch_streams": info.as_ref().map(|i| i.watch_streams),
                     "version": info.as_ref().map(|i| i.version.as_str()).filter(|v| !v.is_empty()),
+                    "restored_from": info.as_ref().map(|i| i.restored_from.as_str()).filter(|f| !f.is_empty()),
                 })
             })
             .collect();
         let stale: Vec<u64> = stale.iter().map(|(_, id)| *id).collect();
         println!(
             "{}",
-            json!({ "leader": leader, "stale_leaders": stale, "members": members })
+            json!({
+                "leader": leader,
+                "stale_leaders": stale,
+                "members": members,
+                "restore_mismatch": restore_mismatch,
+            })
         );
     } else {
         println!(
@@ -207,6 +227,23 @@ pub async fn status(
                  others?)"
             );
         }
+        for (fingerprint, ids) in &restores {
+            println!("restored: fingerprint {fingerprint} on nodes {ids:?}");
+        }
+    }
+    if restore_mismatch {
+        eprintln!(
+            "baton: RESTORE MISMATCH: these members were restored from different backups, or \
+             with different --members or --raise-fences ({}); their states differ at the same log \
+             position. Stop them and restore every member from one file with the same options \
+             (docs/backup.md)",
+            restores
+                .iter()
+                .map(|(fingerprint, ids)| format!("{fingerprint} on {ids:?}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        return exit::FAILURE;
     }
     exit::OK
 }

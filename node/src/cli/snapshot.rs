@@ -212,10 +212,10 @@ async fn restore(
         }
     };
     match snapshot_file::restore(&snapshot, data_dir, id, &members, raise_fences).await {
-        Ok(()) => {
+        Ok(fingerprint) => {
             println!(
                 "restored node {id} in {} from index {} (term {}); members {}; fences raised by \
-                 {raise_fences}",
+                 {raise_fences}; fingerprint {fingerprint} (every member must show the same)",
                 data_dir.display(),
                 snapshot.header.last_log_index,
                 snapshot.header.last_log_term,

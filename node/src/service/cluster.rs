@@ -45,16 +45,25 @@ pub struct ClusterService {
     /// One snapshot save at a time: each holds an encoded copy of the whole state until its
     /// client has read it, and cluster administration is never refused by the client limits.
     saving: Arc<Semaphore>,
+    /// The fingerprint of the restore that seeded this node's data dir (empty: none).
+    restored_from: String,
 }
 
 impl ClusterService {
     /// Serves `node`; handovers close `admission` and reach the successor through `network`.
-    pub fn new(node: NodeRef, admission: Admission, network: Network) -> Self {
+    /// `restored_from` is the data dir's restore fingerprint, reported by `node_info`.
+    pub fn new(
+        node: NodeRef,
+        admission: Admission,
+        network: Network,
+        restored_from: String,
+    ) -> Self {
         Self {
             node,
             admission,
             network,
             saving: Arc::new(Semaphore::new(1)),
+            restored_from,
         }
     }
 }
@@ -127,6 +136,7 @@ impl cluster_server::Cluster for ClusterService {
             watch_streams: history.streams as u64,
             quorum_ack_age_ms: metrics.millis_since_quorum_ack,
             version: env!("CARGO_PKG_VERSION").to_string(),
+            restored_from: self.restored_from.clone(),
         }))
     }
 
