@@ -1,7 +1,8 @@
 //! Administrative calls the leader may work on for long (a learner catching up, a snapshot of a
 //! big state) get the client's whole deadline for one attempt: cutting them off at the attempt
 //! timeout would send them again, starting the work over each time, and report a failure for
-//! work that succeeded.
+//! work that succeeded. A leadership handover to one voter that another won is asked again of
+//! the new leader, never reported as done.
 #![allow(clippy::unwrap_used)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -19,10 +20,16 @@ mod support;
 /// How long the stand-in leader works on a learner before answering.
 const CATCH_UP: Duration = Duration::from_millis(1_500);
 
-/// A leader whose learners take [`CATCH_UP`] to catch up; it counts the requests.
+/// A stand-in leader whose learners take [`CATCH_UP`] to catch up and whose handovers elect
+/// `elected`; it counts the requests.
 #[derive(Default)]
 struct SlowLeader {
     add_learner: Arc<AtomicUsize>,
+    /// Its own address, which `node_info` names as the leader's.
+    addr: String,
+    /// Who a handover elects: id and address.
+    elected: (u64, String),
+    transfers: Arc<AtomicUsize>,
 }
 
 #[tonic::async_trait]
@@ -31,7 +38,10 @@ impl Cluster for SlowLeader {
         &self,
         _: Request<proto::NodeInfoRequest>,
     ) -> Result<Response<proto::NodeInfoResponse>, Status> {
-        Err(Status::unimplemented("not in this test"))
+        Ok(Response::new(proto::NodeInfoResponse {
+            leader_addr: self.addr.clone(),
+            ..Default::default()
+        }))
     }
     async fn initialize(
         &self,
@@ -63,7 +73,12 @@ impl Cluster for SlowLeader {
         &self,
         _: Request<proto::TransferLeaderRequest>,
     ) -> Result<Response<proto::TransferLeaderResponse>, Status> {
-        Err(Status::unimplemented("not in this test"))
+        self.transfers.fetch_add(1, Ordering::SeqCst);
+        Ok(Response::new(proto::TransferLeaderResponse {
+            leader_id: self.elected.0,
+            leader_addr: self.elected.1.clone(),
+            ..Default::default()
+        }))
     }
     type SaveSnapshotStream =
         std::pin::Pin<Box<dyn futures::Stream<Item = Result<proto::SnapshotPart, Status>> + Send>>;
@@ -75,19 +90,30 @@ impl Cluster for SlowLeader {
     }
 }
 
+/// Serves `leader` on a listener bound beforehand.
+fn serve(listener: tokio::net::TcpListener, leader: SlowLeader) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let _ = Server::builder()
+            .add_service(ClusterServer::new(leader))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await;
+    })
+}
+
+async fn listener() -> (tokio::net::TcpListener, String) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    (listener, addr)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_learner_that_takes_longer_than_an_attempt_is_added_in_one_request() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    let (listener, addr) = listener().await;
     let leader = SlowLeader::default();
     let requests = leader.add_learner.clone();
-    let server = tokio::spawn(
-        Server::builder()
-            .add_service(ClusterServer::new(leader))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
+    let server = serve(listener, leader);
     let client = Client::new(
-        &[addr.to_string()],
+        &[addr],
         ClientConfig {
             deadline: Duration::from_secs(10),
             attempt_timeout: Duration::from_millis(500),
@@ -102,6 +128,58 @@ async fn a_learner_that_takes_longer_than_an_attempt_is_added_in_one_request() {
         1,
         "the learner was asked for once, not again at every attempt timeout"
     );
+    server.abort();
+}
+
+/// Node 1 hands over to node 3, but node 2 wins the election; asked again, node 2 hands over to
+/// node 3, which wins. A voter that keeps winning instead ends the call with an error naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_another_voter_won_is_asked_again_of_the_new_leader() {
+    let (first, first_addr) = listener().await;
+    let (second, second_addr) = listener().await;
+    let one = SlowLeader {
+        addr: first_addr.clone(),
+        elected: (2, second_addr.clone()),
+        ..SlowLeader::default()
+    };
+    let two = SlowLeader {
+        addr: second_addr.clone(),
+        elected: (3, "127.0.0.1:7003".into()),
+        ..SlowLeader::default()
+    };
+    let asked = [one.transfers.clone(), two.transfers.clone()];
+    let servers = [serve(first, one), serve(second, two)];
+    let client = Client::new(&[first_addr], ClientConfig::default()).unwrap();
+    let done = client.transfer_leader(Some(3)).await.unwrap();
+    assert_eq!(
+        (done.leader_id, done.leader_addr.as_str()),
+        (3, "127.0.0.1:7003")
+    );
+    let asked: Vec<usize> = asked.iter().map(|n| n.load(Ordering::SeqCst)).collect();
+    assert_eq!(asked, [1, 1]);
+    // Without a target, whoever is elected is the answer.
+    let anyone = client.transfer_leader(None).await.unwrap();
+    assert_eq!(anyone.leader_id, 2);
+    servers.iter().for_each(|server| server.abort());
+
+    // Node 2 wins every time: three handovers asked, then an error that says so.
+    let (stubborn, stubborn_addr) = listener().await;
+    let keeps = SlowLeader {
+        addr: stubborn_addr.clone(),
+        elected: (2, stubborn_addr.clone()),
+        ..SlowLeader::default()
+    };
+    let asked = keeps.transfers.clone();
+    let server = serve(stubborn, keeps);
+    let client = Client::new(&[stubborn_addr], ClientConfig::default()).unwrap();
+    let error = client.transfer_leader(Some(3)).await.unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("node 2 was elected instead of node 3"),
+        "{error}"
+    );
+    assert_eq!(asked.load(Ordering::SeqCst), 3);
     server.abort();
 }
 

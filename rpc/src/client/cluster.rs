@@ -65,9 +65,12 @@ impl Client {
     /// and returns the new leader once it is elected.
     ///
     /// Not retried: a handover that timed out may still have happened, and repeating it would
-    /// move leadership again. Only redirects to the leader are followed.
+    /// move leadership again. Only redirects to the leader are followed, and a handover to `to`
+    /// that another voter won (its own election timer fired first) is asked again of that new
+    /// leader: the call returns only once `to` leads.
     pub async fn transfer_leader(&self, to: Option<u64>) -> Result<TransferLeaderResponse, Error> {
         let mut addr = self.discover_leader().await?;
+        let mut last = "leadership kept moving while the handover was being asked for".to_string();
         for _ in 0..3 {
             let channel = self.channel(&addr)?;
             let call = async move {
@@ -76,7 +79,21 @@ impl Client {
                     .await
             };
             let status = match tokio::time::timeout(HANDOVER_WAIT, call).await {
-                Ok(Ok(reply)) => return Ok(reply.into_inner()),
+                Ok(Ok(reply)) => {
+                    let done = reply.into_inner();
+                    match to {
+                        Some(to) if done.leader_id != to => {
+                            last =
+                                format!("node {} was elected instead of node {to}", done.leader_id);
+                            if done.leader_addr.is_empty() {
+                                break;
+                            }
+                            addr = normalize(&done.leader_addr);
+                            continue;
+                        }
+                        _ => return Ok(done),
+                    }
+                }
                 Ok(Err(status)) => status,
                 Err(_) => {
                     return Err(Error::OutcomeUnknown(format!(
@@ -97,7 +114,7 @@ impl Client {
         Err(Error::Unavailable {
             endpoints: vec![addr],
             waited: Duration::ZERO,
-            last: "leadership kept moving while the handover was being asked for".into(),
+            last,
         })
     }
 
