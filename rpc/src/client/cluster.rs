@@ -65,12 +65,13 @@ impl Client {
     /// and returns the new leader once it is elected.
     ///
     /// Not retried: a handover that timed out may still have happened, and repeating it would
-    /// move leadership again. Only redirects to the leader are followed, and a handover to `to`
-    /// that another voter won (its own election timer fired first) is asked again of that new
-    /// leader: the call returns only once `to` leads.
+    /// move leadership again. Only redirects to the leader are followed. A handover to `to` that
+    /// another voter won (its own election timer fired first, or `to` could not stand) is
+    /// `Error::Server` `HANDOVER_FAILED` naming the new leader: leadership moved, but not where
+    /// it was asked to. It is not asked again of the new leader, which could move leadership
+    /// back and forth while `to` cannot win.
     pub async fn transfer_leader(&self, to: Option<u64>) -> Result<TransferLeaderResponse, Error> {
         let mut addr = self.discover_leader().await?;
-        let mut last = "leadership kept moving while the handover was being asked for".to_string();
         for _ in 0..3 {
             let channel = self.channel(&addr)?;
             let call = async move {
@@ -81,18 +82,17 @@ impl Client {
             let status = match tokio::time::timeout(HANDOVER_WAIT, call).await {
                 Ok(Ok(reply)) => {
                     let done = reply.into_inner();
-                    match to {
-                        Some(to) if done.leader_id != to => {
-                            last =
-                                format!("node {} was elected instead of node {to}", done.leader_id);
-                            if done.leader_addr.is_empty() {
-                                break;
-                            }
-                            addr = normalize(&done.leader_addr);
-                            continue;
-                        }
-                        _ => return Ok(done),
-                    }
+                    return match to {
+                        Some(to) if done.leader_id != to => Err(Error::Server {
+                            code: infra::HANDOVER_FAILED.into(),
+                            message: format!(
+                                "node {} at {} was elected (term {}) instead of node {to}; ask \
+                                 it again to hand over to node {to}",
+                                done.leader_id, done.leader_addr, done.term
+                            ),
+                        }),
+                        _ => Ok(done),
+                    };
                 }
                 Ok(Err(status)) => status,
                 Err(_) => {
@@ -114,7 +114,7 @@ impl Client {
         Err(Error::Unavailable {
             endpoints: vec![addr],
             waited: Duration::ZERO,
-            last,
+            last: "leadership kept moving while the handover was being asked for".into(),
         })
     }
 
