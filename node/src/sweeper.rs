@@ -31,7 +31,7 @@ use crate::stamp::wall_clock_ms;
 /// The sweep runs at least this often even with nothing due, to forget idle client sessions.
 pub const SESSION_SWEEP_EVERY: Duration = Duration::from_secs(60);
 
-/// The shortest time between the starts of two sweeps unless the first hit its bound (or the
+/// The shortest time between the starts of two sweeps unless the first left expiries due (or the
 /// `sweep_interval`, when that is shorter): at most 20 sweep entries a second while expiries
 /// trickle in, and a lease waits at most this long (plus the sweep's commit) once it falls due.
 pub const SWEEP_SPACING: Duration = Duration::from_millis(50);
@@ -70,7 +70,7 @@ struct Situation {
     now_ms: u64,
     /// Since the last sweep started.
     since_last: Duration,
-    /// Whether the last sweep hit its bound (more is probably due).
+    /// Whether the last sweep left expiries due (its budget or bound was reached).
     backlog: bool,
 }
 
@@ -231,7 +231,7 @@ mod tests {
     }
 
     #[test]
-    fn sweeps_are_spaced_unless_the_last_one_hit_its_bound() {
+    fn sweeps_are_spaced_unless_the_last_one_left_expiries_due() {
         assert_eq!(next(leader(Some(NOW - 10), 20, false), EVERY), wait(30));
         assert_eq!(next(leader(Some(NOW - 10), 20, true), EVERY), Next::Sweep);
         assert_eq!(next(leader(Some(NOW - 10), 0, true), EVERY), Next::Sweep);
