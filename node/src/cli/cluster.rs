@@ -72,6 +72,15 @@ async fn init(endpoints: &[String], config: ClientConfig, security: Security) ->
     }
 }
 
+/// The node whose membership `status` lists: the leader in the newest term among the nodes that
+/// answered, else the one furthest on (newest term, then most applied). A node removed from the
+/// cluster, or cut off from it, knows an older membership.
+fn membership_source(answered: &[NodeInfoResponse]) -> Option<&NodeInfoResponse> {
+    answered
+        .iter()
+        .max_by_key(|info| (info.role == "leader", info.term, info.applied_index))
+}
+
 pub async fn status(
     endpoints: &[String],
     config: ClientConfig,
@@ -82,18 +91,17 @@ pub async fn status(
         Ok(client) => client,
         Err(error) => return exit::report(&error),
     };
-    let mut first: Option<NodeInfoResponse> = None;
+    // Every endpoint is asked: the first to answer may be a node removed from the cluster or cut
+    // off from it, which knows an older membership.
+    let mut answered: Vec<NodeInfoResponse> = Vec::new();
     let mut last_error: Option<Error> = None;
     for endpoint in client.endpoints() {
         match client.node_info(endpoint).await {
-            Ok(info) => {
-                first = Some(info);
-                break;
-            }
+            Ok(info) => answered.push(info),
             Err(error) => last_error = Some(error),
         }
     }
-    let Some(first) = first else {
+    let Some(source) = membership_source(&answered) else {
         let tried = client.endpoints().join(", ");
         if as_json {
             // A script reading stdout gets an answer it can parse, not an empty string.
@@ -108,20 +116,27 @@ pub async fn status(
             .unwrap_or(exit::UNREACHABLE);
     };
     // Members come from the membership a node knows; a node not yet in a cluster lists itself.
-    let addrs: Vec<(u64, String)> = if first.members.is_empty() {
-        vec![(first.id, first.addr.clone())]
+    let addrs: Vec<(u64, String)> = if source.members.is_empty() {
+        vec![(source.id, source.addr.clone())]
     } else {
-        first
+        source
             .members
             .iter()
             .map(|m| (m.id, m.addr.clone()))
             .collect()
     };
+    let initialized = source.initialized;
+    let source_id = source.id;
     let mut rows = Vec::new();
     for (id, addr) in addrs {
-        match client.node_info(&addr).await {
-            Ok(info) => rows.push((id, addr, info.role.clone(), Some(info))),
-            Err(_) => rows.push((id, addr, "unreachable".to_string(), None)),
+        let known = answered.iter().find(|info| info.id == id).cloned();
+        let info = match known {
+            Some(info) => Some(info),
+            None => client.node_info(&addr).await.ok(),
+        };
+        match info {
+            Some(info) => rows.push((id, addr, info.role.clone(), Some(info))),
+            None => rows.push((id, addr, "unreachable".to_string(), None)),
         }
     }
     // A leader cut off from the others still calls itself leader (in its older term) until it
@@ -213,12 +228,11 @@ pub async fn status(
             Some(id) => println!("leader: node {id}"),
             None => println!("leader: none"),
         }
-        if !first.initialized {
+        if !initialized {
             println!(
-                "node {} is not in a cluster yet: form a new one with `baton cluster init \
-                 --endpoints <every node's host:port>`, or, to add it to a running cluster, \
-                 `baton members add` at that cluster",
-                first.id
+                "node {source_id} is not in a cluster yet: form a new one with `baton cluster \
+                 init --endpoints <every node's host:port>`, or, to add it to a running cluster, \
+                 `baton members add` at that cluster"
             );
         }
         for (term, id) in stale {
@@ -246,4 +260,36 @@ pub async fn status(
         return exit::FAILURE;
     }
     exit::OK
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(id: u64, role: &str, term: u64, applied_index: u64) -> NodeInfoResponse {
+        NodeInfoResponse {
+            id,
+            role: role.into(),
+            term,
+            applied_index,
+            ..NodeInfoResponse::default()
+        }
+    }
+
+    #[test]
+    fn the_membership_listed_is_the_newest_leaders() {
+        // Node 4 was removed (it still answers, further on in its own view), node 2 is a leader
+        // cut off in an older term, node 1 leads now.
+        let answered = [
+            info(4, "follower", 9, 900),
+            info(2, "leader", 7, 500),
+            info(1, "leader", 8, 800),
+            info(3, "follower", 8, 800),
+        ];
+        assert_eq!(membership_source(&answered).map(|i| i.id), Some(1));
+        // No leader (an election is on): the node furthest on.
+        let answered = [info(2, "candidate", 8, 700), info(3, "follower", 8, 800)];
+        assert_eq!(membership_source(&answered).map(|i| i.id), Some(3));
+        assert!(membership_source(&[]).is_none());
+    }
 }
