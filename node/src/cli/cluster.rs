@@ -72,13 +72,15 @@ async fn init(endpoints: &[String], config: ClientConfig, security: Security) ->
     }
 }
 
-/// The node whose membership `status` lists: the leader in the newest term among the nodes that
-/// answered, else the one furthest on (newest term, then most applied). A node removed from the
-/// cluster, or cut off from it, knows an older membership.
+/// The node whose membership `status` lists: among the nodes that answered, the one in the
+/// newest term — its leader if it answered, else the one that applied most — and on a tie the
+/// first endpoint. A node removed from the cluster, or cut off from it (a deposed leader
+/// included), knows an older membership.
 fn membership_source(answered: &[NodeInfoResponse]) -> Option<&NodeInfoResponse> {
     answered
         .iter()
-        .max_by_key(|info| (info.role == "leader", info.term, info.applied_index))
+        .rev()
+        .max_by_key(|info| (info.term, info.role == "leader", info.applied_index))
 }
 
 pub async fn status(
@@ -94,11 +96,15 @@ pub async fn status(
     // Every endpoint is asked: the first to answer may be a node removed from the cluster or cut
     // off from it, which knows an older membership.
     let mut answered: Vec<NodeInfoResponse> = Vec::new();
+    let mut silent: Vec<&String> = Vec::new();
     let mut last_error: Option<Error> = None;
     for endpoint in client.endpoints() {
         match client.node_info(endpoint).await {
             Ok(info) => answered.push(info),
-            Err(error) => last_error = Some(error),
+            Err(error) => {
+                silent.push(endpoint);
+                last_error = Some(error);
+            }
         }
     }
     let Some(source) = membership_source(&answered) else {
@@ -129,9 +135,15 @@ pub async fn status(
     let source_id = source.id;
     let mut rows = Vec::new();
     for (id, addr) in addrs {
-        let known = answered.iter().find(|info| info.id == id).cloned();
+        // An answer already had is reused only from that very member (id and address); an
+        // endpoint that did not answer is not asked again.
+        let known = answered
+            .iter()
+            .find(|info| info.id == id && info.addr == addr)
+            .cloned();
         let info = match known {
             Some(info) => Some(info),
+            None if silent.iter().any(|endpoint| **endpoint == addr) => None,
             None => client.node_info(&addr).await.ok(),
         };
         match info {
@@ -278,18 +290,24 @@ mod tests {
 
     #[test]
     fn the_membership_listed_is_the_newest_leaders() {
-        // Node 4 was removed (it still answers, further on in its own view), node 2 is a leader
-        // cut off in an older term, node 1 leads now.
+        // Node 4 was removed (it still answers; pre-votes keep it from raising its term), node 2
+        // is a leader cut off in an older term, node 1 leads now.
         let answered = [
-            info(4, "follower", 9, 900),
+            info(4, "follower", 8, 600),
             info(2, "leader", 7, 500),
             info(1, "leader", 8, 800),
             info(3, "follower", 8, 800),
         ];
         assert_eq!(membership_source(&answered).map(|i| i.id), Some(1));
+        // The leader did not answer: a follower in its term, not the deposed leader.
+        let answered = [info(2, "leader", 7, 500), info(3, "follower", 8, 800)];
+        assert_eq!(membership_source(&answered).map(|i| i.id), Some(3));
         // No leader (an election is on): the node furthest on.
         let answered = [info(2, "candidate", 8, 700), info(3, "follower", 8, 800)];
         assert_eq!(membership_source(&answered).map(|i| i.id), Some(3));
+        // Nodes in no cluster yet: the first endpoint.
+        let answered = [info(5, "learner", 0, 0), info(6, "learner", 0, 0)];
+        assert_eq!(membership_source(&answered).map(|i| i.id), Some(5));
         assert!(membership_source(&[]).is_none());
     }
 }
