@@ -50,8 +50,9 @@ pub mod infra {
     /// `FAILED_PRECONDITION`): the client used them twice. Nothing was done for this request,
     /// and asking again under the same seq gets the same answer.
     pub const SEQ_REUSED: &str = "SEQ_REUSED";
-    /// A leadership handover (`TransferLeader`) did not complete: no other voter, or no election
-    /// won in time; the message says which. Check `baton status` before asking again.
+    /// A leadership handover (`TransferLeader`) did not complete: no other voter, no election
+    /// won in time, or (said by the client library) another voter than the one named won; the
+    /// message says which. Check `baton status` before asking again.
     pub const HANDOVER_FAILED: &str = "HANDOVER_FAILED";
 }
 

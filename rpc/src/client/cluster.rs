@@ -86,9 +86,14 @@ impl Client {
                         Some(to) if done.leader_id != to => Err(Error::Server {
                             code: infra::HANDOVER_FAILED.into(),
                             message: format!(
-                                "node {} at {} was elected (term {}) instead of node {to}; ask \
+                                "node {}{} was elected (term {}) instead of node {to}; ask \
                                  it again to hand over to node {to}",
-                                done.leader_id, done.leader_addr, done.term
+                                done.leader_id,
+                                Some(&done.leader_addr)
+                                    .filter(|addr| !addr.is_empty())
+                                    .map(|addr| format!(" at {addr}"))
+                                    .unwrap_or_default(),
+                                done.term
                             ),
                         }),
                         _ => Ok(done),
