@@ -563,8 +563,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
 
     /// Whatever is due: a sweep bounded by `sweep_bound` makes at most the budget's changes and
-    /// bytes (a single expiry excepted: every sweep takes one) and leaves something due exactly
-    /// when the bound says so; with room for everything it takes what a full `Sweep` takes.
+    /// bytes (a single expiry excepted: every sweep takes one) and leaves something due only when
+    /// the bound says so; with room for everything it takes what a full `Sweep` takes.
     #[test]
     fn a_sized_sweep_stays_within_its_budget(
         ops in prop::collection::vec((0..40u64, op()), 1..60),
@@ -580,7 +580,9 @@ proptest! {
         prop_assert_eq!(bound >= 1, w.state.sweep_due(now));
         let mut sized = w.state.clone();
         let (_, made) = sweep_at_most(&mut sized, now, bound);
-        prop_assert_eq!(sized.sweep_due(now), sweep.more_due);
+        // Left due only when the bound said so (the converse may not hold: failing a task on its
+        // total deadline also ends a back-off the bound counted as left).
+        prop_assert!(!sized.sweep_due(now) || sweep.more_due);
         let (count, made_bytes) = size(&made);
         if bound > 1 {
             prop_assert!(count <= changes, "{} changes over a budget of {}", count, changes);
