@@ -35,6 +35,13 @@ pub mod workload;
 
 pub use cluster::{client_config, Cluster, Options};
 
+/// This machine's wall clock in Unix milliseconds: the clock the nodes here stamp commands with.
+pub fn wall_clock_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as u64)
+}
+
 /// Panics unless every ticket passes the invariants `baton check` judges
 /// ([`baton_rpc::judge::check`], at the store's own time).
 pub async fn assert_check_clean(client: &baton_rpc::Client) {

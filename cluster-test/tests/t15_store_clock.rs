@@ -4,19 +4,12 @@
 //! touched, and afterwards `check` finds nothing overdue.
 #![allow(clippy::unwrap_used)]
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use baton_cluster_test::{assert_check_clean, wait, Cluster, Options};
+use baton_cluster_test::{assert_check_clean, wait, wall_clock_ms, Cluster, Options};
 use baton_rpc::Error;
 use baton_statemachine::handoff::{OfferArgs, TicketState};
 use baton_statemachine::Refusal;
-
-fn wall_clock_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
 
 fn offer(key: &str, ttl_ms: i64) -> OfferArgs {
     OfferArgs {

@@ -16,9 +16,9 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use baton_cluster_test::{assert_check_clean, clock_skew, Cluster, Options};
+use baton_cluster_test::{assert_check_clean, clock_skew, wall_clock_ms, Cluster, Options};
 use baton_rpc::Client;
 use baton_statemachine::handoff::{OfferArgs, TicketState};
 
@@ -26,13 +26,6 @@ use baton_statemachine::handoff::{OfferArgs, TicketState};
 const NODE_3_OFFSET_S: i64 = -120;
 /// The ticket's TTL: far shorter than the skew, far longer than the handovers take.
 const TTL_MS: u64 = 30_000;
-
-fn wall_clock_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
 
 /// Makes `id` the leader (a handover can end with another node winning: asked again).
 async fn lead(cluster: &Cluster, client: &Client, id: u64) -> u64 {

@@ -15,10 +15,10 @@
 #![allow(clippy::unwrap_used)]
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use baton_cluster_test::proxy::Proxy;
-use baton_cluster_test::{wait, Cluster, Options};
+use baton_cluster_test::{wait, wall_clock_ms, Cluster, Options};
 use baton_rpc::worker::{AttemptEnd, Finished, Worker};
 use baton_rpc::{Client, ClientConfig};
 use baton_statemachine::queue::{Task, TaskSpec, TaskState};
@@ -41,13 +41,6 @@ fn spec(name: &str) -> TaskSpec {
         max_attempts: 1,
         ttl_ms: 600_000,
     }
-}
-
-fn wall_clock_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
 }
 
 /// A one-node cluster with queue [`QUEUE`], a client straight to it, and one whose only way to

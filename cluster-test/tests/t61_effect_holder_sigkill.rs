@@ -18,10 +18,10 @@
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use baton_cluster_test::holder::Holder;
-use baton_cluster_test::{wait, Cluster, Options};
+use baton_cluster_test::{wait, wall_clock_ms, Cluster, Options};
 use baton_rpc::{Client, Error};
 use baton_statemachine::effect::{
     Action, EffectLease, KeyStatus, Outcome, Resolution, Resolved, RetrySafety,
@@ -29,13 +29,6 @@ use baton_statemachine::effect::{
 
 const TTL_MS: i64 = 2_500;
 const LIMIT: Duration = Duration::from_secs(20);
-
-fn wall_clock_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
 
 fn action(key: &str, resource: &str, safety: RetrySafety) -> Action {
     Action {

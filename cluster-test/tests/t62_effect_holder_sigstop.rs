@@ -14,23 +14,16 @@
 
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use baton_cluster_test::holder::Holder;
-use baton_cluster_test::{wait, Cluster, Options};
+use baton_cluster_test::{wait, wall_clock_ms, Cluster, Options};
 use baton_statemachine::effect::{Action, KeyStatus, Outcome, RetrySafety};
 
 const OLD_TTL_MS: i64 = 2_000;
 const NEW_TTL_MS: i64 = 30_000;
 const SINK: &str = "t62-ledger";
 const LIMIT: Duration = Duration::from_secs(20);
-
-fn wall_clock_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
 
 /// The process state letter from `/proc/<pid>/stat` (`T` = stopped).
 fn process_state(pid: u32) -> Option<char> {
