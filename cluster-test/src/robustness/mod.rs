@@ -219,6 +219,8 @@ pub struct Report {
     pub violations: Vec<Violation>,
     /// Wall time of the whole run.
     pub elapsed: Duration,
+    /// Wall time of each step after the set-up, in order (so a slow run shows where it spent it).
+    pub phases: Vec<(&'static str, Duration)>,
     /// Where the full history was written (violations only).
     pub history_file: Option<PathBuf>,
     /// Where the cluster's data and logs were kept (violations only).
@@ -275,10 +277,16 @@ impl Report {
             .zip(counts)
             .map(|(name, (ops, amb))| format!("{name}={ops}/{amb}"))
             .collect();
+        let phases: Vec<String> = self
+            .phases
+            .iter()
+            .map(|(name, took)| format!("{name} {:.1}s", took.as_secs_f64()))
+            .collect();
         let mut text = format!(
-            "  ops/ambiguous per workload: {}; {:.1}s\n  faults:",
+            "  ops/ambiguous per workload: {}; {:.1}s ({})\n  faults:",
             parts.join(" "),
-            self.elapsed.as_secs_f64()
+            self.elapsed.as_secs_f64(),
+            phases.join(", ")
         );
         for line in &self.fault_log {
             text.push_str(&format!("\n    {line}"));
@@ -580,8 +588,16 @@ async fn drive<T: Target>(
         voters,
     );
     tokio::time::sleep(settings.warmup).await;
+    let mut phases = Vec::new();
+    let mut phase_start = Instant::now();
+    let mut phase = |name: &'static str| {
+        phases.push((name, phase_start.elapsed()));
+        phase_start = Instant::now();
+    };
     let faulted = inject(&mut nemesis, cluster).await;
+    phase("faults");
     let recovered = nemesis.recover(cluster).await;
+    phase("recovery");
     if let Err(error) = faulted.and(recovered) {
         workloads.stop(Duration::from_secs(15)).await;
         let dir = cluster.keep();
@@ -593,12 +609,15 @@ async fn drive<T: Target>(
     }
     let recovered_at = rec.clock().now();
     let mut violations = available_again(&rec, recovered_at, settings.recovery_limit).await;
+    phase("answered again");
     workloads.stop(Duration::from_secs(20)).await;
+    phase("workloads stopped");
 
     let final_from = rec.clock().now();
     let mut keys = tickets.clone();
     keys.extend(nemesis.probe_keys.iter().cloned());
     read_back(&endpoints, &rec, &keys, mix).await?;
+    phase("read-back");
     let history = rec.finish();
 
     violations.extend(handoff::check(&history, final_from));
@@ -607,6 +626,7 @@ async fn drive<T: Target>(
     violations.extend(queue::check(&history, final_from));
     violations.extend(checkpoint::check(&history, final_from));
     violations.extend(progress(&history, nemesis.faults));
+    phase("checks");
 
     let mut report = Report {
         scenario,
@@ -616,6 +636,7 @@ async fn drive<T: Target>(
         fault_log: std::mem::take(&mut nemesis.log),
         violations,
         elapsed: started.elapsed(),
+        phases,
         history_file: None,
         cluster_dir: None,
         replay,
