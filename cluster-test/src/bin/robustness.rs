@@ -73,6 +73,15 @@ fn plan(args: &Args, seed: u64) -> (Scenario, Settings) {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
+    // Found (and rebuilt when its sources are newer) before the first scenario, so that no run's
+    // time and no `--duration` is spent building it.
+    match baton_cluster_test::binary::baton_bin() {
+        Ok(bin) => println!("robustness: nodes run {}", bin.display()),
+        Err(error) => {
+            eprintln!("robustness: no baton binary to run: {error:#}");
+            return ExitCode::FAILURE;
+        }
+    }
     let started = Instant::now();
     let (mut scenarios, mut ops, mut faults, mut violations, mut errors) = (0, 0, 0, 0, 0);
     loop {
