@@ -161,11 +161,11 @@ pub async fn run(
                     let now_ms = wall_clock_ms().max(applied.state.clock_ms);
                     applied.state.sweep_bound(now_ms, budget)
                 };
-                // A leader cut off from its followers waits for this entry forever (openraft
-                // 0.9 has no check-quorum): a shutdown must not wait with it.
                 let command = Command::SweepAtMost {
                     expiries: bound.expiries,
                 };
+                // A leader cut off from its followers waits for this entry forever (openraft
+                // 0.9 has no check-quorum): a shutdown must not wait with it.
                 let proposed = tokio::select! {
                     proposed = node.propose(None, command) => proposed,
                     _ = stop.changed() => return,
