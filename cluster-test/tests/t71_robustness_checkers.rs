@@ -926,3 +926,67 @@ fn t71_checkpoint_saves_all_refused_prove_nothing() {
     h.ok("s0", save(2, "b"), 20, 30, Output::Done);
     assert!(progress(&h.ops, 1).is_empty());
 }
+
+fn submit(idempotency_key: &str, concurrency_key: &str) -> Input {
+    Input::Submit {
+        idempotency_key: idempotency_key.into(),
+        concurrency_key: concurrency_key.into(),
+    }
+}
+
+fn submitted(task: u64, replayed: bool) -> Output {
+    Output::Submitted { task, replayed }
+}
+
+/// contract §5: a submission sent again with the same content gets the original task (a replay);
+/// with another concurrency key it is refused `IDEMPOTENCY_CONFLICT`. Accepting the conflicting
+/// one, a replay naming another task, two "originals", or a refused replay are each reported; a
+/// legal history (replays, a conflict, an ambiguous resend) is not.
+#[test]
+fn t71_a_resubmission_gets_the_original_task_or_idempotency_conflict() {
+    let legal = || {
+        let mut h = H::default();
+        h.ok("s", submit("s-1", "key-0"), 0, 5, submitted(1, false));
+        h.ok("s", submit("s-1", "key-0"), 10, 15, submitted(1, true));
+        h.refused("s", submit("s-1", "key-1"), 20, 25, "IDEMPOTENCY_CONFLICT");
+        h.ambiguous("s", submit("s-1", "key-1"), 30);
+        h.ok("s", submit("s-2", "key-1"), 40, 45, submitted(2, false));
+        h
+    };
+    let h = legal();
+    let violations: Vec<_> = queue::check(&h.ops, 100_000)
+        .into_iter()
+        .filter(|v| v.rule == "idempotent-submit")
+        .collect();
+    assert!(violations.is_empty(), "{violations:?}");
+
+    type Breaks = Box<dyn Fn(&mut H)>;
+    let broken: [(&str, Breaks); 4] = [
+        (
+            "conflict accepted",
+            Box::new(|h| h.ok("s", submit("s-1", "key-1"), 50, 55, submitted(1, true))),
+        ),
+        (
+            "replay names another task",
+            Box::new(|h| h.ok("s", submit("s-1", "key-0"), 50, 55, submitted(3, true))),
+        ),
+        (
+            "two originals",
+            Box::new(|h| h.ok("s", submit("s-1", "key-0"), 50, 55, submitted(1, false))),
+        ),
+        (
+            "replay refused",
+            Box::new(|h| h.refused("s", submit("s-1", "key-0"), 50, 55, "IDEMPOTENCY_CONFLICT")),
+        ),
+    ];
+    for (what, breaks) in broken {
+        let mut h = legal();
+        breaks(&mut h);
+        let flagged: Vec<_> = queue::check(&h.ops, 100_000)
+            .into_iter()
+            .filter(|v| v.rule == "idempotent-submit")
+            .collect();
+        assert_eq!(flagged.len(), 1, "{what}: {flagged:?}");
+        assert!(flagged[0].ops.contains(&5), "{what}: {flagged:?}");
+    }
+}

@@ -2,14 +2,16 @@
 //! workers lease one at a time, start the attempt, write the key's fenced sink with the permit
 //! token, and complete. Now and then a worker stalls past its lease (before its start, or between
 //! its start and its write), so the permit moves on with a higher token and the stale worker must
-//! be refused.
+//! be refused; and the submitter sends an acknowledged submission again, with the same content or
+//! another concurrency key.
 //!
 //! Checked: every keyed lease carries a non-zero permit token (an unkeyed one none), one
 //! acknowledged permit per key and token, no permit while another worker's was
 //! certainly still live, tokens increasing per key in real time, no
 //! start or completion acknowledged for an attempt whose permit had moved on, the fenced sink's
-//! rules, and after recovery: every acknowledged submission, lease and completion is there, no
-//! token appears twice on a key, and at most one attempt per key is active.
+//! rules, a submission sent again answered with the original task or `IDEMPOTENCY_CONFLICT`, and
+//! after recovery: every acknowledged submission, lease and completion is there, no token appears
+//! twice on a key, and at most one attempt per key is active.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton_rpc::Client;
-use baton_statemachine::queue::{Assignment, Task, TaskSpec};
+use baton_statemachine::queue::{Assignment, SubmitReceipt, Task, TaskSpec};
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -96,18 +98,31 @@ pub async fn submit(
     stop: Arc<AtomicBool>,
 ) {
     let mut n = 0;
+    // Acknowledged submissions: sent again now and then, with the same content (a replay: the
+    // same task) or another concurrency key (a conflict: `IDEMPOTENCY_CONFLICT`).
+    let mut acked: Vec<(String, &'static str)> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
-        let backlog = pace
-            .submitted
-            .load(Ordering::Relaxed)
-            .saturating_sub(pace.completed.load(Ordering::Relaxed));
-        if backlog >= BACKLOG {
-            tokio::time::sleep(Duration::from_millis(30)).await;
-            continue;
-        }
-        n += 1;
-        let idempotency_key = format!("{name}-{n}");
-        let key = KEYS[rng.random_range(0..KEYS.len())];
+        let again = !acked.is_empty() && rng.random_bool(0.15);
+        let (idempotency_key, key) = if again {
+            let (idempotency_key, key) = acked[rng.random_range(0..acked.len())].clone();
+            let key = if rng.random_bool(0.5) {
+                key
+            } else {
+                KEYS.into_iter().find(|other| *other != key).unwrap_or(key)
+            };
+            (idempotency_key, key)
+        } else {
+            let backlog = pace
+                .submitted
+                .load(Ordering::Relaxed)
+                .saturating_sub(pace.completed.load(Ordering::Relaxed));
+            if backlog >= BACKLOG {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                continue;
+            }
+            n += 1;
+            (format!("{name}-{n}"), KEYS[rng.random_range(0..KEYS.len())])
+        };
         let input = Input::Submit {
             idempotency_key: idempotency_key.clone(),
             concurrency_key: key.into(),
@@ -117,16 +132,99 @@ pub async fn submit(
                 &name,
                 input,
                 client.submit(&spec(&idempotency_key, key)),
-                |receipt| Output::Submitted {
-                    task: receipt.task.id,
-                    replayed: receipt.replayed,
-                },
+                submitted_output,
             )
             .await;
-        if submitted.is_ok() {
+        if submitted.is_ok() && !again {
             pace.submitted.fetch_add(1, Ordering::Relaxed);
+            acked.push((idempotency_key, key));
         }
     }
+}
+
+fn submitted_output(receipt: &SubmitReceipt) -> Output {
+    Output::Submitted {
+        task: receipt.task.id,
+        replayed: receipt.replayed,
+    }
+}
+
+/// Submissions under one idempotency key (contract §5: same key and content -> the original
+/// receipt; same key, other content, a different resource key included -> `IDEMPOTENCY_CONFLICT`).
+/// The first submission of each key set its content (the workload sends a key again only once
+/// its first submission was acknowledged): every acknowledged one with that content names the
+/// same task, at most one of them is not a replay, none is refused; one with other content is
+/// never acknowledged and only refused `IDEMPOTENCY_CONFLICT`.
+fn idempotent_submits(history: &[Op]) -> Vec<Violation> {
+    let mut by_key: BTreeMap<&str, Vec<(&str, &Op)>> = BTreeMap::new();
+    for op in history {
+        if let Input::Submit {
+            idempotency_key,
+            concurrency_key,
+        } = &op.input
+        {
+            by_key
+                .entry(idempotency_key)
+                .or_default()
+                .push((concurrency_key, op));
+        }
+    }
+    let mut violations = Vec::new();
+    for (key, submits) in by_key {
+        let Some(&(content, first)) = submits.first() else {
+            continue;
+        };
+        let mut task_of_key: Option<(u64, usize)> = None;
+        let mut originals = Vec::new();
+        for (concurrency_key, op) in submits {
+            let same = concurrency_key == content;
+            match (op.ok(), op.refused()) {
+                (Some(Output::Submitted { task, replayed }), _) if same => {
+                    match task_of_key {
+                        Some((earlier, at)) if earlier != *task => {
+                            violations.push(Violation::new(
+                                "idempotent-submit",
+                                key,
+                                format!("the same submission named task {earlier}, then task {task}"),
+                                vec![at, op.index],
+                            ));
+                        }
+                        _ => task_of_key = Some((*task, op.index)),
+                    }
+                    if !replayed {
+                        originals.push(op.index);
+                    }
+                }
+                (Some(_), _) => violations.push(Violation::new(
+                    "idempotent-submit",
+                    key,
+                    format!(
+                        "a submission with concurrency key {concurrency_key:?} was accepted under \
+                         a key first submitted with {content:?}"
+                    ),
+                    vec![first.index, op.index],
+                )),
+                (None, Some(code)) if same || code != "IDEMPOTENCY_CONFLICT" => {
+                    violations.push(Violation::new(
+                        "idempotent-submit",
+                        key,
+                        format!("a submission with concurrency key {concurrency_key:?} was refused {code}"),
+                        vec![first.index, op.index],
+                    ))
+                }
+                _ => {}
+            }
+        }
+        if originals.len() > 1 {
+            violations.push(Violation::new(
+                "idempotent-submit",
+                key,
+                "more than one submission of this key was answered as the original (not replayed)",
+                originals,
+            ));
+        }
+    }
+    violations
 }
 
 fn leased_output(assignments: &[Assignment]) -> Output {
@@ -269,7 +367,7 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
     let mut grants = Vec::new();
     let mut uses = Vec::new();
     let mut ends = Vec::new();
-    let mut violations = Vec::new();
+    let mut violations = idempotent_submits(history);
     for op in history {
         if let Input::CompleteAttempt {
             concurrency_key,
