@@ -182,19 +182,7 @@ async fn a_damaged_or_foreign_snapshot_file_is_refused_and_nothing_is_written() 
         let path = dir.path().join(format!("{name}.snap"));
         std::fs::write(&path, bytes).unwrap();
         let data_dir = dir.path().join(format!("data-{name}"));
-        let output = std::process::Command::new(source.bin())
-            .args([
-                "snapshot",
-                "restore",
-                "--id",
-                "1",
-                "--members",
-                "1=127.0.0.1:1",
-            ])
-            .arg("--from")
-            .arg(&path)
-            .arg("--data-dir")
-            .arg(&data_dir)
+        let output = restore_command(source.bin(), 1, "1=127.0.0.1:1", &path, &data_dir)
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
@@ -221,14 +209,15 @@ fn restore_refuses_members_named_twice_or_without_this_node() {
     ];
     for (members, reason) in cases {
         let data_dir = dir.path().join("data");
-        let output = std::process::Command::new(&bin)
-            .args(["snapshot", "restore", "--id", "1", "--members", members])
-            .arg("--from")
-            .arg(dir.path().join("no-such-file.snap"))
-            .arg("--data-dir")
-            .arg(&data_dir)
-            .output()
-            .unwrap();
+        let output = restore_command(
+            &bin,
+            1,
+            members,
+            &dir.path().join("no-such-file.snap"),
+            &data_dir,
+        )
+        .output()
+        .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(
             output.status.code(),
@@ -241,22 +230,16 @@ fn restore_refuses_members_named_twice_or_without_this_node() {
     }
     // A raise past 2^40 could run a fence counter out: refused before anything is read.
     let data_dir = dir.path().join("data");
-    let output = std::process::Command::new(&bin)
-        .args([
-            "snapshot",
-            "restore",
-            "--id",
-            "1",
-            "--members",
-            "1=127.0.0.1:1",
-        ])
-        .args(["--raise-fences", &((1u64 << 40) + 1).to_string()])
-        .arg("--from")
-        .arg(dir.path().join("no-such-file.snap"))
-        .arg("--data-dir")
-        .arg(&data_dir)
-        .output()
-        .unwrap();
+    let output = restore_command(
+        &bin,
+        1,
+        "1=127.0.0.1:1",
+        &dir.path().join("no-such-file.snap"),
+        &data_dir,
+    )
+    .args(["--raise-fences", &((1u64 << 40) + 1).to_string()])
+    .output()
+    .unwrap();
     assert_eq!(output.status.code(), Some(2), "{}", show(&output));
     assert!(
         String::from_utf8_lossy(&output.stderr).contains("--raise-fences"),
@@ -275,6 +258,25 @@ fn member_list(procs: &Procs) -> String {
         .join(",")
 }
 
+/// `baton snapshot restore` of member `id` of `members` from `file` into `data_dir`.
+fn restore_command(
+    bin: &Path,
+    id: u64,
+    members: &str,
+    file: &Path,
+    data_dir: &Path,
+) -> std::process::Command {
+    let mut command = std::process::Command::new(bin);
+    command
+        .args(["snapshot", "restore", "--id", &id.to_string()])
+        .args(["--members", members])
+        .arg("--from")
+        .arg(file)
+        .arg("--data-dir")
+        .arg(data_dir);
+    command
+}
+
 /// `baton status` of `procs`' nodes.
 fn status_of(procs: &Procs) -> std::process::Output {
     procs
@@ -291,20 +293,7 @@ fn restore(
     members: &str,
     raise_fences: Option<u64>,
 ) -> String {
-    let mut command = std::process::Command::new(procs.bin());
-    command
-        .args([
-            "snapshot",
-            "restore",
-            "--id",
-            &id.to_string(),
-            "--members",
-            members,
-        ])
-        .arg("--from")
-        .arg(file)
-        .arg("--data-dir")
-        .arg(data_dir);
+    let mut command = restore_command(procs.bin(), id, members, file, data_dir);
     if let Some(raise) = raise_fences {
         command.args(["--raise-fences", &raise.to_string()]);
     }
