@@ -282,6 +282,11 @@ impl Cluster {
         &self.bin
     }
 
+    /// Sets node `id`'s extra environment ([`Options::env`]) for its next start.
+    pub fn set_env(&mut self, id: u64, vars: Vec<(String, String)>) {
+        self.options.env.insert(id, vars);
+    }
+
     /// The options the cluster was started with.
     pub fn options(&self) -> &Options {
         &self.options

@@ -3,13 +3,15 @@
 //! state and a fresh membership, elects a leader by itself, serves the saved data, and mints
 //! fences above any the old cluster handed out after the save (raised by a billion unless told
 //! otherwise). Every member restored together reports one restore fingerprint; members restored
-//! with different options show different ones and `baton status` fails on it. A damaged or
+//! with different options show different ones: they are different clusters, which refuse each
+//! other's Raft requests, and `baton status` fails on it. A damaged or
 //! foreign file is refused with a clear reason and nothing is written.
 #![allow(clippy::unwrap_used)]
 
 mod admin_support;
 
 use std::path::Path;
+use std::time::Duration;
 
 use admin_support::{show, Procs};
 use baton_cluster_test::{Cluster, Options};
@@ -103,8 +105,10 @@ async fn a_saved_snapshot_restores_into_a_new_cluster_that_continues_above_it() 
     );
     procs.kill_all();
 
-    // Node 3 restored with another raise: the same log position, another state. The cluster
-    // runs (Raft compares positions only), and `baton status` fails naming both fingerprints.
+    // Node 3 restored with another raise: the same log position, another state. Raft compares
+    // positions only; the restores' cluster ids (their fingerprints) differ, so nodes 1 and 2
+    // form the cluster and refuse node 3, which falls behind, and `baton status` fails naming
+    // both ids.
     let mut mixed = Procs::new(Security::default()).unwrap();
     for id in 1..=3 {
         mixed.declare(id, &[]).unwrap();
@@ -114,15 +118,32 @@ async fn a_saved_snapshot_restores_into_a_new_cluster_that_continues_above_it() 
     let usual = restore(&mixed, &file, &mixed.data_dir(1), 1, &members, None);
     restore(&mixed, &file, &mixed.data_dir(2), 2, &members, None);
     assert_ne!(odd, usual);
-    for id in 1..=3 {
+    for id in 1..=2 {
         mixed.start(id).await.unwrap();
     }
-    mixed.leader().await.unwrap();
+    let leader = mixed.leader().await.unwrap();
+    mixed.start(3).await.unwrap();
+    let client = mixed.client(Security::default()).await.unwrap();
+    client.save_if_newer("after", 1, b"restore").await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (ahead, apart) = (
+        mixed.info(leader).await.unwrap(),
+        mixed.info(3).await.unwrap(),
+    );
+    assert_eq!(
+        apart.cluster_id, odd,
+        "a restored cluster's id is its fingerprint"
+    );
+    assert_eq!(ahead.cluster_id, usual);
+    assert!(
+        apart.applied_index < ahead.applied_index,
+        "node 3 is kept out: {apart:?}"
+    );
     let status = status_of(&mixed);
     assert_eq!(status.status.code(), Some(1), "{}", show(&status));
     let stderr = String::from_utf8_lossy(&status.stderr);
     assert!(
-        stderr.contains("RESTORE MISMATCH")
+        stderr.contains("CLUSTER MISMATCH")
             && stderr.contains(&format!("{usual} on [1, 2]"))
             && stderr.contains(&format!("{odd} on [3]")),
         "{}",

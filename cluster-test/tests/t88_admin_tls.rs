@@ -18,7 +18,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use admin_support::{config, show, Procs};
-use baton_node::raft_wire::{self, Kind, Outcome};
+use baton_node::cluster_id::ClusterId;
+use baton_node::raft_wire::{self, Header, Kind, Outcome};
 use baton_node::tls::PeerConnector;
 use baton_rpc::error::{detail_of, infra};
 use baton_rpc::proto::checkpoint_client::CheckpointClient;
@@ -109,10 +110,24 @@ fn tls_nodes(count: u64, extra: &[&str]) -> (tempfile::TempDir, PathBuf, Procs) 
     (dir, certs, procs)
 }
 
+/// What the node at `addr` (asked through `client`) wants in front of its peers' requests.
+async fn header_of(client: &Client, addr: &str) -> Header {
+    let info = client.node_info(addr).await.unwrap();
+    Header {
+        cluster: Some(ClusterId::parse(&info.cluster_id).unwrap()),
+        to: info.id,
+    }
+}
+
 /// Opens a Raft connection to `addr` as a peer would, over TLS presenting `identity` (or no
-/// certificate), and sends a vote request whose body is not a vote: the outcome the node
-/// answers, or why there was no answer.
-async fn raft_vote(addr: &str, certs: &Path, identity: Option<&str>) -> Result<Outcome, String> {
+/// certificate), and sends a vote request with `header` whose body is not a vote: the outcome
+/// the node answers and its body as text, or why there was no answer.
+async fn raft_vote(
+    addr: &str,
+    header: Header,
+    certs: &Path,
+    identity: Option<&str>,
+) -> Result<(Outcome, String), String> {
     let ca = std::fs::read(certs.join("ca.pem")).unwrap();
     let identity = identity.map(|name| {
         (
@@ -128,13 +143,16 @@ async fn raft_vote(addr: &str, certs: &Path, identity: Option<&str>) -> Result<O
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     stream.write_all(&raft_wire::PREAMBLE).await.unwrap();
     let mut link = raft_wire::link(Box::new(connector.connect(addr, stream).await?));
-    let garbage = raft_wire::request(Kind::Vote, &"not a vote").unwrap();
+    let garbage = raft_wire::request(Kind::Vote, header, &"not a vote").unwrap();
     link.send(garbage).await.map_err(|e| e.to_string())?;
     match tokio::time::timeout(Duration::from_secs(10), link.next()).await {
         Err(_) => panic!("the node neither answered nor closed the connection"),
         Ok(None) => Err("closed without an answer".into()),
         Ok(Some(Err(e))) => Err(e.to_string()),
-        Ok(Some(Ok(frame))) => Ok(raft_wire::parse_answer(frame.freeze()).unwrap().0),
+        Ok(Some(Ok(frame))) => {
+            let (outcome, body) = raft_wire::parse_answer(frame.freeze()).unwrap();
+            Ok((outcome, String::from_utf8_lossy(&body).into_owned()))
+        }
     }
 }
 
@@ -202,18 +220,20 @@ async fn a_tls_cluster_serves_tls_clients_and_refuses_plaintext() {
 
     // Raft traffic needs a node certificate.
     let addr = procs.addr(1);
-    let refused = raft_vote(&addr, &certs, None).await;
+    let header = header_of(&client, &addr).await;
+    let refused = raft_vote(&addr, header, &certs, None).await;
     assert!(refused.is_err(), "no certificate: {refused:?}");
-    let refused = raft_vote(&addr, &certs, Some("ops")).await;
+    let refused = raft_vote(&addr, header, &certs, Some("ops")).await;
     assert!(
         refused.is_err(),
         "a client certificate is not a node certificate: {refused:?}"
     );
-    assert_eq!(
-        raft_vote(&addr, &certs, Some("node")).await,
-        Ok(Outcome::Failed),
-        "a node certificate gets through (the body is garbage, and said to be)"
-    );
+    // A node certificate gets through: the body is garbage, and said to be.
+    let (outcome, why) = raft_vote(&addr, header, &certs, Some("node"))
+        .await
+        .unwrap();
+    assert_eq!(outcome, Outcome::Failed);
+    assert!(why.contains("undecodable Vote"), "{why}");
 }
 
 /// Loads a checkpoint over `channel`: the status of the refusal (nothing is ever saved here).
@@ -363,7 +383,8 @@ async fn a_cluster_configured_by_file_runs_tls_and_asks_for_tokens() {
     .unwrap();
     assert!(plain.save_if_newer("job", 3, b"plain").await.is_err());
     // Raft traffic between the nodes needs a node certificate here too.
-    let refused = raft_vote(&procs.addr(1), &certs, Some("ops")).await;
+    let header = header_of(&client, &procs.addr(1)).await;
+    let refused = raft_vote(&procs.addr(1), header, &certs, Some("ops")).await;
     assert!(refused.is_err(), "a client certificate: {refused:?}");
     assert_eq!(client.load("job").await.unwrap().seq, 1, "nothing changed");
 }

@@ -3,6 +3,7 @@
 
 pub mod admission;
 pub mod auth;
+pub mod cluster_id;
 pub mod codec;
 pub mod config;
 pub mod deposed;

@@ -23,10 +23,11 @@ use tokio::net::TcpStream;
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
+use crate::cluster_id::OwnCluster;
 use crate::codec;
 use crate::handover::TimeoutNow;
 use crate::pre_vote::PreVote;
-use crate::raft_wire::{self, Kind, Link, Outcome};
+use crate::raft_wire::{self, Header, Kind, Link, Outcome};
 use crate::tls::PeerConnector;
 use crate::types::{NodeId, TypeConfig};
 
@@ -101,6 +102,8 @@ pub struct Network {
     tls: Option<PeerConnector>,
     /// The connections kept per peer.
     peers: Arc<Mutex<HashMap<NodeId, Links>>>,
+    /// The cluster named in every request ([`crate::cluster_id`]).
+    cluster: OwnCluster,
 }
 
 /// The connections kept to one peer.
@@ -131,12 +134,21 @@ impl Links {
 
 impl Network {
     /// A network that reaches the peers in `peer_addrs` at those addresses and every other
-    /// peer at its address in the membership.
-    pub fn new(peer_addrs: BTreeMap<NodeId, String>) -> Self {
+    /// peer at its address in the membership, on behalf of a node of `cluster`.
+    pub fn new(peer_addrs: BTreeMap<NodeId, String>, cluster: OwnCluster) -> Self {
         Self {
             peer_addrs: Arc::new(peer_addrs),
             tls: None,
             peers: Arc::default(),
+            cluster,
+        }
+    }
+
+    /// The header of a request to `to`.
+    fn header(&self, to: NodeId) -> Header {
+        Header {
+            cluster: self.cluster.get(),
+            to,
         }
     }
 
@@ -392,8 +404,8 @@ impl Network {
     ) -> Result<(), Declined> {
         let deadline = call_deadline(Instant::now(), limit);
         let addr = self.address(target, addr);
-        let frame =
-            raft_wire::request(kind, message).map_err(|e| Declined::Refused(e.to_string()))?;
+        let frame = raft_wire::request(kind, self.header(target), message)
+            .map_err(|e| Declined::Refused(e.to_string()))?;
         let (outcome, body) = self
             .call(target, &addr, Traffic::Other, frame, deadline)
             .await
@@ -569,7 +581,7 @@ impl Peer {
         E: std::error::Error + DeserializeOwned,
     {
         let deadline = call_deadline(started, option.hard_ttl());
-        let frame = raft_wire::request(kind, request)
+        let frame = raft_wire::request(kind, self.network.header(self.target), request)
             .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let (outcome, body) = self
             .network
@@ -758,7 +770,8 @@ mod tests {
             assert_eq!(preamble, raft_wire::PREAMBLE);
             let mut link = raft_wire::link(Box::new(stream));
             while let Some(Ok(frame)) = link.next().await {
-                let (kind, _) = raft_wire::parse_request(frame.freeze()).unwrap();
+                let (kind, header, _) = raft_wire::parse_request(frame.freeze()).unwrap();
+                assert_eq!(header.to, 2);
                 if self.mute.load(SeqCst) {
                     continue;
                 }

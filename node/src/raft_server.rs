@@ -6,6 +6,7 @@
 //! gRPC server unread. So peers and clients keep reaching a node at one address, and the
 //! membership, the configuration and firewalls name one port per node.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -21,9 +22,10 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 
+use crate::cluster_id::OwnCluster;
 use crate::node::is_voter;
 use crate::pre_vote::{self, Contact};
-use crate::raft_wire::{self, Kind};
+use crate::raft_wire::{self, Header, Kind};
 use crate::snapshot_chunks::ChunkIntake;
 use crate::tls::PeerAcceptor;
 use crate::types::{NodeId, Raft, TypeConfig};
@@ -72,6 +74,12 @@ pub struct Port {
 /// (when this node last heard from a leader) and pre-votes draw on.
 #[derive(Clone)]
 pub struct Local {
+    /// This node's id: requests meant for another are refused.
+    pub id: NodeId,
+    /// This node's cluster: requests from another are refused.
+    pub cluster: OwnCluster,
+    /// When a refused request was last logged as a warning.
+    pub warned: Arc<Mutex<Option<Instant>>>,
     /// The local Raft instance.
     pub raft: Raft,
     /// Updated as leader messages are accepted; read by pre-votes and [`pre_vote::run`].
@@ -234,9 +242,43 @@ async fn serve_peer(
     }
 }
 
+/// How often at most a refused peer request is logged as a warning (a misplaced node's peers
+/// send again every half second or sooner).
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+impl Local {
+    /// Refuses a request whose `header` says it is meant for another node or comes from another
+    /// cluster: a misconfiguration an operator must hear of, so it is logged as a warning.
+    fn check(&self, kind: Kind, header: &Header) -> Result<(), String> {
+        let refused = if header.to != self.id {
+            format!(
+                "this is node {}, not node {} (the sender's address for node {} leads here)",
+                self.id, header.to, header.to
+            )
+        } else {
+            let from_leader = matches!(kind, Kind::AppendEntries | Kind::InstallSnapshot);
+            match self.cluster.admit(header.cluster, from_leader) {
+                Ok(()) => return Ok(()),
+                Err(why) => why.to_string(),
+            }
+        };
+        let now = Instant::now();
+        let mut warned = self
+            .warned
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if warned.is_none_or(|at| now.duration_since(at) >= WARN_EVERY) {
+            *warned = Some(now);
+            tracing::warn!(request = ?kind, %refused, "peer request refused");
+        }
+        Err(refused)
+    }
+}
+
 /// Has `local` answer one request frame; an error is a request that could not be handled.
 async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
-    let (kind, body) = raft_wire::parse_request(frame).map_err(|e| e.to_string())?;
+    let (kind, header, body) = raft_wire::parse_request(frame).map_err(|e| e.to_string())?;
+    local.check(kind, &header)?;
     let undecodable = |e: bincode::error::DecodeError| format!("undecodable {kind:?}: {e}");
     let raft = &local.raft;
     let answer = match kind {

@@ -13,8 +13,9 @@
 //! A connection opens with [`PREAMBLE`]. Its first byte starts neither a TLS handshake (0x16)
 //! nor HTTP/2's connection preface (`PRI`), so the listener tells the two kinds of connection
 //! apart by one peeked byte ([`is_raft_connection`]). When the node runs TLS, the handshake
-//! follows the preamble. Then each request is one frame: a [`Kind`] byte and the message encoded
-//! by [`crate::codec`]; each answer is one frame: an [`Outcome`] byte and its body.
+//! follows the preamble. Then each request is one frame: a [`Kind`] byte, its [`Header`] (the
+//! sender's cluster and the node it is meant for) and the message encoded by [`crate::codec`];
+//! each answer is one frame: an [`Outcome`] byte and its body.
 
 use std::time::Duration;
 
@@ -24,11 +25,13 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 
+use crate::cluster_id::ClusterId;
 use crate::codec;
+use crate::types::NodeId;
 
 /// What a Raft connection starts with: a byte no TLS or HTTP/2 client sends first, the protocol's
-/// name and its version.
-pub const PREAMBLE: [u8; 8] = *b"\xB7BRAFT01";
+/// name and its version (02: requests carry a [`Header`]).
+pub const PREAMBLE: [u8; 8] = *b"\xB7BRAFT02";
 
 /// Largest frame accepted or sent (append batches and snapshot chunks, plus their first byte).
 pub const MAX_FRAME_BYTES: usize = (256 << 20) + 1;
@@ -137,7 +140,24 @@ pub enum WireError {
     UnknownKind(u8),
     #[error("unknown answer outcome {0}")]
     UnknownOutcome(u8),
+    #[error("a request frame of {0} bytes is too short for its header")]
+    NoHeader(usize),
 }
+
+/// Who a request is from and for, checked before its message is read: a node answers only
+/// requests from its own cluster ([`crate::cluster_id`]) that are meant for it (a peer address
+/// that leads to another member would otherwise have that member's answers counted as the
+/// intended one's, towards a quorum).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// The sender's cluster (`None`: it has no id).
+    pub cluster: Option<ClusterId>,
+    /// The node the sender means to reach.
+    pub to: NodeId,
+}
+
+/// Bytes of a [`Header`] on the wire: the cluster id, then the target's id (little-endian).
+const HEADER_BYTES: usize = 16 + 8;
 
 /// Encodes `value` behind a leading `tag` byte, in one buffer.
 fn tagged<T: Serialize>(tag: u8, value: &T) -> Result<Bytes, bincode::error::EncodeError> {
@@ -147,19 +167,37 @@ fn tagged<T: Serialize>(tag: u8, value: &T) -> Result<Bytes, bincode::error::Enc
     Ok(Bytes::from(frame))
 }
 
-/// The frame of a `kind` request carrying `message`.
+/// The frame of a `kind` request carrying `header` and `message`.
 pub fn request<T: Serialize>(
     kind: Kind,
+    header: Header,
     message: &T,
 ) -> Result<Bytes, bincode::error::EncodeError> {
-    tagged(kind as u8, message)
+    let mut frame = Vec::with_capacity(256);
+    frame.push(kind as u8);
+    frame.extend_from_slice(&ClusterId::to_wire(header.cluster));
+    frame.extend_from_slice(&header.to.to_le_bytes());
+    codec::encode_into(message, &mut frame)?;
+    Ok(Bytes::from(frame))
 }
 
-/// The kind of request a frame carries, and its message.
-pub fn parse_request(mut frame: Bytes) -> Result<(Kind, Bytes), WireError> {
+/// The kind of request a frame carries, its header and its message.
+pub fn parse_request(mut frame: Bytes) -> Result<(Kind, Header, Bytes), WireError> {
     let first = *frame.first().ok_or(WireError::Empty)?;
     let kind = Kind::from_byte(first).ok_or(WireError::UnknownKind(first))?;
-    Ok((kind, frame.split_off(1)))
+    if frame.len() < 1 + HEADER_BYTES {
+        return Err(WireError::NoHeader(frame.len()));
+    }
+    let body = frame.split_off(1 + HEADER_BYTES);
+    let mut cluster = [0u8; 16];
+    cluster.copy_from_slice(&frame[1..17]);
+    let mut to = [0u8; 8];
+    to.copy_from_slice(&frame[17..]);
+    let header = Header {
+        cluster: ClusterId::from_wire(cluster),
+        to: NodeId::from_le_bytes(to),
+    };
+    Ok((kind, header, body))
 }
 
 /// The answer frame of a request that Raft answered (`Ok`) or refused (`Err`).
@@ -238,14 +276,35 @@ mod tests {
             Kind::TimeoutNow,
             Kind::PreVote,
         ] {
-            let frame = request(kind, &(7u64, "seven")).unwrap();
-            let (parsed, body) = parse_request(frame).unwrap();
-            assert_eq!(parsed, kind);
-            assert_eq!(
-                codec::decode::<(u64, String)>(&body).unwrap(),
-                (7, "seven".to_string())
-            );
+            for cluster in [None, Some(ClusterId::random())] {
+                let header = Header { cluster, to: 3 };
+                let frame = request(kind, header, &(7u64, "seven")).unwrap();
+                let (parsed, parsed_header, body) = parse_request(frame).unwrap();
+                assert_eq!(parsed, kind);
+                assert_eq!(parsed_header, header);
+                assert_eq!(
+                    codec::decode::<(u64, String)>(&body).unwrap(),
+                    (7, "seven".to_string())
+                );
+            }
         }
+    }
+
+    #[test]
+    fn a_request_too_short_for_its_header_is_refused() {
+        let frame = request(
+            Kind::Vote,
+            Header {
+                cluster: None,
+                to: 1,
+            },
+            &(),
+        )
+        .unwrap();
+        assert_eq!(
+            parse_request(frame.slice(..frame.len() - 1)),
+            Err(WireError::NoHeader(frame.len() - 1))
+        );
     }
 
     #[test]

@@ -23,6 +23,7 @@ use tonic_health::ServingStatus;
 
 use crate::admission::Admission;
 use crate::auth::Tokens;
+use crate::cluster_id::OwnCluster;
 use crate::config::NodeConfig;
 use crate::durable_file;
 use crate::health::{health_service, reflection_service};
@@ -108,10 +109,6 @@ pub async fn serve_secured(
         store::open_with(&config.data_dir.join("db"), config.watch.history)
             .with_context(|| format!("cannot open storage in {}", config.data_dir.display()))?;
     let raft_config = Arc::new(config.raft.to_openraft().context("invalid raft settings")?);
-    let mut network = Network::new(config.peer_addrs.clone());
-    if let Some(tls) = &tls {
-        network = network.with_tls(tls.peer_connector());
-    }
     let admission = Admission::new(security.tokens.clone());
     let stats = StoreStats::shared();
     if let Some(bytes) = state_machine.opened_from_snapshot() {
@@ -128,6 +125,12 @@ pub async fn serve_secured(
         .read_vote()
         .await
         .context("cannot read the vote")?;
+    // A node with an empty log may still join a cluster and take its id.
+    let cluster = OwnCluster::open(&config.data_dir, stored.is_none())?;
+    let mut network = Network::new(config.peer_addrs.clone(), cluster.clone());
+    if let Some(tls) = &tls {
+        network = network.with_tls(tls.peer_connector());
+    }
     let raft = Raft::new(
         config.id,
         raft_config,
@@ -249,6 +252,7 @@ pub async fn serve_secured(
             admission.clone(),
             network.clone(),
             restored_from,
+            cluster.clone(),
         )))
         .add_service(WatchServer::new(WatchService::new(
             node.clone(),
@@ -262,6 +266,9 @@ pub async fn serve_secured(
     // the shutdown still reaches them.
     let (peers_closed_tx, peers_closed) = watch::channel(false);
     let local = raft_server::Local {
+        id: config.id,
+        cluster,
+        warned: Default::default(),
         raft: raft.clone(),
         contact: contact.clone(),
         timing: config.raft.election_timing(),

@@ -29,6 +29,7 @@ use openraft::{BasicNode, CommittedLeaderId, Membership, SnapshotMeta, StoredMem
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::cluster_id::{self, ClusterId};
 use crate::codec;
 use crate::durable_file;
 use crate::store;
@@ -308,6 +309,9 @@ pub async fn restore(
         last.index, last.leader_id.term
     );
     durable_file::write(&data_dir.join(RESTORED_FROM), record.as_bytes())?;
+    // The restored cluster is a new one: members restored alike share its id, and neither a
+    // member restored otherwise nor a node of the saved cluster is answered by them.
+    cluster_id::record(data_dir, ClusterId::parse(&fingerprint)?)?;
     durable_file::remove(&data_dir.join(UNFINISHED_RESTORE))?;
     Ok(fingerprint)
 }

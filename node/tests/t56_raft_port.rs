@@ -5,10 +5,11 @@
 
 use std::time::Duration;
 
-use baton_node::raft_wire::{self, Kind, Link, Outcome};
+use baton_node::cluster_id::ClusterId;
+use baton_node::raft_wire::{self, Header, Kind, Link, Outcome};
 use baton_node::types::{NodeId, TypeConfig};
 use futures::{SinkExt, StreamExt};
-use openraft::raft::{InstallSnapshotRequest, VoteRequest, VoteResponse};
+use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest, VoteResponse};
 use openraft::SnapshotMeta;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -21,6 +22,15 @@ async fn raft_link(addr: &str) -> Link {
     let mut stream = TcpStream::connect(addr).await.unwrap();
     stream.write_all(&raft_wire::PREAMBLE).await.unwrap();
     raft_wire::link(Box::new(stream))
+}
+
+/// What the node's peers put in front of their requests: its cluster and its id.
+async fn header_of(cluster: &Cluster) -> Header {
+    let info = cluster.client.node_info(&cluster.addr).await.unwrap();
+    Header {
+        cluster: Some(ClusterId::parse(&info.cluster_id).unwrap()),
+        to: info.id,
+    }
 }
 
 /// The next frame on `link`, or `None` once the node closed it.
@@ -46,13 +56,14 @@ async fn one_port_serves_grpc_and_raft_and_refuses_garbage_on_raft_connections()
     let client = &cluster.client;
     client.offer(offer("before")).await.unwrap();
     let term = client.node_info(&cluster.addr).await.unwrap().term;
+    let header = header_of(&cluster).await;
 
     // A real vote request from a stale candidate, on a Raft connection next to the gRPC one:
     // answered (and not granted), and the connection stays open for more.
     let mut link = raft_link(&cluster.addr).await;
     for _ in 0..2 {
         let stale: VoteRequest<NodeId> = VoteRequest::new(openraft::Vote::new(0, 2), None);
-        link.send(raft_wire::request(Kind::Vote, &stale).unwrap())
+        link.send(raft_wire::request(Kind::Vote, header, &stale).unwrap())
             .await
             .unwrap();
         let (outcome, body) = next_answer(&mut link).await.expect("an answer");
@@ -62,7 +73,7 @@ async fn one_port_serves_grpc_and_raft_and_refuses_garbage_on_raft_connections()
     }
 
     // An AppendEntries whose body is not one: refused, saying why, and the connection closed.
-    link.send(raft_wire::request(Kind::AppendEntries, &"garbage").unwrap())
+    link.send(raft_wire::request(Kind::AppendEntries, header, &"garbage").unwrap())
         .await
         .unwrap();
     let (outcome, why) = next_answer(&mut link).await.expect("a refusal");
@@ -92,7 +103,8 @@ async fn one_port_serves_grpc_and_raft_and_refuses_garbage_on_raft_connections()
         .unwrap();
     body.splice(at..=at, [0xfd, 0, 0, 0, 0, 0, 0, 0, 0x40]);
     let mut link = raft_link(&cluster.addr).await;
-    let frame = [&[Kind::InstallSnapshot as u8][..], &body].concat();
+    let empty = raft_wire::request(Kind::InstallSnapshot, header, &()).unwrap();
+    let frame = [&empty[..], &body].concat();
     link.send(bytes::Bytes::from(frame)).await.unwrap();
     let (outcome, why) = next_answer(&mut link).await.expect("a refusal");
     assert_eq!(outcome, Outcome::Failed);
@@ -128,6 +140,69 @@ async fn one_port_serves_grpc_and_raft_and_refuses_garbage_on_raft_connections()
     cluster.stop().await;
 }
 
+/// Claim: a node answers Raft requests only from its own cluster and only when they are meant
+/// for it. An AppendEntries from a leader of a later term, which the node would follow (raising
+/// its term), is refused (the connection closed, the node's term unchanged) when it names
+/// another cluster, no cluster, or another node; named properly, it is followed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_from_another_cluster_or_for_another_node_are_refused() {
+    let cluster = Cluster::start().await;
+    let info = cluster.client.node_info(&cluster.addr).await.unwrap();
+    assert_eq!(info.cluster_id.len(), 32, "initializing minted an id");
+    let own = header_of(&cluster).await;
+    let later = AppendEntriesRequest::<TypeConfig> {
+        vote: openraft::Vote::new_committed(info.term + 5, 2),
+        prev_log_id: None,
+        entries: vec![],
+        leader_commit: None,
+    };
+    let refusals = [
+        (
+            Header {
+                cluster: Some(ClusterId::random()),
+                ..own
+            },
+            format!("this node to cluster {}", info.cluster_id),
+        ),
+        (
+            Header {
+                cluster: None,
+                ..own
+            },
+            "it has no cluster id".to_string(),
+        ),
+        (
+            Header { to: 2, ..own },
+            "this is node 1, not node 2".to_string(),
+        ),
+    ];
+    for (header, expected) in refusals {
+        let mut link = raft_link(&cluster.addr).await;
+        link.send(raft_wire::request(Kind::AppendEntries, header, &later).unwrap())
+            .await
+            .unwrap();
+        let (outcome, why) = next_answer(&mut link).await.expect("a refusal");
+        assert_eq!(outcome, Outcome::Failed, "{header:?}");
+        let why = String::from_utf8(why.to_vec()).unwrap();
+        assert!(why.contains(&expected), "{header:?}: {why}");
+        assert!(next_answer(&mut link).await.is_none(), "closed after it");
+        let now = cluster.client.node_info(&cluster.addr).await.unwrap();
+        assert_eq!(now.term, info.term, "{header:?}: the term moved");
+    }
+    let mut link = raft_link(&cluster.addr).await;
+    link.send(raft_wire::request(Kind::AppendEntries, own, &later).unwrap())
+        .await
+        .unwrap();
+    let (outcome, _) = next_answer(&mut link).await.expect("an answer");
+    assert_eq!(outcome, Outcome::Answered);
+    let now = cluster.client.node_info(&cluster.addr).await.unwrap();
+    assert!(
+        now.term >= info.term + 5,
+        "its own cluster's request is acted on"
+    );
+    cluster.stop().await;
+}
+
 /// Claim: a snapshot chunk that starts past what was received of its snapshot is refused as a
 /// mismatch (on which a leader sends the snapshot again from its start), and nothing is written.
 /// Before, the node wrote it at the offset it stated: the buffer grew to a terabyte and the
@@ -136,6 +211,7 @@ async fn one_port_serves_grpc_and_raft_and_refuses_garbage_on_raft_connections()
 async fn a_snapshot_chunk_past_what_was_received_is_refused() {
     let cluster = Cluster::start().await;
     let term = cluster.client.node_info(&cluster.addr).await.unwrap().term;
+    let header = header_of(&cluster).await;
     // From a leader of a later term, so the node takes the chunks.
     let vote = openraft::Vote::new_committed(term + 1, 2);
     let chunk = |offset: u64| InstallSnapshotRequest::<TypeConfig> {
@@ -150,14 +226,14 @@ async fn a_snapshot_chunk_past_what_was_received_is_refused() {
         done: false,
     };
     let mut link = raft_link(&cluster.addr).await;
-    link.send(raft_wire::request(Kind::InstallSnapshot, &chunk(0)).unwrap())
+    link.send(raft_wire::request(Kind::InstallSnapshot, header, &chunk(0)).unwrap())
         .await
         .unwrap();
     let (outcome, _) = next_answer(&mut link).await.expect("an answer");
     assert_eq!(outcome, Outcome::Answered, "the first chunk is taken");
 
     for far in [4, 1 << 40] {
-        link.send(raft_wire::request(Kind::InstallSnapshot, &chunk(far)).unwrap())
+        link.send(raft_wire::request(Kind::InstallSnapshot, header, &chunk(far)).unwrap())
             .await
             .unwrap();
         let (outcome, body) = next_answer(&mut link).await.expect("an answer");
@@ -173,7 +249,7 @@ async fn a_snapshot_chunk_past_what_was_received_is_refused() {
         assert_eq!((mismatch.expect.offset, mismatch.got.offset), (3, far));
     }
     // The chunk that follows the first is taken, and the node answers as before.
-    link.send(raft_wire::request(Kind::InstallSnapshot, &chunk(3)).unwrap())
+    link.send(raft_wire::request(Kind::InstallSnapshot, header, &chunk(3)).unwrap())
         .await
         .unwrap();
     let (outcome, _) = next_answer(&mut link).await.expect("an answer");
@@ -189,6 +265,7 @@ async fn a_snapshot_chunk_past_what_was_received_is_refused() {
 async fn a_timeout_now_from_a_node_that_does_not_lead_is_refused() {
     let cluster = Cluster::start().await;
     let term = cluster.client.node_info(&cluster.addr).await.unwrap().term;
+    let header = header_of(&cluster).await;
     let mut link = raft_link(&cluster.addr).await;
     // Node 1 is the one member and leads; node 2 does not exist.
     for from in [2, 1] {
@@ -198,7 +275,7 @@ async fn a_timeout_now_from_a_node_that_does_not_lead_is_refused() {
             last_log: None,
             after_ms: 0,
         };
-        link.send(raft_wire::request(Kind::TimeoutNow, &message).unwrap())
+        link.send(raft_wire::request(Kind::TimeoutNow, header, &message).unwrap())
             .await
             .unwrap();
         let (outcome, body) = next_answer(&mut link).await.expect("an answer");
@@ -271,7 +348,8 @@ async fn a_stopping_node_closes_raft_connections_at_every_stage() {
     // Opened and answered once, then idle.
     let mut open = raft_link(&cluster.addr).await;
     let stale: VoteRequest<NodeId> = VoteRequest::new(openraft::Vote::new(0, 2), None);
-    open.send(raft_wire::request(Kind::Vote, &stale).unwrap())
+    let header = header_of(&cluster).await;
+    open.send(raft_wire::request(Kind::Vote, header, &stale).unwrap())
         .await
         .unwrap();
     assert!(next_answer(&mut open).await.is_some());
@@ -343,7 +421,8 @@ async fn a_peer_slower_to_connect_than_a_call_may_wait_is_reached_by_a_later_cal
     let connector =
         baton_node::tls::PeerConnector::from_pem(&ca, Some((cert.as_slice(), key.as_slice())))
             .unwrap();
-    let network = baton_node::network::Network::new(Default::default()).with_tls(connector);
+    let network = baton_node::network::Network::new(Default::default(), Default::default())
+        .with_tls(connector);
     let question = baton_node::pre_vote::PreVote {
         from: 1,
         last_log: None,

@@ -75,13 +75,34 @@ async fn init(endpoints: &[String], config: ClientConfig, security: Security) ->
 /// The node whose membership `status` lists: among the nodes that answered, the one in the
 /// newest term — its leader if it answered, else the one that applied most — and on a tie the
 /// first endpoint. A node removed from the cluster, or cut off from it (a deposed leader
-/// included), knows an older membership.
+/// included), knows an older membership. Only nodes of the cluster most of them name count (and
+/// those in no cluster yet): a node of another cluster — or one that holds a log without an id
+/// while others have one — knows another cluster's membership and term, however new.
 fn membership_source(answered: &[NodeInfoResponse]) -> Option<&NodeInfoResponse> {
+    let named = |cluster: &str| {
+        answered
+            .iter()
+            .filter(|info| info.cluster_id == cluster)
+            .count()
+    };
+    let main = answered
+        .iter()
+        .filter(|info| !info.cluster_id.is_empty())
+        .rev()
+        .max_by_key(|info| named(&info.cluster_id))
+        .map(|info| info.cluster_id.as_str());
     answered
         .iter()
+        .filter(|info| match main {
+            Some(main) => info.cluster_id == main || !info.initialized,
+            None => true,
+        })
         .rev()
         .max_by_key(|info| (info.term, info.role == "leader", info.applied_index))
 }
+
+/// How `status` names the group of initialized nodes that have no cluster id.
+const NO_CLUSTER_ID: &str = "(no cluster id)";
 
 pub async fn status(
     endpoints: &[String],
@@ -170,18 +191,44 @@ pub async fn status(
             }
         }
     }
-    // Members restored together from one backup show one restore fingerprint; two mean their
-    // states (or memberships) differ at the same log position, which Raft cannot see.
+    // The members of one cluster show one cluster id. Two mean that some belong to another
+    // cluster (started on its data dir, or restored otherwise): the two sides refuse each
+    // other's Raft requests.
+    // Endpoints outside the membership listed count too: a node of another cluster may be one.
+    let outsiders = answered.iter().filter(|info| {
+        !rows
+            .iter()
+            .any(|(id, addr, _, _)| info.id == *id && info.addr == *addr)
+    });
+    let mut clusters: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
     let mut restores: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
-    for (id, _, _, info) in &rows {
-        if let Some(info) = info.as_ref().filter(|i| !i.restored_from.is_empty()) {
-            restores
-                .entry(info.restored_from.as_str())
-                .or_default()
-                .push(*id);
+    let listed: Vec<&NodeInfoResponse> = rows
+        .iter()
+        .filter_map(|(_, _, _, info)| info.as_ref())
+        .chain(outsiders)
+        .collect();
+    let any_id = listed.iter().any(|info| !info.cluster_id.is_empty());
+    for info in &listed {
+        // A node in a cluster without an id, next to nodes with one, refuses them and they it.
+        let cluster = match info.cluster_id.as_str() {
+            "" if any_id && info.initialized => NO_CLUSTER_ID,
+            cluster => cluster,
+        };
+        for (groups, key) in [
+            (&mut clusters, cluster),
+            (&mut restores, info.restored_from.as_str()),
+        ] {
+            if !key.is_empty() {
+                groups.entry(key).or_default().push(info.id);
+            }
         }
     }
-    let restore_mismatch = restores.len() > 1;
+    // One node reached at two addresses counts once.
+    for ids in clusters.values_mut().chain(restores.values_mut()) {
+        ids.sort_unstable();
+        ids.dedup();
+    }
+    let cluster_mismatch = clusters.len() > 1;
     if as_json {
         let members: Vec<_> = rows
             .iter()
@@ -199,6 +246,7 @@ pub async fn status(
                     "watch_streams": info.as_ref().map(|i| i.watch_streams),
                     "version": info.as_ref().map(|i| i.version.as_str()).filter(|v| !v.is_empty()),
                     "restored_from": info.as_ref().map(|i| i.restored_from.as_str()).filter(|f| !f.is_empty()),
+                    "cluster_id": info.as_ref().map(|i| i.cluster_id.as_str()).filter(|c| !c.is_empty()),
                 })
             })
             .collect();
@@ -209,7 +257,8 @@ pub async fn status(
                 "leader": leader,
                 "stale_leaders": stale,
                 "members": members,
-                "restore_mismatch": restore_mismatch,
+                "clusters": clusters,
+                "cluster_mismatch": cluster_mismatch,
             })
         );
     } else {
@@ -256,16 +305,21 @@ pub async fn status(
         for (fingerprint, ids) in &restores {
             println!("restored: fingerprint {fingerprint} on nodes {ids:?}");
         }
+        if let [(id, _)] = clusters.iter().collect::<Vec<_>>()[..] {
+            println!("cluster: {id}");
+        }
     }
-    if restore_mismatch {
+    if cluster_mismatch {
         eprintln!(
-            "baton: RESTORE MISMATCH: these members were restored from different backups, or \
-             with different --members or --raise-fences ({}); their states differ at the same log \
-             position. Stop them and restore every member from one file with the same options \
-             (docs/backup.md)",
-            restores
+            "baton: CLUSTER MISMATCH: these nodes belong to different clusters ({}) and refuse \
+             each other's Raft requests. A node was started on another cluster's data dir, or the \
+             members were restored from different backups or with different --members or \
+             --raise-fences. Stop the odd ones out; replace each as a dead node (`baton members \
+             remove`, then `members add` under a new id with an empty data dir), or restore every \
+             member from one file with the same options (docs/operations.md, \"Cluster ids\")",
+            clusters
                 .iter()
-                .map(|(fingerprint, ids)| format!("{fingerprint} on {ids:?}"))
+                .map(|(cluster, ids)| format!("{cluster} on {ids:?}"))
                 .collect::<Vec<_>>()
                 .join(", ")
         );
@@ -309,5 +363,34 @@ mod tests {
         let answered = [info(5, "learner", 0, 0), info(6, "learner", 0, 0)];
         assert_eq!(membership_source(&answered).map(|i| i.id), Some(5));
         assert!(membership_source(&[]).is_none());
+    }
+
+    #[test]
+    fn a_node_of_another_cluster_does_not_give_the_membership() {
+        let of = |cluster: &str, info: NodeInfoResponse| NodeInfoResponse {
+            cluster_id: cluster.into(),
+            initialized: info.term > 0,
+            ..info
+        };
+        // Node 3 runs on an earlier cluster's data dir: a higher term, another id.
+        let answered = [
+            of("bb", info(3, "candidate", 40, 900)),
+            of("aa", info(1, "leader", 8, 800)),
+            of("aa", info(2, "follower", 8, 800)),
+        ];
+        assert_eq!(membership_source(&answered).map(|i| i.id), Some(1));
+        // One each: the first endpoint's cluster. A node in no cluster yet counts with any.
+        let answered = [
+            of("aa", info(1, "follower", 8, 800)),
+            of("", info(4, "learner", 0, 0)),
+            of("bb", info(3, "leader", 40, 900)),
+        ];
+        assert_eq!(membership_source(&answered).map(|i| i.id), Some(1));
+        // A node holding a log without an id is in none of them.
+        let answered = [
+            of("", info(3, "leader", 40, 900)),
+            of("aa", info(1, "leader", 8, 800)),
+        ];
+        assert_eq!(membership_source(&answered).map(|i| i.id), Some(1));
     }
 }

@@ -21,6 +21,7 @@ use tokio::sync::Semaphore;
 use tonic::{Code, Request, Response, Status};
 
 use crate::admission::Admission;
+use crate::cluster_id::OwnCluster;
 use crate::codec;
 use crate::config::is_dialable;
 use crate::deposed::unless_deposed;
@@ -47,16 +48,20 @@ pub struct ClusterService {
     saving: Arc<Semaphore>,
     /// The fingerprint of the restore that seeded this node's data dir (empty: none).
     restored_from: String,
+    /// The cluster this node belongs to: minted by `initialize` if it has none.
+    cluster: OwnCluster,
 }
 
 impl ClusterService {
     /// Serves `node`; handovers close `admission` and reach the successor through `network`.
-    /// `restored_from` is the data dir's restore fingerprint, reported by `node_info`.
+    /// `restored_from` is the data dir's restore fingerprint, reported by `node_info` with
+    /// `cluster`.
     pub fn new(
         node: NodeRef,
         admission: Admission,
         network: Network,
         restored_from: String,
+        cluster: OwnCluster,
     ) -> Self {
         Self {
             node,
@@ -64,6 +69,7 @@ impl ClusterService {
             network,
             saving: Arc::new(Semaphore::new(1)),
             restored_from,
+            cluster,
         }
     }
 }
@@ -137,6 +143,11 @@ impl cluster_server::Cluster for ClusterService {
             quorum_ack_age_ms: metrics.millis_since_quorum_ack,
             version: env!("CARGO_PKG_VERSION").to_string(),
             restored_from: self.restored_from.clone(),
+            cluster_id: self
+                .cluster
+                .get()
+                .map(|id| id.to_string())
+                .unwrap_or_default(),
         }))
     }
 
@@ -178,6 +189,16 @@ impl cluster_server::Cluster for ClusterService {
                     format!("node {id} is listed twice"),
                 )));
             }
+        }
+        // The new cluster's id goes out with this node's first requests, before the others
+        // have one; an id the node already has (an earlier attempt) is kept, and a node that
+        // holds a log gets none (Raft refuses to initialize it below).
+        if let Err(e) = self.cluster.mint() {
+            return Err(infra_status(
+                Code::Internal,
+                infra::INTERNAL,
+                format!("{e:#}"),
+            ));
         }
         match self.node.raft.initialize(nodes).await {
             Ok(()) => Ok(Response::new(InitializeResponse {})),
