@@ -508,6 +508,77 @@ fn t71_an_acquire_applied_twice_and_a_lost_completion_are_reported() {
 }
 
 #[test]
+fn t71_an_unresolved_intent_granted_afresh_or_still_in_progress_late_is_reported() {
+    let mut h = H::default();
+    let acquire = |key: &str, resource: &str| Input::Acquire {
+        key: key.into(),
+        resource: resource.into(),
+    };
+    let complete = |key: &str, resource: &str| Input::CompleteEffect {
+        key: key.into(),
+        resource: resource.into(),
+        fence: 1,
+    };
+    let granted = || Output::Granted {
+        fence: 1,
+        holder: "h".into(),
+    };
+    // a/1: its completion refused; a/2: never completed; a/3: its completion unanswered (it may
+    // have been applied); a/4: granted just before the workloads stopped.
+    h.ok("h0", acquire("a/1", "res-0"), 0, 10, granted());
+    h.refused("h0", complete("a/1", "res-0"), 20, 30, "FENCE_STALE");
+    h.ok("h0", acquire("a/2", "res-1"), 40, 50, granted());
+    h.ok("h0", acquire("a/3", "res-2"), 60, 70, granted());
+    h.ambiguous("h0", complete("a/3", "res-2"), 80);
+    h.ok("h0", acquire("a/4", "res-3"), 90, 95, granted());
+    let unresolved: Vec<String> = effect::unresolved_keys(&h.ops)
+        .into_iter()
+        .map(|(key, _)| key)
+        .collect();
+    assert_eq!(unresolved, ["a/1", "a/2", "a/4"]);
+
+    // After recovery (from 100 ms): a/4 still in progress at once is legal, so is a/2 uncertain;
+    // a/1 granted afresh and a/2 in progress long after its intent ran out are not.
+    let not = |outcome: &str| Output::NotGranted(outcome.into());
+    h.ok(
+        "final",
+        acquire("a/4", "res-3"),
+        100,
+        105,
+        not("in_progress"),
+    );
+    h.ok(
+        "final",
+        acquire("a/2", "res-1"),
+        5_000,
+        5_010,
+        not("uncertain"),
+    );
+    h.ok(
+        "final",
+        acquire("a/1", "res-0"),
+        5_000,
+        5_010,
+        Output::Granted {
+            fence: 2,
+            holder: "h2".into(),
+        },
+    );
+    h.ok(
+        "final",
+        acquire("a/2", "res-1"),
+        9_000,
+        9_010,
+        not("in_progress"),
+    );
+    let violations = effect::check(&h.ops, 100_000);
+    assert_eq!(rules(&violations), ["intent-expiry"], "{violations:?}");
+    let keys: Vec<&str> = violations.iter().map(|v| v.key.as_str()).collect();
+    assert_eq!(keys, ["a/1", "a/2"], "{violations:?}");
+    assert!(violations[0].ops.contains(&0) && violations[0].ops.contains(&8));
+}
+
+#[test]
 fn t71_a_permit_token_granted_twice_and_a_lost_submission_are_reported() {
     let mut h = H::default();
     let lease = |worker: &str| Input::Lease {

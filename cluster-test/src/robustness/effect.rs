@@ -7,9 +7,12 @@
 //! certainly still live, fences increasing in real time, no
 //! completion or release acknowledged with a superseded lease, an acquire of a fresh key is
 //! never answered as if an earlier attempt existed (a retried acquire applied twice), the fenced
-//! sink's rules ([`super::check::sink`]), and every acknowledged completion still recorded after
-//! recovery.
+//! sink's rules ([`super::check::sink`]), every acknowledged completion still recorded after
+//! recovery, and every granted intent left unresolved (its holder stalled, was refused, or never
+//! heard back) turned its key uncertain: acquired again after recovery, such a key answers
+//! `uncertain` (or, before its intent could have run out, `in_progress`), never a fresh grant.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,6 +52,22 @@ fn outcome_output(outcome: &Outcome) -> Output {
         },
         other => Output::NotGranted(other.name().to_string()),
     }
+}
+
+/// Acquires `key` on `resource` again after recovery (its intent left unresolved), recorded.
+pub async fn acquire_again(rec: &Recorder, client: &Client, name: &str, key: &str, resource: &str) {
+    let action = Action {
+        key: key.to_string(),
+        resource: resource.to_string(),
+        safety: RetrySafety::Safe,
+    };
+    let input = Input::Acquire {
+        key: action.key.clone(),
+        resource: action.resource.clone(),
+    };
+    let _ = rec
+        .record(name, input, client.acquire(&action, TTL_MS), outcome_output)
+        .await;
 }
 
 /// Shows an action key, recorded.
@@ -229,7 +248,7 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
                 })
             }
             (Input::Acquire { key, .. }, Some(Output::NotGranted(outcome)))
-                if outcome != "contended" =>
+                if outcome != "contended" && op.call < final_from =>
             {
                 violations.push(Violation::new(
                     "fresh-key-acquire",
@@ -255,6 +274,77 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
     violations.extend(no_stale_holder("complete/release", &grants, &uses, history));
     violations.extend(sink(history, |resource| resource.starts_with(SINK_PREFIX)));
     violations.extend(durable(history, final_from));
+    violations.extend(intent_expiry(history, final_from));
+    violations
+}
+
+/// The keys (with their resources) granted to a workload whose intent nobody resolved: no
+/// completion was acknowledged, nor sent without an answer (it may have been applied). Each
+/// key's intent runs out unresolved, or ran out already.
+pub fn unresolved_keys(history: &[Op]) -> Vec<(String, String)> {
+    let resolved: HashSet<&str> = history
+        .iter()
+        .filter_map(|op| match &op.input {
+            Input::CompleteEffect { key, .. } if op.refused().is_none() => Some(key.as_str()),
+            _ => None,
+        })
+        .collect();
+    let mut seen = HashSet::new();
+    history
+        .iter()
+        .filter_map(|op| match (&op.input, op.ok()) {
+            (Input::Acquire { key, resource }, Some(Output::Granted { .. }))
+                if !resolved.contains(key.as_str()) && seen.insert(key.as_str()) =>
+            {
+                Some((key.clone(), resource.clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Every key left unresolved ([`unresolved_keys`]) and acquired again after recovery answers
+/// `uncertain`, or `in_progress` while its intent may still have been live (contract §3: an
+/// intent that expires unresolved turns the key uncertain, never a fresh grant).
+fn intent_expiry(history: &[Op], final_from: u64) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    for (key, _) in unresolved_keys(history) {
+        let Some(granted) = history.iter().find(|op| {
+            op.call < final_from
+                && matches!(&op.input, Input::Acquire { key: k, .. } if *k == key)
+                && matches!(op.ok(), Some(Output::Granted { .. }))
+        }) else {
+            continue;
+        };
+        // The intent's deadline is the grant's store time + TTL: no later than the answer's
+        // arrival + TTL, plus a second for the store clock's lead over this one.
+        let live_until = granted.ret.unwrap_or(granted.call) + (TTL_MS as u64 + 1_000) * 1_000;
+        for again in history.iter().filter(|op| {
+            op.call >= final_from && matches!(&op.input, Input::Acquire { key: k, .. } if *k == key)
+        }) {
+            let answer = match again.ok() {
+                Some(Output::NotGranted(outcome)) if outcome == "uncertain" => continue,
+                Some(Output::NotGranted(outcome))
+                    if outcome == "in_progress" && again.call < live_until =>
+                {
+                    continue
+                }
+                Some(Output::NotGranted(outcome)) => outcome.clone(),
+                Some(Output::Granted { fence, .. }) => format!("granted (fence {fence})"),
+                Some(other) => format!("{other:?}"),
+                // Unanswered or refused: says nothing about the key.
+                None => continue,
+            };
+            violations.push(Violation::new(
+                "intent-expiry",
+                &key,
+                format!(
+                    "granted and never resolved, so its intent ran out unresolved; acquired again after recovery it answered {answer}, not uncertain"
+                ),
+                vec![granted.index, again.index],
+            ));
+        }
+    }
     violations
 }
 

@@ -718,7 +718,7 @@ async fn available_again(rec: &Recorder, since: u64, limit: Duration) -> Vec<Vio
 
 /// Reads back, through a fresh client, everything the checkers compare with the
 /// acknowledgements: every ticket, the board, every completed action, every queue task, every
-/// sink, every checkpoint run.
+/// sink, every checkpoint run; and acquires again every action whose intent was left unresolved.
 async fn read_back(
     endpoints: &[String],
     rec: &Recorder,
@@ -737,6 +737,12 @@ async fn read_back(
         .for_each_concurrent(8, |key| {
             let client = client.clone();
             async move { effect::show(rec, &client, name, &key).await }
+        })
+        .await;
+    futures::stream::iter(effect::unresolved_keys(&snapshot))
+        .for_each_concurrent(8, |(key, resource)| {
+            let client = client.clone();
+            async move { effect::acquire_again(rec, &client, name, &key, &resource).await }
         })
         .await;
     for resource in effect::resources(mix.resources) {
