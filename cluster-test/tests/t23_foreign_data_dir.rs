@@ -12,7 +12,14 @@
 
 use std::time::Duration;
 
-use baton_cluster_test::{cli, offer_a_to_b, Cluster, Options};
+use baton_cluster_test::{cli, client_config, offer_a_to_b, Cluster, Options};
+use baton_node::cluster_id::ClusterId;
+use baton_node::raft_wire::{self, Kind, Outcome};
+use baton_node::types::NodeId;
+use futures::{SinkExt, StreamExt};
+use openraft::raft::VoteRequest;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_started_on_another_clusters_data_dir_is_kept_out() {
@@ -151,4 +158,79 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
         from.display(),
         to.display()
     );
+}
+
+/// Claim: a new node refuses a vote request carrying a cluster id it has not joined (a stale
+/// candidate must not win a new node's vote); initialization has a majority of the members join
+/// the new cluster before the first election and fails, naming who did not answer, when it
+/// cannot; run again through the same node once they are up, it forms the cluster under the id
+/// it minted the first time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn initialization_has_a_majority_join_first_and_new_nodes_refuse_unjoined_votes() {
+    let mut cluster = Cluster::start_uninitialized(3, Options::default())
+        .await
+        .unwrap();
+    // Not connected to a leader: there is none yet.
+    let admin = baton_rpc::Client::new(&cluster.endpoints(), client_config()).unwrap();
+    let members: Vec<(u64, String)> = (1..=3)
+        .map(|id| (id, cluster.addr(id).to_string()))
+        .collect();
+
+    // A stale candidate of another cluster asks node 2 for its vote in term 9.
+    let stale = raft_wire::Header {
+        cluster: Some(ClusterId::random()),
+        to: 2,
+    };
+    let vote: VoteRequest<NodeId> = VoteRequest::new(openraft::Vote::new(9, 3), None);
+    let mut stream = TcpStream::connect(cluster.addr(2)).await.unwrap();
+    stream.write_all(&raft_wire::PREAMBLE).await.unwrap();
+    let mut link = raft_wire::link(Box::new(stream));
+    link.send(raft_wire::request(Kind::Vote, stale, &vote).unwrap())
+        .await
+        .unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(10), link.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let (outcome, why) = raft_wire::parse_answer(answer.freeze()).unwrap();
+    let why = String::from_utf8_lossy(&why);
+    assert_eq!(outcome, Outcome::Failed, "{why}");
+    assert!(why.contains("has not joined"), "{why}");
+    let node_2 = cluster.node_info(2).await.unwrap();
+    assert_eq!(
+        (node_2.term, node_2.cluster_id.as_str()),
+        (0, ""),
+        "{node_2:?}"
+    );
+
+    // Two of three members down: no majority can join, so nothing is initialized.
+    cluster.kill(2).unwrap();
+    cluster.kill(3).unwrap();
+    let refused = admin.initialize(cluster.addr(1), &members).await;
+    let text = format!("{refused:?}");
+    assert!(
+        text.contains("only 1 of the 3 members joined") && text.contains("node 2"),
+        "{text}"
+    );
+    let node_1 = cluster.node_info(1).await.unwrap();
+    assert!(!node_1.initialized, "{node_1:?}");
+    let minted = node_1.cluster_id.clone();
+    assert_eq!(minted.len(), 32);
+
+    // Up again: the same node forms the cluster under the id it minted before.
+    cluster.restart(2).await.unwrap();
+    cluster.restart(3).await.unwrap();
+    admin.initialize(cluster.addr(1), &members).await.unwrap();
+    cluster.leader().await.unwrap();
+    let client = cluster.client().await.unwrap();
+    client
+        .offer(offer_a_to_b("t23-formed"))
+        .await
+        .expect("the cluster writes");
+    cluster.wait_all_caught_up().await.unwrap();
+    for id in 1..=3 {
+        let info = cluster.node_info(id).await.unwrap();
+        assert_eq!(info.cluster_id, minted, "node {id}");
+    }
 }

@@ -9,10 +9,12 @@
 //! minted when it is initialized (a restore uses its fingerprint instead), kept in each member's
 //! data dir (`cluster-id`) and carried in every Raft request; a node refuses the requests of
 //! another cluster, and those of a node that has no id while it has one. A new member — one whose
-//! log is empty — has none until its cluster's leader first sends it entries or a snapshot, and
-//! adopts that request's id, durably, before acting on it. Votes and other requests leave it
-//! without one: a stale node of another cluster asking a wiped node for its vote must not claim
-//! it.
+//! log is empty — has none until it joins: the node initializing the cluster asks every member
+//! to join before the first election ([`crate::raft_wire::Kind::Join`]), and a member added
+//! later joins with the first entries or snapshot its leader sends that Raft would accept. The id
+//! is written before the node acts on anything. Until it joins, a new member refuses votes,
+//! pre-votes and handovers that carry an id: a stale node of another cluster must not win its
+//! vote.
 //!
 //! A node that holds a log but no id (its cluster was formed before ids existed, or its
 //! `cluster-id` file was lost) adopts none: it answers only requests without an id, as before
@@ -101,6 +103,24 @@ pub enum Foreign {
          cluster older than cluster ids, or its `cluster-id` file was lost): it joins no cluster"
     )]
     Unjoinable { theirs: ClusterId },
+    #[error(
+        "it belongs to cluster {theirs}, which this new node has not joined (it joins when the \
+         cluster is initialized, or with its leader's first entries)"
+    )]
+    NotJoined { theirs: ClusterId },
+}
+
+/// Where a request's sender stands with this node, once admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// Both name the same cluster.
+    Member,
+    /// Neither names one: a cluster from before cluster ids.
+    Unnamed,
+    /// This node is new and the request asks it into cluster `0` (a join, or a leader's entries
+    /// or snapshot): it is answered once the node has joined ([`OwnCluster::join`]), after the
+    /// request was judged fit.
+    Invited(ClusterId),
 }
 
 /// The cluster this node belongs to, shared by the parts that send and answer Raft requests.
@@ -172,44 +192,45 @@ impl OwnCluster {
         self.set_if_unknown(ClusterId::random).map(Some)
     }
 
-    /// Whether a request from a node of cluster `theirs` (`None`: it has no id) is answered;
-    /// `from_leader`: it carries a leader's entries or snapshot. A node with an empty log and
-    /// no id adopts the id of the first such request, durably, before it is acted on: it is
-    /// joining that cluster.
-    pub fn admit(&self, theirs: Option<ClusterId>, from_leader: bool) -> Result<(), AdmitError> {
-        let fresh = self.inner.fresh.load(Ordering::Acquire);
+    /// Where a request from a node of cluster `theirs` (`None`: it has no id) stands, or why it
+    /// is refused; `inviting`: the request may ask a new node in (a join, a leader's entries or
+    /// snapshot).
+    pub fn admit(&self, theirs: Option<ClusterId>, inviting: bool) -> Result<Standing, Foreign> {
         match (self.get(), theirs) {
             (Some(ours), Some(theirs)) if ours != theirs => {
-                Err(AdmitError::Foreign(Foreign::OtherCluster { ours, theirs }))
+                Err(Foreign::OtherCluster { ours, theirs })
             }
-            (Some(ours), None) => Err(AdmitError::Foreign(Foreign::Unlabelled { ours })),
-            (Some(_), Some(_)) => Ok(()),
-            (None, None) => {
-                if from_leader {
-                    // Following a leader without an id: this node's log is theirs now.
-                    self.inner.fresh.store(false, Ordering::Release);
-                }
-                Ok(())
+            (Some(_), Some(_)) => Ok(Standing::Member),
+            (Some(ours), None) => Err(Foreign::Unlabelled { ours }),
+            (None, None) => Ok(Standing::Unnamed),
+            (None, Some(theirs)) if !self.inner.fresh.load(Ordering::Acquire) => {
+                Err(Foreign::Unjoinable { theirs })
             }
-            (None, Some(theirs)) if !fresh => {
-                Err(AdmitError::Foreign(Foreign::Unjoinable { theirs }))
-            }
-            (None, Some(_)) if !from_leader => Ok(()),
-            (None, Some(theirs)) => {
-                let kept = self
-                    .set_if_unknown(|| theirs)
-                    .map_err(|e| AdmitError::Unwritable(format!("{e:#}")))?;
-                // Another request adopted an id first.
-                if kept != theirs {
-                    return Err(AdmitError::Foreign(Foreign::OtherCluster {
-                        ours: kept,
-                        theirs,
-                    }));
-                }
-                tracing::info!(cluster = %theirs, "joined cluster");
-                Ok(())
-            }
+            (None, Some(theirs)) if inviting => Ok(Standing::Invited(theirs)),
+            (None, Some(theirs)) => Err(Foreign::NotJoined { theirs }),
         }
+    }
+
+    /// Joins cluster `id`, durably: the answer to a request that [`Self::admit`] found
+    /// [`Standing::Invited`] and that is fit to act on.
+    pub fn join(&self, id: ClusterId) -> Result<(), AdmitError> {
+        let kept = self
+            .set_if_unknown(|| id)
+            .map_err(|e| AdmitError::Unwritable(format!("{e:#}")))?;
+        // Another request had this node join first.
+        if kept != id {
+            return Err(AdmitError::Foreign(Foreign::OtherCluster {
+                ours: kept,
+                theirs: id,
+            }));
+        }
+        Ok(())
+    }
+
+    /// Notes that this node, having no id, followed a leader without one: its log is that
+    /// cluster's now, and it joins no other.
+    pub fn settle_unnamed(&self) {
+        self.inner.fresh.store(false, Ordering::Release);
     }
 
     /// The id, set to `new()` (written first) if there is none yet.
@@ -227,6 +248,7 @@ impl OwnCluster {
             durable_file::write(file, format!("{id}\n").as_bytes())
                 .with_context(|| format!("cannot write the cluster id to {}", file.display()))?;
         }
+        tracing::info!(cluster = %id, "this node belongs to cluster {id}");
         Ok(*self.inner.id.get_or_init(|| id))
     }
 }
@@ -269,32 +291,37 @@ mod tests {
         let ours = ClusterId::random();
         let theirs = ClusterId::random();
         let node = OwnCluster::default();
-        node.admit(Some(ours), true).unwrap();
+        node.join(ours).unwrap();
         assert_eq!(node.get(), Some(ours));
-        for from_leader in [false, true] {
-            node.admit(Some(ours), from_leader).unwrap();
+        for inviting in [false, true] {
+            assert_eq!(node.admit(Some(ours), inviting), Ok(Standing::Member));
             assert_eq!(
-                node.admit(Some(theirs), from_leader),
-                Err(AdmitError::Foreign(Foreign::OtherCluster { ours, theirs }))
+                node.admit(Some(theirs), inviting),
+                Err(Foreign::OtherCluster { ours, theirs })
             );
             assert_eq!(
-                node.admit(None, from_leader),
-                Err(AdmitError::Foreign(Foreign::Unlabelled { ours }))
+                node.admit(None, inviting),
+                Err(Foreign::Unlabelled { ours })
             );
         }
+        assert!(node.join(theirs).is_err(), "nor joins another");
         assert_eq!(node.get(), Some(ours), "a refusal changes nothing");
     }
 
     #[test]
-    fn a_new_node_adopts_only_a_leaders_id_and_a_vote_leaves_it_free() {
+    fn a_new_node_is_invited_only_by_a_join_or_a_leader_and_refuses_votes_until_then() {
         let (stale, real) = (ClusterId::random(), ClusterId::random());
         let node = OwnCluster::default();
-        // A stale node of another cluster asks for a vote first: answered, not adopted.
-        node.admit(Some(stale), false).unwrap();
-        assert_eq!(node.get(), None);
-        node.admit(Some(real), true).unwrap();
-        assert_eq!(node.get(), Some(real));
-        assert!(node.admit(Some(stale), false).is_err());
+        // A stale node of another cluster asks for a vote first: refused, nothing taken.
+        assert_eq!(
+            node.admit(Some(stale), false),
+            Err(Foreign::NotJoined { theirs: stale })
+        );
+        assert_eq!(node.admit(Some(real), true), Ok(Standing::Invited(real)));
+        assert_eq!(node.get(), None, "an invitation alone takes nothing");
+        node.join(real).unwrap();
+        assert_eq!(node.admit(Some(real), false), Ok(Standing::Member));
+        assert!(node.admit(Some(stale), true).is_err());
     }
 
     #[test]
@@ -302,12 +329,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let legacy = OwnCluster::open(dir.path(), false).unwrap();
         let theirs = ClusterId::random();
-        for from_leader in [false, true] {
+        for inviting in [false, true] {
             assert_eq!(
-                legacy.admit(Some(theirs), from_leader),
-                Err(AdmitError::Foreign(Foreign::Unjoinable { theirs }))
+                legacy.admit(Some(theirs), inviting),
+                Err(Foreign::Unjoinable { theirs })
             );
-            legacy.admit(None, from_leader).unwrap();
+            assert_eq!(legacy.admit(None, inviting), Ok(Standing::Unnamed));
         }
         assert_eq!(legacy.mint().unwrap(), None, "nor starts one");
         assert_eq!(legacy.get(), None);
@@ -316,21 +343,18 @@ mod tests {
 
     #[test]
     fn a_new_node_that_followed_a_leader_without_an_id_joins_no_cluster_later() {
-        // A vote asked by a node without an id binds nothing.
         let node = OwnCluster::default();
-        node.admit(None, false).unwrap();
-        node.admit(Some(ClusterId::random()), true).unwrap();
-        let node = OwnCluster::default();
-        node.admit(None, true).unwrap();
+        assert_eq!(node.admit(None, true), Ok(Standing::Unnamed));
+        node.settle_unnamed();
         let theirs = ClusterId::random();
         assert_eq!(
             node.admit(Some(theirs), true),
-            Err(AdmitError::Foreign(Foreign::Unjoinable { theirs }))
+            Err(Foreign::Unjoinable { theirs })
         );
     }
 
     #[test]
-    fn a_minted_id_is_kept_and_a_new_node_adopts_the_first_it_hears() {
+    fn a_minted_id_is_kept_and_a_joined_one_survives_a_restart() {
         let dir = tempfile::tempdir().unwrap();
         let founder = OwnCluster::open(dir.path(), true).unwrap();
         assert_eq!(founder.get(), None);
@@ -344,9 +368,9 @@ mod tests {
 
         let joiner_dir = tempfile::tempdir().unwrap();
         let joiner = OwnCluster::open(joiner_dir.path(), true).unwrap();
-        joiner.admit(Some(id), true).unwrap();
+        joiner.join(id).unwrap();
         let reopened = OwnCluster::open(joiner_dir.path(), false).unwrap();
-        assert_eq!(reopened.get(), Some(id), "adopted durably");
+        assert_eq!(reopened.get(), Some(id), "joined durably");
         assert!(reopened.admit(Some(ClusterId::random()), true).is_err());
     }
 

@@ -393,6 +393,11 @@ impl Network {
         self.ask(target, addr, Kind::PreVote, message, limit).await
     }
 
+    /// Asks new member `target` to join this node's cluster within `limit` (initialization).
+    pub async fn join(&self, target: NodeId, addr: &str, limit: Duration) -> Result<(), Declined> {
+        self.ask(target, addr, Kind::Join, &(), limit).await
+    }
+
     /// Sends `target` a request of Baton's own whose answer is a yes or a refusal in words.
     async fn ask<T: Serialize>(
         &self,

@@ -22,7 +22,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::cluster_id::OwnCluster;
+use crate::cluster_id::{OwnCluster, Standing};
 use crate::node::is_voter;
 use crate::pre_vote::{self, Contact};
 use crate::raft_wire::{self, Header, Kind};
@@ -247,19 +247,23 @@ async fn serve_peer(
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
 impl Local {
-    /// Refuses a request whose `header` says it is meant for another node or comes from another
-    /// cluster: a misconfiguration an operator must hear of, so it is logged as a warning.
-    fn check(&self, kind: Kind, header: &Header) -> Result<(), String> {
+    /// Where the sender of a request with `header` stands ([`crate::cluster_id`]); refuses one
+    /// meant for another node or coming from another cluster: a misconfiguration an operator
+    /// must hear of, so it is logged as a warning.
+    fn check(&self, kind: Kind, header: &Header) -> Result<Standing, String> {
         let refused = if header.to != self.id {
             format!(
                 "this is node {}, not node {} (the sender's address for node {} leads here)",
                 self.id, header.to, header.to
             )
         } else {
-            let from_leader = matches!(kind, Kind::AppendEntries | Kind::InstallSnapshot);
-            match self.cluster.admit(header.cluster, from_leader) {
-                Ok(()) => return Ok(()),
-                Err(why) => why.to_string(),
+            let inviting = matches!(
+                kind,
+                Kind::AppendEntries | Kind::InstallSnapshot | Kind::Join
+            );
+            match self.cluster.admit(header.cluster, inviting) {
+                Ok(standing) => return Ok(standing),
+                Err(why) => format!("refused: {why}"),
             }
         };
         let now = Instant::now();
@@ -278,7 +282,16 @@ impl Local {
 /// Has `local` answer one request frame; an error is a request that could not be handled.
 async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
     let (kind, header, body) = raft_wire::parse_request(frame).map_err(|e| e.to_string())?;
-    local.check(kind, &header)?;
+    let standing = local.check(kind, &header)?;
+    // A new node joins the cluster that invites it only once Raft would act on the invitation
+    // (a leader's entries or snapshot in a term at least its own), and before it does.
+    let join_if_invited = |fit: bool| match standing {
+        Standing::Invited(id) if fit => local.cluster.join(id).map_err(|e| e.to_string()),
+        Standing::Invited(_) => {
+            Err("refused: an invitation from a leader this node would not follow".to_string())
+        }
+        Standing::Member | Standing::Unnamed => Ok(()),
+    };
     let undecodable = |e: bincode::error::DecodeError| format!("undecodable {kind:?}: {e}");
     let raft = &local.raft;
     let answer = match kind {
@@ -306,6 +319,7 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
                     .or(request.prev_log_id.map(|id| id.index)),
                 committed: request.leader_commit.map(|id| id.index),
             };
+            join_if_invited(from_leader)?;
             let judged = from_leader && voter;
             if judged {
                 // Refused like a request that cannot be handled: to the leader this node is
@@ -337,6 +351,9 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
                     | AppendEntriesResponse::Conflict)
             ) {
                 local.contact.heard_from_leader();
+                if standing == Standing::Unnamed {
+                    local.cluster.settle_unnamed();
+                }
             }
             raft_wire::answer(&result)
         }
@@ -360,6 +377,7 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
             if local.progress.refuses(&vote) {
                 return Err("its leader has stalled; refused meanwhile".to_string());
             }
+            join_if_invited(vote.is_committed() && vote >= raft.metrics().borrow().vote)?;
             let (admitted, result) = match local.snapshot_chunks.admit(&request) {
                 Ok(admitted) => (Some(admitted), raft.install_snapshot(request).await),
                 Err(mismatch) => (None, Err(RaftError::APIError(mismatch))),
@@ -373,6 +391,9 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
             }
             if result.as_ref().is_ok_and(|response| response.vote == vote) {
                 local.contact.heard_from_leader();
+                if standing == Standing::Unnamed {
+                    local.cluster.settle_unnamed();
+                }
             }
             raft_wire::answer(&result)
         }
@@ -389,6 +410,8 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
                 &request,
             ))
         }
+        // Refused in words: the node initializing the cluster says who did not join.
+        Kind::Join => raft_wire::answer::<(), String>(&join_if_invited(true)),
     };
     answer.map_err(|e| format!("cannot encode the answer: {e}"))
 }

@@ -94,6 +94,9 @@ pub enum Kind {
     TimeoutNow = 4,
     /// Pre-vote: would the peer vote for this node? (`crate::pre_vote`; changes nothing there.)
     PreVote = 5,
+    /// Join the cluster the header names: a node initializing a cluster asks the new members
+    /// before the first election (`crate::cluster_id`). No message.
+    Join = 6,
 }
 
 impl Kind {
@@ -104,6 +107,7 @@ impl Kind {
             Self::InstallSnapshot,
             Self::TimeoutNow,
             Self::PreVote,
+            Self::Join,
         ]
         .into_iter()
         .find(|kind| *kind as u8 == byte)
@@ -275,6 +279,7 @@ mod tests {
             Kind::InstallSnapshot,
             Kind::TimeoutNow,
             Kind::PreVote,
+            Kind::Join,
         ] {
             for cluster in [None, Some(ClusterId::random())] {
                 let header = Header { cluster, to: 3 };

@@ -154,6 +154,7 @@ pub async fn status(
     };
     let initialized = source.initialized;
     let source_id = source.id;
+    let source_cluster = source.cluster_id.clone();
     let mut rows = Vec::new();
     for (id, addr) in addrs {
         // An answer already had is reused only from that very member (id and address); an
@@ -174,15 +175,25 @@ pub async fn status(
     }
     // A leader cut off from the others still calls itself leader (in its older term) until it
     // hears of the newer one: only a claim in the highest term any member reports is the
-    // leader (none while that term's election is still on); older claims are stale.
+    // leader (none while that term's election is still on); older claims are stale. Terms of
+    // another cluster's nodes say nothing of this one's.
+    let ours = |info: &&NodeInfoResponse| {
+        source_cluster.is_empty() || info.cluster_id == source_cluster || !info.initialized
+    };
     let newest_term = rows
         .iter()
-        .filter_map(|(_, _, _, info)| info.as_ref().map(|info| info.term))
+        .filter_map(|(_, _, _, info)| info.as_ref())
+        .filter(ours)
+        .map(|info| info.term)
         .max()
         .unwrap_or(0);
     let mut leader = None;
     let mut stale = Vec::new();
-    for info in rows.iter().filter_map(|(_, _, _, info)| info.as_ref()) {
+    for info in rows
+        .iter()
+        .filter_map(|(_, _, _, info)| info.as_ref())
+        .filter(ours)
+    {
         if info.role == "leader" {
             if info.term == newest_term {
                 leader = Some(info.id);
@@ -229,6 +240,8 @@ pub async fn status(
         ids.dedup();
     }
     let cluster_mismatch = clusters.len() > 1;
+    // Members restored by builds before cluster ids have no id to compare: their fingerprints.
+    let restore_mismatch = restores.len() > 1;
     if as_json {
         let members: Vec<_> = rows
             .iter()
@@ -259,6 +272,7 @@ pub async fn status(
                 "members": members,
                 "clusters": clusters,
                 "cluster_mismatch": cluster_mismatch,
+                "restore_mismatch": restore_mismatch,
             })
         );
     } else {
@@ -320,6 +334,20 @@ pub async fn status(
             clusters
                 .iter()
                 .map(|(cluster, ids)| format!("{cluster} on {ids:?}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        return exit::FAILURE;
+    }
+    if restore_mismatch {
+        eprintln!(
+            "baton: RESTORE MISMATCH: these members were restored from different backups, or \
+             with different --members or --raise-fences ({}); their states differ at the same log \
+             position. Stop them and restore every member from one file with the same options \
+             (docs/backup.md)",
+            restores
+                .iter()
+                .map(|(fingerprint, ids)| format!("{fingerprint} on {ids:?}"))
                 .collect::<Vec<_>>()
                 .join(", ")
         );

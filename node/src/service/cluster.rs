@@ -35,6 +35,9 @@ use crate::types::{NodeId, TypeConfig};
 /// How long a handover asked for by `TransferLeader` waits for admitted requests to finish.
 const TRANSFER_DRAIN: Duration = Duration::from_secs(5);
 
+/// How long initialization waits for each new member to join the cluster.
+const JOIN_LIMIT: Duration = Duration::from_secs(3);
+
 /// Bytes of encoded state per streamed snapshot chunk.
 const SNAPSHOT_CHUNK: usize = 1 << 20;
 
@@ -71,6 +74,38 @@ impl ClusterService {
             restored_from,
             cluster,
         }
+    }
+
+    /// Asks every other member of the cluster being initialized to join it; fails unless a
+    /// majority (this node included) did, naming the ones that did not.
+    async fn join_members(&self, members: &BTreeMap<NodeId, BasicNode>) -> Result<(), Status> {
+        let others = members.iter().filter(|(id, _)| **id != self.node.id);
+        let answers = futures::future::join_all(others.map(|(id, node)| async move {
+            let joined = self.network.join(*id, &node.addr, JOIN_LIMIT).await;
+            (*id, joined)
+        }))
+        .await;
+        let missing: Vec<String> = answers
+            .into_iter()
+            .filter_map(|(id, joined)| joined.err().map(|why| format!("node {id}: {why}")))
+            .collect();
+        let joined = members.len() - missing.len();
+        if joined * 2 <= members.len() {
+            return Err(infra_status(
+                Code::FailedPrecondition,
+                infra::MEMBERSHIP,
+                format!(
+                    "only {joined} of the {} members joined the new cluster, not a majority \
+                     (start them all, then run this again): {}",
+                    members.len(),
+                    missing.join("; ")
+                ),
+            ));
+        }
+        for why in &missing {
+            tracing::warn!(%why, "a member did not join the new cluster; it joins when the leader reaches it");
+        }
+        Ok(())
     }
 }
 
@@ -190,15 +225,24 @@ impl cluster_server::Cluster for ClusterService {
                 )));
             }
         }
-        // The new cluster's id goes out with this node's first requests, before the others
-        // have one; an id the node already has (an earlier attempt) is kept, and a node that
-        // holds a log gets none (Raft refuses to initialize it below).
-        if let Err(e) = self.cluster.mint() {
-            return Err(infra_status(
-                Code::Internal,
-                infra::INTERNAL,
-                format!("{e:#}"),
-            ));
+        // The new cluster gets an id and a majority of its members join it before the first
+        // election: a new node refuses votes that carry an id it has not joined. A node that
+        // Raft would not initialize (it voted, or holds a log) mints nothing: refused below.
+        let pristine = self
+            .node
+            .raft
+            .is_initialized()
+            .await
+            .map(|initialized| !initialized)
+            .map_err(|e| infra_status(Code::Internal, infra::INTERNAL, e.to_string()))?;
+        if pristine {
+            let minted = self
+                .cluster
+                .mint()
+                .map_err(|e| infra_status(Code::Internal, infra::INTERNAL, format!("{e:#}")))?;
+            if minted.is_some() {
+                self.join_members(&nodes).await?;
+            }
         }
         match self.node.raft.initialize(nodes).await {
             Ok(()) => Ok(Response::new(InitializeResponse {})),
