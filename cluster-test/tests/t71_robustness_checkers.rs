@@ -524,7 +524,7 @@ fn t71_an_unresolved_intent_granted_afresh_or_still_in_progress_late_is_reported
         holder: "h".into(),
     };
     // a/1: its completion refused; a/2: never completed; a/3: its completion unanswered (it may
-    // have been applied); a/4: granted just before the workloads stopped.
+    // have been applied); a/4: granted just before the workloads stopped. All four unresolved.
     h.ok("h0", acquire("a/1", "res-0"), 0, 10, granted());
     h.refused("h0", complete("a/1", "res-0"), 20, 30, "FENCE_STALE");
     h.ok("h0", acquire("a/2", "res-1"), 40, 50, granted());
@@ -535,7 +535,7 @@ fn t71_an_unresolved_intent_granted_afresh_or_still_in_progress_late_is_reported
         .into_iter()
         .map(|(key, _)| key)
         .collect();
-    assert_eq!(unresolved, ["a/1", "a/2", "a/4"]);
+    assert_eq!(unresolved, ["a/1", "a/2", "a/3", "a/4"]);
 
     // After recovery (from 100 ms): a/4 still in progress at once is legal, so is a/2 uncertain;
     // a/1 granted afresh and a/2 in progress long after its intent ran out are not.
@@ -571,11 +571,37 @@ fn t71_an_unresolved_intent_granted_afresh_or_still_in_progress_late_is_reported
         9_010,
         not("in_progress"),
     );
+    // a/3's unanswered completion may have been applied: completed is legal for it alone.
+    h.ok(
+        "final",
+        acquire("a/3", "res-2"),
+        9_000,
+        9_010,
+        not("completed"),
+    );
+    h.ok(
+        "final",
+        acquire("a/1", "res-0"),
+        9_100,
+        9_110,
+        not("completed"),
+    );
     let violations = effect::check(&h.ops, 100_000);
     assert_eq!(rules(&violations), ["intent-expiry"], "{violations:?}");
     let keys: Vec<&str> = violations.iter().map(|v| v.key.as_str()).collect();
-    assert_eq!(keys, ["a/1", "a/2"], "{violations:?}");
+    assert_eq!(keys, ["a/1", "a/1", "a/2"], "{violations:?}");
     assert!(violations[0].ops.contains(&0) && violations[0].ops.contains(&8));
+
+    // Nothing answered after recovery: nothing was checked, and that is reported.
+    let mut h = H::default();
+    h.ok("h0", acquire("a/1", "res-0"), 0, 10, granted());
+    h.ambiguous("final", acquire("a/1", "res-0"), 5_000);
+    let violations = effect::check(&h.ops, 100_000);
+    assert_eq!(rules(&violations), ["intent-expiry"], "{violations:?}");
+    assert!(
+        violations[0].detail.contains("nothing was checked"),
+        "{violations:?}"
+    );
 }
 
 #[test]

@@ -278,14 +278,14 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
     violations
 }
 
-/// The keys (with their resources) granted to a workload whose intent nobody resolved: no
-/// completion was acknowledged, nor sent without an answer (it may have been applied). Each
-/// key's intent runs out unresolved, or ran out already.
+/// The keys (with their resources) granted to a workload whose intent nobody is known to have
+/// resolved: no completion was acknowledged. Each key's intent runs out unresolved, or ran out
+/// already — unless a completion sent without an answer was applied ([`maybe_completed`]).
 pub fn unresolved_keys(history: &[Op]) -> Vec<(String, String)> {
-    let resolved: HashSet<&str> = history
+    let acknowledged: HashSet<&str> = history
         .iter()
-        .filter_map(|op| match &op.input {
-            Input::CompleteEffect { key, .. } if op.refused().is_none() => Some(key.as_str()),
+        .filter_map(|op| match (&op.input, op.ok()) {
+            (Input::CompleteEffect { key, .. }, Some(_)) => Some(key.as_str()),
             _ => None,
         })
         .collect();
@@ -294,7 +294,7 @@ pub fn unresolved_keys(history: &[Op]) -> Vec<(String, String)> {
         .iter()
         .filter_map(|op| match (&op.input, op.ok()) {
             (Input::Acquire { key, resource }, Some(Output::Granted { .. }))
-                if !resolved.contains(key.as_str()) && seen.insert(key.as_str()) =>
+                if !acknowledged.contains(key.as_str()) && seen.insert(key.as_str()) =>
             {
                 Some((key.clone(), resource.clone()))
             }
@@ -303,15 +303,32 @@ pub fn unresolved_keys(history: &[Op]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The keys with a completion sent and never answered: it may have been applied.
+fn maybe_completed(history: &[Op]) -> HashSet<&str> {
+    history
+        .iter()
+        .filter_map(|op| match &op.input {
+            Input::CompleteEffect { key, .. } if op.ok().is_none() && op.refused().is_none() => {
+                Some(key.as_str())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
 /// Every key left unresolved ([`unresolved_keys`]) and acquired again after recovery answers
-/// `uncertain`, or `in_progress` while its intent may still have been live (contract §3: an
-/// intent that expires unresolved turns the key uncertain, never a fresh grant).
+/// `uncertain`, or `in_progress` while its intent may still have been live, or `completed` when
+/// a completion of it went unanswered (contract §3: an intent that expires unresolved turns the
+/// key uncertain, never a fresh grant). Of those acquires, at least one must have been answered.
 fn intent_expiry(history: &[Op], final_from: u64) -> Vec<Violation> {
     let mut violations = Vec::new();
-    for (key, _) in unresolved_keys(history) {
+    let unresolved = unresolved_keys(history);
+    let maybe_completed = maybe_completed(history);
+    let (mut asked, mut answered) = (0, 0);
+    for (key, _) in &unresolved {
         let Some(granted) = history.iter().find(|op| {
             op.call < final_from
-                && matches!(&op.input, Input::Acquire { key: k, .. } if *k == key)
+                && matches!(&op.input, Input::Acquire { key: k, .. } if k == key)
                 && matches!(op.ok(), Some(Output::Granted { .. }))
         }) else {
             continue;
@@ -320,30 +337,50 @@ fn intent_expiry(history: &[Op], final_from: u64) -> Vec<Violation> {
         // arrival + TTL, plus a second for the store clock's lead over this one.
         let live_until = granted.ret.unwrap_or(granted.call) + (TTL_MS as u64 + 1_000) * 1_000;
         for again in history.iter().filter(|op| {
-            op.call >= final_from && matches!(&op.input, Input::Acquire { key: k, .. } if *k == key)
+            op.call >= final_from && matches!(&op.input, Input::Acquire { key: k, .. } if k == key)
         }) {
-            let answer = match again.ok() {
-                Some(Output::NotGranted(outcome)) if outcome == "uncertain" => continue,
-                Some(Output::NotGranted(outcome))
+            asked += 1;
+            let Some(output) = again.ok() else {
+                // Unanswered or refused: says nothing about the key.
+                continue;
+            };
+            answered += 1;
+            let answer = match output {
+                Output::NotGranted(outcome) if outcome == "uncertain" => continue,
+                Output::NotGranted(outcome)
                     if outcome == "in_progress" && again.call < live_until =>
                 {
                     continue
                 }
-                Some(Output::NotGranted(outcome)) => outcome.clone(),
-                Some(Output::Granted { fence, .. }) => format!("granted (fence {fence})"),
-                Some(other) => format!("{other:?}"),
-                // Unanswered or refused: says nothing about the key.
-                None => continue,
+                Output::NotGranted(outcome)
+                    if outcome == "completed" && maybe_completed.contains(key.as_str()) =>
+                {
+                    continue
+                }
+                Output::NotGranted(outcome) => outcome.clone(),
+                Output::Granted { fence, .. } => format!("granted (fence {fence})"),
+                other => format!("{other:?}"),
             };
             violations.push(Violation::new(
                 "intent-expiry",
-                &key,
+                key,
                 format!(
                     "granted and never resolved, so its intent ran out unresolved; acquired again after recovery it answered {answer}, not uncertain"
                 ),
                 vec![granted.index, again.index],
             ));
         }
+    }
+    if asked > 0 && answered == 0 {
+        violations.push(Violation::new(
+            "intent-expiry",
+            "-",
+            format!(
+                "{} keys were left unresolved and none of the {asked} acquires of them after recovery was answered: nothing was checked",
+                unresolved.len()
+            ),
+            Vec::new(),
+        ));
     }
     violations
 }
