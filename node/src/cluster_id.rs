@@ -23,7 +23,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use anyhow::{ensure, Context};
 
@@ -117,14 +117,18 @@ pub enum Standing {
     Member,
     /// Neither names one: a cluster from before cluster ids.
     Unnamed,
-    /// This node is new and the request asks it into cluster `0` (a join, or a leader's entries
-    /// or snapshot): it is answered once the node has joined ([`OwnCluster::join`]), after the
-    /// request was judged fit.
+    /// This node is new (its log is empty) and the request asks it into cluster `0` (a join, or
+    /// a leader's entries or snapshot): it is answered once the node has taken that id
+    /// ([`OwnCluster::join`]), after the request was judged fit.
     Invited(ClusterId),
 }
 
 /// The cluster this node belongs to, shared by the parts that send and answer Raft requests.
-/// Once known it never changes, so reading it takes no lock.
+///
+/// A new node's id — one it minted or was asked to join while its log is still empty — is
+/// provisional: the next invitation replaces it (an initialization that failed and is run again
+/// through another node mints another id, and nothing the node holds depends on the first). Once
+/// the node holds a log, its id never changes, and reading it takes no lock.
 #[derive(Clone, Default)]
 pub struct OwnCluster {
     inner: Arc<Inner>,
@@ -133,123 +137,156 @@ pub struct OwnCluster {
 struct Inner {
     /// Where it is kept; `None` keeps it in memory only (tests).
     file: Option<PathBuf>,
-    id: OnceLock<ClusterId>,
-    /// Whether the node may still take an id: it had an empty log when it started and has not
-    /// since followed a leader without one.
+    /// The id of a node that holds a log.
+    settled: OnceLock<ClusterId>,
+    /// While the log is empty: the id the node took last, if any. Also held while an id is
+    /// written, so that concurrent invitations leave one id, on disk as in memory.
+    provisional: Mutex<Option<ClusterId>>,
+    /// Whether the log is still empty (the node may still take, or change, an id).
     fresh: AtomicBool,
-    /// Held while an id is written, so that two first requests adopt one id.
-    writing: Mutex<()>,
 }
 
 impl Default for Inner {
     fn default() -> Self {
         Self {
             file: None,
-            id: OnceLock::new(),
+            settled: OnceLock::new(),
+            provisional: Mutex::new(None),
             fresh: AtomicBool::new(true),
-            writing: Mutex::new(()),
         }
     }
 }
 
 impl OwnCluster {
-    /// The cluster id kept in `data_dir`, if any; `fresh` when the node's log is empty (it may
-    /// still take an id).
+    /// The cluster id kept in `data_dir`, if any; `fresh` when the node's log is empty.
     pub fn open(data_dir: &Path, fresh: bool) -> anyhow::Result<Self> {
         let file = data_dir.join(FILE);
-        let id = OnceLock::new();
-        match std::fs::read_to_string(&file) {
-            Ok(text) => {
-                let read = ClusterId::parse(&text)
-                    .with_context(|| format!("{} is damaged", file.display()))?;
-                let _ = id.set(read);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        let kept = match std::fs::read_to_string(&file) {
+            Ok(text) => Some(
+                ClusterId::parse(&text)
+                    .with_context(|| format!("{} is damaged", file.display()))?,
+            ),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(e).with_context(|| format!("cannot read {}", file.display())),
+        };
+        let settled = OnceLock::new();
+        let mut provisional = None;
+        match kept {
+            Some(id) if !fresh => {
+                let _ = settled.set(id);
+            }
+            kept => provisional = kept,
         }
         Ok(Self {
             inner: Arc::new(Inner {
                 file: Some(file),
-                id,
+                settled,
+                provisional: Mutex::new(provisional),
                 fresh: AtomicBool::new(fresh),
-                writing: Mutex::new(()),
             }),
         })
     }
 
     /// The cluster this node belongs to, if it knows.
     pub fn get(&self) -> Option<ClusterId> {
-        self.inner.id.get().copied()
+        if let Some(id) = self.inner.settled.get() {
+            return Some(*id);
+        }
+        if self.inner.fresh.load(Ordering::Acquire) {
+            *self.provisional()
+        } else {
+            None
+        }
     }
 
-    /// This node's cluster id when it is about to initialize a cluster: the one it has, or a new
-    /// one (kept) if its log is empty; `None` for a node that holds a log without one (its
-    /// initialization is refused anyway).
+    fn provisional(&self) -> MutexGuard<'_, Option<ClusterId>> {
+        self.inner
+            .provisional
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// This node's cluster id when it is about to initialize a cluster: the one it took last,
+    /// or a new one (kept) if its log is empty; `None` for a node that holds a log without one
+    /// (its initialization is refused anyway).
     pub fn mint(&self) -> anyhow::Result<Option<ClusterId>> {
-        if self.get().is_none() && !self.inner.fresh.load(Ordering::Acquire) {
+        if let Some(id) = self.get() {
+            return Ok(Some(id));
+        }
+        if !self.inner.fresh.load(Ordering::Acquire) {
             return Ok(None);
         }
-        self.set_if_unknown(ClusterId::random).map(Some)
+        let mut provisional = self.provisional();
+        if let Some(id) = *provisional {
+            return Ok(Some(id));
+        }
+        let id = ClusterId::random();
+        self.write(id)?;
+        *provisional = Some(id);
+        Ok(Some(id))
     }
 
     /// Where a request from a node of cluster `theirs` (`None`: it has no id) stands, or why it
     /// is refused; `inviting`: the request may ask a new node in (a join, a leader's entries or
     /// snapshot).
     pub fn admit(&self, theirs: Option<ClusterId>, inviting: bool) -> Result<Standing, Foreign> {
+        let fresh = self.inner.fresh.load(Ordering::Acquire);
         match (self.get(), theirs) {
-            (Some(ours), Some(theirs)) if ours != theirs => {
-                Err(Foreign::OtherCluster { ours, theirs })
-            }
-            (Some(_), Some(_)) => Ok(Standing::Member),
+            (Some(_), Some(theirs)) if fresh && inviting => Ok(Standing::Invited(theirs)),
+            (Some(ours), Some(theirs)) if ours == theirs => Ok(Standing::Member),
+            (Some(ours), Some(theirs)) if !fresh => Err(Foreign::OtherCluster { ours, theirs }),
+            (Some(_), Some(theirs)) => Err(Foreign::NotJoined { theirs }),
             (Some(ours), None) => Err(Foreign::Unlabelled { ours }),
             (None, None) => Ok(Standing::Unnamed),
-            (None, Some(theirs)) if !self.inner.fresh.load(Ordering::Acquire) => {
-                Err(Foreign::Unjoinable { theirs })
-            }
+            (None, Some(theirs)) if !fresh => Err(Foreign::Unjoinable { theirs }),
             (None, Some(theirs)) if inviting => Ok(Standing::Invited(theirs)),
             (None, Some(theirs)) => Err(Foreign::NotJoined { theirs }),
         }
     }
 
-    /// Joins cluster `id`, durably: the answer to a request that [`Self::admit`] found
-    /// [`Standing::Invited`] and that is fit to act on.
+    /// Takes cluster `id`, durably: the answer to a request that [`Self::admit`] found
+    /// [`Standing::Invited`] and that is fit to act on. Refused once the node holds a log (it
+    /// took its leader's id, or none, with its first entries).
     pub fn join(&self, id: ClusterId) -> Result<(), AdmitError> {
-        let kept = self
-            .set_if_unknown(|| id)
-            .map_err(|e| AdmitError::Unwritable(format!("{e:#}")))?;
-        // Another request had this node join first.
-        if kept != id {
-            return Err(AdmitError::Foreign(Foreign::OtherCluster {
-                ours: kept,
-                theirs: id,
-            }));
+        let mut provisional = self.provisional();
+        if !self.inner.fresh.load(Ordering::Acquire) {
+            return match self.get() {
+                Some(ours) if ours == id => Ok(()),
+                Some(ours) => Err(AdmitError::Foreign(Foreign::OtherCluster {
+                    ours,
+                    theirs: id,
+                })),
+                None => Err(AdmitError::Foreign(Foreign::Unjoinable { theirs: id })),
+            };
+        }
+        if *provisional != Some(id) {
+            self.write(id)
+                .map_err(|e| AdmitError::Unwritable(format!("{e:#}")))?;
+            *provisional = Some(id);
         }
         Ok(())
     }
 
-    /// Notes that this node, having no id, followed a leader without one: its log is that
-    /// cluster's now, and it joins no other.
-    pub fn settle_unnamed(&self) {
+    /// Notes that the node's log is no longer empty: it followed a leader, or initialized a
+    /// cluster. Its id (or the lack of one) is final from here on.
+    pub fn settle(&self) {
+        if !self.inner.fresh.load(Ordering::Acquire) {
+            return;
+        }
+        let provisional = self.provisional();
+        if let Some(id) = *provisional {
+            let _ = self.inner.settled.set(id);
+        }
         self.inner.fresh.store(false, Ordering::Release);
     }
 
-    /// The id, set to `new()` (written first) if there is none yet.
-    fn set_if_unknown(&self, new: impl FnOnce() -> ClusterId) -> anyhow::Result<ClusterId> {
-        let _writing = self
-            .inner
-            .writing
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(id) = self.get() {
-            return Ok(id);
-        }
-        let id = new();
+    fn write(&self, id: ClusterId) -> anyhow::Result<()> {
         if let Some(file) = &self.inner.file {
             durable_file::write(file, format!("{id}\n").as_bytes())
                 .with_context(|| format!("cannot write the cluster id to {}", file.display()))?;
         }
         tracing::info!(cluster = %id, "this node belongs to cluster {id}");
-        Ok(*self.inner.id.get_or_init(|| id))
+        Ok(())
     }
 }
 
@@ -292,6 +329,7 @@ mod tests {
         let theirs = ClusterId::random();
         let node = OwnCluster::default();
         node.join(ours).unwrap();
+        node.settle();
         assert_eq!(node.get(), Some(ours));
         for inviting in [false, true] {
             assert_eq!(node.admit(Some(ours), inviting), Ok(Standing::Member));
@@ -321,7 +359,42 @@ mod tests {
         assert_eq!(node.get(), None, "an invitation alone takes nothing");
         node.join(real).unwrap();
         assert_eq!(node.admit(Some(real), false), Ok(Standing::Member));
-        assert!(node.admit(Some(stale), true).is_err());
+        assert_eq!(
+            node.admit(Some(stale), false),
+            Err(Foreign::NotJoined { theirs: stale }),
+            "nor after joining another"
+        );
+        node.settle();
+        assert_eq!(
+            node.admit(Some(stale), true),
+            Err(Foreign::OtherCluster {
+                ours: real,
+                theirs: stale
+            })
+        );
+    }
+
+    #[test]
+    fn while_its_log_is_empty_a_node_takes_the_latest_invitation() {
+        // An initialization through node 1 failed after node 3 joined it; run again through
+        // node 2, it mints another id, which node 3 takes instead.
+        let dir = tempfile::tempdir().unwrap();
+        let node = OwnCluster::open(dir.path(), true).unwrap();
+        let (first, second) = (ClusterId::random(), ClusterId::random());
+        node.join(first).unwrap();
+        assert_eq!(
+            node.admit(Some(second), true),
+            Ok(Standing::Invited(second))
+        );
+        node.join(second).unwrap();
+        assert_eq!(node.get(), Some(second));
+        let restarted = OwnCluster::open(dir.path(), true).unwrap();
+        assert_eq!(restarted.get(), Some(second), "kept on disk");
+        assert_eq!(
+            restarted.mint().unwrap(),
+            Some(second),
+            "and not minted anew"
+        );
     }
 
     #[test]
@@ -336,6 +409,7 @@ mod tests {
             );
             assert_eq!(legacy.admit(None, inviting), Ok(Standing::Unnamed));
         }
+        assert!(legacy.join(theirs).is_err());
         assert_eq!(legacy.mint().unwrap(), None, "nor starts one");
         assert_eq!(legacy.get(), None);
         assert!(!dir.path().join(FILE).exists());
@@ -345,7 +419,7 @@ mod tests {
     fn a_new_node_that_followed_a_leader_without_an_id_joins_no_cluster_later() {
         let node = OwnCluster::default();
         assert_eq!(node.admit(None, true), Ok(Standing::Unnamed));
-        node.settle_unnamed();
+        node.settle();
         let theirs = ClusterId::random();
         assert_eq!(
             node.admit(Some(theirs), true),

@@ -351,9 +351,8 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
                     | AppendEntriesResponse::Conflict)
             ) {
                 local.contact.heard_from_leader();
-                if standing == Standing::Unnamed {
-                    local.cluster.settle_unnamed();
-                }
+                // Following a leader: whatever id this node has now (or none) is final.
+                local.cluster.settle();
             }
             raft_wire::answer(&result)
         }
@@ -391,9 +390,8 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
             }
             if result.as_ref().is_ok_and(|response| response.vote == vote) {
                 local.contact.heard_from_leader();
-                if standing == Standing::Unnamed {
-                    local.cluster.settle_unnamed();
-                }
+                // Following a leader: whatever id this node has now (or none) is final.
+                local.cluster.settle();
             }
             raft_wire::answer(&result)
         }

@@ -79,24 +79,28 @@ async fn init(endpoints: &[String], config: ClientConfig, security: Security) ->
 /// those in no cluster yet): a node of another cluster — or one that holds a log without an id
 /// while others have one — knows another cluster's membership and term, however new.
 fn membership_source(answered: &[NodeInfoResponse]) -> Option<&NodeInfoResponse> {
+    // Initialized nodes without an id form a group of their own; nodes in no cluster yet, none.
+    fn group(info: &NodeInfoResponse) -> Option<&str> {
+        match info.cluster_id.as_str() {
+            "" if info.initialized => Some(NO_CLUSTER_ID),
+            "" => None,
+            cluster => Some(cluster),
+        }
+    }
     let named = |cluster: &str| {
         answered
             .iter()
-            .filter(|info| info.cluster_id == cluster)
+            .filter(|info| group(info) == Some(cluster))
             .count()
     };
     let main = answered
         .iter()
-        .filter(|info| !info.cluster_id.is_empty())
+        .filter_map(|info| group(info))
         .rev()
-        .max_by_key(|info| named(&info.cluster_id))
-        .map(|info| info.cluster_id.as_str());
+        .max_by_key(|cluster| (named(cluster), *cluster != NO_CLUSTER_ID));
     answered
         .iter()
-        .filter(|info| match main {
-            Some(main) => info.cluster_id == main || !info.initialized,
-            None => true,
-        })
+        .filter(|info| main.is_none() || group(info) == main || !info.initialized)
         .rev()
         .max_by_key(|info| (info.term, info.role == "leader", info.applied_index))
 }
@@ -414,10 +418,18 @@ mod tests {
             of("bb", info(3, "leader", 40, 900)),
         ];
         assert_eq!(membership_source(&answered).map(|i| i.id), Some(1));
-        // A node holding a log without an id is in none of them.
+        // Nodes holding a log without an id are a group of their own: the smaller one on a
+        // tie with a named cluster, the main one when they are more (a cluster formed before
+        // ids, and a node of another cluster started among them).
         let answered = [
             of("", info(3, "leader", 40, 900)),
             of("aa", info(1, "leader", 8, 800)),
+        ];
+        assert_eq!(membership_source(&answered).map(|i| i.id), Some(1));
+        let answered = [
+            of("bb", info(3, "leader", 40, 900)),
+            of("", info(1, "leader", 8, 800)),
+            of("", info(2, "follower", 8, 800)),
         ];
         assert_eq!(membership_source(&answered).map(|i| i.id), Some(1));
     }

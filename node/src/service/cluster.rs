@@ -76,8 +76,11 @@ impl ClusterService {
         }
     }
 
-    /// Asks every other member of the cluster being initialized to join it; fails unless a
-    /// majority (this node included) did, naming the ones that did not.
+    /// Asks every other member of the cluster being initialized to join it; fails, naming the
+    /// ones that did not, unless all did. A member that has not joined refuses the votes of
+    /// the cluster's candidates (it cannot tell them from a stale node's) until a leader's
+    /// entries reach it: with it, a majority that lost the first leader could not elect
+    /// another.
     async fn join_members(&self, members: &BTreeMap<NodeId, BasicNode>) -> Result<(), Status> {
         let others = members.iter().filter(|(id, _)| **id != self.node.id);
         let answers = futures::future::join_all(others.map(|(id, node)| async move {
@@ -87,25 +90,28 @@ impl ClusterService {
         .await;
         let missing: Vec<String> = answers
             .into_iter()
-            .filter_map(|(id, joined)| joined.err().map(|why| format!("node {id}: {why}")))
+            .filter_map(|(id, joined)| {
+                // Some refusals name the node already.
+                joined.err().map(|why| match why.to_string() {
+                    named if named.starts_with(&format!("node {id}:")) => named,
+                    why => format!("node {id}: {why}"),
+                })
+            })
             .collect();
-        let joined = members.len() - missing.len();
-        if joined * 2 <= members.len() {
-            return Err(infra_status(
-                Code::FailedPrecondition,
-                infra::MEMBERSHIP,
-                format!(
-                    "only {joined} of the {} members joined the new cluster, not a majority \
-                     (start them all, then run this again): {}",
-                    members.len(),
-                    missing.join("; ")
-                ),
-            ));
+        if missing.is_empty() {
+            return Ok(());
         }
-        for why in &missing {
-            tracing::warn!(%why, "a member did not join the new cluster; it joins when the leader reaches it");
-        }
-        Ok(())
+        Err(infra_status(
+            Code::FailedPrecondition,
+            infra::MEMBERSHIP,
+            format!(
+                "{} of the {} members did not join the new cluster (start them all, then run \
+                 this again; nothing was initialized): {}",
+                missing.len(),
+                members.len(),
+                missing.join("; ")
+            ),
+        ))
     }
 }
 
@@ -245,7 +251,10 @@ impl cluster_server::Cluster for ClusterService {
             }
         }
         match self.node.raft.initialize(nodes).await {
-            Ok(()) => Ok(Response::new(InitializeResponse {})),
+            Ok(()) => {
+                self.cluster.settle();
+                Ok(Response::new(InitializeResponse {}))
+            }
             Err(RaftError::APIError(InitializeError::NotAllowed(e))) => Err(infra_status(
                 Code::FailedPrecondition,
                 infra::ALREADY_INITIALIZED,
