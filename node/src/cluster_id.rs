@@ -108,6 +108,11 @@ pub enum Foreign {
          cluster is initialized, or with its leader's first entries)"
     )]
     NotJoined { theirs: ClusterId },
+    #[error(
+        "it belongs to cluster {theirs}, and this node is initializing cluster {ours} itself (two \
+         initializations at once: run one again)"
+    )]
+    Founding { ours: ClusterId, theirs: ClusterId },
 }
 
 /// Where a request's sender stands with this node, once admitted.
@@ -139,11 +144,19 @@ struct Inner {
     file: Option<PathBuf>,
     /// The id of a node that holds a log.
     settled: OnceLock<ClusterId>,
-    /// While the log is empty: the id the node took last, if any. Also held while an id is
-    /// written, so that concurrent invitations leave one id, on disk as in memory.
-    provisional: Mutex<Option<ClusterId>>,
+    /// While the log is empty: the id the node took last, if any, and whether it minted that id
+    /// to initialize a cluster itself (it then joins no other meanwhile). Also held while an id
+    /// is written, so that concurrent invitations leave one id, on disk as in memory.
+    provisional: Mutex<Provisional>,
     /// Whether the log is still empty (the node may still take, or change, an id).
     fresh: AtomicBool,
+}
+
+/// A new node's id, and whether it is founding a cluster with it.
+#[derive(Default)]
+struct Provisional {
+    id: Option<ClusterId>,
+    founding: bool,
 }
 
 impl Default for Inner {
@@ -151,7 +164,7 @@ impl Default for Inner {
         Self {
             file: None,
             settled: OnceLock::new(),
-            provisional: Mutex::new(None),
+            provisional: Mutex::default(),
             fresh: AtomicBool::new(true),
         }
     }
@@ -170,12 +183,12 @@ impl OwnCluster {
             Err(e) => return Err(e).with_context(|| format!("cannot read {}", file.display())),
         };
         let settled = OnceLock::new();
-        let mut provisional = None;
+        let mut provisional = Provisional::default();
         match kept {
             Some(id) if !fresh => {
                 let _ = settled.set(id);
             }
-            kept => provisional = kept,
+            kept => provisional.id = kept,
         }
         Ok(Self {
             inner: Arc::new(Inner {
@@ -189,41 +202,52 @@ impl OwnCluster {
 
     /// The cluster this node belongs to, if it knows.
     pub fn get(&self) -> Option<ClusterId> {
+        // `fresh` first: once it reads false, the settled id (set before) is seen too.
+        let fresh = self.inner.fresh.load(Ordering::Acquire);
         if let Some(id) = self.inner.settled.get() {
             return Some(*id);
         }
-        if self.inner.fresh.load(Ordering::Acquire) {
-            *self.provisional()
+        if fresh {
+            self.provisional().id
         } else {
             None
         }
     }
 
-    fn provisional(&self) -> MutexGuard<'_, Option<ClusterId>> {
+    fn provisional(&self) -> MutexGuard<'_, Provisional> {
         self.inner
             .provisional
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// This node's cluster id when it is about to initialize a cluster: the one it took last,
-    /// or a new one (kept) if its log is empty; `None` for a node that holds a log without one
-    /// (its initialization is refused anyway).
+    /// A new id (kept) for the cluster this node is about to initialize, joining no other until
+    /// [`Self::found`] or [`Self::abandon`]; `None` when its log is not empty (Raft refuses to
+    /// initialize it anyway). New on every attempt: an id taken from another node's attempt
+    /// would put two clusters under one id.
     pub fn mint(&self) -> anyhow::Result<Option<ClusterId>> {
-        if let Some(id) = self.get() {
-            return Ok(Some(id));
-        }
+        let mut provisional = self.provisional();
         if !self.inner.fresh.load(Ordering::Acquire) {
             return Ok(None);
         }
-        let mut provisional = self.provisional();
-        if let Some(id) = *provisional {
-            return Ok(Some(id));
-        }
         let id = ClusterId::random();
         self.write(id)?;
-        *provisional = Some(id);
+        *provisional = Provisional {
+            id: Some(id),
+            founding: true,
+        };
         Ok(Some(id))
+    }
+
+    /// Ends an initialization that did not happen: the node may join others again.
+    pub fn abandon(&self) {
+        self.provisional().founding = false;
+    }
+
+    /// Ends an initialization that happened: the node's id is `minted`, for good.
+    pub fn found(&self, minted: ClusterId) {
+        self.abandon();
+        self.settle(Some(minted));
     }
 
     /// Where a request from a node of cluster `theirs` (`None`: it has no id) stands, or why it
@@ -250,31 +274,45 @@ impl OwnCluster {
     pub fn join(&self, id: ClusterId) -> Result<(), AdmitError> {
         let mut provisional = self.provisional();
         if !self.inner.fresh.load(Ordering::Acquire) {
-            return match self.get() {
-                Some(ours) if ours == id => Ok(()),
+            return match self.inner.settled.get() {
+                Some(ours) if *ours == id => Ok(()),
                 Some(ours) => Err(AdmitError::Foreign(Foreign::OtherCluster {
-                    ours,
+                    ours: *ours,
                     theirs: id,
                 })),
                 None => Err(AdmitError::Foreign(Foreign::Unjoinable { theirs: id })),
             };
         }
-        if *provisional != Some(id) {
-            self.write(id)
-                .map_err(|e| AdmitError::Unwritable(format!("{e:#}")))?;
-            *provisional = Some(id);
+        match provisional.id {
+            Some(ours) if ours == id => Ok(()),
+            Some(ours) if provisional.founding => {
+                Err(AdmitError::Foreign(Foreign::Founding { ours, theirs: id }))
+            }
+            _ => {
+                self.write(id)
+                    .map_err(|e| AdmitError::Unwritable(format!("{e:#}")))?;
+                provisional.id = Some(id);
+                Ok(())
+            }
         }
-        Ok(())
     }
 
-    /// Notes that the node's log is no longer empty: it followed a leader, or initialized a
-    /// cluster. Its id (or the lack of one) is final from here on.
-    pub fn settle(&self) {
+    /// Notes that the node's log is no longer empty: Raft accepted entries (or a snapshot) from
+    /// a leader of cluster `id` (`None`: a leader without one), or it initialized cluster `id`.
+    /// That id (or the lack of one) is final from here on, whatever invitation came meanwhile.
+    pub fn settle(&self, id: Option<ClusterId>) {
+        let mut provisional = self.provisional();
         if !self.inner.fresh.load(Ordering::Acquire) {
             return;
         }
-        let provisional = self.provisional();
-        if let Some(id) = *provisional {
+        if let Some(id) = id {
+            if provisional.id != Some(id) {
+                if let Err(e) = self.write(id) {
+                    // Kept in memory; the next start reads the file as it was.
+                    tracing::error!(error = %format!("{e:#}"), "cannot keep the cluster id");
+                }
+                provisional.id = Some(id);
+            }
             let _ = self.inner.settled.set(id);
         }
         self.inner.fresh.store(false, Ordering::Release);
@@ -329,7 +367,7 @@ mod tests {
         let theirs = ClusterId::random();
         let node = OwnCluster::default();
         node.join(ours).unwrap();
-        node.settle();
+        node.settle(Some(ours));
         assert_eq!(node.get(), Some(ours));
         for inviting in [false, true] {
             assert_eq!(node.admit(Some(ours), inviting), Ok(Standing::Member));
@@ -364,7 +402,7 @@ mod tests {
             Err(Foreign::NotJoined { theirs: stale }),
             "nor after joining another"
         );
-        node.settle();
+        node.settle(Some(real));
         assert_eq!(
             node.admit(Some(stale), true),
             Err(Foreign::OtherCluster {
@@ -390,11 +428,41 @@ mod tests {
         assert_eq!(node.get(), Some(second));
         let restarted = OwnCluster::open(dir.path(), true).unwrap();
         assert_eq!(restarted.get(), Some(second), "kept on disk");
+    }
+
+    #[test]
+    fn a_node_initializing_a_cluster_joins_no_other_meanwhile_and_settles_on_its_own() {
+        let node = OwnCluster::default();
+        let first = node.mint().unwrap().unwrap();
+        let second = node.mint().unwrap().unwrap();
+        assert_ne!(first, second, "every attempt mints a new id");
+        let other = ClusterId::random();
         assert_eq!(
-            restarted.mint().unwrap(),
-            Some(second),
-            "and not minted anew"
+            node.join(other),
+            Err(AdmitError::Foreign(Foreign::Founding {
+                ours: second,
+                theirs: other
+            }))
         );
+        node.abandon();
+        node.join(other).unwrap();
+        let mine = node.mint().unwrap().unwrap();
+        node.found(mine);
+        assert_eq!(node.get(), Some(mine));
+        assert!(node.join(other).is_err());
+    }
+
+    #[test]
+    fn a_node_settles_on_the_leader_it_followed_whatever_invitation_came_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = OwnCluster::open(dir.path(), true).unwrap();
+        let (followed, late) = (ClusterId::random(), ClusterId::random());
+        node.join(followed).unwrap();
+        node.join(late).unwrap();
+        node.settle(Some(followed));
+        assert_eq!(node.get(), Some(followed));
+        let restarted = OwnCluster::open(dir.path(), false).unwrap();
+        assert_eq!(restarted.get(), Some(followed), "on disk too");
     }
 
     #[test]
@@ -419,7 +487,7 @@ mod tests {
     fn a_new_node_that_followed_a_leader_without_an_id_joins_no_cluster_later() {
         let node = OwnCluster::default();
         assert_eq!(node.admit(None, true), Ok(Standing::Unnamed));
-        node.settle();
+        node.settle(None);
         let theirs = ClusterId::random();
         assert_eq!(
             node.admit(Some(theirs), true),
@@ -433,11 +501,7 @@ mod tests {
         let founder = OwnCluster::open(dir.path(), true).unwrap();
         assert_eq!(founder.get(), None);
         let id = founder.mint().unwrap().unwrap();
-        assert_eq!(
-            founder.mint().unwrap(),
-            Some(id),
-            "minting again keeps the id"
-        );
+        founder.found(id);
         assert_eq!(OwnCluster::open(dir.path(), false).unwrap().get(), Some(id));
 
         let joiner_dir = tempfile::tempdir().unwrap();

@@ -352,7 +352,7 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
             ) {
                 local.contact.heard_from_leader();
                 // Following a leader: whatever id this node has now (or none) is final.
-                local.cluster.settle();
+                local.cluster.settle(header.cluster);
             }
             raft_wire::answer(&result)
         }
@@ -391,7 +391,7 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
             if result.as_ref().is_ok_and(|response| response.vote == vote) {
                 local.contact.heard_from_leader();
                 // Following a leader: whatever id this node has now (or none) is final.
-                local.cluster.settle();
+                local.cluster.settle(header.cluster);
             }
             raft_wire::answer(&result)
         }

@@ -79,11 +79,12 @@ async fn init(endpoints: &[String], config: ClientConfig, security: Security) ->
 /// those in no cluster yet): a node of another cluster — or one that holds a log without an id
 /// while others have one — knows another cluster's membership and term, however new.
 fn membership_source(answered: &[NodeInfoResponse]) -> Option<&NodeInfoResponse> {
-    // Initialized nodes without an id form a group of their own; nodes in no cluster yet, none.
+    // Initialized nodes without an id form a group of their own; nodes in no cluster yet (their
+    // id, if any, is provisional), none.
     fn group(info: &NodeInfoResponse) -> Option<&str> {
         match info.cluster_id.as_str() {
-            "" if info.initialized => Some(NO_CLUSTER_ID),
-            "" => None,
+            _ if !info.initialized => None,
+            "" => Some(NO_CLUSTER_ID),
             cluster => Some(cluster),
         }
     }
@@ -222,11 +223,15 @@ pub async fn status(
         .filter_map(|(_, _, _, info)| info.as_ref())
         .chain(outsiders)
         .collect();
-    let any_id = listed.iter().any(|info| !info.cluster_id.is_empty());
+    let any_id = listed
+        .iter()
+        .any(|info| info.initialized && !info.cluster_id.is_empty());
     for info in &listed {
         // A node in a cluster without an id, next to nodes with one, refuses them and they it.
+        // A node in no cluster yet holds at most a provisional id: the next invitation wins.
         let cluster = match info.cluster_id.as_str() {
-            "" if any_id && info.initialized => NO_CLUSTER_ID,
+            _ if !info.initialized => "",
+            "" if any_id => NO_CLUSTER_ID,
             cluster => cluster,
         };
         for (groups, key) in [

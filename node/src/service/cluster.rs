@@ -241,20 +241,26 @@ impl cluster_server::Cluster for ClusterService {
             .await
             .map(|initialized| !initialized)
             .map_err(|e| infra_status(Code::Internal, infra::INTERNAL, e.to_string()))?;
-        if pristine {
-            let minted = self
-                .cluster
+        let minted = if pristine {
+            self.cluster
                 .mint()
-                .map_err(|e| infra_status(Code::Internal, infra::INTERNAL, format!("{e:#}")))?;
-            if minted.is_some() {
-                self.join_members(&nodes).await?;
+                .map_err(|e| infra_status(Code::Internal, infra::INTERNAL, format!("{e:#}")))?
+        } else {
+            None
+        };
+        if minted.is_some() {
+            if let Err(status) = self.join_members(&nodes).await {
+                self.cluster.abandon();
+                return Err(status);
             }
         }
-        match self.node.raft.initialize(nodes).await {
-            Ok(()) => {
-                self.cluster.settle();
-                Ok(Response::new(InitializeResponse {}))
-            }
+        let initialized = self.node.raft.initialize(nodes).await;
+        match minted {
+            Some(minted) if initialized.is_ok() => self.cluster.found(minted),
+            _ => self.cluster.abandon(),
+        }
+        match initialized {
+            Ok(()) => Ok(Response::new(InitializeResponse {})),
             Err(RaftError::APIError(InitializeError::NotAllowed(e))) => Err(infra_status(
                 Code::FailedPrecondition,
                 infra::ALREADY_INITIALIZED,
