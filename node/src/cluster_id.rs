@@ -221,33 +221,33 @@ impl OwnCluster {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// A new id (kept) for the cluster this node is about to initialize, joining no other until
-    /// [`Self::found`] or [`Self::abandon`]; `None` when its log is not empty (Raft refuses to
-    /// initialize it anyway). New on every attempt: an id taken from another node's attempt
-    /// would put two clusters under one id.
-    pub fn mint(&self) -> anyhow::Result<Option<ClusterId>> {
+    /// A new id (kept) for the cluster this node is about to initialize: the node joins no
+    /// other while the returned [`Founding`] lasts. `None` when its log is not empty (Raft
+    /// refuses to initialize it anyway). New on every attempt: an id taken from another node's
+    /// attempt would put two clusters under one id. Refused while another attempt through this
+    /// node is on: the two would mint two ids for one membership.
+    pub fn mint(&self) -> anyhow::Result<Option<Founding<'_>>> {
         let mut provisional = self.provisional();
         if !self.inner.fresh.load(Ordering::Acquire) {
             return Ok(None);
         }
+        anyhow::ensure!(
+            !provisional.founding,
+            "another initialization through this node is on (or one was cancelled while Raft \
+             was initializing: restart the node)"
+        );
         let id = ClusterId::random();
         self.write(id)?;
         *provisional = Provisional {
             id: Some(id),
             founding: true,
         };
-        Ok(Some(id))
-    }
-
-    /// Ends an initialization that did not happen: the node may join others again.
-    pub fn abandon(&self) {
-        self.provisional().founding = false;
-    }
-
-    /// Ends an initialization that happened: the node's id is `minted`, for good.
-    pub fn found(&self, minted: ClusterId) {
-        self.abandon();
-        self.settle(Some(minted));
+        Ok(Some(Founding {
+            cluster: self,
+            id,
+            raft_asked: false,
+            ended: false,
+        }))
     }
 
     /// Where a request from a node of cluster `theirs` (`None`: it has no id) stands, or why it
@@ -301,7 +301,10 @@ impl OwnCluster {
     /// a leader of cluster `id` (`None`: a leader without one), or it initialized cluster `id`.
     /// That id (or the lack of one) is final from here on, whatever invitation came meanwhile.
     pub fn settle(&self, id: Option<ClusterId>) {
-        let mut provisional = self.provisional();
+        self.settle_locked(&mut self.provisional(), id);
+    }
+
+    fn settle_locked(&self, provisional: &mut Provisional, id: Option<ClusterId>) {
         if !self.inner.fresh.load(Ordering::Acquire) {
             return;
         }
@@ -325,6 +328,52 @@ impl OwnCluster {
         }
         tracing::info!(cluster = %id, "this node belongs to cluster {id}");
         Ok(())
+    }
+}
+
+/// One initialization attempt's hold on the id it minted ([`OwnCluster::mint`]): while it
+/// lasts the node joins no other cluster. Ended by [`Founding::found`] or
+/// [`Founding::abandon`]; dropped unended (the call cancelled) it lets go, unless Raft was
+/// already asked to initialize ([`Founding::raft_asked`]): the node may then hold the new
+/// cluster's first entry, and keeps to the id until it restarts (which reads the log).
+pub struct Founding<'a> {
+    cluster: &'a OwnCluster,
+    id: ClusterId,
+    raft_asked: bool,
+    ended: bool,
+}
+
+impl Founding<'_> {
+    /// The minted id.
+    pub fn id(&self) -> ClusterId {
+        self.id
+    }
+
+    /// Notes that Raft is being asked to initialize the cluster.
+    pub fn raft_asked(&mut self) {
+        self.raft_asked = true;
+    }
+
+    /// The cluster was initialized: the node's id is the minted one, for good.
+    pub fn found(mut self) {
+        self.ended = true;
+        let mut provisional = self.cluster.provisional();
+        provisional.founding = false;
+        self.cluster.settle_locked(&mut provisional, Some(self.id));
+    }
+
+    /// The cluster was not initialized: the node may join others again.
+    pub fn abandon(mut self) {
+        self.ended = true;
+        self.cluster.provisional().founding = false;
+    }
+}
+
+impl Drop for Founding<'_> {
+    fn drop(&mut self) {
+        if !self.ended && !self.raft_asked {
+            self.cluster.provisional().founding = false;
+        }
     }
 }
 
@@ -433,23 +482,46 @@ mod tests {
     #[test]
     fn a_node_initializing_a_cluster_joins_no_other_meanwhile_and_settles_on_its_own() {
         let node = OwnCluster::default();
-        let first = node.mint().unwrap().unwrap();
-        let second = node.mint().unwrap().unwrap();
-        assert_ne!(first, second, "every attempt mints a new id");
+        let attempt = node.mint().unwrap().unwrap();
+        let first = attempt.id();
+        assert!(node.mint().is_err(), "one attempt at a time");
         let other = ClusterId::random();
         assert_eq!(
             node.join(other),
             Err(AdmitError::Foreign(Foreign::Founding {
-                ours: second,
+                ours: first,
                 theirs: other
             }))
         );
-        node.abandon();
+        attempt.abandon();
         node.join(other).unwrap();
-        let mine = node.mint().unwrap().unwrap();
-        node.found(mine);
-        assert_eq!(node.get(), Some(mine));
+        assert_eq!(node.get(), Some(other));
+
+        // Cancelled before Raft was asked: let go. After: kept until a restart.
+        drop(node.mint().unwrap().unwrap());
+        let mut attempt = node.mint().unwrap().unwrap();
+        let second = attempt.id();
+        assert_ne!(second, first, "every attempt mints a new id");
+        attempt.raft_asked();
+        drop(attempt);
         assert!(node.join(other).is_err());
+        assert!(node.mint().is_err());
+        assert_eq!(node.get(), Some(second));
+    }
+
+    #[test]
+    fn a_founded_cluster_is_the_nodes_for_good() {
+        let node = OwnCluster::default();
+        let mut attempt = node.mint().unwrap().unwrap();
+        let mine = attempt.id();
+        attempt.raft_asked();
+        attempt.found();
+        assert_eq!(node.get(), Some(mine));
+        assert!(node.join(ClusterId::random()).is_err());
+        assert!(
+            node.mint().unwrap().is_none(),
+            "its log holds the cluster now"
+        );
     }
 
     #[test]
@@ -478,7 +550,7 @@ mod tests {
             assert_eq!(legacy.admit(None, inviting), Ok(Standing::Unnamed));
         }
         assert!(legacy.join(theirs).is_err());
-        assert_eq!(legacy.mint().unwrap(), None, "nor starts one");
+        assert!(legacy.mint().unwrap().is_none(), "nor starts one");
         assert_eq!(legacy.get(), None);
         assert!(!dir.path().join(FILE).exists());
     }
@@ -500,8 +572,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let founder = OwnCluster::open(dir.path(), true).unwrap();
         assert_eq!(founder.get(), None);
-        let id = founder.mint().unwrap().unwrap();
-        founder.found(id);
+        let attempt = founder.mint().unwrap().unwrap();
+        let id = attempt.id();
+        attempt.found();
         assert_eq!(OwnCluster::open(dir.path(), false).unwrap().get(), Some(id));
 
         let joiner_dir = tempfile::tempdir().unwrap();

@@ -241,23 +241,29 @@ impl cluster_server::Cluster for ClusterService {
             .await
             .map(|initialized| !initialized)
             .map_err(|e| infra_status(Code::Internal, infra::INTERNAL, e.to_string()))?;
-        let minted = if pristine {
-            self.cluster
-                .mint()
-                .map_err(|e| infra_status(Code::Internal, infra::INTERNAL, format!("{e:#}")))?
+        let mut founding = if pristine {
+            self.cluster.mint().map_err(|e| {
+                infra_status(
+                    Code::FailedPrecondition,
+                    infra::MEMBERSHIP,
+                    format!("{e:#}"),
+                )
+            })?
         } else {
             None
         };
-        if minted.is_some() {
-            if let Err(status) = self.join_members(&nodes).await {
-                self.cluster.abandon();
-                return Err(status);
-            }
+        if founding.is_some() {
+            // A failure here drops `founding`, which lets the node join others again.
+            self.join_members(&nodes).await?;
+        }
+        if let Some(founding) = founding.as_mut() {
+            founding.raft_asked();
         }
         let initialized = self.node.raft.initialize(nodes).await;
-        match minted {
-            Some(minted) if initialized.is_ok() => self.cluster.found(minted),
-            _ => self.cluster.abandon(),
+        match founding {
+            Some(founding) if initialized.is_ok() => founding.found(),
+            Some(founding) => founding.abandon(),
+            None => {}
         }
         match initialized {
             Ok(()) => Ok(Response::new(InitializeResponse {})),
