@@ -12,9 +12,9 @@
 //! log is empty — has none until it joins: the node initializing the cluster asks every member
 //! to join before the first election ([`crate::raft_wire::Kind::Join`]), and a member added
 //! later joins with the first entries or snapshot its leader sends that Raft would accept. The id
-//! is written before the node acts on anything. Until it joins, a new member refuses votes,
-//! pre-votes and handovers that carry an id: a stale node of another cluster must not win its
-//! vote.
+//! is written before the node acts on anything. A new member refuses votes, pre-votes and
+//! handovers that carry an id it has not joined: a stale node of another cluster must not win its
+//! vote. While its log is empty its id is provisional ([`OwnCluster`]).
 //!
 //! A node that holds a log but no id (its cluster was formed before ids existed, or its
 //! `cluster-id` file was lost) adopts none: it answers only requests without an id, as before
@@ -326,7 +326,7 @@ impl OwnCluster {
             durable_file::write(file, format!("{id}\n").as_bytes())
                 .with_context(|| format!("cannot write the cluster id to {}", file.display()))?;
         }
-        tracing::info!(cluster = %id, "this node belongs to cluster {id}");
+        tracing::info!(cluster = %id, "cluster id kept");
         Ok(())
     }
 }

@@ -351,7 +351,7 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
                     | AppendEntriesResponse::Conflict)
             ) {
                 local.contact.heard_from_leader();
-                // Following a leader: whatever id this node has now (or none) is final.
+                // Following that leader: its cluster id (or none) is this node's for good.
                 local.cluster.settle(header.cluster);
             }
             raft_wire::answer(&result)
@@ -390,7 +390,7 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
             }
             if result.as_ref().is_ok_and(|response| response.vote == vote) {
                 local.contact.heard_from_leader();
-                // Following a leader: whatever id this node has now (or none) is final.
+                // Following that leader: its cluster id (or none) is this node's for good.
                 local.cluster.settle(header.cluster);
             }
             raft_wire::answer(&result)
