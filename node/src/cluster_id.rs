@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use anyhow::{ensure, Context};
+use anyhow::{anyhow, Context};
 
 use crate::durable_file;
 
@@ -64,14 +64,9 @@ impl ClusterId {
     /// The id written as `text` (32 hex digits, as [`fmt::Display`] writes it).
     pub fn parse(text: &str) -> anyhow::Result<Self> {
         let text = text.trim();
-        ensure!(
-            text.len() == 32 && text.bytes().all(|b| b.is_ascii_hexdigit()),
-            "a cluster id is 32 hex digits, not {text:?}"
-        );
         let mut bytes = [0u8; 16];
-        for (i, byte) in bytes.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16)?;
-        }
+        hex::decode_to_slice(text, &mut bytes)
+            .map_err(|e| anyhow!("a cluster id is 32 hex digits, not {text:?} ({e})"))?;
         Self::from_wire(bytes).context("a cluster id is not all zeros")
     }
 }
@@ -84,7 +79,7 @@ impl fmt::Debug for ClusterId {
 
 impl fmt::Display for ClusterId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.iter().try_for_each(|byte| write!(f, "{byte:02x}"))
+        f.write_str(&hex::encode(self.0))
     }
 }
 
@@ -323,8 +318,7 @@ impl OwnCluster {
 
     fn write(&self, id: ClusterId) -> anyhow::Result<()> {
         if let Some(file) = &self.inner.file {
-            durable_file::write(file, format!("{id}\n").as_bytes())
-                .with_context(|| format!("cannot write the cluster id to {}", file.display()))?;
+            store(file, id)?;
         }
         tracing::info!(cluster = %id, "cluster id kept");
         Ok(())
@@ -388,8 +382,12 @@ pub enum AdmitError {
 
 /// Writes `id` as the cluster id of `data_dir` (a restore seeding it).
 pub fn record(data_dir: &Path, id: ClusterId) -> anyhow::Result<()> {
-    let file = data_dir.join(FILE);
-    durable_file::write(&file, format!("{id}\n").as_bytes())
+    store(&data_dir.join(FILE), id)
+}
+
+/// Writes `id` to `file`, durably.
+fn store(file: &Path, id: ClusterId) -> anyhow::Result<()> {
+    durable_file::write(file, format!("{id}\n").as_bytes())
         .with_context(|| format!("cannot write the cluster id to {}", file.display()))
 }
 

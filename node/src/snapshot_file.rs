@@ -334,10 +334,7 @@ fn fingerprint(state: &[u8], last: &LogId, members: &BTreeMap<NodeId, String>) -
         hash.update(addr.as_bytes());
         hash.update([0]);
     }
-    hash.finalize()[..16]
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect()
+    hex::encode(&hash.finalize()[..16])
 }
 
 /// The fingerprint of the restore that seeded `data_dir` ([`restore`]); empty when it was not

@@ -106,6 +106,15 @@ fn membership_source(answered: &[NodeInfoResponse]) -> Option<&NodeInfoResponse>
         .max_by_key(|info| (info.term, info.role == "leader", info.applied_index))
 }
 
+/// `group on [ids], ...`: which nodes hold which cluster id (or restore fingerprint).
+fn on_nodes(groups: &BTreeMap<&str, Vec<u64>>) -> String {
+    groups
+        .iter()
+        .map(|(group, ids)| format!("{group} on {ids:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// How `status` names the group of initialized nodes that have no cluster id.
 const NO_CLUSTER_ID: &str = "(no cluster id)";
 
@@ -340,11 +349,7 @@ pub async fn status(
              --raise-fences. Stop the odd ones out; replace each as a dead node (`baton members \
              remove`, then `members add` under a new id with an empty data dir), or restore every \
              member from one file with the same options (docs/operations.md, \"Cluster ids\")",
-            clusters
-                .iter()
-                .map(|(cluster, ids)| format!("{cluster} on {ids:?}"))
-                .collect::<Vec<_>>()
-                .join(", ")
+            on_nodes(&clusters)
         );
         return exit::FAILURE;
     }
@@ -354,11 +359,7 @@ pub async fn status(
              with different --members or --raise-fences ({}); their states differ at the same log \
              position. Stop them and restore every member from one file with the same options \
              (docs/backup.md)",
-            restores
-                .iter()
-                .map(|(fingerprint, ids)| format!("{fingerprint} on {ids:?}"))
-                .collect::<Vec<_>>()
-                .join(", ")
+            on_nodes(&restores)
         );
         return exit::FAILURE;
     }
