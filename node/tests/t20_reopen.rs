@@ -163,22 +163,57 @@ async fn raw_sled(path: &std::path::Path) -> sled::Db {
     retry_open(&format!("open {}", path.display()), || sled::open(path)).await
 }
 
-#[tokio::test]
-async fn a_snapshot_an_older_version_kept_in_the_log_database_is_moved_and_used() {
-    let dir = tempfile::tempdir().unwrap();
-    let images_dir = dir.path().join(store::SNAPSHOT_STORE);
-    let tickets_in_snapshot = four_offers_three_in_a_snapshot(dir.path()).await;
+/// The image file's encoded meta and data: after an 8-byte magic, the meta's length (8 bytes,
+/// little endian), the meta, the data, and a 4-byte checksum.
+fn split_image_file(path: &std::path::Path) -> (Vec<u8>, Vec<u8>) {
+    let image = std::fs::read(path.join(store::SNAPSHOT_FILE)).expect("a snapshot image file");
+    let (len, rest) = image[8..image.len() - 4].split_at(8);
+    let len = u64::from_le_bytes(len.try_into().unwrap()) as usize;
+    let (meta, data) = rest.split_at(len);
+    (meta.to_vec(), data.to_vec())
+}
 
-    // Rewrite the data dir into the older layout: the snapshot in the log database's `snapshot`
-    // tree and no snapshot store.
-    let (meta, data) = split_image(&raw_sled(&images_dir).await);
-    std::fs::remove_dir_all(&images_dir).unwrap();
-    {
-        let db = raw_sled(dir.path()).await;
-        let legacy = db.open_tree(b"snapshot").unwrap();
-        legacy.insert(b"meta", meta).unwrap();
-        legacy.insert(b"data", data).unwrap();
-        db.flush().unwrap();
+/// How an older version kept the snapshot.
+#[derive(Clone, Copy, Debug)]
+enum OldLayout {
+    /// The oldest: keys `meta` and `data` of the log database's tree `snapshot`.
+    LogTree,
+    /// A sled database of its own, keys `meta` and `data`.
+    StoreKeys,
+    /// A sled database of its own, the meta's length, the meta and the data packed under `image`.
+    StoreImage,
+}
+
+/// A data dir written by a version that kept its snapshot (of three of four offers) in `layout`
+/// resumes from it; the snapshot is moved into the image file and the old copy is gone.
+async fn a_snapshot_in_an_older_layout_is_moved_and_used(layout: OldLayout) {
+    let dir = tempfile::tempdir().unwrap();
+    let store_dir = dir.path().join(store::SNAPSHOT_STORE);
+    let tickets_in_snapshot = four_offers_three_in_a_snapshot(dir.path()).await;
+    let (meta, data) = split_image_file(dir.path());
+    std::fs::remove_file(dir.path().join(store::SNAPSHOT_FILE)).unwrap();
+    match layout {
+        OldLayout::LogTree => {
+            let db = raw_sled(dir.path()).await;
+            let legacy = db.open_tree(b"snapshot").unwrap();
+            legacy.insert(b"meta", meta).unwrap();
+            legacy.insert(b"data", data).unwrap();
+            db.flush().unwrap();
+        }
+        OldLayout::StoreKeys => {
+            let db = raw_sled(&store_dir).await;
+            db.insert(b"meta", meta).unwrap();
+            db.insert(b"data", data).unwrap();
+            db.flush().unwrap();
+        }
+        OldLayout::StoreImage => {
+            let mut packed = (meta.len() as u64).to_le_bytes().to_vec();
+            packed.extend_from_slice(&meta);
+            packed.extend_from_slice(&data);
+            let db = raw_sled(&store_dir).await;
+            db.insert(b"image", packed).unwrap();
+            db.flush().unwrap();
+        }
     }
 
     {
@@ -187,59 +222,10 @@ async fn a_snapshot_an_older_version_kept_in_the_log_database_is_moved_and_used(
         assert_eq!(
             applied.map(|id| id.index),
             Some(3),
-            "resumes from the moved snapshot"
+            "{layout:?}: resumes from the moved snapshot"
         );
         let tickets: Vec<_> = sm.read().state.handoff.tickets().cloned().collect();
-        assert_eq!(tickets, tickets_in_snapshot);
-        let current = sm.get_current_snapshot().await.unwrap().unwrap();
-        assert_eq!(current.meta.last_log_id.map(|id| id.index), Some(3));
-    }
-
-    // Moved, not copied: the log database no longer has the tree; the snapshot store has it.
-    let db = raw_sled(dir.path()).await;
-    assert!(
-        !db.tree_names()
-            .iter()
-            .any(|name| name.as_ref() == b"snapshot"),
-        "the old tree is gone from the log database"
-    );
-    drop(db);
-    let images = raw_sled(&images_dir).await;
-    assert!(images.get(b"image").unwrap().is_some());
-}
-
-/// The snapshot store's image split into its encoded meta and its data: an 8-byte little-endian
-/// length of the meta, the meta, then the data.
-fn split_image(images: &sled::Db) -> (Vec<u8>, Vec<u8>) {
-    let image = images.get(b"image").unwrap().expect("a snapshot image");
-    let (len, rest) = image.split_at(8);
-    let len = u64::from_le_bytes(len.try_into().unwrap()) as usize;
-    let (meta, data) = rest.split_at(len);
-    (meta.to_vec(), data.to_vec())
-}
-
-/// A data dir from the version that kept the snapshot's meta and data under two keys of the
-/// snapshot store resumes from that snapshot; the next snapshot replaces both keys.
-#[tokio::test]
-async fn a_snapshot_kept_under_separate_meta_and_data_keys_is_still_used() {
-    let dir = tempfile::tempdir().unwrap();
-    let images_dir = dir.path().join(store::SNAPSHOT_STORE);
-    let tickets_in_snapshot = four_offers_three_in_a_snapshot(dir.path()).await;
-    {
-        let images = raw_sled(&images_dir).await;
-        let (meta, data) = split_image(&images);
-        images.remove(b"image").unwrap();
-        images.insert(b"meta", meta).unwrap();
-        images.insert(b"data", data).unwrap();
-        images.flush().unwrap();
-    }
-
-    {
-        let (_log, mut sm) = reopen(dir.path()).await;
-        let (applied, _) = sm.applied_state().await.unwrap();
-        assert_eq!(applied.map(|id| id.index), Some(3));
-        let tickets: Vec<_> = sm.read().state.handoff.tickets().cloned().collect();
-        assert_eq!(tickets, tickets_in_snapshot);
+        assert_eq!(tickets, tickets_in_snapshot, "{layout:?}");
         let current = sm.get_current_snapshot().await.unwrap().unwrap();
         assert_eq!(current.meta.last_log_id.map(|id| id.index), Some(3));
 
@@ -253,16 +239,109 @@ async fn a_snapshot_kept_under_separate_meta_and_data_keys_is_still_used() {
         assert_eq!(rebuilt.meta.last_log_id.map(|id| id.index), Some(4));
     }
 
-    let images = raw_sled(&images_dir).await;
+    // Moved, not copied.
     assert!(
-        images.get(b"meta").unwrap().is_none(),
-        "old meta key removed"
+        !store_dir.exists(),
+        "{layout:?}: the snapshot store is gone"
     );
+    let db = raw_sled(dir.path()).await;
     assert!(
-        images.get(b"data").unwrap().is_none(),
-        "old data key removed"
+        !db.tree_names()
+            .iter()
+            .any(|name| name.as_ref() == b"snapshot"),
+        "{layout:?}: the old tree is gone from the log database"
     );
-    assert!(images.get(b"image").unwrap().is_some());
+    drop(db);
+    let (_log, sm) = reopen(dir.path()).await;
+    assert_eq!(sm.read().last_applied.map(|id| id.index), Some(4));
+}
+
+#[tokio::test]
+async fn a_snapshot_an_older_version_kept_in_the_log_database_is_moved_and_used() {
+    a_snapshot_in_an_older_layout_is_moved_and_used(OldLayout::LogTree).await;
+}
+
+#[tokio::test]
+async fn a_snapshot_kept_under_separate_meta_and_data_keys_is_moved_and_used() {
+    a_snapshot_in_an_older_layout_is_moved_and_used(OldLayout::StoreKeys).await;
+}
+
+#[tokio::test]
+async fn a_snapshot_kept_packed_in_the_snapshot_store_is_moved_and_used() {
+    a_snapshot_in_an_older_layout_is_moved_and_used(OldLayout::StoreImage).await;
+}
+
+/// The bytes of every file under `path`.
+fn bytes_under(path: &std::path::Path) -> u64 {
+    std::fs::read_dir(path)
+        .unwrap()
+        .map(|entry| {
+            let entry = entry.unwrap();
+            let meta = entry.metadata().unwrap();
+            if meta.is_dir() {
+                bytes_under(&entry.path())
+            } else {
+                meta.len()
+            }
+        })
+        .sum()
+}
+
+/// A node keeps one snapshot: building (or installing) a new one frees the space of the one
+/// before, also across restarts. (In a sled database of its own every image stayed on disk:
+/// sled frees a replaced large value only once its log segment fills up, which a database
+/// holding one key never does.)
+#[tokio::test]
+async fn replacing_the_snapshot_frees_the_space_of_the_one_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = |index: u64| {
+        let mut entry = offer(index, &format!("k{index}"));
+        if let EntryPayload::Normal(Batch(envelopes)) = &mut entry.payload {
+            if let Command::Handoff(Handoff::Offer(args)) = &mut envelopes[0].command {
+                args.payload = vec![index as u8; 256 << 10];
+            }
+        }
+        entry
+    };
+    let (mut log, mut sm) = store::open(dir.path()).unwrap();
+    // Four offers of 256 KiB each: an image of ~1 MiB.
+    sm.apply((1..=4).map(big).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let image = sm
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap()
+        .snapshot
+        .into_inner()
+        .len() as u64;
+    let before = bytes_under(dir.path());
+    let mut index = 4;
+    for round in 0..3 {
+        for _ in 0..10 {
+            index += 1;
+            sm.apply(vec![offer(index, &format!("k{index}"))])
+                .await
+                .unwrap();
+            sm.get_snapshot_builder()
+                .await
+                .build_snapshot()
+                .await
+                .unwrap();
+        }
+        drop((log, sm));
+        (log, sm) = reopen(dir.path()).await;
+        assert_eq!(sm.read().last_applied.map(|id| id.index), Some(index));
+        let after = bytes_under(dir.path());
+        assert!(
+            after < before + 2 * image,
+            "after {} more snapshots of ~{image} bytes (round {round}) the store holds {after} \
+             bytes, {before} before them",
+            (round + 1) * 10
+        );
+    }
 }
 
 /// A snapshot built while entries keep being applied holds exactly the entries up to its own

@@ -87,7 +87,7 @@ impl Disk {
 }
 
 /// Makes the names in `dir` durable.
-fn sync_dir(dir: &Path) -> io::Result<()> {
+pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 

@@ -1,20 +1,25 @@
 //! Durable storage on sled: the Raft log and vote ([`LogStore`]) and the state machine with its
 //! snapshots ([`StateMachineStore`]).
 //!
-//! Two sled databases per node. The log's (at `path`) holds the trees `log` (entries by index)
-//! and `meta` (vote, committed, last purged). The snapshot store's (at `path/snapshot-store`)
-//! holds the latest snapshot's meta and bytes: writing a snapshot image of ~100 MB takes sled's
-//! database-wide batch lock and holds a writer on its current IO buffer while the image goes to
-//! a blob file, so in the log's database it stalled every log append and sync of that node for
-//! the whole write (docs/benchmarks.md, "State scale"). The state machine itself lives in memory;
-//! its durable image is the latest snapshot plus the log suffix, which openraft re-applies on
-//! start-up up to the saved committed index.
+//! One sled database per node, at `path`, holds the trees `log` (entries by index) and `meta`
+//! (vote, committed, last purged). The latest snapshot is a plain file beside them
+//! (`path/raft-snapshot`, [`image`]): replaced whole, it needs no database, and in sled a value
+//! that large stalled the log (in the log's database: a ~100 MB image held sled's database-wide
+//! batch lock and a writer on its IO buffer, so every append and sync waited for the whole
+//! write; docs/benchmarks.md, "State scale") or was never freed (in a database of its own).
+//! The state machine itself lives in memory; its durable image is the latest snapshot plus the
+//! log suffix, which openraft re-applies on start-up up to the saved committed index.
 
 mod cover;
 mod disk;
+mod image;
+mod legacy;
 mod log;
 mod recent;
 mod state_machine;
+
+pub use image::FILE_NAME as SNAPSHOT_FILE;
+pub use legacy::SNAPSHOT_STORE;
 
 pub use log::LogStore;
 pub use state_machine::{Applied, StateMachineStore};
@@ -36,25 +41,10 @@ pub fn open_with(
     limits: HistoryLimits,
 ) -> Result<(LogStore, StateMachineStore), StorageError> {
     let log = open_disk(sled::Config::new().path(path), path)?;
-    let images_path = path.join(SNAPSHOT_STORE);
-    // Snapshot images are read once at start-up and written whole: no cache worth the memory.
-    let images = open_disk(
-        sled::Config::new()
-            .path(&images_path)
-            .cache_capacity(SNAPSHOT_STORE_CACHE),
-        &images_path,
-    )?;
-    let state_machine = StateMachineStore::new(&log, &images, limits)?;
+    let state_machine = StateMachineStore::new(path, &log, limits)?;
     let log = LogStore::new(&log, state_machine.cover())?;
     Ok((log, state_machine))
 }
-
-/// The snapshot store's sled directory inside the log's (sled ignores entries it does not know;
-/// its own snapshot files start with `snap.`).
-pub const SNAPSHOT_STORE: &str = "snapshot-store";
-
-/// sled's page cache for the snapshot store (bytes).
-const SNAPSHOT_STORE_CACHE: u64 = 16 << 20;
 
 fn open_disk(config: sled::Config, path: &std::path::Path) -> Result<disk::Disk, StorageError> {
     let db = config

@@ -1,5 +1,5 @@
 //! The state machine adapter: runs `baton_statemachine::apply` on committed entries and keeps
-//! the latest snapshot durable in sled.
+//! the latest snapshot durable in its image file.
 //!
 //! The state lives in memory behind a lock that is never held across an `.await`. A snapshot is
 //! the bincode image of [`State`]; building one persists it, and on start-up the store resumes
@@ -25,7 +25,9 @@ use tokio::sync::watch;
 
 use super::cover::Cover;
 use super::disk::Disk;
+use super::image::ImageFile;
 use super::io_error;
+use super::legacy;
 use crate::codec;
 use crate::history::{History, HistoryLimits};
 use crate::types::{Batch, LogId, NodeId, Responses, StorageError, TypeConfig};
@@ -51,35 +53,6 @@ impl Drop for Copying<'_> {
     }
 }
 
-/// The key of the snapshot image: its meta and its data packed in one value ([`pack_image`]), so
-/// that one plain insert replaces both at once.
-const SNAPSHOT_IMAGE: &[u8] = b"image";
-/// The keys under which versions before [`SNAPSHOT_IMAGE`] kept the meta and the data apart
-/// (written together by a `sled::Batch`); read when no image exists, removed once one does.
-const SNAPSHOT_META: &[u8] = b"meta";
-const SNAPSHOT_DATA: &[u8] = b"data";
-
-/// How many bytes the meta's length takes at the front of a packed image.
-const META_LEN_BYTES: usize = 8;
-
-/// One value holding a snapshot's encoded meta and its data: the meta's length (8 bytes, little
-/// endian), the meta, the data.
-fn pack_image(meta: &[u8], data: &[u8]) -> Vec<u8> {
-    let mut image = Vec::with_capacity(META_LEN_BYTES + meta.len() + data.len());
-    image.extend_from_slice(&(meta.len() as u64).to_le_bytes());
-    image.extend_from_slice(meta);
-    image.extend_from_slice(data);
-    image
-}
-
-/// The meta and the data of a [`pack_image`] value; None if it is too short for what its
-/// length prefix says.
-fn unpack_image(image: &[u8]) -> Option<(&[u8], &[u8])> {
-    let (len, rest) = image.split_first_chunk::<META_LEN_BYTES>()?;
-    let len = usize::try_from(u64::from_le_bytes(*len)).ok()?;
-    (len <= rest.len()).then(|| rest.split_at(len))
-}
-
 /// The applied state and the Raft pointers that describe it.
 #[derive(Debug, Default)]
 pub struct Applied {
@@ -102,8 +75,8 @@ pub struct StateMachineStore {
     applied_index: Arc<watch::Sender<u64>>,
     /// The changes of the most recently applied entries, for watches.
     history: History,
-    /// The snapshot store (its own sled database, not the log's).
-    images: Disk,
+    /// The latest snapshot's file.
+    image: ImageFile,
     /// What the image on disk covers, shared with the log store (see `cover`).
     cover: Cover,
     /// Held while an image is checked against the stored one and written, so that a build that
@@ -114,21 +87,22 @@ pub struct StateMachineStore {
 }
 
 impl StateMachineStore {
-    /// The store over `images`, first moving a snapshot that an older version kept in the
-    /// log's database (`log`) over to it.
+    /// The store whose snapshot is kept in `path` beside the log's database (`log`), first
+    /// moving a snapshot that an older version kept elsewhere there.
     pub(super) fn new(
+        path: &std::path::Path,
         log: &Disk,
-        images: &Disk,
         limits: HistoryLimits,
     ) -> Result<Self, StorageError> {
-        move_legacy_snapshot(log, images)
+        let image = ImageFile::new(path);
+        legacy::move_snapshot(path, log, &image)
             .map_err(|e| io_error(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))?;
         let mut store = Self {
             applied: Arc::default(),
             copying: Arc::default(),
             applied_index: Arc::new(watch::Sender::new(0)),
             history: History::new(limits, 0),
-            images: images.clone(),
+            image,
             cover: Cover::new(None),
             saving: Arc::default(),
             opened_from: None,
@@ -271,113 +245,43 @@ impl StateMachineStore {
 
     /// Makes `meta` and `data` the durable snapshot, unless the stored one is as new already
     /// (a build that copied the state before a newer snapshot was installed); returns whether
-    /// it wrote.
-    ///
-    /// One plain insert of one value, never a `sled::Batch`: sled 0.34 runs every batch under a
-    /// lock shared by all its databases in the process, and from the first batch on every other
-    /// sled call waits on that lock too. Writing a 100 MB image that way held up the Raft log's
-    /// appends and reads for the whole write (~0.5 s): a leader sent no heartbeats meanwhile and
-    /// its followers stood for election (docs/benchmarks.md, "State scale").
+    /// it wrote, and `data` back.
     async fn save_snapshot(
         &self,
         meta: &SnapshotMeta<NodeId, BasicNode>,
-        data: &[u8],
-    ) -> Result<bool, StorageError> {
+        data: Vec<u8>,
+    ) -> Result<(bool, Vec<u8>), StorageError> {
         let _saving = self.saving.lock().await;
         let stored = self.cover.durable();
         if stored.is_some() && stored >= meta.last_log_id {
-            return Ok(false);
+            return Ok((false, data));
         }
         let subject = || ErrorSubject::Snapshot(Some(meta.signature()));
         let meta_bytes =
             codec::encode(meta).map_err(|e| io_error(subject(), ErrorVerb::Write, e))?;
-        let image = pack_image(&meta_bytes, data);
-        // sled writes a value this large to a file of its own, synchronously: not on a worker.
-        let images = self.images.clone();
-        tokio::task::spawn_blocking(move || write_image(images.db(), image))
-            .await
-            .map_err(|e| io_error(subject(), ErrorVerb::Write, e))?
-            .map_err(|e| io_error(subject(), ErrorVerb::Write, e))?;
-        self.images
-            .sync()
-            .await
-            .map_err(|e| io_error(subject(), ErrorVerb::Write, e))?;
+        // Writing and syncing ~120 MB per million leases: not on a runtime worker.
+        let image = self.image.clone();
+        let data =
+            tokio::task::spawn_blocking(move || image.write(&meta_bytes, &data).map(|()| data))
+                .await
+                .map_err(|e| io_error(subject(), ErrorVerb::Write, e))?
+                .map_err(|e| io_error(subject(), ErrorVerb::Write, e))?;
         self.cover.on_disk(meta.last_log_id);
-        Ok(true)
+        Ok((true, data))
     }
 
     fn load_snapshot(&self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        fn read_error(e: impl std::error::Error + Send + Sync + 'static) -> StorageError {
-            io_error(ErrorSubject::Snapshot(None), ErrorVerb::Read, e)
-        }
-        let db = self.images.db();
-        let (meta, data) = match db.get(SNAPSHOT_IMAGE).map_err(read_error)? {
-            Some(image) => {
-                let Some((meta, data)) = unpack_image(&image) else {
-                    return Err(read_error(std::io::Error::other(
-                        "the snapshot image is shorter than its header says",
-                    )));
-                };
-                (meta.to_vec(), data.to_vec())
-            }
-            None => match (
-                db.get(SNAPSHOT_META).map_err(read_error)?,
-                db.get(SNAPSHOT_DATA).map_err(read_error)?,
-            ) {
-                (Some(meta), Some(data)) => (meta.to_vec(), data.to_vec()),
-                _ => return Ok(None),
-            },
+        let read_error = |e| io_error(ErrorSubject::Snapshot(None), ErrorVerb::Read, e);
+        let Some((meta, data)) = self.image.read().map_err(read_error)? else {
+            return Ok(None);
         };
-        let meta: SnapshotMeta<NodeId, BasicNode> = codec::decode(&meta).map_err(read_error)?;
+        let meta: SnapshotMeta<NodeId, BasicNode> = codec::decode(&meta)
+            .map_err(|e| io_error(ErrorSubject::Snapshot(None), ErrorVerb::Read, e))?;
         Ok(Some(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(data)),
         }))
     }
-}
-
-/// Stores `image` as the snapshot and then drops the older layout's keys (the image is read
-/// first, so a crash in between leaves them unused).
-fn write_image(db: &sled::Db, image: Vec<u8>) -> sled::Result<()> {
-    db.insert(SNAPSHOT_IMAGE, image)?;
-    db.remove(SNAPSHOT_META)?;
-    db.remove(SNAPSHOT_DATA)?;
-    Ok(())
-}
-
-/// The tree in which versions before the separate snapshot store kept the snapshot, in the
-/// log's database.
-const LEGACY_SNAPSHOT_TREE: &[u8] = b"snapshot";
-
-/// Moves a snapshot kept in the log's database by an older version into the snapshot store:
-/// copied and synced first, then dropped from the log's database and synced, so a crash in
-/// between leaves it in both places (and the next start drops the old copy).
-fn move_legacy_snapshot(log: &Disk, images: &Disk) -> std::io::Result<()> {
-    let has_legacy = log
-        .db()
-        .tree_names()
-        .iter()
-        .any(|name| name.as_ref() == LEGACY_SNAPSHOT_TREE);
-    if !has_legacy {
-        return Ok(());
-    }
-    let legacy = log
-        .db()
-        .open_tree(LEGACY_SNAPSHOT_TREE)
-        .map_err(std::io::Error::other)?;
-    let meta = legacy.get(SNAPSHOT_META).map_err(std::io::Error::other)?;
-    let data = legacy.get(SNAPSHOT_DATA).map_err(std::io::Error::other)?;
-    let stored = |key| images.db().contains_key(key).map_err(std::io::Error::other);
-    let moved = stored(SNAPSHOT_IMAGE)? || stored(SNAPSHOT_META)?;
-    if let (Some(meta), Some(data), false) = (meta, data, moved) {
-        write_image(images.db(), pack_image(&meta, &data)).map_err(std::io::Error::other)?;
-        images.sync_blocking()?;
-        tracing::info!("moved the snapshot from the log's database to the snapshot store");
-    }
-    log.db()
-        .drop_tree(LEGACY_SNAPSHOT_TREE)
-        .map_err(std::io::Error::other)?;
-    log.sync_blocking()
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
@@ -389,7 +293,8 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
         let (data, meta) = tokio::task::spawn_blocking(move || store.encode_snapshot())
             .await
             .map_err(|e| io_error(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))??;
-        if self.save_snapshot(&meta, &data).await? {
+        let (saved, data) = self.save_snapshot(&meta, data).await?;
+        if saved {
             tracing::info!(snapshot = %meta.snapshot_id, bytes = data.len(), "built snapshot");
         } else {
             tracing::info!(
@@ -499,7 +404,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     e,
                 )
             })??;
-            self.save_snapshot(meta, &data).await
+            self.save_snapshot(meta, data).await
         };
         if let Err(error) = installed.await {
             self.cover.abandoned();
@@ -532,25 +437,6 @@ mod tests {
     use openraft::{CommittedLeaderId, LogId};
 
     use super::*;
-
-    #[test]
-    fn a_packed_image_unpacks_to_its_meta_and_data() {
-        let image = pack_image(b"meta-bytes", b"the data");
-        assert_eq!(
-            unpack_image(&image),
-            Some((&b"meta-bytes"[..], &b"the data"[..]))
-        );
-        let empty = pack_image(b"", b"");
-        assert_eq!(unpack_image(&empty), Some((&b""[..], &b""[..])));
-    }
-
-    #[test]
-    fn a_truncated_image_is_refused() {
-        let image = pack_image(b"meta-bytes", b"");
-        assert_eq!(unpack_image(&image[..image.len() - 1]), None);
-        assert_eq!(unpack_image(&image[..7]), None);
-        assert_eq!(unpack_image(&u64::MAX.to_le_bytes()), None);
-    }
 
     /// An apply that waits for a snapshot's copy of the state leaves the runtime's thread free:
     /// on a single-threaded runtime, another task keeps running meanwhile (a blocking `write()`
