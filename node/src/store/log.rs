@@ -66,7 +66,13 @@ impl LogStore {
     /// synced the file. An entry after a hole was appended no earlier than the lost one, so no
     /// append that holds it has been reported stored (each reports only after syncing every
     /// file it wrote): the entries from the hole on are dropped, as a crash before the sync
-    /// would have, and the committed pointer is kept within what is left.
+    /// would have.
+    ///
+    /// The committed pointer is saved only after its entries were synced (openraft 0.9 awaits
+    /// each append's callback before its next command), so a hole at or below it means that
+    /// entries reported stored are gone — a damaged disk, a deleted file, a data dir copied
+    /// while its node ran. Such a node must not go on: it could vote for a candidate that
+    /// lacks committed entries. It refuses to start instead, saying so.
     fn drop_entries_after_a_hole(&self) -> Result<(), StorageError> {
         let error = |e| io_error(ErrorSubject::Logs, ErrorVerb::Read, e);
         let last_purged: Option<LogId> = self.read_meta(LAST_PURGED, ErrorSubject::Logs)?;
@@ -94,27 +100,30 @@ impl LogStore {
         let Some(missing) = hole_at else {
             return Ok(());
         };
+        let committed: Option<LogId> = self
+            .read_meta::<Option<LogId>>(COMMITTED, ErrorSubject::Store)?
+            .flatten();
+        if let Some(committed) = committed.filter(|committed| committed.index >= missing) {
+            return Err(io_error(
+                ErrorSubject::Logs,
+                ErrorVerb::Read,
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!(
+                        "the Raft log lost entry {missing}, which was stored and committed (the \
+                 committed index is {}): this data dir is damaged; replace the node as a dead \
+                 one (docs/operations.md, \"Replacing a dead node\")",
+                        committed.index
+                    ),
+                ),
+            ));
+        }
         tracing::warn!(
             missing,
             "the log lost entry {missing} in a crash but kept later ones; dropping them (never \
              reported stored)"
         );
         self.remove_range(index_key(missing).., Removal::NewestFirst)?;
-        // Never before the purge point (see `get_log_state`).
-        let last = self
-            .last_entry()?
-            .map(|entry| entry.log_id)
-            .max(last_purged);
-        let committed: Option<LogId> = self
-            .read_meta::<Option<LogId>>(COMMITTED, ErrorSubject::Store)?
-            .flatten();
-        if committed.is_some_and(|committed| Some(committed.index) > last.map(|id| id.index)) {
-            let bytes = codec::encode(&last)
-                .map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Write, e))?;
-            self.meta
-                .insert(COMMITTED, bytes)
-                .map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Write, e))?;
-        }
         self.disk
             .sync_blocking()
             .map_err(|e| io_error(ErrorSubject::Logs, ErrorVerb::Delete, e))
