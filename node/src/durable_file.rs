@@ -44,6 +44,22 @@ pub fn remove(path: &Path) -> anyhow::Result<()> {
     sync_dir(parent(path))
 }
 
+/// Creates `dir` and its missing parents durably: each new directory's name is synced in its
+/// parent, so that a power cut soon after a node's first start (or a restore) does not take the
+/// whole data dir, vote and log with it, on a file system that commits a new name only when its
+/// directory is synced.
+pub fn create_dir_all(dir: &Path) -> anyhow::Result<()> {
+    let missing: Vec<&Path> = dir
+        .ancestors()
+        .take_while(|p| !p.as_os_str().is_empty() && !p.exists())
+        .collect();
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    missing
+        .iter()
+        .rev()
+        .try_for_each(|created| sync_dir(parent(created)))
+}
+
 /// The directory `path` is named in.
 fn parent(path: &Path) -> &Path {
     match path.parent() {
@@ -62,6 +78,15 @@ fn sync_dir(dir: &Path) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn creates_missing_directories_and_accepts_existing_ones() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let nested = dir.path().join("a/b/c");
+        create_dir_all(&nested).expect("create");
+        assert!(nested.is_dir());
+        create_dir_all(&nested).expect("create again");
+    }
 
     #[test]
     fn replaces_the_whole_file_and_leaves_no_temporary_file() {

@@ -97,7 +97,7 @@ pub async fn serve_secured(
         ),
         None => None,
     };
-    std::fs::create_dir_all(&config.data_dir)
+    durable_file::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
     crate::snapshot_file::refuse_unfinished_restore(&config.data_dir)?;
     claim_identity(&config)?;

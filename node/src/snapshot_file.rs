@@ -390,8 +390,7 @@ fn prepare_restore_dir(data_dir: &Path) -> anyhow::Result<()> {
             removed.with_context(|| format!("cannot remove {}", path.display()))?;
         }
     }
-    std::fs::create_dir_all(data_dir)
-        .with_context(|| format!("cannot create {}", data_dir.display()))
+    durable_file::create_dir_all(data_dir)
 }
 
 /// Refuses to start a node on a data dir whose restore did not finish (its log may already be
