@@ -10,6 +10,25 @@ use std::path::Path;
 
 use anyhow::Context;
 
+/// How the temporary files of writes in progress are named.
+const TEMP_PREFIX: &str = ".baton-";
+
+/// Removes the temporary files in `dir` that writes interrupted by a crash left behind (a
+/// snapshot image's is as large as the image); returns how many. Call it only while nothing
+/// writes in `dir`.
+pub fn remove_leftovers(dir: &Path) -> anyhow::Result<usize> {
+    let mut removed = 0;
+    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
+        let entry = entry.with_context(|| format!("cannot list {}", dir.display()))?;
+        if entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX) && entry.path().is_file() {
+            std::fs::remove_file(entry.path())
+                .with_context(|| format!("cannot remove {}", entry.path().display()))?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
 /// Writes `bytes` to `path` atomically and durably.
 pub fn write(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     write_parts(path, &[bytes])
@@ -20,7 +39,7 @@ pub fn write(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
 pub fn write_parts(path: &Path, parts: &[&[u8]]) -> anyhow::Result<()> {
     let dir = parent(path);
     let mut temp = tempfile::Builder::new()
-        .prefix(".baton-")
+        .prefix(TEMP_PREFIX)
         .tempfile_in(dir)
         .with_context(|| format!("cannot create a temporary file in {}", dir.display()))?;
     let mut out = std::io::BufWriter::new(temp.as_file_mut());
@@ -78,6 +97,24 @@ fn sync_dir(dir: &Path) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn leftovers_of_interrupted_writes_are_removed_and_nothing_else() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        write(&dir.path().join("node-id"), b"1\n").expect("write");
+        let leftover = tempfile::Builder::new()
+            .prefix(TEMP_PREFIX)
+            .tempfile_in(dir.path())
+            .expect("temp");
+        let (_, leftover) = leftover.keep().expect("keep");
+        assert_eq!(remove_leftovers(dir.path()).expect("remove"), 1);
+        assert!(!leftover.exists());
+        assert_eq!(
+            std::fs::read(dir.path().join("node-id")).expect("read"),
+            b"1\n"
+        );
+        assert_eq!(remove_leftovers(dir.path()).expect("remove"), 0);
+    }
 
     #[test]
     fn creates_missing_directories_and_accepts_existing_ones() {

@@ -271,6 +271,61 @@ async fn a_snapshot_kept_packed_in_the_snapshot_store_is_moved_and_used() {
     a_snapshot_in_an_older_layout_is_moved_and_used(OldLayout::StoreImage).await;
 }
 
+/// A node upgraded, rolled back to the previous version (which went on keeping snapshots in
+/// its snapshot store) and upgraded again finds an older image in the file than in the store:
+/// the newer one is kept, whichever place it is in.
+#[tokio::test]
+async fn after_a_rollback_the_newer_snapshot_of_store_and_file_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let store_dir = dir.path().join(store::SNAPSHOT_STORE);
+    four_offers_three_in_a_snapshot(dir.path()).await;
+    let file = dir.path().join(store::SNAPSHOT_FILE);
+    let older_file = std::fs::read(&file).unwrap();
+    {
+        let (_log, mut sm) = reopen(dir.path()).await;
+        sm.apply(vec![offer(4, "k4")]).await.unwrap();
+        sm.get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+    }
+    // The rolled-back version's newer snapshot (of four offers) in its store; the file holds the
+    // upgrade's older one (of three).
+    let (meta, data) = split_image_file(dir.path());
+    {
+        let mut packed = (meta.len() as u64).to_le_bytes().to_vec();
+        packed.extend_from_slice(&meta);
+        packed.extend_from_slice(&data);
+        let db = raw_sled(&store_dir).await;
+        db.insert(b"image", packed).unwrap();
+        db.flush().unwrap();
+    }
+    std::fs::write(&file, older_file).unwrap();
+
+    let (_log, sm) = reopen(dir.path()).await;
+    assert_eq!(
+        sm.read().last_applied.map(|id| id.index),
+        Some(4),
+        "the store's newer snapshot was kept"
+    );
+    assert!(!store_dir.exists());
+}
+
+/// A snapshot store whose deletion a crash cut short (renamed first, so never opened again) is
+/// deleted at the next start.
+#[tokio::test]
+async fn a_snapshot_store_deletion_cut_short_is_finished() {
+    let dir = tempfile::tempdir().unwrap();
+    four_offers_three_in_a_snapshot(dir.path()).await;
+    let removing = dir.path().join("snapshot-store.removing");
+    std::fs::create_dir_all(removing.join("blobs")).unwrap();
+    std::fs::write(removing.join("snap.0000000000000000"), b"half deleted").unwrap();
+    let (_log, sm) = reopen(dir.path()).await;
+    assert!(!removing.exists());
+    assert_eq!(sm.read().last_applied.map(|id| id.index), Some(3));
+}
+
 /// The bytes of every file under `path`.
 fn bytes_under(path: &std::path::Path) -> u64 {
     std::fs::read_dir(path)
@@ -560,6 +615,22 @@ async fn an_entry_lost_with_its_blob_file_takes_the_later_entries_along() {
     log.blocking_append(vec![offer(2, "b2")]).await.unwrap();
     let entries = log.try_get_log_entries(0..10).await.unwrap();
     assert_eq!(entries.len(), 2);
+}
+
+/// A snapshot write that a crash interrupted leaves its temporary file (as large as the image)
+/// in the store's directory; the next open removes it and keeps the image.
+#[tokio::test]
+async fn a_snapshot_write_cut_short_leaves_no_file_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    four_offers_three_in_a_snapshot(dir.path()).await;
+    let leftover = dir.path().join(".baton-interrupted");
+    std::fs::write(&leftover, vec![0; 1 << 20]).unwrap();
+    let (_log, sm) = reopen(dir.path()).await;
+    assert!(
+        !leftover.exists(),
+        "the interrupted write's file is still there"
+    );
+    assert_eq!(sm.read().last_applied.map(|id| id.index), Some(3));
 }
 
 /// A committed entry is saved only after it was synced, so an entry missing at or below the

@@ -190,7 +190,7 @@ impl LogStore {
     ///
     /// Not a `sled::Batch`: sled 0.34 runs every batch under a lock shared by all its databases
     /// in the process, and from the first batch on every other sled call (every append, every
-    /// read for replication) waits on that lock too (see `StateMachineStore::save_snapshot`).
+    /// read for replication) waits on that lock too (docs/design.md, "Storage").
     /// Atomicity is not needed: sled recovers a prefix of its writes in order, so removing from
     /// the right end leaves a contiguous log after any crash.
     fn remove_range(

@@ -41,6 +41,20 @@ pub fn open_with(
     limits: HistoryLimits,
 ) -> Result<(LogStore, StateMachineStore), StorageError> {
     let log = open_disk(sled::Config::new().path(path), path)?;
+    // Under sled's lock on `path`: no other process writes an image here.
+    let removed = crate::durable_file::remove_leftovers(path).map_err(|e| {
+        io_error(
+            ErrorSubject::Store,
+            ErrorVerb::Delete,
+            std::io::Error::other(e),
+        )
+    })?;
+    if removed > 0 {
+        tracing::info!(
+            removed,
+            "removed files of snapshot writes a crash interrupted"
+        );
+    }
     let state_machine = StateMachineStore::new(path, &log, limits)?;
     let log = LogStore::new(&log, state_machine.cover())?;
     Ok((log, state_machine))
