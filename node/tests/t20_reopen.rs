@@ -173,6 +173,17 @@ fn split_image_file(path: &std::path::Path) -> (Vec<u8>, Vec<u8>) {
     (meta.to_vec(), data.to_vec())
 }
 
+/// Stores a snapshot as the previous version did: in the sled database at `store_dir`, the
+/// meta's length, the meta and the data packed under `image`.
+async fn pack_into_store(store_dir: &std::path::Path, meta: &[u8], data: &[u8]) {
+    let mut packed = (meta.len() as u64).to_le_bytes().to_vec();
+    packed.extend_from_slice(meta);
+    packed.extend_from_slice(data);
+    let db = raw_sled(store_dir).await;
+    db.insert(b"image", packed).unwrap();
+    db.flush().unwrap();
+}
+
 /// How an older version kept the snapshot.
 #[derive(Clone, Copy, Debug)]
 enum OldLayout {
@@ -206,14 +217,7 @@ async fn a_snapshot_in_an_older_layout_is_moved_and_used(layout: OldLayout) {
             db.insert(b"data", data).unwrap();
             db.flush().unwrap();
         }
-        OldLayout::StoreImage => {
-            let mut packed = (meta.len() as u64).to_le_bytes().to_vec();
-            packed.extend_from_slice(&meta);
-            packed.extend_from_slice(&data);
-            let db = raw_sled(&store_dir).await;
-            db.insert(b"image", packed).unwrap();
-            db.flush().unwrap();
-        }
+        OldLayout::StoreImage => pack_into_store(&store_dir, &meta, &data).await,
     }
 
     {
@@ -293,14 +297,7 @@ async fn after_a_rollback_the_newer_snapshot_of_store_and_file_is_kept() {
     // The rolled-back version's newer snapshot (of four offers) in its store; the file holds the
     // upgrade's older one (of three).
     let (meta, data) = split_image_file(dir.path());
-    {
-        let mut packed = (meta.len() as u64).to_le_bytes().to_vec();
-        packed.extend_from_slice(&meta);
-        packed.extend_from_slice(&data);
-        let db = raw_sled(&store_dir).await;
-        db.insert(b"image", packed).unwrap();
-        db.flush().unwrap();
-    }
+    pack_into_store(&store_dir, &meta, &data).await;
     std::fs::write(&file, older_file).unwrap();
 
     let (_log, sm) = reopen(dir.path()).await;
