@@ -949,6 +949,87 @@ async fn workers_run_keyed_and_unkeyed_tasks_with_increasing_tokens_and_drain() 
     cluster.stop().await;
 }
 
+/// A worker stopped while a lease of its is on its way leaves nothing leased to it: it asks
+/// again under the lease's seq what that lease got, and hands it back unstarted. Stopped at many
+/// points of a busy queue (handlers that finish at once keep a lease in flight nearly all the
+/// time), some stops fall between a lease's proposal and its answer; the answer used to be
+/// dropped, and its tasks — with their concurrency keys — stayed leased to the gone worker until
+/// the lease TTL (here 30 s) ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stopped_mid_lease_leaves_nothing_leased_to_it() {
+    let cluster = Cluster::start().await;
+    let c = cluster.client.clone();
+    c.create_queue("busy", "ns").await.unwrap();
+    for i in 0..400 {
+        let key = if i % 2 == 0 {
+            format!("k{}", i % 40)
+        } else {
+            String::new()
+        };
+        c.submit(&spec("busy", &format!("t{i}"), "h", &key))
+            .await
+            .unwrap();
+    }
+    let mut handed_back = 0;
+    for round in 0..16u64 {
+        let id = format!("w{round}");
+        let worker = Worker::builder(c.clone(), id.clone())
+            .queue("busy")
+            .concurrency_keys(true)
+            .slots(2)
+            .lease_ttl(Duration::from_secs(30))
+            .build()
+            .unwrap();
+        let stop_after = Duration::from_millis(20 + (round * 17) % 60);
+        let summary = worker
+            .run(
+                |_ctx| async { Ok(Vec::new()) },
+                tokio::time::sleep(stop_after),
+            )
+            .await
+            .unwrap();
+        handed_back += summary.handed_back;
+        let leased = c
+            .queue_tasks(&TaskFilter {
+                queue: Some("busy".into()),
+                state: Some(TaskState::Leased),
+                concurrency_key: None,
+            })
+            .await
+            .unwrap();
+        let stranded: Vec<u64> = leased
+            .iter()
+            .filter(|task| task.attempts.last().is_some_and(|a| a.worker == id))
+            .map(|task| task.id)
+            .collect();
+        assert!(
+            stranded.is_empty(),
+            "round {round}: tasks {stranded:?} are still leased to {id}, which stopped \
+             ({summary:?})"
+        );
+    }
+    println!("attempts handed back at shutdown over 16 stops: {handed_back}");
+    // Each attempt handed back is recorded once, failed unstarted with the reason, and its task
+    // waits again (or has moved on).
+    let tasks = c
+        .queue_tasks(&TaskFilter {
+            queue: Some("busy".into()),
+            ..TaskFilter::default()
+        })
+        .await
+        .unwrap();
+    let recorded: Vec<&baton_statemachine::queue::Attempt> = tasks
+        .iter()
+        .flat_map(|task| &task.attempts)
+        .filter(|attempt| attempt.note == baton_rpc::worker::HANDED_BACK)
+        .collect();
+    assert_eq!(recorded.len() as u64, handed_back);
+    for attempt in recorded {
+        assert_eq!(attempt.outcome, AttemptOutcome::Failed, "{attempt:?}");
+        assert_eq!(attempt.started_at_ms, None, "{attempt:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_that_times_out_says_so_and_a_conflicting_registration_fails_the_run() {
     let cluster = Cluster::start().await;

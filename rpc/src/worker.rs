@@ -22,8 +22,9 @@
 //!   `protocol error: ...` message and logged;
 //! - a handler whose lease is lost is stopped at its next await, and keeps its slot until then:
 //!   never more than `slots` handlers run;
-//! - on shutdown it drains: it stops leasing, lets in-flight handlers finish (bounded by the
-//!   drain timeout) and returns a [`WorkerSummary`].
+//! - on shutdown it drains: it stops leasing, hands back unstarted what a lease cut short by the
+//!   stop had leased, lets in-flight handlers finish (bounded by the drain timeout) and returns
+//!   a [`WorkerSummary`].
 //!
 //! ```no_run
 //! # async fn demo(client: baton_rpc::Client) -> Result<(), baton_rpc::Error> {
@@ -76,6 +77,7 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
+use crate::client::LeasePoll;
 use crate::{Client, Error};
 
 /// What a handler returns when the attempt did not succeed. The variant decides what the worker
@@ -369,6 +371,8 @@ pub struct WorkerSummary {
     pub lost: u64,
     /// Assignments refused as protocol errors.
     pub protocol_errors: u64,
+    /// Attempts leased by a request whose answer shutdown cut short, handed back unstarted.
+    pub handed_back: u64,
     /// Whether every in-flight handler finished within the drain timeout.
     pub drained: bool,
 }
@@ -386,6 +390,9 @@ impl WorkerSummary {
 }
 
 type FinishHook = Arc<dyn Fn(&Finished) + Send + Sync>;
+
+/// The error recorded for an attempt handed back unstarted at shutdown.
+pub const HANDED_BACK: &str = "the worker stopped before starting this attempt";
 
 /// How long, after the drain timed out, an attempt whose handler has finished may still take to
 /// report its answer before it is abandoned too.
@@ -625,16 +632,27 @@ impl Worker {
                 continue;
             }
             let polled_at = Instant::now();
-            let polled = tokio::select! {
+            let poll = tokio::select! {
                 biased;
                 _ = &mut shutdown => break,
-                polled = settings.client.lease_timed(
+                poll = settings.client.lease_poll(
                     &settings.id,
                     &settings.queues,
                     free as u32,
                     settings.lease_ttl_ms(),
                     settings.poll_wait,
-                ) => polled,
+                ) => poll,
+            };
+            let polled = match poll {
+                Ok(poll) => tokio::select! {
+                    biased;
+                    _ = &mut shutdown => {
+                        summary.handed_back += self.hand_back(poll).await;
+                        break;
+                    }
+                    polled = poll.send() => polled,
+                },
+                Err(error) => Err(error),
             };
             match polled {
                 Ok(leased) => {
@@ -722,6 +740,52 @@ impl Worker {
             Some(error) => Err(error),
             None => Ok(summary),
         }
+    }
+
+    /// Learns what a lease request whose answer shutdown dropped leased (see
+    /// [`LeasePoll::settle`]), and hands each attempt back unstarted — failed retryably, so its
+    /// task is leasable again after the first back-off (500 ms) — instead of leaving it, and its
+    /// concurrency key, to a worker that is gone until its lease runs out. Returns how many.
+    async fn hand_back(&self, poll: LeasePoll<'_>) -> u64 {
+        let settings = &self.settings;
+        let leased = match poll.settle().await {
+            Ok(leased) => leased,
+            Err(error) => {
+                tracing::warn!(
+                    worker = %settings.id,
+                    %error,
+                    "cannot learn what the lease cut short by shutdown leased: its tasks stay \
+                     leased until their leases run out"
+                );
+                return 0;
+            }
+        };
+        let mut handed_back = 0;
+        for assignment in leased {
+            let failed = settings
+                .client
+                .fail_attempt(
+                    assignment.task_id,
+                    assignment.attempt,
+                    &settings.id,
+                    HANDED_BACK,
+                    true,
+                )
+                .await;
+            match failed {
+                Ok(_) => handed_back += 1,
+                Err(error) => tracing::warn!(
+                    worker = %settings.id,
+                    task = assignment.task_id,
+                    %error,
+                    "cannot hand back an attempt leased as the worker stopped"
+                ),
+            }
+        }
+        if handed_back > 0 {
+            tracing::info!(worker = %settings.id, handed_back, "handed back attempts leased as the worker stopped");
+        }
+        handed_back
     }
 
     fn tally(&self, summary: &mut WorkerSummary, joined: Result<Finished, tokio::task::JoinError>) {
@@ -1506,6 +1570,7 @@ mod tests {
                 unknown: 1,
                 lost: 2,
                 protocol_errors: 1,
+                handed_back: 0,
                 drained: false,
             }
         );

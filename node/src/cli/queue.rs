@@ -497,7 +497,7 @@ fn print_finished(f: &Finished) {
 
 fn print_summary(s: &WorkerSummary) {
     println!(
-        "completed={} failed={} unknown={} lost={} protocol_errors={} drained={}",
-        s.completed, s.failed, s.unknown, s.lost, s.protocol_errors, s.drained
+        "completed={} failed={} unknown={} lost={} protocol_errors={} handed_back={} drained={}",
+        s.completed, s.failed, s.unknown, s.lost, s.protocol_errors, s.handed_back, s.drained
     );
 }

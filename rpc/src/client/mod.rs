@@ -76,6 +76,7 @@ fn jittered(pause: Duration) -> Duration {
 }
 
 pub(crate) use batcher::{Conn, Grpc};
+pub(crate) use queue::LeasePoll;
 #[cfg(test)]
 pub(crate) use queue::Leased;
 
@@ -434,12 +435,21 @@ impl Client {
         F: Fn(RequestHeader, Conn) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
+        let started = Instant::now();
+        let request = self.number(wait, started).await?;
+        self.send_numbered(&request, started, wait, false, attempt)
+            .await
+    }
+
+    /// Numbers a write that the server may hold for `wait`, begun at `started`, in its session
+    /// (long polls have one of their own): once the session's window has room, and while enough
+    /// of the call's deadline is left to send it.
+    async fn number(&self, wait: Duration, started: Instant) -> Result<InFlight<'_>, Error> {
         let session = if wait.is_zero() {
             &self.inner.session
         } else {
             &self.inner.poll_session
         };
-        let started = Instant::now();
         let deadline = self.inner.config.deadline + wait;
         let Ok(request) = tokio::time::timeout(deadline, InFlight::begin(session)).await else {
             return Err(Error::Unavailable {
@@ -462,11 +472,29 @@ impl Client {
                 ),
             });
         }
-        let sent = AtomicBool::new(false);
+        Ok(request)
+    }
+
+    /// Sends the write numbered `request`, begun at `started`, which the server may hold for
+    /// `wait`. Every attempt after the first is marked a retry, and the first too when `retry`
+    /// (the request was sent before, by a call whose answer was dropped).
+    async fn send_numbered<T, F, Fut>(
+        &self,
+        request: &InFlight<'_>,
+        started: Instant,
+        wait: Duration,
+        retry: bool,
+        attempt: F,
+    ) -> Result<T, Error>
+    where
+        F: Fn(RequestHeader, Conn) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let sent = AtomicBool::new(retry);
         // The wait for the window counts against the call's deadline.
         self.call_waiting(started, wait, |channel| {
             let header = RequestHeader {
-                client_id: session.client_id,
+                client_id: request.session.client_id,
                 seq: request.seq,
                 acked_below: request.acked_below,
                 retry: sent.swap(true, Ordering::Relaxed),

@@ -258,34 +258,33 @@ impl Client {
         lease_ttl_ms: i64,
         wait: Duration,
     ) -> Result<Leased, Error> {
+        self.lease_poll(worker, queues, limit, lease_ttl_ms, wait)
+            .await?
+            .send()
+            .await
+    }
+
+    /// Numbers a lease request (in the long polls' session) without sending it: see
+    /// [`LeasePoll`].
+    pub(crate) async fn lease_poll(
+        &self,
+        worker: &str,
+        queues: &[String],
+        limit: u32,
+        lease_ttl_ms: i64,
+        wait: Duration,
+    ) -> Result<LeasePoll<'_>, Error> {
         let wait = wait.min(MAX_LEASE_WAIT);
-        let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
-        let reply = self
-            .write_waiting(wait, |header, channel| {
-                let request = proto::LeaseRequest {
-                    header: Some(header),
-                    worker_id: worker.to_string(),
-                    queues: queues.to_vec(),
-                    limit,
-                    lease_ttl_ms,
-                    wait_ms,
-                };
-                async move {
-                    QueueClient::new(channel)
-                        .max_decoding_message_size(MAX_ANSWER_BYTES)
-                        .lease(request)
-                        .await
-                }
-            })
-            .await?;
-        Ok(Leased {
-            arrived: Instant::now(),
-            store_now_ms: reply.now_ms,
-            assignments: reply
-                .assignments
-                .into_iter()
-                .map(convert::assignment_from_proto)
-                .collect(),
+        let started = std::time::Instant::now();
+        Ok(LeasePoll {
+            client: self,
+            number: self.number(wait, started).await?,
+            started,
+            worker: worker.to_string(),
+            queues: queues.to_vec(),
+            limit,
+            lease_ttl_ms,
+            wait,
         })
     }
 
@@ -412,6 +411,86 @@ impl Client {
             })
             .await?;
         task_of(reply.task, "report_unknown")
+    }
+}
+
+/// One lease request, numbered: [`LeasePoll::send`] sends it (a long poll); when that call is
+/// dropped — the worker stops while the answer is on its way — [`LeasePoll::settle`] learns what
+/// the request leased, if anything, so that those attempts do not stay leased to a worker that
+/// is gone until their leases run out.
+pub(crate) struct LeasePoll<'a> {
+    client: &'a Client,
+    number: super::InFlight<'a>,
+    started: std::time::Instant,
+    worker: String,
+    queues: Vec<String>,
+    limit: u32,
+    lease_ttl_ms: i64,
+    wait: Duration,
+}
+
+impl LeasePoll<'_> {
+    /// Sends the request and waits for its answer (at most its wait beyond the deadline).
+    pub(crate) async fn send(&self) -> Result<Leased, Error> {
+        let reply = self.ask(self.limit, self.wait, false, self.started).await?;
+        Ok(Leased {
+            arrived: Instant::now(),
+            store_now_ms: reply.now_ms,
+            assignments: reply
+                .assignments
+                .into_iter()
+                .map(convert::assignment_from_proto)
+                .collect(),
+        })
+    }
+
+    /// What the request leased, whether or not an earlier [`LeasePoll::send`] of it got there:
+    /// it is asked again under its own seq (marked a retry, without waiting) with a limit of
+    /// zero, which the store refuses. Applied before, the request's own answer comes back; not
+    /// yet, the refusal is recorded as its answer, and the request, should it still arrive,
+    /// gets that refusal and leases nothing.
+    pub(crate) async fn settle(self) -> Result<Vec<Assignment>, Error> {
+        match self
+            .ask(0, Duration::ZERO, true, std::time::Instant::now())
+            .await
+        {
+            Ok(reply) => Ok(reply
+                .assignments
+                .into_iter()
+                .map(convert::assignment_from_proto)
+                .collect()),
+            Err(error) if error.is_infrastructure() => Err(error),
+            // Refused (the settling limit, or a refusal of the first request): nothing leased.
+            Err(_) => Ok(Vec::new()),
+        }
+    }
+
+    async fn ask(
+        &self,
+        limit: u32,
+        wait: Duration,
+        retry: bool,
+        started: std::time::Instant,
+    ) -> Result<proto::LeaseResponse, Error> {
+        let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        self.client
+            .send_numbered(&self.number, started, wait, retry, |header, channel| {
+                let request = proto::LeaseRequest {
+                    header: Some(header),
+                    worker_id: self.worker.clone(),
+                    queues: self.queues.clone(),
+                    limit,
+                    lease_ttl_ms: self.lease_ttl_ms,
+                    wait_ms,
+                };
+                async move {
+                    QueueClient::new(channel)
+                        .max_decoding_message_size(MAX_ANSWER_BYTES)
+                        .lease(request)
+                        .await
+                }
+            })
+            .await
     }
 }
 
