@@ -243,25 +243,10 @@ impl Client {
         lease_ttl_ms: i64,
         wait: Duration,
     ) -> Result<Vec<Assignment>, Error> {
-        let leased = self
-            .lease_timed(worker, queues, limit, lease_ttl_ms, wait)
+        let poll = self
+            .lease_poll(worker, queues, limit, lease_ttl_ms, wait)
             .await?;
-        Ok(leased.assignments)
-    }
-
-    /// [`Client::lease`], with what the worker runtime needs to tell locally when each lease ends.
-    pub(crate) async fn lease_timed(
-        &self,
-        worker: &str,
-        queues: &[String],
-        limit: u32,
-        lease_ttl_ms: i64,
-        wait: Duration,
-    ) -> Result<Leased, Error> {
-        self.lease_poll(worker, queues, limit, lease_ttl_ms, wait)
-            .await?
-            .send()
-            .await
+        Ok(poll.send().await?.assignments)
     }
 
     /// Numbers a lease request (in the long polls' session) without sending it: see
