@@ -894,6 +894,7 @@ fn a_queue_lease_that_runs_out_is_lost_by_its_worker_and_the_task_is_leasable_ag
         summary(&changes),
         vec![
             s(ChangeKind::Lost, &a_key, "w", 2),
+            s(ChangeKind::RetryWait, &a_key, "w", 2),
             s(ChangeKind::KeyFreed, "k", "w", 2)
         ]
     );
@@ -909,6 +910,46 @@ fn a_queue_lease_that_runs_out_is_lost_by_its_worker_and_the_task_is_leasable_ag
             s(ChangeKind::Leasable, &a_key, "", 0)
         ]
     );
+}
+
+/// A lease that runs out past its task's total deadline ends the task: a started attempt's
+/// needs review, a never-started one's fails. After the worker's `lost`, the new state is
+/// reported too, so a watch of `needs_review` or `failed` sees these as well.
+#[test]
+fn a_lease_running_out_past_the_deadline_reports_needs_review_or_failed_after_lost() {
+    let mut w = queue_world();
+    let (a, _) = submit(&mut w, "q1", "a", "k");
+    let (u, _) = submit(&mut w, "q1", "u", "");
+    let (a_key, u_key) = (a.to_string(), u.to_string());
+    lease(&mut w, T0, 1_000);
+    w.ok(
+        T0 + 1,
+        q(queue::Command::Start {
+            task_id: a,
+            attempt: 1,
+            worker: "w".into(),
+        }),
+    );
+    let changes = w.sweep(T0 + 600_000);
+    assert_eq!(
+        summary(&changes),
+        vec![
+            s(ChangeKind::Lost, &a_key, "w", 1),
+            s(ChangeKind::NeedsReview, &a_key, "w", 1),
+            s(ChangeKind::KeyFreed, "k", "w", 1),
+            s(ChangeKind::Lost, &u_key, "w", 1),
+            s(ChangeKind::Failed, &u_key, "w", 1),
+        ]
+    );
+    let only = |kind| ChangeFilter::all().kinds([kind]);
+    for (kind, key) in [
+        (ChangeKind::NeedsReview, &a_key),
+        (ChangeKind::Failed, &u_key),
+    ] {
+        let seen: Vec<_> = changes.iter().filter(|c| only(kind).matches(c)).collect();
+        assert_eq!(seen.len(), 1, "{kind:?}");
+        assert_eq!(&seen[0].key, key);
+    }
 }
 
 #[test]

@@ -1159,19 +1159,26 @@ impl TaskQueue {
         }
     }
 
-    /// Records how an attempt ended: `lost` when its lease ran out, otherwise the task's new
-    /// state; then `key_freed` when it held a permit, and `leasable` when the task waits again.
+    /// Records how an attempt ended: the task's new state, after `lost` when its lease ran out
+    /// (a watch of `needs_review`, `retry_wait` or `failed` sees those an expiry causes too; a
+    /// never-started attempt's task waiting again is told by `leasable`); then `key_freed` when
+    /// it held a permit, and `leasable` when the task waits again.
     fn note_attempt_ended(&mut self, task: &Task, outcome: AttemptOutcome) {
-        let kind = match (outcome, task.state) {
-            (AttemptOutcome::Expired, _) => ChangeKind::Lost,
-            (_, TaskState::RetryWait) => ChangeKind::RetryWait,
-            (_, TaskState::Succeeded) => ChangeKind::Succeeded,
-            (_, TaskState::Cancelled) => ChangeKind::Cancelled,
-            (_, TaskState::NeedsReview) => ChangeKind::NeedsReview,
-            (_, TaskState::Waiting) => ChangeKind::Requeued,
+        let kind = match task.state {
+            TaskState::RetryWait => ChangeKind::RetryWait,
+            TaskState::Succeeded => ChangeKind::Succeeded,
+            TaskState::Cancelled => ChangeKind::Cancelled,
+            TaskState::NeedsReview => ChangeKind::NeedsReview,
+            TaskState::Waiting => ChangeKind::Requeued,
             _ => ChangeKind::Failed,
         };
-        self.note_attempt(task.id, kind);
+        let expired = outcome == AttemptOutcome::Expired;
+        if expired {
+            self.note_attempt(task.id, ChangeKind::Lost);
+        }
+        if !(expired && task.state == TaskState::Waiting) {
+            self.note_attempt(task.id, kind);
+        }
         let Some(attempt) = task.attempts.last() else {
             return;
         };
