@@ -391,8 +391,9 @@ impl WorkerSummary {
 
 type FinishHook = Arc<dyn Fn(&Finished) + Send + Sync>;
 
-/// The error recorded for an attempt handed back unstarted at shutdown.
-pub const HANDED_BACK: &str = "the worker stopped before starting this attempt";
+/// The lease an attempt handed back unstarted at shutdown is renewed to (milliseconds): it ends
+/// at once, and the store's expiry puts the task back to waiting.
+const HAND_BACK_TTL_MS: i64 = 1;
 
 /// How long, after the drain timed out, an attempt whose handler has finished may still take to
 /// report its answer before it is abandoned too.
@@ -616,6 +617,8 @@ impl Worker {
         let mut summary = WorkerSummary::default();
         let mut fatal = None;
         let mut pause = Duration::from_millis(100);
+        // A lease request the stop cut short: what it leased is handed back.
+        let mut unsettled = None;
         tokio::pin!(shutdown);
 
         loop {
@@ -644,14 +647,30 @@ impl Worker {
                 ) => poll,
             };
             let polled = match poll {
-                Ok(poll) => tokio::select! {
-                    biased;
-                    _ = &mut shutdown => {
-                        summary.handed_back += self.hand_back(poll).await;
-                        break;
+                Ok(poll) => {
+                    let sent = tokio::select! {
+                        biased;
+                        _ = &mut shutdown => {
+                            unsettled = Some(poll);
+                            break;
+                        }
+                        sent = poll.send() => sent,
+                    };
+                    match sent {
+                        // No answer is not no lease: it may have been applied with its answer
+                        // lost, and its tasks would wait for this worker until their leases
+                        // ran out. What it got is learnt under its own seq.
+                        Err(error) if worth_sending_again(&error) => tokio::select! {
+                            biased;
+                            _ = &mut shutdown => {
+                                unsettled = Some(poll);
+                                break;
+                            }
+                            settled = poll.settle() => settled,
+                        },
+                        sent => sent,
                     }
-                    polled = poll.send() => polled,
-                },
+                }
                 Err(error) => Err(error),
             };
             match polled {
@@ -696,6 +715,16 @@ impl Worker {
         // Drain: no more leases; in-flight handlers finish within the drain timeout.
         tracing::info!(worker = %settings.id, in_flight = in_flight.len(), "draining");
         let drain_until = crate::client::instant_after(settings.drain_timeout);
+        if let Some(poll) = unsettled {
+            match tokio::time::timeout_at(drain_until, self.hand_back(&poll)).await {
+                Ok(handed_back) => summary.handed_back = handed_back,
+                Err(_) => tracing::warn!(
+                    worker = %settings.id,
+                    "the drain timed out while handing back what the lease cut short by the \
+                     stop leased: its tasks stay leased until their leases run out"
+                ),
+            }
+        }
         let mut drained = true;
         while !in_flight.is_empty() {
             match tokio::time::timeout_at(drain_until, in_flight.join_next()).await {
@@ -742,37 +771,37 @@ impl Worker {
         }
     }
 
-    /// Learns what a lease request whose answer shutdown dropped leased (see
-    /// [`LeasePoll::settle`]), and hands each attempt back unstarted — failed retryably, so its
-    /// task is leasable again after the first back-off (500 ms) — instead of leaving it, and its
-    /// concurrency key, to a worker that is gone until its lease runs out. Returns how many.
-    async fn hand_back(&self, poll: LeasePoll<'_>) -> u64 {
+    /// Learns what a lease request whose answer the stop cut short leased (see
+    /// [`LeasePoll::settle`]), and hands each attempt back unstarted instead of leaving it, and
+    /// its concurrency key, to a worker that is gone until its lease runs out: its lease is
+    /// renewed to end a millisecond later, and the store's own expiry puts the task back to
+    /// waiting at once (no back-off, nothing counted against its attempts). Returns how many.
+    async fn hand_back(&self, poll: &LeasePoll<'_>) -> u64 {
         let settings = &self.settings;
         let leased = match poll.settle().await {
-            Ok(leased) => leased,
+            Ok(leased) => leased.assignments,
             Err(error) => {
                 tracing::warn!(
                     worker = %settings.id,
                     %error,
-                    "cannot learn what the lease cut short by shutdown leased: its tasks stay \
+                    "cannot learn what the lease cut short by the stop leased: its tasks stay \
                      leased until their leases run out"
                 );
                 return 0;
             }
         };
+        let ended = futures::future::join_all(leased.iter().map(|assignment| {
+            settings.client.renew_attempt(
+                assignment.task_id,
+                assignment.attempt,
+                &settings.id,
+                HAND_BACK_TTL_MS,
+            )
+        }))
+        .await;
         let mut handed_back = 0;
-        for assignment in leased {
-            let failed = settings
-                .client
-                .fail_attempt(
-                    assignment.task_id,
-                    assignment.attempt,
-                    &settings.id,
-                    HANDED_BACK,
-                    true,
-                )
-                .await;
-            match failed {
+        for (assignment, ended) in leased.iter().zip(ended) {
+            match ended {
                 Ok(_) => handed_back += 1,
                 Err(error) => tracing::warn!(
                     worker = %settings.id,
@@ -783,7 +812,11 @@ impl Worker {
             }
         }
         if handed_back > 0 {
-            tracing::info!(worker = %settings.id, handed_back, "handed back attempts leased as the worker stopped");
+            tracing::info!(
+                worker = %settings.id,
+                handed_back,
+                "handed back attempts leased as the worker stopped"
+            );
         }
         handed_back
     }

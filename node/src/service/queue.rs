@@ -348,6 +348,9 @@ impl queue_server::Queue for QueueService {
         request: Request<LeaseRequest>,
     ) -> Result<Response<LeaseResponse>, Status> {
         let mut r = request.into_inner();
+        // A retry is answered only from the session table or through the log (a worker settling
+        // a lease whose answer it lost relies on that: see the client's `LeasePoll::settle`).
+        let retry = r.header.as_ref().is_some_and(|header| header.retry);
         let origin = origin(r.header.take())?;
         // The wait is capped (MAX_LEASE_WAIT) so a request cannot pin a handler forever.
         let wait = Duration::from_millis(r.wait_ms).min(MAX_LEASE_WAIT);
@@ -360,7 +363,11 @@ impl queue_server::Queue for QueueService {
             limit: r.limit,
             lease_ttl_ms: r.lease_ttl_ms,
         };
-        match self.node.propose(Some(origin), Cmd::Queue(command)).await? {
+        match self
+            .node
+            .propose_attempt(Some(origin), retry, Cmd::Queue(command))
+            .await?
+        {
             Reply::Assignments(assignments) => Ok(Response::new(LeaseResponse {
                 assignments: assignments
                     .iter()

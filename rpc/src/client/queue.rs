@@ -418,35 +418,29 @@ impl LeasePoll<'_> {
     /// Sends the request and waits for its answer (at most its wait beyond the deadline).
     pub(crate) async fn send(&self) -> Result<Leased, Error> {
         let reply = self.ask(self.limit, self.wait, false, self.started).await?;
-        Ok(Leased {
-            arrived: Instant::now(),
-            store_now_ms: reply.now_ms,
-            assignments: reply
-                .assignments
-                .into_iter()
-                .map(convert::assignment_from_proto)
-                .collect(),
-        })
+        Ok(Leased::from_reply(reply))
     }
 
-    /// What the request leased, whether or not an earlier [`LeasePoll::send`] of it got there:
-    /// it is asked again under its own seq (marked a retry, without waiting) with a limit of
-    /// zero, which the store refuses. Applied before, the request's own answer comes back; not
-    /// yet, the refusal is recorded as its answer, and the request, should it still arrive,
-    /// gets that refusal and leases nothing.
-    pub(crate) async fn settle(self) -> Result<Vec<Assignment>, Error> {
-        match self
+    /// What the request leased, whether or not an earlier [`LeasePoll::send`] of it got there
+    /// (its call dropped, or failed for want of an answer): it is asked again under its own seq
+    /// (marked a retry, without waiting) with a limit of zero, which the store refuses. Applied
+    /// before, the request's own answer comes back; not yet, the refusal is recorded as its
+    /// answer, and the request, should it still arrive, gets that refusal and leases nothing.
+    /// (A client the session table no longer knows at all — past its 200,000 clients, the
+    /// longest idle is forgotten — would be told nothing was leased.)
+    pub(crate) async fn settle(&self) -> Result<Leased, Error> {
+        let asked = self
             .ask(0, Duration::ZERO, true, std::time::Instant::now())
-            .await
-        {
-            Ok(reply) => Ok(reply
-                .assignments
-                .into_iter()
-                .map(convert::assignment_from_proto)
-                .collect()),
+            .await;
+        match asked {
+            Ok(reply) => Ok(Leased::from_reply(reply)),
             Err(error) if error.is_infrastructure() => Err(error),
             // Refused (the settling limit, or a refusal of the first request): nothing leased.
-            Err(_) => Ok(Vec::new()),
+            Err(_) => Ok(Leased {
+                assignments: Vec::new(),
+                arrived: Instant::now(),
+                store_now_ms: 0,
+            }),
         }
     }
 
@@ -490,6 +484,18 @@ pub(crate) struct Leased {
 }
 
 impl Leased {
+    fn from_reply(reply: proto::LeaseResponse) -> Self {
+        Self {
+            arrived: Instant::now(),
+            store_now_ms: reply.now_ms,
+            assignments: reply
+                .assignments
+                .into_iter()
+                .map(convert::assignment_from_proto)
+                .collect(),
+        }
+    }
+
     /// When `assignment`'s lease ends by this machine's clock, were it leased for `ttl`: what was
     /// left of it when the answer was made, counted from the answer's arrival.
     ///
