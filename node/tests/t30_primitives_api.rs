@@ -709,6 +709,23 @@ async fn initialize_refuses_duplicate_and_addressless_members() {
         Err(Error::Refused(Refusal::Invalid { field, .. })) => assert_eq!(field, "addr"),
         other => panic!("a portless learner: {other:?}"),
     }
+    // A member's id at another address, or a member's address under another id, is refused
+    // (openraft would answer the unchanged membership as if the node had been added); the
+    // member itself again is a retry that changes nothing.
+    for (id, learner, says) in [
+        (1, "127.0.0.1:9", "node 1 is already a member"),
+        (2, addr.as_str(), "already the address of node 1"),
+    ] {
+        match connected.add_learner(id, learner).await {
+            Err(Error::Server { code, message }) => {
+                assert_eq!(code, "MEMBERSHIP");
+                assert!(message.contains(says), "{message}");
+            }
+            other => panic!("node {id} at {learner}: {other:?}"),
+        }
+    }
+    let again = connected.add_learner(1, &addr).await.unwrap();
+    assert_eq!(again.members.len(), 1, "{again:?}");
     let _ = stop.send(());
     server.await.unwrap().unwrap();
 }

@@ -294,6 +294,36 @@ impl cluster_server::Cluster for ClusterService {
                 format!("{addr:?} is not host:port (e.g. 10.0.0.4:7001)"),
             )));
         }
+        // openraft adds a node only if its id is new: a member's id given again with another
+        // address would be answered with the unchanged membership, as if the node were added.
+        // Judged on the committed membership, read linearizably (redirecting a follower).
+        let stored = self.node.read(|applied| applied.membership.clone()).await?;
+        let membership = stored.membership();
+        if let Some(member) = membership.get_node(&id) {
+            if member.addr == addr {
+                // A retry of an addition that went through: nothing to change.
+                return Ok(Response::new(MembershipResponse {
+                    members: members_of(&stored),
+                    log_index: stored.log_id().map_or(0, |id| id.index),
+                }));
+            }
+            return Err(infra_status(
+                Code::FailedPrecondition,
+                infra::MEMBERSHIP,
+                format!(
+                    "node {id} is already a member, at {}; remove it first (`baton members \
+                     remove --id {id}`), and give a node with an empty data dir a new id",
+                    member.addr
+                ),
+            ));
+        }
+        if let Some((other, _)) = membership.nodes().find(|(_, node)| node.addr == addr) {
+            return Err(infra_status(
+                Code::FailedPrecondition,
+                infra::MEMBERSHIP,
+                format!("{addr} is already the address of node {other}"),
+            ));
+        }
         tracing::info!(id, %addr, "adding learner");
         let raft = &self.node.raft;
         let written = unless_deposed(raft, raft.add_learner(id, BasicNode { addr }, true)).await?;
