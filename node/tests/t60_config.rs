@@ -479,6 +479,29 @@ fn unusable_tls_or_token_settings_name_their_key_and_exit_2() {
 /// Client flags given to `baton node` on its command line are refused, saying what to use
 /// instead; before, they were ignored, and a node given `--auth-token` accepted every client.
 /// From the environment (a shell that exported a client's settings) they are no obstacle.
+/// A node that cannot start says why on stderr whatever the log filter lets through: with
+/// `RUST_LOG=off` (or a filter naming other targets only) the failure was logged nowhere, and
+/// the node exited 1 without a word.
+#[test]
+fn a_node_that_cannot_start_says_why_whatever_the_log_filter() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let data = tempfile::tempdir().unwrap();
+    let data_dir = data.path().to_str().unwrap();
+    for filter in ["off", "baton_node::network=debug", "info"] {
+        let output = baton_node(
+            &["--id", "1", "--listen", &addr, "--data-dir", data_dir],
+            &[("RUST_LOG", filter)],
+        );
+        assert_eq!(output.status.code(), Some(1), "RUST_LOG={filter}");
+        let said = format!("{}{}", stdout(&output), stderr(&output));
+        assert!(
+            said.contains("cannot listen") || said.contains("in use"),
+            "RUST_LOG={filter}: {said}"
+        );
+    }
+}
+
 #[test]
 fn client_flags_given_to_a_node_are_refused() {
     for (flags, said) in [

@@ -203,7 +203,13 @@ pub async fn run(args: NodeArgs, security: &SecurityArgs) -> u8 {
     match baton_node::server::run_secured(loaded.node, security, shutdown_signal()).await {
         Ok(()) => exit::OK,
         Err(e) => {
-            tracing::error!("baton node: {e:#}");
+            // Said even when the log filter leaves errors out (`RUST_LOG=off`, a filter naming
+            // other targets only): a node that does not start must say why.
+            if tracing::enabled!(tracing::Level::ERROR) {
+                tracing::error!("baton node: {e:#}");
+            } else {
+                eprintln!("baton node: {e:#}");
+            }
             exit::FAILURE
         }
     }
