@@ -2,6 +2,8 @@
 
 use std::collections::BTreeMap;
 
+use futures::future::join_all;
+
 use baton_rpc::proto::NodeInfoResponse;
 use baton_rpc::{Client, ClientConfig, Error, Security};
 use clap::Subcommand;
@@ -130,11 +132,14 @@ pub async fn status(
     };
     // Every endpoint is asked: the first to answer may be a node removed from the cluster or cut
     // off from it, which knows an older membership.
+    // All at once, and the members below too: frozen nodes cost one attempt's timeout (at most
+    // `--timeout`) per round, not one each.
     let mut answered: Vec<NodeInfoResponse> = Vec::new();
     let mut silent: Vec<&String> = Vec::new();
     let mut last_error: Option<Error> = None;
-    for endpoint in client.endpoints() {
-        match client.node_info(endpoint).await {
+    let asked = join_all(client.endpoints().iter().map(|e| client.node_info(e))).await;
+    for (endpoint, reply) in client.endpoints().iter().zip(asked) {
+        match reply {
             Ok(info) => answered.push(info),
             Err(error) => {
                 silent.push(endpoint);
@@ -169,19 +174,26 @@ pub async fn status(
     let initialized = source.initialized;
     let source_id = source.id;
     let source_cluster = source.cluster_id.clone();
-    let mut rows = Vec::new();
-    for (id, addr) in addrs {
-        // An answer already had is reused only from that very member (id and address); an
-        // endpoint that did not answer is not asked again.
+    // An answer already had is reused only from that very member (id and address); an endpoint
+    // that did not answer is not asked again.
+    let client = &client;
+    let infos = join_all(addrs.iter().map(|(id, addr)| {
         let known = answered
             .iter()
-            .find(|info| info.id == id && info.addr == addr)
+            .find(|info| info.id == *id && info.addr == *addr)
             .cloned();
-        let info = match known {
-            Some(info) => Some(info),
-            None if silent.iter().any(|endpoint| **endpoint == addr) => None,
-            None => client.node_info(&addr).await.ok(),
-        };
+        let silent = silent.contains(&addr);
+        async move {
+            match known {
+                Some(info) => Some(info),
+                None if silent => None,
+                None => client.node_info(addr).await.ok(),
+            }
+        }
+    }))
+    .await;
+    let mut rows = Vec::new();
+    for ((id, addr), info) in addrs.into_iter().zip(infos) {
         match info {
             Some(info) => rows.push((id, addr, info.role.clone(), Some(info))),
             None => rows.push((id, addr, "unreachable".to_string(), None)),

@@ -116,12 +116,15 @@ pub async fn run(command: MembersCommand, client: &Client) -> u8 {
 /// writes until it does — a learner added at a wrong address and promoted, a removal that
 /// leaves a dead node among too few voters — so it is refused before it is made.
 async fn quorum_answers(client: &Client, members: &[Member], next: &[u64]) -> bool {
-    let mut silent = Vec::new();
-    for id in next {
-        if !answers(client, members, *id).await {
-            silent.push(*id);
-        }
-    }
+    // Asked all at once: frozen nodes cost one attempt's timeout, not one each.
+    let answered =
+        futures::future::join_all(next.iter().map(|id| answers(client, members, *id))).await;
+    let silent: Vec<u64> = next
+        .iter()
+        .zip(answered)
+        .filter(|(_, answered)| !answered)
+        .map(|(id, _)| *id)
+        .collect();
     let answering = next.len() - silent.len();
     if answering * 2 > next.len() {
         return true;

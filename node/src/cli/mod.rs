@@ -57,8 +57,9 @@ pub struct Cli {
     #[arg(skip)]
     given: Vec<&'static str>,
 
-    /// How long a client command keeps retrying before it gives up [default: 15s]. For
-    /// `ticket wait`: how long to wait for a ticket [default: 60s].
+    /// How long a client command keeps retrying before it gives up [default: 15s]; no single
+    /// attempt waits longer (`status` probes each node once). For `ticket wait`: how long to wait
+    /// for a ticket [default: 60s].
     #[arg(long, global = true, value_parser = timeout)]
     timeout: Option<Duration>,
 
@@ -452,10 +453,15 @@ pub async fn run(cli: Cli) -> ExitCode {
 /// How long a client command waits for a leader before it says it is still trying.
 const SAY_RETRYING_AFTER: Duration = Duration::from_secs(2);
 
+/// A client whose calls end within `deadline` (`--timeout`), each attempt too: a probe of one
+/// node (`baton status`, the members commands' checks) is one attempt, and a health check with a
+/// 2 s timeout must not wait 3 s for a frozen node.
 fn client_config(deadline: Duration) -> ClientConfig {
+    let defaults = ClientConfig::default();
     ClientConfig {
         deadline,
-        ..ClientConfig::default()
+        attempt_timeout: defaults.attempt_timeout.min(deadline),
+        ..defaults
     }
 }
 
