@@ -502,6 +502,64 @@ fn a_node_that_cannot_start_says_why_whatever_the_log_filter() {
     }
 }
 
+/// `snapshot inspect` and `snapshot restore` work on files and a data dir only: a client flag
+/// given to them is refused rather than ignored (with --endpoints, a restore looked as if it
+/// went into the running cluster). Exported ones are no obstacle.
+#[test]
+fn client_flags_given_to_offline_snapshot_commands_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("none.snapshot");
+    let file = file.to_str().unwrap();
+    let data_dir = dir.path().join("new");
+    let data_dir = data_dir.to_str().unwrap();
+    let inspect = vec!["snapshot", "inspect", file];
+    let restore = vec![
+        "snapshot",
+        "restore",
+        "--from",
+        file,
+        "--data-dir",
+        data_dir,
+        "--id",
+        "1",
+        "--members",
+        "1=127.0.0.1:7001",
+    ];
+    for command in [&inspect, &restore] {
+        for flag in [["--endpoints", "127.0.0.1:7001"], ["--timeout", "5s"]] {
+            let output = Command::new(BATON)
+                .args(flag)
+                .args(command)
+                .env_clear()
+                .output()
+                .unwrap();
+            assert_eq!(
+                output.status.code(),
+                Some(2),
+                "{command:?} {flag:?}: {}",
+                stderr(&output)
+            );
+            assert!(
+                stderr(&output).contains(&format!("{} does not apply", flag[0])),
+                "{command:?} {flag:?}: {}",
+                stderr(&output)
+            );
+        }
+        let exported = Command::new(BATON)
+            .args(command)
+            .env_clear()
+            .env("BATON_ENDPOINTS", "127.0.0.1:7001")
+            .output()
+            .unwrap();
+        assert!(
+            stderr(&exported).contains("none.snapshot")
+                && !stderr(&exported).contains("does not apply"),
+            "{command:?}: {}",
+            stderr(&exported)
+        );
+    }
+}
+
 #[test]
 fn client_flags_given_to_a_node_are_refused() {
     for (flags, said) in [

@@ -276,6 +276,14 @@ impl Cli {
             }
             // Its requests keep their own deadline (a leader change is retried, not counted).
             Command::Bench(_) => ("bench", vec!["timeout"]),
+            // Files and a data dir only: no cluster is asked (a user passing --endpoints may
+            // believe a restore goes into the running cluster).
+            Command::Snapshot(snapshot::SnapshotCommand::Inspect { .. }) => {
+                ("snapshot inspect", [CLIENT_ONLY, TLS].concat())
+            }
+            Command::Snapshot(snapshot::SnapshotCommand::Restore { .. }) => {
+                ("snapshot restore", [CLIENT_ONLY, TLS].concat())
+            }
             _ => return None,
         };
         let id = self.given.iter().find(|id| unused.contains(id))?;
@@ -290,6 +298,10 @@ impl Cli {
             }
             ("bench", "timeout") => " (each request has a deadline of its own)",
             ("bench", _) => " without --endpoints (its own cluster runs plaintext, without tokens)",
+            ("snapshot restore", _) => {
+                " (it seeds a new node's data dir offline; start the node afterwards)"
+            }
+            ("snapshot inspect", _) => " (it reads the file only)",
             _ => "",
         };
         Some(format!("baton {command}: {flag} does not apply{instead}"))
