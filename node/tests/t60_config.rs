@@ -179,12 +179,31 @@ fn unworkable_values_are_refused_by_the_check() {
         // An address peers and clients cannot dial.
         (vec!["--advertise", "10.0.0.5"], vec![], "advertise"),
         (vec!["--set", "peer_addrs.2=peer2"], vec![], "peer_addrs.2"),
-        // The metrics endpoint on the gRPC port.
+        // The metrics endpoint on the gRPC port, also where one address covers the other.
         (
             vec!["--listen", "127.0.0.1:7100", "--http", "127.0.0.1:7100"],
             vec![],
             "http",
         ),
+        (
+            vec![
+                "--listen",
+                "0.0.0.0:7100",
+                "--advertise",
+                "h:7100",
+                "--http",
+                "10.0.0.1:7100",
+            ],
+            vec![],
+            "http",
+        ),
+        (
+            vec!["--listen", "127.0.0.1:7100", "--http", "0.0.0.0:7100"],
+            vec![],
+            "http",
+        ),
+        // A port picked at start, which nobody could be told.
+        (vec!["--listen", "127.0.0.1:0"], vec![], "advertise"),
         // Smaller than a request carrying the largest payload.
         (
             vec!["--max-request-bytes", "262144"],

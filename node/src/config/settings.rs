@@ -346,12 +346,31 @@ impl Settings {
                     ),
                 ))
             }
+            // Port 0 picks a port when the node binds, which no peer or client is told.
+            None if self.listen.port() == 0 => {
+                return Err(invalid(
+                    "advertise",
+                    format!(
+                        "is required when listen is {} (the port is picked at start; nobody \
+                         could be told it)",
+                        self.listen
+                    ),
+                ))
+            }
             None => self.listen.to_string(),
         };
         if self.data_dir.as_os_str().is_empty() {
             return Err(invalid("data_dir", "is empty"));
         }
-        if self.http == Some(self.listen) {
+        // The same port on both, where one address covers the other (equal, or either one
+        // every address of the host), cannot both be bound.
+        let overlaps = |http: SocketAddr| {
+            http.port() == self.listen.port()
+                && (http.ip() == self.listen.ip()
+                    || http.ip().is_unspecified()
+                    || self.listen.ip().is_unspecified())
+        };
+        if self.http.is_some_and(overlaps) {
             return Err(invalid(
                 "http",
                 format!(
