@@ -107,7 +107,18 @@ pub async fn run(command: MembersCommand, client: &Client) -> u8 {
             println!("membership committed at log index {log_index}");
             exit::OK
         }
-        Err(error) => exit::report(&error),
+        Err(error) => {
+            let code = exit::report(&error);
+            if code == exit::UNREACHABLE {
+                // An addition waits for the learner to catch up, which a large state or a wrong
+                // address can make longer than --timeout: the change may well be in.
+                eprintln!(
+                    "baton: the change may have been made all the same: `baton members list` \
+                     shows whether it was, `baton status` how far each member has caught up"
+                );
+            }
+            code
+        }
     }
 }
 
