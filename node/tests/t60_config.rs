@@ -579,6 +579,21 @@ fn client_flags_given_to_offline_snapshot_commands_are_refused() {
     }
 }
 
+/// Addresses that can both be bound are accepted: an IPv4 wildcard and an IPv6 address on one
+/// port, and port 0 (picked at start) for the HTTP endpoint beside an advertised gRPC one.
+#[test]
+fn listen_and_http_that_can_both_be_bound_are_accepted() {
+    for extra in [
+        ["--listen", "0.0.0.0:7100", "--http", "[::1]:7100"],
+        ["--listen", "127.0.0.1:7100", "--http", "127.0.0.1:0"],
+    ] {
+        let mut args = vec!["--check-config", "--id", "1", "--advertise", "h:7100"];
+        args.extend(extra);
+        let output = baton_node(&args, &[]);
+        assert!(output.status.success(), "{extra:?}: {}", stderr(&output));
+    }
+}
+
 #[test]
 fn client_flags_given_to_a_node_are_refused() {
     for (flags, said) in [

@@ -126,18 +126,25 @@ pub async fn status(
     security: Security,
     as_json: bool,
 ) -> u8 {
+    let within = config.deadline;
     let client = match Client::new_with_security(endpoints, config, security) {
         Ok(client) => client,
         Err(error) => return exit::report(&error),
     };
     // Every endpoint is asked: the first to answer may be a node removed from the cluster or cut
     // off from it, which knows an older membership.
-    // All at once, and the members below too: frozen nodes cost one attempt's timeout (at most
-    // `--timeout`) per round, not one each.
+    // All at once, and the members below too: frozen nodes cost one probe (at most `--timeout`)
+    // per round, not one each.
     let mut answered: Vec<NodeInfoResponse> = Vec::new();
     let mut silent: Vec<&String> = Vec::new();
     let mut last_error: Option<Error> = None;
-    let asked = join_all(client.endpoints().iter().map(|e| client.node_info(e))).await;
+    let asked = join_all(
+        client
+            .endpoints()
+            .iter()
+            .map(|e| super::probe(&client, e, within)),
+    )
+    .await;
     for (endpoint, reply) in client.endpoints().iter().zip(asked) {
         match reply {
             Ok(info) => answered.push(info),
@@ -187,7 +194,7 @@ pub async fn status(
             match known {
                 Some(info) => Some(info),
                 None if silent => None,
-                None => client.node_info(addr).await.ok(),
+                None => super::probe(client, addr, within).await.ok(),
             }
         }
     }))

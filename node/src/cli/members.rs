@@ -1,5 +1,7 @@
 //! `baton members ...`: membership administration through the leader.
 
+use std::time::Duration;
+
 use baton_rpc::proto::{Member, MembershipResponse};
 use baton_rpc::Client;
 use clap::Subcommand;
@@ -47,7 +49,8 @@ pub enum MembersCommand {
     },
 }
 
-pub async fn run(command: MembersCommand, client: &Client) -> u8 {
+/// Runs `command`; each node asked whether it answers waits at most `within` (`--timeout`).
+pub async fn run(command: MembersCommand, client: &Client, within: Duration) -> u8 {
     let current = match current_members(client).await {
         Ok(members) => members,
         Err(code) => return code,
@@ -68,12 +71,12 @@ pub async fn run(command: MembersCommand, client: &Client) -> u8 {
             if !next.contains(&id) {
                 next.push(id);
             }
-            if !force && !quorum_answers(client, &current, &next).await {
+            if !force && !quorum_answers(client, &current, &next, within).await {
                 return exit::USAGE;
             }
             // Most voters answering is not enough: a voter nobody reaches leaves the cluster
             // one failure short of stopping (3 of 4 answer; one more down and writes stop).
-            if !force && !answers(client, &current, id).await {
+            if !force && !answers(client, &current, id, within).await {
                 eprintln!(
                     "baton: node {id} does not answer: promoted, it would be a voter the cluster \
                      cannot reach, and one more failure would stop its writes. Start it (or fix \
@@ -95,7 +98,7 @@ pub async fn run(command: MembersCommand, client: &Client) -> u8 {
                 eprintln!("baton: node {id} is the last voter; a cluster cannot do without one");
                 return exit::USAGE;
             }
-            if !force && next != voters && !quorum_answers(client, &current, &next).await {
+            if !force && next != voters && !quorum_answers(client, &current, &next, within).await {
                 return exit::USAGE;
             }
             client.remove_member(id).await
@@ -110,8 +113,9 @@ pub async fn run(command: MembersCommand, client: &Client) -> u8 {
         Err(error) => {
             let code = exit::report(&error);
             if code == exit::UNREACHABLE {
-                // An addition waits for the learner to catch up, which a large state or a wrong
-                // address can make longer than --timeout: the change may well be in.
+                // No answer is not no change: an addition waits for the learner to catch up
+                // (longer than --timeout with a large state or a wrong address), and any change
+                // may have committed with its answer lost.
                 eprintln!(
                     "baton: the change may have been made all the same: `baton members list` \
                      shows whether it was, `baton status` how far each member has caught up"
@@ -126,10 +130,16 @@ pub async fn run(command: MembersCommand, client: &Client) -> u8 {
 /// needs to commit; says why not on stderr. A change that cannot commit holds the cluster's
 /// writes until it does — a learner added at a wrong address and promoted, a removal that
 /// leaves a dead node among too few voters — so it is refused before it is made.
-async fn quorum_answers(client: &Client, members: &[Member], next: &[u64]) -> bool {
+async fn quorum_answers(
+    client: &Client,
+    members: &[Member],
+    next: &[u64],
+    within: Duration,
+) -> bool {
     // Asked all at once: frozen nodes cost one attempt's timeout, not one each.
     let answered =
-        futures::future::join_all(next.iter().map(|id| answers(client, members, *id))).await;
+        futures::future::join_all(next.iter().map(|id| answers(client, members, *id, within)))
+            .await;
     let silent: Vec<u64> = next
         .iter()
         .zip(answered)
@@ -149,9 +159,9 @@ async fn quorum_answers(client: &Client, members: &[Member], next: &[u64]) -> bo
 }
 
 /// Whether member `id` answers (NodeInfo) at its address.
-async fn answers(client: &Client, members: &[Member], id: u64) -> bool {
+async fn answers(client: &Client, members: &[Member], id: u64, within: Duration) -> bool {
     match members.iter().find(|m| m.id == id) {
-        Some(member) => client.node_info(&member.addr).await.is_ok(),
+        Some(member) => super::probe(client, &member.addr, within).await.is_ok(),
         None => false,
     }
 }

@@ -425,7 +425,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         return ExitCode::from(exit::report(&error));
     }
     let code = match command {
-        Command::Members(command) => members::run(command, &client).await,
+        Command::Members(command) => members::run(command, &client, deadline).await,
         Command::Ticket(command) => {
             ticket::run(
                 command,
@@ -465,16 +465,30 @@ pub async fn run(cli: Cli) -> ExitCode {
 /// How long a client command waits for a leader before it says it is still trying.
 const SAY_RETRYING_AFTER: Duration = Duration::from_secs(2);
 
-/// A client whose calls end within `deadline` (`--timeout`), each attempt too: a probe of one
-/// node (`baton status`, the members commands' checks) is one attempt, and a health check with a
-/// 2 s timeout must not wait 3 s for a frozen node.
 fn client_config(deadline: Duration) -> ClientConfig {
-    let defaults = ClientConfig::default();
     ClientConfig {
         deadline,
-        attempt_timeout: defaults.attempt_timeout.min(deadline),
-        ..defaults
+        ..ClientConfig::default()
     }
+}
+
+/// One node's `NodeInfo`, waiting at most `within` (`--timeout`) besides the client's own
+/// attempt timeout: a health check with a 2 s timeout must not wait 3 s for a frozen node.
+/// (Lowering the client's attempt timeout instead would also tighten its keep-alive pings.)
+pub(crate) async fn probe(
+    client: &Client,
+    addr: &str,
+    within: Duration,
+) -> Result<baton_rpc::proto::NodeInfoResponse, baton_rpc::Error> {
+    tokio::time::timeout(within, client.node_info(addr))
+        .await
+        .unwrap_or_else(|_| {
+            Err(baton_rpc::Error::Unavailable {
+                endpoints: vec![addr.to_string()],
+                waited: within,
+                last: format!("no answer within {within:?}"),
+            })
+        })
 }
 
 /// Resolves on Ctrl-C, SIGTERM or SIGHUP (the terminal closed, the ssh session dropped): each

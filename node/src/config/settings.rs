@@ -362,13 +362,18 @@ impl Settings {
         if self.data_dir.as_os_str().is_empty() {
             return Err(invalid("data_dir", "is empty"));
         }
-        // The same port on both, where one address covers the other (equal, or either one
-        // every address of the host), cannot both be bound.
+        // The same (fixed) port on both, where one address covers the other, cannot both be
+        // bound: equal addresses, or a wildcard of the other's family (an IPv6 one covers
+        // IPv4 too on a dual-stack host).
+        let covers = |wide: SocketAddr, other: SocketAddr| {
+            wide.ip().is_unspecified() && (wide.is_ipv6() || other.is_ipv4())
+        };
         let overlaps = |http: SocketAddr| {
-            http.port() == self.listen.port()
+            http.port() != 0
+                && http.port() == self.listen.port()
                 && (http.ip() == self.listen.ip()
-                    || http.ip().is_unspecified()
-                    || self.listen.ip().is_unspecified())
+                    || covers(http, self.listen)
+                    || covers(self.listen, http))
         };
         if self.http.is_some_and(overlaps) {
             return Err(invalid(

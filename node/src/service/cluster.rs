@@ -296,37 +296,28 @@ impl cluster_server::Cluster for ClusterService {
         }
         // openraft adds a node only if its id is new: a member's id given again with another
         // address would be answered with the unchanged membership, as if the node were added.
-        // Judged on the committed membership, read linearizably (redirecting a follower).
+        // Judged on the committed membership, read linearizably (redirecting a follower); the
+        // member again at its own address goes on, so that a retry waits for it to catch up.
         let stored = self.node.read(|applied| applied.membership.clone()).await?;
-        let membership = stored.membership();
-        if let Some(member) = membership.get_node(&id) {
-            if member.addr == addr {
-                // A retry of an addition that went through: nothing to change.
-                return Ok(Response::new(MembershipResponse {
-                    members: members_of(&stored),
-                    log_index: stored.log_id().map_or(0, |id| id.index),
-                }));
-            }
-            return Err(infra_status(
-                Code::FailedPrecondition,
-                infra::MEMBERSHIP,
-                format!(
-                    "node {id} is already a member, at {}; remove it first (`baton members \
-                     remove --id {id}`), and give a node with an empty data dir a new id",
-                    member.addr
-                ),
-            ));
-        }
-        if let Some((other, _)) = membership.nodes().find(|(_, node)| node.addr == addr) {
-            return Err(infra_status(
-                Code::FailedPrecondition,
-                infra::MEMBERSHIP,
-                format!("{addr} is already the address of node {other}"),
-            ));
+        if let Some(conflict) = address_conflict(stored.membership(), id, &addr) {
+            return Err(conflict);
         }
         tracing::info!(id, %addr, "adding learner");
         let raft = &self.node.raft;
-        let written = unless_deposed(raft, raft.add_learner(id, BasicNode { addr }, true)).await?;
+        let written = unless_deposed(
+            raft,
+            raft.add_learner(id, BasicNode { addr: addr.clone() }, true),
+        )
+        .await?;
+        // A concurrent addition of the same id (or address) may have committed between the look
+        // and this one, which openraft then left as it was: judged again on what was written.
+        if let Some(conflict) = written
+            .membership
+            .as_ref()
+            .and_then(|membership| address_conflict(membership, id, &addr))
+        {
+            return Err(conflict);
+        }
         Ok(Response::new(membership_response(&written)))
     }
 
@@ -486,6 +477,39 @@ impl cluster_server::Cluster for ClusterService {
             head.chain(futures::stream::iter(chunks)),
         )))
     }
+}
+
+/// Why node `id` cannot be (or was not) added at `addr` to `membership`: the id is a member at
+/// another address, or another member has the address.
+fn address_conflict(
+    membership: &openraft::Membership<NodeId, BasicNode>,
+    id: NodeId,
+    addr: &str,
+) -> Option<Status> {
+    let conflict = |message: String| {
+        Some(infra_status(
+            Code::FailedPrecondition,
+            infra::MEMBERSHIP,
+            message,
+        ))
+    };
+    if let Some(member) = membership
+        .get_node(&id)
+        .filter(|member| member.addr != addr)
+    {
+        return conflict(format!(
+            "node {id} is already a member, at {}; remove it first (`baton members remove --id \
+             {id}`), and give a node with an empty data dir a new id",
+            member.addr
+        ));
+    }
+    if let Some((other, _)) = membership
+        .nodes()
+        .find(|(other, node)| **other != id && node.addr == addr)
+    {
+        return conflict(format!("{addr} is already the address of node {other}"));
+    }
+    None
 }
 
 fn membership_response(
