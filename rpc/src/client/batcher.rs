@@ -79,9 +79,12 @@ impl Conn {
                             Status::internal(format!("cannot decode the answer to {method}: {e}"))
                         })
                 }
-                Err(status) if is_unknown_method(&status) => {
-                    self.batcher.unsupported.store(true, Ordering::Relaxed);
-                }
+                // The batch itself unknown (set by `send`): this call and the later ones go
+                // alone. A call the node does not know answers UNIMPLEMENTED inside a batch as
+                // it would alone, and says nothing about batching.
+                Err(status)
+                    if is_unknown_method(&status)
+                        && self.batcher.unsupported.load(Ordering::Relaxed) => {}
                 Err(status) => return Err(status),
             }
         }
@@ -111,7 +114,8 @@ where
     .await
 }
 
-/// UNIMPLEMENTED from gRPC itself (no Baton detail): the node does not know the batch service.
+/// UNIMPLEMENTED from gRPC itself (no Baton detail): the node does not know the method (for the
+/// batch's own call: the batch service).
 fn is_unknown_method(status: &Status) -> bool {
     status.code() == Code::Unimplemented && detail_of(status).is_none()
 }
@@ -160,16 +164,18 @@ impl Batcher {
         let (queue, pending) = mpsc::unbounded_channel();
         let places = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
         let queued = Arc::new(AtomicUsize::new(0));
+        let unsupported = Arc::<AtomicBool>::default();
         tokio::spawn(dispatch(
             grpc,
             pending,
             places.clone(),
             queued.clone(),
+            unsupported.clone(),
             attempt_timeout,
         ));
         Self {
             queue,
-            unsupported: Arc::default(),
+            unsupported,
             places,
             queued,
         }
@@ -206,6 +212,7 @@ async fn dispatch(
     mut queue: mpsc::UnboundedReceiver<Pending>,
     places: Arc<Semaphore>,
     queued: Arc<AtomicUsize>,
+    unsupported: Arc<AtomicBool>,
     attempt_timeout: Duration,
 ) {
     let mut carried: Option<Pending> = None;
@@ -242,15 +249,22 @@ async fn dispatch(
             continue;
         }
         let grpc = grpc.clone();
+        let unsupported = unsupported.clone();
         tokio::spawn(async move {
-            send(grpc, batch, attempt_timeout).await;
+            send(grpc, batch, &unsupported, attempt_timeout).await;
             drop(slot);
         });
     }
 }
 
-/// Sends one batch and answers each of its callers.
-async fn send(grpc: Grpc, batch: Vec<Pending>, attempt_timeout: Duration) {
+/// Sends one batch and answers each of its callers; sets `unsupported` when the node does not
+/// know the batch service.
+async fn send(
+    grpc: Grpc,
+    batch: Vec<Pending>,
+    unsupported: &AtomicBool,
+    attempt_timeout: Duration,
+) {
     let (items, answers): (Vec<BatchItem>, Vec<_>) = batch
         .into_iter()
         .map(|pending| {
@@ -265,7 +279,12 @@ async fn send(grpc: Grpc, batch: Vec<Pending>, attempt_timeout: Duration) {
     let call = client.call(BatchRequest { items });
     let results = match tokio::time::timeout(attempt_timeout, call).await {
         Ok(Ok(response)) => response.into_inner().results,
-        Ok(Err(status)) => return answer_all(answers, &status),
+        Ok(Err(status)) => {
+            if is_unknown_method(&status) {
+                unsupported.store(true, Ordering::Relaxed);
+            }
+            return answer_all(answers, &status);
+        }
         Err(_) => {
             let status = Status::deadline_exceeded(format!(
                 "no answer to a batch within {attempt_timeout:?}"
@@ -337,6 +356,89 @@ mod tests {
                 .collect();
             Ok(tonic::Response::new(BatchResponse { results }))
         }
+    }
+
+    /// A node whose batch service knows only the method `/y` and answers any other call in a
+    /// batch UNIMPLEMENTED, as a node of an older version answers a method it does not know.
+    #[derive(Default, Clone)]
+    struct KnowsOnlyY(Arc<Mutex<Vec<String>>>);
+
+    #[tonic::async_trait]
+    impl Batch for KnowsOnlyY {
+        async fn call(
+            &self,
+            request: tonic::Request<BatchRequest>,
+        ) -> Result<tonic::Response<BatchResponse>, Status> {
+            let items = request.into_inner().items;
+            let mut seen = self.0.lock().unwrap();
+            let results = items
+                .into_iter()
+                .map(|item| {
+                    seen.push(item.method.clone());
+                    let outcome = if item.method == "/y" {
+                        Outcome::Response(item.request)
+                    } else {
+                        Outcome::Status(crate::batch::status_to_wire(&Status::unimplemented(
+                            "unknown method",
+                        )))
+                    };
+                    BatchResult {
+                        outcome: Some(outcome),
+                    }
+                })
+                .collect();
+            Ok(tonic::Response::new(BatchResponse { results }))
+        }
+    }
+
+    /// A call the node does not know fails UNIMPLEMENTED inside a batch, as it would alone, and
+    /// the calls after it still travel in batches (batching used to be switched off for the
+    /// connection for good: a newer client meeting an older node lost it on every connection).
+    #[tokio::test]
+    async fn a_method_unknown_inside_a_batch_leaves_batching_on() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let node = KnowsOnlyY::default();
+        tokio::spawn(
+            Server::builder()
+                .add_service(BatchServer::new(node.clone()))
+                .serve_with_incoming(TcpIncoming::from(listener)),
+        );
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect_lazy();
+        let grpc = InterceptedService::new(channel, Credentials::new(&Default::default()).unwrap());
+        let conn = Conn::new(grpc, Duration::from_secs(5));
+        // Both places taken, so each call queues and goes in a batch.
+        let taken: Vec<_> = (0..BATCHES_IN_FLIGHT)
+            .map(|_| conn.batcher.place_for_one().unwrap())
+            .collect();
+        let unknown = tokio::spawn({
+            let conn = conn.clone();
+            async move {
+                conn.unary(
+                    crate::batch::BOARD_CLAIM,
+                    crate::proto::ClaimTaskRequest::default(),
+                )
+                .await
+            }
+        });
+        while conn.batcher.queued.load(Ordering::Acquire) < 1 {
+            tokio::task::yield_now().await;
+        }
+        let mut taken = taken;
+        drop(taken.pop());
+        let status = unknown.await.unwrap().unwrap_err();
+        assert_eq!(status.code(), Code::Unimplemented);
+        assert!(!conn.batcher.unsupported.load(Ordering::Relaxed));
+        // The next call still goes in a batch (a direct /y would reach no method at all here).
+        let known = conn.batcher.call("/y", b"known".to_vec()).await.unwrap();
+        assert_eq!(known, b"known");
+        assert_eq!(
+            *node.0.lock().unwrap(),
+            vec![crate::batch::BOARD_CLAIM.path.to_string(), "/y".to_string()]
+        );
+        drop(taken);
     }
 
     /// A call whose caller gave up while it was queued never reaches the node; the one queued
