@@ -406,3 +406,49 @@ async fn attempts_after_the_first_are_marked_as_retries() {
     assert_eq!(seen[3], (seen[2].0, true), "{seen:?}");
     server.abort();
 }
+
+/// One client's batches leave room on its connection for the calls that never batch: with a
+/// long poll waiting on the same connection, 600 claims at once all run the first time, none
+/// bounced `OVERLOADED` by the node's per-connection limit (512 by default). Two batches of 256
+/// in flight used to take the whole limit, so the poll pushed an item of every second batch
+/// over it, to be retried after a pause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_leave_room_on_the_connection_for_a_long_poll() {
+    let cluster = Cluster::start().await;
+    let client = cluster.client.clone();
+    client.seed(&specs(600)).await.unwrap();
+    client.create_queue("idle", "ns").await.unwrap();
+    client.register_worker("w", false).await.unwrap();
+    let poll = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            client
+                .lease(
+                    "w",
+                    &["idle".to_string()],
+                    1,
+                    60_000,
+                    Duration::from_secs(5),
+                )
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let claims_before = baton_node::metrics::metrics().requests_of("baton.v1.Board/Claim");
+    let claims: Vec<_> = (0..600)
+        .map(|i| {
+            let client = client.clone();
+            tokio::spawn(async move { client.claim(&format!("t{i}"), "agent", 30_000).await })
+        })
+        .collect();
+    for claim in claims {
+        claim.await.unwrap().unwrap();
+    }
+    let claims = baton_node::metrics::metrics().requests_of("baton.v1.Board/Claim") - claims_before;
+    assert_eq!(
+        claims, 600,
+        "claims sent again after a refusal at the node's limit"
+    );
+    assert!(poll.await.unwrap().unwrap().is_empty());
+    cluster.stop().await;
+}

@@ -37,6 +37,13 @@ use crate::proto::{BatchItem, BatchRequest};
 /// less CPU per operation than one or four).
 const BATCHES_IN_FLIGHT: usize = 2;
 
+/// The most calls this client puts in one batch: half of what a node accepts
+/// ([`MAX_ITEMS`]). A node charges every call of a batch to the connection's in-flight limit
+/// (512 by default), so two full batches of [`MAX_ITEMS`] would take all of it, and a call that
+/// never batches on the same connection (a long poll, a listing) would push calls of the next
+/// batch over it, to be answered `OVERLOADED` and sent again after a pause.
+const BATCH_ITEMS: usize = MAX_ITEMS / 2;
+
 /// The gRPC connection to one node, as the generated clients use it.
 pub(crate) type Grpc = InterceptedService<Channel, Credentials>;
 
@@ -230,7 +237,7 @@ async fn dispatch(
         // Everything queued while waiting for a slot goes in this batch, within the limits.
         let mut bytes = first.request.len();
         let mut batch = vec![first];
-        while batch.len() < MAX_ITEMS {
+        while batch.len() < BATCH_ITEMS {
             let Ok(next) = queue.try_recv() else { break };
             if bytes + next.request.len() > MAX_BYTES {
                 carried = Some(next);
