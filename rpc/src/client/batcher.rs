@@ -365,6 +365,21 @@ mod tests {
         }
     }
 
+    /// A connection to a node on 127.0.0.1 whose batch service is `node`.
+    async fn serve(node: impl Batch) -> Grpc {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(
+            Server::builder()
+                .add_service(BatchServer::new(node))
+                .serve_with_incoming(TcpIncoming::from(listener)),
+        );
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect_lazy();
+        InterceptedService::new(channel, Credentials::new(&Default::default()).unwrap())
+    }
+
     /// A node whose batch service knows only the method `/y` and answers any other call in a
     /// batch UNIMPLEMENTED, as a node of an older version answers a method it does not know.
     #[derive(Default, Clone)]
@@ -403,18 +418,8 @@ mod tests {
     /// connection for good: a newer client meeting an older node lost it on every connection).
     #[tokio::test]
     async fn a_method_unknown_inside_a_batch_leaves_batching_on() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let node = KnowsOnlyY::default();
-        tokio::spawn(
-            Server::builder()
-                .add_service(BatchServer::new(node.clone()))
-                .serve_with_incoming(TcpIncoming::from(listener)),
-        );
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect_lazy();
-        let grpc = InterceptedService::new(channel, Credentials::new(&Default::default()).unwrap());
+        let grpc = serve(node.clone()).await;
         let conn = Conn::new(grpc, Duration::from_secs(5));
         // Both places taken, so each call queues and goes in a batch.
         let taken: Vec<_> = (0..BATCHES_IN_FLIGHT)
@@ -452,18 +457,8 @@ mod tests {
     /// with it still does, and gets its own answer.
     #[tokio::test]
     async fn a_call_abandoned_while_queued_is_not_sent() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let node = Recorder::default();
-        tokio::spawn(
-            Server::builder()
-                .add_service(BatchServer::new(node.clone()))
-                .serve_with_incoming(TcpIncoming::from(listener)),
-        );
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect_lazy();
-        let grpc = InterceptedService::new(channel, Credentials::new(&Default::default()).unwrap());
+        let grpc = serve(node.clone()).await;
         let batcher = Batcher::start(grpc, Duration::from_secs(5));
         // Both places are taken (as by two calls on their way), so calls queue.
         let taken: Vec<_> = (0..BATCHES_IN_FLIGHT)
