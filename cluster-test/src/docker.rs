@@ -211,11 +211,12 @@ impl DockerCluster {
         &self.engine
     }
 
-    /// Stops node `id` gracefully (`docker stop`: SIGTERM, SIGKILL after 10 s); [`Target::restart`]
-    /// starts it again.
+    /// Stops node `id` gracefully (`docker stop`: SIGTERM, SIGKILL only after the compose file's
+    /// `stop_grace_period`, which outlasts the node's longest stop, so a drain or handover is never
+    /// cut short); [`Target::restart`] starts it again.
     pub async fn stop(&mut self, id: u64) -> anyhow::Result<()> {
         let container = self.container(id)?.to_string();
-        docker(&["stop", "--time", "10", &container], QUICK).await?;
+        docker(&["stop", "--time", "45", &container], SLOW).await?;
         self.stopped.insert(id);
         Ok(())
     }

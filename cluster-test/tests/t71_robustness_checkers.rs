@@ -4,9 +4,13 @@
 //! No cluster runs here.
 #![allow(clippy::unwrap_used)]
 
-use baton_cluster_test::robustness::check::Violation;
-use baton_cluster_test::robustness::history::{AttemptRecord, Input, Op, Outcome, Output};
+use baton_cluster_test::robustness::check::{self, Violation};
+use baton_cluster_test::robustness::history::{
+    AttemptRecord, Clock, Input, Op, Outcome, Output, Recorder,
+};
 use baton_cluster_test::robustness::{board, checkpoint, effect, handoff, progress, queue};
+use baton_rpc::Error;
+use std::time::Duration;
 
 /// Builds a history; times are in milliseconds for readability.
 #[derive(Default)]
@@ -354,6 +358,130 @@ fn t71_two_holders_at_once_are_reported_even_with_rising_fences() {
     );
 }
 
+/// Two claims racing (their calls overlap) both granted is two holders at once: fences are minted
+/// in apply order, so the lower-fence grant was applied first and was live when the other was.
+/// (Before, a pair was judged only when the first grant returned before the second was sent.)
+#[test]
+fn t71_two_overlapping_grants_are_two_holders_at_once() {
+    let race = |second_fence: u64| {
+        let mut h = H::default();
+        h.ok("a0", claim_of("a0"), 0, 30, lease_of(1));
+        h.ok("a1", claim_of("a1"), 10, 20, lease_of(second_fence));
+        h.ok(
+            "final",
+            Input::ListTasks,
+            100,
+            110,
+            Output::Tasks(vec![("task-0".into(), "open".into(), 2)]),
+        );
+        board::check(&h.ops, 100_000)
+    };
+    let violations = race(2);
+    assert!(
+        rules(&violations).contains(&"exclusive-hold"),
+        "{violations:?}"
+    );
+    let exclusive: Vec<_> = violations
+        .iter()
+        .filter(|v| v.rule == "exclusive-hold")
+        .collect();
+    assert_eq!(exclusive[0].ops, vec![0, 1]);
+    // The second call answered first but with the lower fence: it was applied first, and the
+    // other grant came while it was live.
+    let mut h = H::default();
+    h.ok("a0", claim_of("a0"), 0, 30, lease_of(2));
+    h.ok("a1", claim_of("a1"), 10, 20, lease_of(1));
+    let violations = board::check(&h.ops, 100_000);
+    let exclusive: Vec<_> = violations
+        .iter()
+        .filter(|v| v.rule == "exclusive-hold")
+        .collect();
+    assert_eq!(exclusive.len(), 1, "{violations:?}");
+    assert_eq!(exclusive[0].ops, vec![1, 0]);
+    // A release of the first grant sent before the second returned explains the pair.
+    let mut h = H::default();
+    h.ok("a0", claim_of("a0"), 0, 5, lease_of(1));
+    h.ambiguous(
+        "a0",
+        Input::ReleaseTask {
+            task: "task-0".into(),
+            token: "t1".into(),
+            fence: 1,
+        },
+        8,
+    );
+    h.ok("a1", claim_of("a1"), 3, 20, lease_of(2));
+    let violations = board::check(&h.ops, 100_000);
+    assert!(
+        !rules(&violations).contains(&"exclusive-hold"),
+        "{violations:?}"
+    );
+}
+
+/// An error no fault explains is a violation by itself (its effect stays unknown to the other
+/// rules); a timeout is not.
+#[test]
+fn t71_an_error_no_fault_explains_is_reported() {
+    let mut h = H::default();
+    h.ambiguous("a0", claim_of("a0"), 0);
+    assert!(check::unexpected_errors(&h.ops).is_empty());
+    h.op(
+        "a1",
+        claim_of("a1"),
+        10,
+        None,
+        Outcome::Unexpected("server error SEQ_REUSED: another request's answer".into()),
+    );
+    let violations = check::unexpected_errors(&h.ops);
+    assert_eq!(rules(&violations), ["unexpected-error"], "{violations:?}");
+    assert_eq!(violations[0].ops, vec![1]);
+    assert!(
+        violations[0].detail.contains("SEQ_REUSED"),
+        "{violations:?}"
+    );
+    // Unknown in effect for the other rules: the unexpected claim may hold the task.
+    assert!(h.ops[1].is_ambiguous());
+}
+
+/// The recorder tells a fault's errors (no answer, a forgotten session) from the rest.
+#[tokio::test]
+async fn t71_the_recorder_records_only_a_fault_s_errors_as_ambiguous() {
+    let rec = Recorder::new(Clock::start());
+    let errors = [
+        Error::Unavailable {
+            endpoints: vec!["127.0.0.1:1".into()],
+            waited: Duration::from_secs(1),
+            last: "connection refused".into(),
+        },
+        Error::OutcomeUnknown("seq 3 is older than the session remembers".into()),
+        Error::Server {
+            code: "SEQ_REUSED".into(),
+            message: "another request's answer".into(),
+        },
+        Error::Protocol("undecodable answer".into()),
+    ];
+    for error in errors {
+        let _ = rec
+            .record("a0", claim_of("a0"), async { Err::<(), _>(error) }, |_| {
+                Output::Done
+            })
+            .await;
+    }
+    let kinds: Vec<&str> = rec
+        .finish()
+        .iter()
+        .map(|op| match op.outcome {
+            Outcome::Ambiguous(_) => "ambiguous",
+            Outcome::Unexpected(_) => "unexpected",
+            _ => "other",
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        ["ambiguous", "ambiguous", "unexpected", "unexpected"]
+    );
+}
+
 /// A refused release ended nothing: a grant given while the refused one's holder still held it
 /// is two holders at once. (Before, any release counted as an end, refused or not.)
 #[test]
@@ -505,6 +633,47 @@ fn t71_an_acquire_applied_twice_and_a_lost_completion_are_reported() {
         ["fresh-key-acquire", "lost-ack"],
         "{violations:?}"
     );
+}
+
+/// A store that recorded (and echoed) a result other than the one submitted lost the completion
+/// all the same: the result after recovery is compared with what the workload submitted (the
+/// action's key), not with what the completion answered.
+#[test]
+fn t71_a_completion_recorded_with_another_result_is_reported() {
+    let complete = Input::CompleteEffect {
+        key: "holder-1/1".into(),
+        resource: "res-1".into(),
+        fence: 1,
+    };
+    let shown = |result: &str| Output::Action {
+        status: "completed".into(),
+        fence: 1,
+        result: Some(result.into()),
+    };
+    let show = Input::ShowAction {
+        key: "holder-1/1".into(),
+    };
+    for (answered, recorded, wrong) in [
+        ("holder-1/1", "holder-1/1", false),
+        ("garbage", "garbage", true),
+        ("holder-1/1", "garbage", true),
+    ] {
+        let mut h = H::default();
+        h.ok(
+            "h1",
+            complete.clone(),
+            20,
+            30,
+            Output::Result(answered.into()),
+        );
+        h.ok("final", show.clone(), 100, 110, shown(recorded));
+        let violations = effect::check(&h.ops, 100_000);
+        assert_eq!(
+            rules(&violations).contains(&"lost-ack"),
+            wrong,
+            "{answered} {recorded}: {violations:?}"
+        );
+    }
 }
 
 #[test]

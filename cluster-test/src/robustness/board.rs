@@ -378,7 +378,7 @@ fn explained_taken(history: &[Op], final_from: u64) -> Vec<Violation> {
                 }
                 let fence = match (&claim.outcome, claim.ok()) {
                     (_, Some(Output::Lease { fence, .. })) => *fence,
-                    (Outcome::Ambiguous(_), _) => {
+                    (Outcome::Ambiguous(_) | Outcome::Unexpected(_), _) => {
                         return winners.as_ref().is_none_or(|winners| {
                             winners.get(task.as_str()).is_some_and(|until| {
                                 until.is_none_or(|until| until + CLOCK_SLACK_US >= op.call)

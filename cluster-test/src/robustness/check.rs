@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use super::history::{Input, Op, Output};
+use super::history::{Input, Op, Outcome, Output};
 use crate::linearizability::{self, Model, Operation, Verdict};
 
 /// A broken rule and the operations that show it.
@@ -223,6 +223,38 @@ pub fn no_stale_holder(
     violations
 }
 
+/// Every operation that ended in an error no fault explains ([`Outcome::Unexpected`]: a server
+/// code no correct store sends for a data call, an undecodable answer, a reply missing its
+/// content): the checkers treat its effect as unknown, so without this rule a store answering
+/// `SEQ_REUSED` (another request's result) to a retry would only add unknowns. Reports the
+/// first few, and how many there were.
+pub fn unexpected_errors(history: &[Op]) -> Vec<Violation> {
+    const SHOWN: usize = 3;
+    let unexpected: Vec<&Op> = history
+        .iter()
+        .filter(|op| matches!(op.outcome, Outcome::Unexpected(_)))
+        .collect();
+    unexpected
+        .iter()
+        .take(SHOWN)
+        .map(|op| {
+            let Outcome::Unexpected(reason) = &op.outcome else {
+                unreachable!("filtered above")
+            };
+            Violation::new(
+                "unexpected-error",
+                "-",
+                format!(
+                    "{} answered an error no fault explains ({} such in the run): {reason}",
+                    op.input,
+                    unexpected.len()
+                ),
+                vec![op.index],
+            )
+        })
+        .collect()
+}
+
 /// How much earlier than the history's clock the store's clock may run when [`exclusive_holds`]
 /// counts a lease's TTL: the history counts on this process's monotonic clock, the store on its
 /// leader's wall clock (the same machine's), which agree to well within this over a run.
@@ -233,13 +265,17 @@ pub const CLOCK_SLACK_US: u64 = 250_000;
 /// leases but kept raising fences would pass every fence rule), also when both went to one
 /// client (a worker whose start failed leasing again while its own permit was live).
 ///
-/// Certainly live: the earlier grant `g1` was applied before `g2` (it returned before `g2` was
-/// invoked), `g2` returned before `g1`'s TTL ran out counted from `g1`'s invocation (the store
-/// applies a command after it is sent and counts the TTL from then; less [`CLOCK_SLACK_US`]), and
-/// no operation in `ends` (every call that could end a grant — release, complete —, answered or
-/// not, but not refused: a refusal ends nothing; matched by key and fence) on `g1` was invoked
-/// before `g2` returned. Renewals only make a
-/// lease longer and are ignored. Pairs with equal fences are [`unique_grants`]'s.
+/// Earlier means a lower fence: the store mints a key's fences in apply order, so `g1` (fence
+/// `f1`) was applied before `g2` (fence `f2 > f1`) even when the two calls overlapped — the
+/// common case of a race, which a rule asking for `g1` to have returned before `g2` was sent
+/// never judges. `g1` was then certainly live when `g2` was applied (at the latest when `g2`
+/// returned) if `g2` returned before `g1`'s TTL ran out counted from `g1`'s invocation (the
+/// store counts the TTL from its apply, which comes after the invocation; less
+/// [`CLOCK_SLACK_US`]), and no operation in `ends` (every call that could end a grant — release,
+/// complete —, answered or not, but not refused: a refusal ends nothing; matched by key and
+/// fence) on `g1` was invoked before `g2` returned. Renewals only make a lease longer and are
+/// ignored. Pairs with equal fences are [`unique_grants`]'s, and pairs whose fences contradict
+/// real-time order [`increasing_fences`]'.
 pub fn exclusive_holds(
     what: &str,
     grants: &[Grant],
@@ -262,21 +298,40 @@ pub fn exclusive_holds(
     }
     let mut violations = Vec::new();
     for (key, mut grants) in by_key {
-        grants.sort_by_key(|g| history[g.op].call);
+        grants.sort_by_key(|g| (g.fence, history[g.op].call));
         let mut found = 0;
         for (i, second) in grants.iter().enumerate() {
-            let (call2, Some(ret2)) = (history[second.op].call, history[second.op].ret) else {
+            let Some(ret2) = history[second.op].ret else {
                 continue;
             };
-            let live = grants[..i].iter().rev().find(|first| {
+            let mut live = None;
+            for first in grants[..i].iter().rev() {
+                if first.fence == second.fence {
+                    continue;
+                }
                 let op1 = &history[first.op];
-                first.fence != second.fence
-                    && op1.ret.is_some_and(|ret1| ret1 < call2)
-                    && ret2 + CLOCK_SLACK_US < op1.call + ttl_us
-                    && first_end
-                        .get(&(key, first.fence))
-                        .is_none_or(|ended| *ended > ret2)
-            });
+                if history[second.op].precedes(op1) {
+                    // Fences out of real-time order: not apply order here, and
+                    // `increasing_fences`' to report.
+                    continue;
+                }
+                let ended = first_end
+                    .get(&(key, first.fence))
+                    .is_some_and(|ended| *ended <= ret2);
+                if !ended && ret2 + CLOCK_SLACK_US < op1.call + ttl_us {
+                    live = Some(first);
+                    break;
+                }
+                // Grants of lower fences were applied before this one returned, so they were
+                // invoked before it too: once one returned a TTL before `g2` did, none can be
+                // live.
+                if op1
+                    .ret
+                    .is_some_and(|ret1| ret1 + ttl_us < ret2 + CLOCK_SLACK_US)
+                {
+                    break;
+                }
+            }
             if let Some(first) = live {
                 violations.push(Violation::new(
                     "exclusive-hold",

@@ -199,7 +199,7 @@ fn to_model(op: &Op) -> Option<Operation<CheckpointInput, CheckpointOutput>> {
         }),
         Outcome::Ok(_) => Some(CheckpointOutput::Saved),
         Outcome::Refused(code) => Some(CheckpointOutput::Refused(code.clone())),
-        Outcome::Ambiguous(_) | Outcome::Pending => None,
+        Outcome::Ambiguous(_) | Outcome::Unexpected(_) | Outcome::Pending => None,
     };
     Some(operation(op, input, output))
 }

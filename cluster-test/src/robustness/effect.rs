@@ -385,7 +385,10 @@ fn intent_expiry(history: &[Op], final_from: u64) -> Vec<Violation> {
     violations
 }
 
-/// Every acknowledged completion is still recorded, with its result, after recovery.
+/// Every acknowledged completion answered, and is still recorded after recovery with, the result
+/// the workload submitted: the action's key (each key is completed by its one holder, so the
+/// first result is always that one). Compared with what was submitted, not with what the
+/// completion answered, so a store that recorded and echoed a wrong result is caught too.
 fn durable(history: &[Op], final_from: u64) -> Vec<Violation> {
     let mut violations = Vec::new();
     for op in history {
@@ -394,12 +397,21 @@ fn durable(history: &[Op], final_from: u64) -> Vec<Violation> {
         else {
             continue;
         };
+        if result != key {
+            violations.push(Violation::new(
+                "lost-ack",
+                key,
+                format!("a completion submitting result {key:?} answered {result:?}"),
+                vec![op.index],
+            ));
+            continue;
+        }
         let shown = history.iter().rfind(|s| {
             s.call >= final_from && matches!(&s.input, Input::ShowAction { key: k } if k == key)
         });
         let ok = matches!(
             shown.and_then(Op::ok),
-            Some(Output::Action { status, result: Some(r), .. }) if status == "completed" && r == result
+            Some(Output::Action { status, result: Some(r), .. }) if status == "completed" && r == key
         );
         if !ok {
             let mut ops = vec![op.index];

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use baton_rpc::convert::{handle_from_proto, ticket_from_proto};
-use baton_rpc::error::{detail_of, refusal_of};
+use baton_rpc::error::{detail_of, infra, refusal_of};
 use baton_rpc::proto::handoff_client::HandoffClient;
 use baton_rpc::proto::{GetTicketRequest, OfferRequest, RequestHeader, TakeRequest};
 use baton_rpc::Client;
@@ -740,7 +740,7 @@ impl Probe {
                                 holder: ticket.holder,
                             })
                         }
-                        None => Outcome::Ambiguous("get answered without a ticket".into()),
+                        None => Outcome::Unexpected("get answered without a ticket".into()),
                     },
                     Err(status) => status_outcome(&status),
                 };
@@ -769,7 +769,7 @@ impl Probe {
                                 token: handle.token,
                             })
                         }
-                        None => Outcome::Ambiguous("take answered without a handle".into()),
+                        None => Outcome::Unexpected("take answered without a handle".into()),
                     },
                     Err(status) => status_outcome(&status),
                 };
@@ -804,7 +804,7 @@ impl Probe {
                                 holder: ticket.holder,
                             })
                         }
-                        None => Outcome::Ambiguous("offer answered without a ticket".into()),
+                        None => Outcome::Unexpected("offer answered without a ticket".into()),
                     },
                     Err(status) => status_outcome(&status),
                 };
@@ -816,12 +816,26 @@ impl Probe {
     }
 }
 
-/// A refusal is definite; anything else from a node that may not lead is ambiguous.
+/// A refusal is definite; what a node that may not lead, may not be reached or may be stopping
+/// answers is ambiguous (a status without Baton's detail: the node never answered); any other
+/// Baton code is unexpected.
 fn status_outcome(status: &tonic::Status) -> Outcome {
     match detail_of(status) {
         Some(detail) => match refusal_of(&detail) {
             Some(refusal) => Outcome::Refused(refusal.code().to_string()),
-            None => Outcome::Ambiguous(format!("{}: {}", detail.code, status.message())),
+            None => {
+                let text = format!("{}: {}", detail.code, status.message());
+                match detail.code.as_str() {
+                    infra::NOT_LEADER
+                    | infra::NO_LEADER
+                    | infra::SHUTTING_DOWN
+                    | infra::OVERLOADED
+                    | infra::INTERNAL
+                    | infra::NOT_INITIALIZED
+                    | infra::SESSION_EXPIRED => Outcome::Ambiguous(text),
+                    _ => Outcome::Unexpected(text),
+                }
+            }
         },
         None => Outcome::Ambiguous(format!("{:?}: {}", status.code(), status.message())),
     }

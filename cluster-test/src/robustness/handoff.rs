@@ -205,7 +205,7 @@ fn to_model(op: &Op) -> Option<Operation<TicketInput, TicketOutput>> {
         }),
         Outcome::Ok(_) => Some(TicketOutput::Done),
         Outcome::Refused(code) => Some(TicketOutput::Refused(code.clone())),
-        Outcome::Ambiguous(_) | Outcome::Pending => None,
+        Outcome::Ambiguous(_) | Outcome::Unexpected(_) | Outcome::Pending => None,
     };
     Some(operation(op, input, output))
 }

@@ -1,12 +1,16 @@
 //! The recorded history: every operation any client invoked, with its invocation and completion
 //! time on one monotonic clock and what came back.
 //!
-//! An operation ends in one of three ways. An answer ([`Outcome::Ok`]) and a contract refusal
-//! ([`Outcome::Refused`], applied as a refusal: nothing changed) are definite. Anything else — a
-//! timeout, an unreachable cluster, `SESSION_EXPIRED`, an answer the client could not decode, or
-//! no answer before the run ended — is [`Outcome::Ambiguous`]: the command may or may not have
-//! taken effect, at any time after its invocation. Ambiguous operations stay in the history
-//! (checkers model them as such) and are never counted as acknowledgements.
+//! An operation ends in one of four ways. An answer ([`Outcome::Ok`]) and a contract refusal
+//! ([`Outcome::Refused`], applied as a refusal: nothing changed) are definite. What a fault
+//! explains — a timeout, an unreachable cluster, `SESSION_EXPIRED`, no leader, or no answer
+//! before the run ended — is [`Outcome::Ambiguous`]: the command may or may not have taken
+//! effect, at any time after its invocation. Any other error — a server code no correct store
+//! sends for a data call (`SEQ_REUSED`: the session table answered another request's result), an
+//! answer the client could not decode, a reply missing what it must carry — is
+//! [`Outcome::Unexpected`]: as unknown in effect as an ambiguous one, and a violation by itself
+//! ([`crate::robustness::check::unexpected_errors`]). Both stay in the history (checkers model
+//! them as unknown) and are never counted as acknowledgements.
 
 use std::fmt;
 use std::future::Future;
@@ -293,6 +297,8 @@ pub enum Outcome {
     Refused(String),
     /// Unknown: it may or may not have taken effect.
     Ambiguous(String),
+    /// An error no fault explains; unknown in effect, like [`Outcome::Ambiguous`].
+    Unexpected(String),
 }
 
 /// One recorded operation.
@@ -331,7 +337,10 @@ impl Op {
 
     /// Whether the outcome is unknown.
     pub fn is_ambiguous(&self) -> bool {
-        matches!(self.outcome, Outcome::Ambiguous(_) | Outcome::Pending)
+        matches!(
+            self.outcome,
+            Outcome::Ambiguous(_) | Outcome::Unexpected(_) | Outcome::Pending
+        )
     }
 
     /// Whether `self` completed before `other` was invoked (real-time order).
@@ -494,6 +503,10 @@ impl fmt::Display for Op {
                 let reason: String = reason.chars().take(120).collect();
                 write!(f, "AMBIGUOUS ({reason})")
             }
+            Outcome::Unexpected(reason) => {
+                let reason: String = reason.chars().take(120).collect();
+                write!(f, "UNEXPECTED ({reason})")
+            }
         }
     }
 }
@@ -567,14 +580,15 @@ impl Recorder {
         if let Some(op) = ops.get_mut(index) {
             op.ret = match outcome {
                 Outcome::Ok(_) | Outcome::Refused(_) => Some(now),
-                Outcome::Ambiguous(_) | Outcome::Pending => None,
+                Outcome::Ambiguous(_) | Outcome::Unexpected(_) | Outcome::Pending => None,
             };
             op.outcome = outcome;
         }
     }
 
     /// Runs `call` as one recorded operation: invocation before, completion after; a success is
-    /// recorded as `describe(value)`, a refusal by its code, anything else as ambiguous.
+    /// recorded as `describe(value)`, a refusal by its code, no answer (or a forgotten one) as
+    /// ambiguous, any other error as unexpected.
     pub async fn record<T, Fut>(
         &self,
         client: &str,
@@ -590,7 +604,10 @@ impl Recorder {
         let outcome = match &result {
             Ok(value) => Outcome::Ok(describe(value)),
             Err(Error::Refused(refusal)) => Outcome::Refused(refusal.code().to_string()),
-            Err(error) => Outcome::Ambiguous(error.to_string()),
+            Err(error @ (Error::Unavailable { .. } | Error::OutcomeUnknown(_))) => {
+                Outcome::Ambiguous(error.to_string())
+            }
+            Err(error) => Outcome::Unexpected(error.to_string()),
         };
         self.complete(index, outcome);
         result

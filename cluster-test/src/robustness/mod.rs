@@ -626,6 +626,7 @@ async fn drive<T: Target>(
     violations.extend(queue::check(&history, final_from));
     violations.extend(checkpoint::check(&history, final_from));
     violations.extend(progress(&history, nemesis.faults));
+    violations.extend(check::unexpected_errors(&history));
     phase("checks");
 
     let mut report = Report {
