@@ -47,7 +47,8 @@ pub struct BenchArgs {
     /// Unmeasured time first.
     #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
     warmup: Duration,
-    /// Tasks submitted up front for `queue-claim`.
+    /// Tasks submitted up front for `queue-claim` (a run whose queue runs dry fails: it would
+    /// measure the queue's size, not the claim rate).
     #[arg(long, default_value_t = 100_000)]
     queue_tasks: usize,
     /// Live leases `scale` loads.
@@ -103,11 +104,30 @@ impl Workload {
     }
 }
 
+/// How one operation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    /// Every step succeeded.
+    Done,
+    /// A claim found the task held (the permit workloads' expected refusal).
+    Contended,
+    /// A lease found no task to lease (`queue-claim`): the queue ran dry, or every leasable task
+    /// went to other clients.
+    Empty,
+    /// A step failed: an infrastructure error, or a refusal the workload never expects.
+    Failed,
+}
+
 /// What one client counted.
 struct Tally {
     ops: u64,
     contended: u64,
+    /// Leases that found no task.
+    empty: u64,
+    /// Operations cut short by a failed step.
+    failed: u64,
     requests: u64,
+    /// Requests that failed for want of an answer (not refusals).
     errors: u64,
     latency_us: Histogram<u64>,
     /// When each successful request was answered, kept only where the timeline matters
@@ -120,6 +140,8 @@ impl Tally {
         Self {
             ops: 0,
             contended: 0,
+            empty: 0,
+            failed: 0,
             requests: 0,
             errors: 0,
             latency_us: Histogram::new_with_bounds(1, 60_000_000, 3)
@@ -139,6 +161,8 @@ impl Tally {
     fn merge(&mut self, other: &Tally) {
         self.ops += other.ops;
         self.contended += other.contended;
+        self.empty += other.empty;
+        self.failed += other.failed;
         self.requests += other.requests;
         self.errors += other.errors;
         let _ = self.latency_us.add(&other.latency_us);
@@ -203,6 +227,31 @@ pub async fn run(args: BenchArgs, target: Option<(Vec<String>, Security)>) -> u8
         .map(OwnCluster::peak_rss_kib)
         .unwrap_or_default();
     report(&args, &total, elapsed, &rss, &cpu);
+    verdict(&total)
+}
+
+/// The run's exit code. A run in which no operation succeeded measured nothing, whatever its
+/// figures say (a p99 of 0 ms among them), and a `queue-claim` run whose leases found no task
+/// measured how many tasks were queued rather than how fast they are claimed (each empty lease a
+/// cheap round trip): both fail.
+fn verdict(total: &Tally) -> u8 {
+    if total.ops == 0 {
+        eprintln!(
+            "baton bench: no operation succeeded ({} failed, {} contended, {} found no task; {} \
+             of {} requests got no answer)",
+            total.failed, total.contended, total.empty, total.errors, total.requests
+        );
+        return exit::FAILURE;
+    }
+    if total.empty > 0 {
+        eprintln!(
+            "baton bench: the queue ran dry: {} leases found no task, so the figures are not a \
+             claim rate; give --queue-tasks at least the ops/s times (warm-up + duration), with \
+             room to spare",
+            total.empty
+        );
+        return exit::FAILURE;
+    }
     exit::OK
 }
 
@@ -359,6 +408,8 @@ fn report(args: &BenchArgs, total: &Tally, elapsed: f64, rss_kib: &[u64], cpu: &
                 "contended_per_s": per_s(total.contended),
                 "requests_per_s": per_s(total.requests),
                 "errors": total.errors,
+                "failed_ops": total.failed,
+                "empty_leases": total.empty,
                 "p50_ms": ms(0.50),
                 "p99_ms": ms(0.99),
                 "p999_ms": ms(0.999),
@@ -380,7 +431,7 @@ fn report(args: &BenchArgs, total: &Tally, elapsed: f64, rss_kib: &[u64], cpu: &
             + " MiB"
     };
     println!(
-        "workload={} clients={} ops/s={:.0} contended/s={:.0} requests/s={:.0} p50={:.2}ms p99={:.2}ms p999={:.2}ms errors={} node_peak_rss={rss} cpu_per_op={}",
+        "workload={} clients={} ops/s={:.0} contended/s={:.0} requests/s={:.0} p50={:.2}ms p99={:.2}ms p999={:.2}ms errors={} failed_ops={}{} node_peak_rss={rss} cpu_per_op={}",
         args.workload.name(),
         args.clients,
         per_s(total.ops),
@@ -390,6 +441,12 @@ fn report(args: &BenchArgs, total: &Tally, elapsed: f64, rss_kib: &[u64], cpu: &
         ms(0.99),
         ms(0.999),
         total.errors,
+        total.failed,
+        if args.workload == Workload::QueueClaim {
+            format!(" empty_leases={}", total.empty)
+        } else {
+            String::new()
+        },
         match nodes_cpu_us {
             Some(nodes) => format!("{nodes:.0}us(nodes)+{bench_cpu_us:.0}us(bench)"),
             None => format!("{bench_cpu_us:.0}us(bench)"),
@@ -528,7 +585,7 @@ async fn client_loop(
     let mut sequence = 0usize;
     while !stop.load(Ordering::Relaxed) {
         let measure = measuring.load(Ordering::Relaxed);
-        let done = match workload {
+        let outcome = match workload {
             Workload::PermitUniform | Workload::PermitHot | Workload::Failover => {
                 permit_pair(&client, &mut tally, measure, run_id, workload, &agent).await
             }
@@ -537,9 +594,7 @@ async fn client_loop(
                     permit_pair(&client, &mut tally, measure, run_id, workload, &agent).await
                 } else {
                     let key = offer(run_id, rand::rng().random_range(0..1_000)).key;
-                    timed(&mut tally, measure, client.ticket(&key))
-                        .await
-                        .is_ok()
+                    done_if_ok(timed(&mut tally, measure, client.ticket(&key)).await)
                 }
             }
             Workload::Handoff => {
@@ -552,11 +607,24 @@ async fn client_loop(
             // Never driven by this loop: `run` hands it to its own module.
             Workload::Scale => break,
         };
-        if done && measure {
-            tally.ops += 1;
+        if measure {
+            match outcome {
+                Outcome::Done => tally.ops += 1,
+                Outcome::Contended => tally.contended += 1,
+                Outcome::Empty => tally.empty += 1,
+                Outcome::Failed => tally.failed += 1,
+            }
         }
     }
     tally
+}
+
+/// [`Outcome::Done`] when the operation's last step succeeded, else [`Outcome::Failed`].
+fn done_if_ok<T>(result: Result<T, Error>) -> Outcome {
+    match result {
+        Ok(_) => Outcome::Done,
+        Err(_) => Outcome::Failed,
+    }
 }
 
 async fn permit_pair(
@@ -566,33 +634,26 @@ async fn permit_pair(
     run_id: u32,
     workload: Workload,
     agent: &str,
-) -> bool {
+) -> Outcome {
     let id = task_id(run_id, rand::rng().random_range(0..workload.tasks()));
     match timed(tally, measure, client.claim(&id, agent, 30_000)).await {
         Ok(task) => {
             let token = task.lease.map(|lease| lease.token).unwrap_or_default();
-            timed(tally, measure, client.release_task(&id, &token))
-                .await
-                .is_ok()
+            done_if_ok(timed(tally, measure, client.release_task(&id, &token)).await)
         }
-        Err(Error::Refused(Refusal::Taken)) => {
-            if measure {
-                tally.contended += 1;
-            }
-            false
-        }
-        Err(_) => false,
+        Err(Error::Refused(Refusal::Taken)) => Outcome::Contended,
+        Err(_) => Outcome::Failed,
     }
 }
 
-async fn handoff(client: &Client, tally: &mut Tally, measure: bool, args: OfferArgs) -> bool {
+async fn handoff(client: &Client, tally: &mut Tally, measure: bool, args: OfferArgs) -> Outcome {
     let key = args.key.clone();
     let to = args.to.clone();
     if timed(tally, measure, client.offer(args)).await.is_err() {
-        return false;
+        return Outcome::Failed;
     }
     let Ok(handle) = timed(tally, measure, client.take(&key, &to)).await else {
-        return false;
+        return Outcome::Failed;
     };
     let receipt = Receipt {
         status: ReceiptStatus::Done,
@@ -600,12 +661,10 @@ async fn handoff(client: &Client, tally: &mut Tally, measure: bool, args: OfferA
         failure: String::new(),
         artifacts: vec![],
     };
-    timed(tally, measure, client.reply(&key, &handle.token, &receipt))
-        .await
-        .is_ok()
+    done_if_ok(timed(tally, measure, client.reply(&key, &handle.token, &receipt)).await)
 }
 
-async fn queue_claim(client: &Client, tally: &mut Tally, measure: bool, run_id: u32) -> bool {
+async fn queue_claim(client: &Client, tally: &mut Tally, measure: bool, run_id: u32) -> Outcome {
     let queue = queue_name(run_id);
     let leased = timed(
         tally,
@@ -619,21 +678,44 @@ async fn queue_claim(client: &Client, tally: &mut Tally, measure: bool, run_id: 
         ),
     )
     .await;
-    let Some(assignment) = leased.ok().and_then(|mut list| list.pop()) else {
-        return false;
+    let assignment = match leased.map(|mut list| list.pop()) {
+        Ok(Some(assignment)) => assignment,
+        Ok(None) => return Outcome::Empty,
+        Err(_) => return Outcome::Failed,
     };
     let (task, attempt) = (assignment.task_id, assignment.attempt);
     if timed(tally, measure, client.start_attempt(task, attempt, &queue))
         .await
         .is_err()
     {
-        return false;
+        return Outcome::Failed;
     }
-    timed(
-        tally,
-        measure,
-        client.complete_attempt(task, attempt, &queue, b"ok"),
+    done_if_ok(
+        timed(
+            tally,
+            measure,
+            client.complete_attempt(task, attempt, &queue, b"ok"),
+        )
+        .await,
     )
-    .await
-    .is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tally(ops: u64, empty: u64) -> Tally {
+        Tally {
+            ops,
+            empty,
+            ..Tally::new()
+        }
+    }
+
+    #[test]
+    fn a_run_fails_when_nothing_succeeded_or_its_queue_ran_dry() {
+        assert_eq!(verdict(&tally(10, 0)), exit::OK);
+        assert_eq!(verdict(&tally(0, 0)), exit::FAILURE);
+        assert_eq!(verdict(&tally(10, 1)), exit::FAILURE);
+    }
 }

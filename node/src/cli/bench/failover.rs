@@ -84,6 +84,14 @@ pub(super) async fn run(args: &BenchArgs) -> u8 {
         rss_kib: cluster.peak_rss_kib(),
     };
     figures.print(args);
+    let resumed = total
+        .acks
+        .as_ref()
+        .is_some_and(|acks| acks.iter().any(|at| *at > killed_at));
+    if !resumed {
+        eprintln!("baton bench: no write was acknowledged after the leader was killed");
+        return exit::FAILURE;
+    }
     exit::OK
 }
 
