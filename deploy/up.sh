@@ -27,7 +27,11 @@ baton="${CARGO_TARGET_DIR:-$root/target}/release/baton"
 "$here/image.sh" "$baton" "$BATON_IMAGE"
 
 echo "up.sh: starting compose project $project (${compose_command[*]})"
-compose up --detach --remove-orphans
+if ! compose up --detach --remove-orphans; then
+    echo "up.sh: compose up failed; the nodes' last log lines:" >&2
+    compose logs --tail 40 >&2 || true
+    exit 1
+fi
 
 # The init service runs `baton cluster init` once every node is healthy, then exits.
 init=$(docker ps --all --quiet \
@@ -74,7 +78,7 @@ Baton is up (compose project $project). Reach it with:
   $baton status
   $baton ticket offer --key hello --from me --to you --reply-to me --ttl 60s --payload hi
 or from Rust: baton_rpc::Client::connect(&[...these endpoints...]).
-Stop it (and delete its data) with ${down}deploy/down.sh; keep the data with --keep-data.
+Stop it (keeping its data) with ${down}deploy/down.sh; delete the data too with --delete-data.
 EOT
         exit 0
     fi
