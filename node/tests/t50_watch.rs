@@ -596,3 +596,54 @@ async fn lease_loss_reaches_the_holders_watch() {
     drop(mine);
     cluster.stop().await;
 }
+
+/// `baton watch | head -1`: once the reader is gone, the next change ends the watch with exit 0,
+/// as any filter ends, not with a panic on the closed pipe (exit 101).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watch_command_ends_quietly_when_its_reader_goes_away() {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+
+    let cluster = Cluster::start().await;
+    let mut watch = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["--endpoints", &cluster.addr, "watch"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = watch.stdout.take().unwrap();
+    let first = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .unwrap();
+        line
+    });
+    // The watch starts at "now": keep writing until it has printed a line.
+    let mut n = 0;
+    while !first.is_finished() {
+        n += 1;
+        cluster.client.write_fenced("piped", n, b"v").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(n < 200, "the watch printed nothing");
+    }
+    let line = first.await.unwrap();
+    assert!(line.contains("sink"), "{line}");
+    // The reader (and with it the pipe) is gone; the next changes make the watch write.
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = watch.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the watch went on after its reader left"
+        );
+        n += 1;
+        cluster.client.write_fenced("piped", n, b"v").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut watch.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(0), "{stderr}");
+}

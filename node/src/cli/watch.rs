@@ -1,5 +1,7 @@
 //! `baton watch`: follow committed changes, one line per change.
 
+use std::io::Write;
+
 use baton_rpc::{Client, Event};
 use baton_statemachine::{ChangeFilter, ChangeKind, ChangeValue, Primitive};
 use clap::{ArgGroup, Args};
@@ -82,10 +84,18 @@ pub async fn run(args: WatchArgs, client: &Client) -> u8 {
         };
         match event {
             Some(Ok(event)) => {
-                if args.json {
-                    println!("{}", event_json(&event));
+                let line = if args.json {
+                    event_json(&event).to_string()
                 } else {
-                    println!("{}", event_line(&event));
+                    event_line(&event)
+                };
+                if let Err(error) = writeln!(std::io::stdout().lock(), "{line}") {
+                    // The reader went away (`baton watch | head -1`): done, like any filter.
+                    if error.kind() == std::io::ErrorKind::BrokenPipe {
+                        return exit::OK;
+                    }
+                    eprintln!("baton watch: cannot print: {error}");
+                    return exit::FAILURE;
                 }
                 printed += 1;
             }
