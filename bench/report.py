@@ -45,11 +45,21 @@ def ms(value):
     return f"{value:.2f}"
 
 
+def usable(run):
+    """Whether a run measured something comparable: it ran, completed operations, and (queue-claim)
+    never found its queue empty, which would make its rate the queue's size, not its speed."""
+    return (
+        bool(run)
+        and "error" not in run
+        and run.get("ops", 0) > 0
+        and run["ops_per_s"] > 0
+        and run.get("empty_leases", 0) == 0
+    )
+
+
 def ratio(baton, peer):
-    """Baton's ops/s over the peer's, or None when either is missing or the peer did nothing."""
-    if not baton or not peer or "error" in baton or "error" in peer:
-        return None
-    if peer["ops_per_s"] <= 0:
+    """Baton's ops/s over the peer's, or None when either run is not usable."""
+    if not usable(baton) or not usable(peer):
         return None
     return baton["ops_per_s"] / peer["ops_per_s"]
 
@@ -75,7 +85,7 @@ def verdicts(runs, workload, clients, system):
         )
     )
     if system == "mariadb":
-        if baton and peer and "error" not in baton and "error" not in peer:
+        if usable(baton) and usable(peer):
             met = baton["p99_ms"] <= peer["p99_ms"]
             detail = f"{ms(baton['p99_ms'])} vs {ms(peer['p99_ms'])} ms"
         else:
@@ -127,6 +137,9 @@ def workload_table(runs, workload, clients_seen):
                 continue
             r = ratio(baton, run) if system != "baton" else None
             shown = "—" if system == "baton" else ("n/a" if r is None else f"{r:.2f}x")
+            if not usable(run):
+                empty = run.get("empty_leases", 0)
+                shown += f" (not comparable: {number(empty)} leases found no task)" if empty else " (not comparable: no operation completed)"
             found = verdicts(runs, workload, clients, system)
             target = " · ".join(f"{t}: {word(m)}" for t, m, _ in found) or ""
             lines.append(
@@ -157,7 +170,8 @@ def section(runs, meta):
     out += [
         f"Command: `{meta.get('command', 'bench/compare.sh')}` — every cell {meta.get('duration')}"
         f" measured after {meta.get('warmup')} of warm-up, the systems one after the other"
-        " inside each cell, each client a closed loop with its own connection; queue-claim starts"
+        " inside each cell, each client a closed loop (a peer's client with its own connection;"
+        " Baton's clients share one client library, which batches concurrent calls); queue-claim starts"
         f" from {int(meta.get('queue_tasks', 0)):,} queued tasks. Raw results:"
         f" `bench/results/{meta.get('date', '?')}.jsonl`.",
         "",

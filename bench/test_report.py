@@ -12,6 +12,7 @@ def run(system, workload, clients, ops, p99):
         "system": system,
         "workload": workload,
         "clients": clients,
+        "ops": ops * 8,
         "ops_per_s": ops,
         "requests_per_s": ops * 2,
         "contended_per_s": 0.0,
@@ -55,6 +56,19 @@ class Verdicts(unittest.TestCase):
         runs = runs_of(run("baton", "handoff", 16, 2000, 1.0), failed)
         self.assertTrue(all(m is None for _, m, _ in report.verdicts(runs, "handoff", 16, "mariadb")))
         self.assertIn("failed: exit 1", "\n".join(report.workload_table(runs, "handoff", {16})))
+
+    def test_a_run_that_completed_nothing_is_not_a_pass(self):
+        # A p99 of 0 ms from an empty histogram must not beat MariaDB's.
+        nothing = dict(run("baton", "handoff", 16, 0, 0.0), ops=0)
+        runs = runs_of(nothing, run("mariadb", "handoff", 16, 1000, 4.0))
+        self.assertTrue(all(m is None for _, m, _ in report.verdicts(runs, "handoff", 16, "mariadb")))
+
+    def test_a_queue_that_ran_dry_is_not_compared(self):
+        dry = dict(run("postgres", "queue-claim", 16, 900, 1.0), empty_leases=5000)
+        runs = runs_of(run("baton", "queue-claim", 16, 1600, 8.0), dry)
+        self.assertIsNone(report.ratio(runs[("queue-claim", 16, "baton")], dry))
+        table = "\n".join(report.workload_table(runs, "queue-claim", {16}))
+        self.assertIn("not comparable: 5,000 leases found no task", table)
 
 
 class Section(unittest.TestCase):

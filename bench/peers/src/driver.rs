@@ -13,7 +13,7 @@ use rand::Rng;
 use serde_json::Value;
 
 use crate::error::Error;
-use crate::meter::Meter;
+use crate::meter::{Meter, Outcome};
 use crate::workload::{agent, Plan, Workload, READ_TICKETS, UNIFORM_TASKS};
 
 /// The answer to a permit claim.
@@ -171,6 +171,11 @@ pub async fn run<P: Peer>(
 /// A failed request is not retried at once: a broken connection would otherwise spin.
 const AFTER_ERROR: Duration = Duration::from_millis(10);
 
+/// The longest one op may take (the drivers set no deadline of their own): past it the client
+/// counts the op failed and stops, since its connection is in an unknown state, so that a
+/// stalled server cannot hold the run open.
+const OP_DEADLINE: Duration = Duration::from_secs(30);
+
 async fn client_loop<P: Peer>(
     mut peer: P,
     plan: Plan,
@@ -183,28 +188,35 @@ async fn client_loop<P: Peer>(
     let mut sequence = 0u64;
     while !stop.load(Ordering::Relaxed) {
         meter.measuring = measuring.load(Ordering::Relaxed);
-        let step = match plan.workload {
-            Workload::PermitUniform | Workload::PermitHot => {
-                permit_pair(&mut peer, &mut meter, plan.workload.permits(), &agent).await
-            }
-            Workload::MixedRead => {
-                if rand::rng().random_range(0..10) == 0 {
-                    permit_pair(&mut peer, &mut meter, UNIFORM_TASKS, &agent).await
-                } else {
-                    let key = plan.read_ticket(rand::rng().random_range(0..READ_TICKETS));
-                    peer.read(&mut meter, &key).await
+        let step = async {
+            match plan.workload {
+                Workload::PermitUniform | Workload::PermitHot => {
+                    permit_pair(&mut peer, &mut meter, plan.workload.permits(), &agent).await
                 }
+                Workload::MixedRead => {
+                    if rand::rng().random_range(0..10) == 0 {
+                        permit_pair(&mut peer, &mut meter, UNIFORM_TASKS, &agent).await
+                    } else {
+                        let key = plan.read_ticket(rand::rng().random_range(0..READ_TICKETS));
+                        peer.read(&mut meter, &key).await.map(Outcome::from)
+                    }
+                }
+                Workload::Handoff => {
+                    sequence += 1;
+                    handoff(&mut peer, &mut meter, &plan.handoff_ticket(index, sequence)).await
+                }
+                Workload::QueueClaim => queue_claim(&mut peer, &mut meter, &agent).await,
             }
-            Workload::Handoff => {
-                sequence += 1;
-                handoff(&mut peer, &mut meter, &plan.handoff_ticket(index, sequence)).await
-            }
-            Workload::QueueClaim => queue_claim(&mut peer, &mut meter, &agent).await,
+        };
+        let Ok(step) = tokio::time::timeout(OP_DEADLINE, step).await else {
+            meter.outcome(Outcome::Failed);
+            eprintln!("peers-bench: client {index}: no answer within {OP_DEADLINE:?}; it stops");
+            break;
         };
         match step {
-            Ok(true) => meter.op(),
-            Ok(false) => {}
+            Ok(outcome) => meter.outcome(outcome),
             Err(why) => {
+                meter.outcome(Outcome::Failed);
                 if meter.measuring {
                     eprintln!("peers-bench: client {index}: {why}");
                 }
@@ -225,32 +237,35 @@ async fn permit_pair<P: Peer>(
     meter: &mut Meter,
     permits: u32,
     agent: &str,
-) -> Result<bool, Error> {
+) -> Result<Outcome, Error> {
     let permit = rand::rng().random_range(0..permits);
     let token = fresh_token();
     match peer.claim(meter, permit, agent, token).await? {
-        Claim::Granted { .. } => peer.release(meter, permit, token).await,
-        Claim::Taken => {
-            meter.contended();
-            Ok(false)
-        }
+        Claim::Granted { .. } => peer.release(meter, permit, token).await.map(Outcome::from),
+        Claim::Taken => Ok(Outcome::Contended),
     }
 }
 
-async fn handoff<P: Peer>(peer: &mut P, meter: &mut Meter, key: &str) -> Result<bool, Error> {
+async fn handoff<P: Peer>(peer: &mut P, meter: &mut Meter, key: &str) -> Result<Outcome, Error> {
     let Some(offered) = peer.offer(meter, key).await? else {
-        return Ok(false);
+        return Ok(Outcome::Failed);
     };
     let token = fresh_token();
     let Some(taken) = peer.take(meter, key, offered, token).await? else {
-        return Ok(false);
+        return Ok(Outcome::Failed);
     };
-    peer.reply(meter, key, taken, token).await
+    peer.reply(meter, key, taken, token)
+        .await
+        .map(Outcome::from)
 }
 
-async fn queue_claim<P: Peer>(peer: &mut P, meter: &mut Meter, agent: &str) -> Result<bool, Error> {
+async fn queue_claim<P: Peer>(
+    peer: &mut P,
+    meter: &mut Meter,
+    agent: &str,
+) -> Result<Outcome, Error> {
     match peer.lease_next(meter, agent).await? {
-        Some(job) => peer.complete(meter, &job, agent).await,
-        None => Ok(false),
+        Some(job) => peer.complete(meter, &job, agent).await.map(Outcome::from),
+        None => Ok(Outcome::Empty),
     }
 }

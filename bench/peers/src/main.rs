@@ -117,12 +117,13 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let ops = report["ops"].as_u64().unwrap_or(0);
     if args.json {
         println!("{report}");
     } else {
         println!(
             "system={} workload={} clients={} ops/s={:.0} contended/s={:.0} requests/s={:.0} \
-             p50={:.2}ms p99={:.2}ms p999={:.2}ms errors={}",
+             p50={:.2}ms p99={:.2}ms p999={:.2}ms errors={} failed_ops={} empty_leases={}",
             report["system"].as_str().unwrap_or_default(),
             report["workload"].as_str().unwrap_or_default(),
             report["clients"],
@@ -133,7 +134,21 @@ async fn main() -> ExitCode {
             report["p99_ms"].as_f64().unwrap_or_default(),
             report["p999_ms"].as_f64().unwrap_or_default(),
             report["errors"],
+            report["failed_ops"],
+            report["empty_leases"],
         );
+    }
+    if ops == 0 {
+        eprintln!("peers-bench: no operation succeeded: the run measured nothing");
+        return ExitCode::FAILURE;
+    }
+    let empty = report["empty_leases"].as_u64().unwrap_or(0);
+    if empty > 0 {
+        eprintln!(
+            "peers-bench: the queue ran dry: {empty} leases found no task, so the figures are \
+             not a claim rate; give --queue-tasks at least the ops/s times (warm-up + duration)"
+        );
+        return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
 }

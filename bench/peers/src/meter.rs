@@ -7,12 +7,38 @@ use std::time::Instant;
 use hdrhistogram::Histogram;
 use serde_json::{json, Value};
 
+/// How one op ended (the same outcomes as `baton bench`'s).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every step succeeded.
+    Done,
+    /// The claim found the permit held.
+    Contended,
+    /// The lease found no task.
+    Empty,
+    /// A conditional step found the state not as the op left it (a lost lease, a ticket not
+    /// offered): the op did not complete.
+    Failed,
+}
+
+impl From<bool> for Outcome {
+    fn from(done: bool) -> Self {
+        if done {
+            Outcome::Done
+        } else {
+            Outcome::Failed
+        }
+    }
+}
+
 /// Counters of one client (merged into one for the report).
 pub struct Meter {
     /// Whether the warm-up is over: nothing is counted before.
     pub measuring: bool,
     ops: u64,
     contended: u64,
+    empty: u64,
+    failed: u64,
     requests: u64,
     errors: u64,
     latency_us: Histogram<u64>,
@@ -25,6 +51,8 @@ impl Meter {
             measuring: false,
             ops: 0,
             contended: 0,
+            empty: 0,
+            failed: 0,
             requests: 0,
             errors: 0,
             latency_us: Histogram::new_with_bounds(1, 60_000_000, 3)
@@ -51,17 +79,16 @@ impl Meter {
         result
     }
 
-    /// Counts a completed op.
-    pub fn op(&mut self) {
-        if self.measuring {
-            self.ops += 1;
+    /// Counts how an op ended.
+    pub fn outcome(&mut self, outcome: Outcome) {
+        if !self.measuring {
+            return;
         }
-    }
-
-    /// Counts a claim that found the permit held.
-    pub fn contended(&mut self) {
-        if self.measuring {
-            self.contended += 1;
+        match outcome {
+            Outcome::Done => self.ops += 1,
+            Outcome::Contended => self.contended += 1,
+            Outcome::Empty => self.empty += 1,
+            Outcome::Failed => self.failed += 1,
         }
     }
 
@@ -69,6 +96,8 @@ impl Meter {
     pub fn merge(&mut self, other: &Meter) {
         self.ops += other.ops;
         self.contended += other.contended;
+        self.empty += other.empty;
+        self.failed += other.failed;
         self.requests += other.requests;
         self.errors += other.errors;
         // Both histograms share the same bounds, so adding cannot fail.
@@ -89,6 +118,8 @@ impl Meter {
             "contended_per_s": per_s(self.contended),
             "requests_per_s": per_s(self.requests),
             "errors": self.errors,
+            "failed_ops": self.failed,
+            "empty_leases": self.empty,
             "p50_ms": ms(0.50),
             "p99_ms": ms(0.99),
             "p999_ms": ms(0.999),
@@ -104,15 +135,19 @@ mod tests {
     async fn counts_only_while_measuring() {
         let mut meter = Meter::new();
         let _ = meter.time(async { Ok::<_, ()>(()) }).await;
-        meter.op();
+        meter.outcome(Outcome::Done);
         meter.measuring = true;
         let _ = meter.time(async { Ok::<_, ()>(()) }).await;
         let _ = meter.time(async { Err::<(), _>(()) }).await;
-        meter.op();
-        meter.contended();
+        meter.outcome(Outcome::Done);
+        meter.outcome(Outcome::Contended);
+        meter.outcome(Outcome::Empty);
+        meter.outcome(Outcome::Failed);
         let report = meter.report("x", "permit-hot", 1, 2.0);
         assert_eq!(report["ops"], 1);
         assert_eq!(report["errors"], 1);
+        assert_eq!(report["failed_ops"], 1);
+        assert_eq!(report["empty_leases"], 1);
         assert_eq!(report["requests_per_s"], 1.0);
         assert_eq!(report["contended_per_s"], 0.5);
     }
@@ -123,9 +158,9 @@ mod tests {
         let mut b = Meter::new();
         a.measuring = true;
         b.measuring = true;
-        a.op();
-        b.op();
-        b.op();
+        a.outcome(Outcome::Done);
+        b.outcome(Outcome::Done);
+        b.outcome(Outcome::Done);
         a.merge(&b);
         assert_eq!(a.report("x", "handoff", 2, 1.0)["ops"], 3);
     }
