@@ -8,7 +8,9 @@ use baton_cluster_test::robustness::check::{self, Violation};
 use baton_cluster_test::robustness::history::{
     AttemptRecord, Clock, Input, Op, Outcome, Output, Recorder,
 };
-use baton_cluster_test::robustness::{board, checkpoint, effect, handoff, progress, queue};
+use baton_cluster_test::robustness::{
+    available_again, board, checkpoint, effect, handoff, progress, queue,
+};
 use baton_rpc::Error;
 use std::time::Duration;
 
@@ -480,6 +482,70 @@ async fn t71_the_recorder_records_only_a_fault_s_errors_as_ambiguous() {
         kinds,
         ["ambiguous", "ambiguous", "unexpected", "unexpected"]
     );
+}
+
+/// After recovery every workload must get a grant again: prompt refusals alone (every acquire
+/// `contended`, as from a store that stopped freeing holds) are reported for that workload.
+#[tokio::test]
+async fn t71_recovery_needs_a_grant_not_just_answers() {
+    let rec = Recorder::new(Clock::start());
+    let since = rec.clock().now();
+    let acquire = || Input::Acquire {
+        key: "h0/1".into(),
+        resource: "res-0".into(),
+    };
+    let mut all = vec![
+        (claim_of("a0"), Outcome::Ok(lease_of(1))),
+        (
+            Input::Take {
+                key: "ticket-0".into(),
+                to: "B".into(),
+            },
+            Outcome::Ok(Output::Handle {
+                fence: 1,
+                token: "t".into(),
+            }),
+        ),
+        (
+            Input::Lease {
+                worker: "w0".into(),
+            },
+            Outcome::Ok(Output::Leased(vec![(1, 1, "key-0".into(), Some(1))])),
+        ),
+        (
+            Input::SaveCheckpoint {
+                run: "run-0".into(),
+                seq: 1,
+                data: "d".into(),
+            },
+            Outcome::Ok(Output::Done),
+        ),
+    ];
+    all.push((
+        acquire(),
+        Outcome::Ok(Output::NotGranted("contended".into())),
+    ));
+    for (input, outcome) in all {
+        let index = rec.invoke("c", input);
+        rec.complete(index, outcome);
+    }
+    let limit = Duration::from_millis(100);
+    let violations = available_again(&rec, since, limit).await;
+    assert_eq!(
+        rules(&violations),
+        ["available-after-recovery"],
+        "{violations:?}"
+    );
+    assert_eq!(violations[0].key, "effect+sink");
+    let index = rec.invoke("c", acquire());
+    rec.complete(
+        index,
+        Outcome::Ok(Output::Granted {
+            fence: 1,
+            holder: "h0/1".into(),
+        }),
+    );
+    assert!(available_again(&rec, since, limit).await.is_empty());
 }
 
 /// A refused release ended nothing: a grant given while the refused one's holder still held it

@@ -623,12 +623,12 @@ impl Recorder {
         self.lock().is_empty()
     }
 
-    /// Definite answers (`Ok` or refused) to operations matching `which` that completed at or
-    /// after `since` (microseconds).
-    pub fn answers_since(&self, since: u64, which: impl Fn(&Input) -> bool) -> usize {
+    /// Operations matching `which` that got a definite answer (`Ok` or refused) at or after
+    /// `since` (microseconds).
+    pub fn answered_since(&self, since: u64, which: impl Fn(&Op) -> bool) -> usize {
         self.lock()
             .iter()
-            .filter(|op| op.ret.is_some_and(|ret| ret >= since) && which(&op.input))
+            .filter(|op| op.ret.is_some_and(|ret| ret >= since) && which(op))
             .count()
     }
 

@@ -11,7 +11,7 @@
 //!    [`history::Recorder`];
 //! 3. inject the scenario's faults for a while ([`faults::Nemesis`]), then undo them all and
 //!    wait for the cluster to converge;
-//! 4. require that every workload is answered again after recovery, stop the workloads, and read
+//! 4. require that every workload gets a grant again after recovery, stop the workloads, and read
 //!    back everything that was acknowledged;
 //! 5. run every checker over the finished history.
 //!
@@ -175,7 +175,7 @@ pub struct Settings {
     pub fault_time: Duration,
     /// Workload before the first fault.
     pub warmup: Duration,
-    /// How long every workload may take to be answered again after recovery.
+    /// How long every workload may take to get a grant acknowledged again after recovery.
     pub recovery_limit: Duration,
     /// Clients per workload.
     pub mix: Mix,
@@ -609,7 +609,7 @@ async fn drive<T: Target>(
     }
     let recovered_at = rec.clock().now();
     let mut violations = available_again(&rec, recovered_at, settings.recovery_limit).await;
-    phase("answered again");
+    phase("granted again");
     workloads.stop(Duration::from_secs(20)).await;
     phase("workloads stopped");
 
@@ -668,13 +668,7 @@ pub fn progress(history: &[Op], faults: usize) -> Vec<Violation> {
     for op in history {
         let slot = workload_of(&op.input);
         ran[slot] = true;
-        granted[slot] |= match (&op.input, op.ok()) {
-            (Input::Take { .. }, Some(_)) | (Input::Claim { .. }, Some(_)) => true,
-            (Input::Acquire { .. }, Some(Output::Granted { .. })) => true,
-            (Input::Lease { .. }, Some(Output::Leased(assignments))) => !assignments.is_empty(),
-            (Input::SaveCheckpoint { .. }, Some(_)) => true,
-            _ => false,
-        };
+        granted[slot] |= is_grant(op);
     }
     for (slot, name) in WORKLOADS.iter().enumerate() {
         if ran[slot] && !granted[slot] {
@@ -689,13 +683,28 @@ pub fn progress(history: &[Op], faults: usize) -> Vec<Violation> {
     violations
 }
 
-/// Every workload must get definite answers again within `limit` of recovery; one that does not
-/// is reported (the cluster did not recover).
-async fn available_again(rec: &Recorder, since: u64, limit: Duration) -> Vec<Violation> {
+/// Whether `op` is an acknowledged grant: a take, claim, acquire, non-empty lease or stored save.
+fn is_grant(op: &Op) -> bool {
+    match (&op.input, op.ok()) {
+        (Input::Take { .. }, Some(_)) | (Input::Claim { .. }, Some(_)) => true,
+        (Input::Acquire { .. }, Some(Output::Granted { .. })) => true,
+        (Input::Lease { .. }, Some(Output::Leased(assignments))) => !assignments.is_empty(),
+        (Input::SaveCheckpoint { .. }, Some(_)) => true,
+        _ => false,
+    }
+}
+
+/// Every workload must get a grant acknowledged again within `limit` of recovery; one that does
+/// not is reported. Any answer would not do: a store that stopped freeing holds or permits after
+/// a failover (expiry broken, a release lost) answers every acquire `contended` and every lease
+/// with nothing, promptly and for good.
+pub async fn available_again(rec: &Recorder, since: u64, limit: Duration) -> Vec<Violation> {
     let started = Instant::now();
     loop {
         let silent: Vec<usize> = (0..WORKLOADS.len())
-            .filter(|slot| rec.answers_since(since, |input| workload_of(input) == *slot) == 0)
+            .filter(|slot| {
+                rec.answered_since(since, |op| workload_of(&op.input) == *slot && is_grant(op)) == 0
+            })
             .collect();
         if silent.is_empty() {
             return Vec::new();
@@ -707,7 +716,7 @@ async fn available_again(rec: &Recorder, since: u64, limit: Duration) -> Vec<Vio
                     Violation::new(
                         "available-after-recovery",
                         WORKLOADS[slot],
-                        format!("no operation was answered within {limit:?} after every fault was undone"),
+                        format!("no grant was acknowledged within {limit:?} after every fault was undone"),
                         Vec::new(),
                     )
                 })
