@@ -655,6 +655,31 @@ fn t71_sink_refusals_counts_and_final_values_are_judged() {
     assert!(violations.is_empty(), "{violations:?}");
 }
 
+/// An acknowledged sink write whose answer names another fence than the one it presented: the
+/// write and "highest seen = presented" were not one step. Reported.
+#[test]
+fn t71_a_sink_write_answering_another_seen_fence_is_reported() {
+    let r = effect::sink_of("res-0");
+    let history = |seen: u64| {
+        let mut h = H::default();
+        h.ok("h0", write(&r, 2, "a"), 0, 10, sink(seen, 1, ""));
+        h.ok(
+            "final",
+            Input::SinkRead {
+                resource: r.clone(),
+            },
+            100,
+            110,
+            sink(2, 1, "a"),
+        );
+        effect::check(&h.ops, 100_000)
+    };
+    assert!(history(2).is_empty(), "{:?}", history(2));
+    let violations = history(5);
+    assert_eq!(rules(&violations), ["sink-seen-fence"], "{violations:?}");
+    assert_eq!(violations[0].ops, vec![0]);
+}
+
 #[test]
 fn t71_an_acquire_applied_twice_and_a_lost_completion_are_reported() {
     let mut h = H::default();
@@ -891,6 +916,54 @@ fn t71_a_permit_token_granted_twice_and_a_lost_submission_are_reported() {
     assert_eq!(
         rules(&violations),
         ["increasing-fence", "lost-ack", "unique-grant"],
+        "{violations:?}"
+    );
+}
+
+/// After recovery, two tasks of one concurrency key both with an active attempt is two holders
+/// of the key's permit: reported, whatever their tokens. One active and one ended is fine.
+#[test]
+fn t71_two_active_attempts_on_one_key_after_recovery_are_reported() {
+    let attempts = |second_outcome: &str| {
+        let mut h = H::default();
+        for (task, token, outcome) in [(1, 7, "ACTIVE"), (2, 8, second_outcome)] {
+            h.ok(
+                "s",
+                Input::Submit {
+                    idempotency_key: format!("s-{task}"),
+                    concurrency_key: "key-0".into(),
+                },
+                0,
+                5,
+                Output::Submitted {
+                    task,
+                    replayed: false,
+                },
+            );
+            h.ok(
+                "final",
+                Input::Attempts { task },
+                100,
+                110,
+                Output::AttemptList {
+                    state: "RUNNING".into(),
+                    attempts: vec![AttemptRecord {
+                        number: 1,
+                        worker: format!("w{task}"),
+                        token: Some(token),
+                        outcome: outcome.into(),
+                    }],
+                },
+            );
+        }
+        queue::check(&h.ops, 100_000)
+    };
+    let violations = attempts("ACTIVE");
+    assert_eq!(rules(&violations), ["one-active-attempt"], "{violations:?}");
+    assert_eq!(violations[0].key, "key-0");
+    let violations = attempts("FAILED");
+    assert!(
+        !rules(&violations).contains(&"one-active-attempt"),
         "{violations:?}"
     );
 }
