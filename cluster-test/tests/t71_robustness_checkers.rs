@@ -1185,6 +1185,21 @@ fn t71_taken_for_a_free_task_is_reported() {
             "renewal answered: {answered}"
         );
     }
+    // A refused renewal extended nothing.
+    let mut h = H::default();
+    h.ok("a1", claim_of("a1"), 0, 5, lease_of(1));
+    h.refused("a1", renew.clone(), ttl - 100, ttl - 90, "LEASE_LOST");
+    h.refused("a0", claim_of("a0"), ttl + 1_000, ttl + 1_010, "TAKEN");
+    assert_eq!(board_rules(h, ttl + 2_000, 1), ["unexplained-taken"]);
+    // A fence won without an answer was applied after the acknowledged claim below it was sent:
+    // a refusal that came back before then is not explained by it. Here fence 2 went to the
+    // unanswered claim, so it was applied after a2's claim (fence 1, sent at 3 s), and cannot
+    // explain a refusal answered at 1 s, when nothing held the task.
+    let mut h = H::default();
+    h.ambiguous("a1", claim_of("a1"), 0);
+    h.refused("a0", claim_of("a0"), 900, 1_000, "TAKEN");
+    h.ok("a2", claim_of("a2"), 3_000, 3_010, lease_of(1));
+    assert_eq!(board_rules(h, ttl + 5_000, 2), ["unexplained-taken"]);
 }
 
 /// A listing during the run is a linearizable read: it shows at least the fence of every claim

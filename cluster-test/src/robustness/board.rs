@@ -274,23 +274,24 @@ fn reads(history: &[Op], grants: &[Grant], final_from: u64) -> Vec<Violation> {
     violations
 }
 
-/// Per task, until when (history clock) a claim that won without its claimant hearing of it
-/// may have held the task: the fences the final listing counts that no acknowledged claim holds
-/// were won by unanswered claims, each applied before the first acknowledged claim with a higher
-/// fence (fences are given in apply order), so it held the task at most until that claim's
-/// answer plus the TTL; `None` (for good) when no acknowledged claim followed it. A task whose
-/// fences are all acknowledged has no entry: its unanswered claims won nothing. The whole map is
-/// `None` when no final listing was made (then every unanswered claim counts as a winner, for
-/// good).
-fn silent_winners(history: &[Op], final_from: u64) -> Option<BTreeMap<&str, Option<u64>>> {
+/// Per task, when (history clock) a claim that won without its claimant hearing of it may have
+/// held the task: the fences the final listing counts that no acknowledged claim holds were won
+/// by unanswered claims. Fences are given in apply order, so each such win was applied after the
+/// acknowledged claim with the next lower fence was sent (the window's start; 0 without one) and
+/// before the first acknowledged claim with a higher fence was answered, so it held the task at
+/// most until that answer plus the TTL (the window's end; `None`, for good, when no acknowledged
+/// claim followed it). A task whose fences are all acknowledged has no entry: its unanswered
+/// claims won nothing. The whole map is `None` when no final listing was made (then every
+/// unanswered claim counts as a winner, for good).
+fn silent_winners(history: &[Op], final_from: u64) -> Option<BTreeMap<&str, Vec<Window>>> {
     let last = history
         .iter()
         .rfind(|op| op.call >= final_from && matches!(op.input, Input::ListTasks));
     let Some(Output::Tasks(tasks)) = last.and_then(Op::ok) else {
         return None;
     };
-    // Per task: each acknowledged claim's fence and answer.
-    let mut acknowledged: BTreeMap<&str, BTreeMap<u64, u64>> = BTreeMap::new();
+    // Per task: each acknowledged claim's fence, earliest call and earliest answer.
+    let mut acknowledged: BTreeMap<&str, BTreeMap<u64, (u64, u64)>> = BTreeMap::new();
     for op in history {
         if let (Input::Claim { task, .. }, Some(Output::Lease { fence, .. }), Some(ret)) =
             (&op.input, op.ok(), op.ret)
@@ -299,8 +300,8 @@ fn silent_winners(history: &[Op], final_from: u64) -> Option<BTreeMap<&str, Opti
                 .entry(task)
                 .or_default()
                 .entry(*fence)
-                .or_insert(ret);
-            *at = (*at).min(ret);
+                .or_insert((op.call, ret));
+            *at = (at.0.min(op.call), at.1.min(ret));
         }
     }
     let ttl_us = TTL_MS as u64 * 1000;
@@ -308,22 +309,44 @@ fn silent_winners(history: &[Op], final_from: u64) -> Option<BTreeMap<&str, Opti
     let none = BTreeMap::new();
     for (task, _, max_fence) in tasks {
         let fences = acknowledged.get(task.as_str()).unwrap_or(&none);
-        let mut until: Option<Option<u64>> = None;
-        for fence in (1..=*max_fence).filter(|fence| !fences.contains_key(fence)) {
-            // The earliest answer of an acknowledged claim at a higher fence.
-            let next = fences.range(fence + 1..).map(|(_, ret)| *ret).min();
-            let end = next.map(|ret| ret + ttl_us);
-            until = Some(match (until, end) {
-                (None, end) => end,
-                (Some(None), _) | (_, None) => None,
-                (Some(Some(a)), Some(b)) => Some(a.max(b)),
-            });
-        }
-        if let Some(until) = until {
-            winners.insert(task.as_str(), until);
+        let windows: Vec<Window> = (1..=*max_fence)
+            .filter(|fence| !fences.contains_key(fence))
+            .map(|fence| Window {
+                from: fences
+                    .range(..fence)
+                    .next_back()
+                    .map_or(0, |(_, (call, _))| *call),
+                until: fences
+                    .range(fence + 1..)
+                    .map(|(_, (_, ret))| *ret)
+                    .min()
+                    .map(|ret| ret + ttl_us),
+            })
+            .collect();
+        if !windows.is_empty() {
+            winners.insert(task.as_str(), windows);
         }
     }
     Some(winners)
+}
+
+/// When an unanswered claim that won may have held its task ([`silent_winners`]).
+struct Window {
+    /// Not applied before this.
+    from: u64,
+    /// Not held after this; `None`: possibly for good.
+    until: Option<u64>,
+}
+
+impl Window {
+    /// Whether the hold may have overlapped the refusal `op`: applied before the refusal
+    /// returned, and not over when it was sent.
+    fn overlaps(&self, op: &Op, ret: u64) -> bool {
+        self.from < ret
+            && self
+                .until
+                .is_none_or(|until| until + CLOCK_SLACK_US >= op.call)
+    }
 }
 
 /// A claim refused `TAKEN` is explained by a claim that may have held the task at some moment
@@ -380,8 +403,8 @@ fn explained_taken(history: &[Op], final_from: u64) -> Vec<Violation> {
                     (_, Some(Output::Lease { fence, .. })) => *fence,
                     (Outcome::Ambiguous(_) | Outcome::Unexpected(_), _) => {
                         return winners.as_ref().is_none_or(|winners| {
-                            winners.get(task.as_str()).is_some_and(|until| {
-                                until.is_none_or(|until| until + CLOCK_SLACK_US >= op.call)
+                            winners.get(task.as_str()).is_some_and(|windows| {
+                                windows.iter().any(|window| window.overlaps(op, ret))
                             })
                         })
                     }
@@ -395,7 +418,8 @@ fn explained_taken(history: &[Op], final_from: u64) -> Vec<Violation> {
                 // unanswered renewal.
                 let mut last_answer = claim.ret;
                 for renewal in renewals.get(&key).into_iter().flatten() {
-                    if renewal.call < ret {
+                    // A refused renewal extended nothing.
+                    if renewal.call < ret && renewal.refused().is_none() {
                         last_answer = last_answer.zip(renewal.ret).map(|(a, b)| a.max(b));
                     }
                 }
