@@ -680,6 +680,26 @@ fn t71_a_sink_write_answering_another_seen_fence_is_reported() {
     assert_eq!(violations[0].ops, vec![0]);
 }
 
+/// A resource nobody wrote that holds a value after recovery: a write from nowhere. Reported;
+/// not found is what it must answer.
+#[test]
+fn t71_a_value_in_a_sink_nobody_wrote_is_reported() {
+    let r = effect::sink_of("res-1");
+    let read = Input::SinkRead {
+        resource: r.clone(),
+    };
+    let mut h = H::default();
+    h.ok("final", read.clone(), 100, 110, sink(5, 1, "ghost"));
+    let violations = effect::check(&h.ops, 100_000);
+    assert!(
+        rules(&violations).contains(&"sink-final-value"),
+        "{violations:?}"
+    );
+    let mut h = H::default();
+    h.refused("final", read, 100, 110, "NOT_FOUND");
+    assert!(effect::check(&h.ops, 100_000).is_empty());
+}
+
 #[test]
 fn t71_an_acquire_applied_twice_and_a_lost_completion_are_reported() {
     let mut h = H::default();

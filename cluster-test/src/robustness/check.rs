@@ -362,7 +362,7 @@ pub fn exclusive_holds(
 ///   invoked before the refusal came back;
 /// - after recovery the resource holds the highest acknowledged fence or a higher ambiguous one,
 ///   with the value of a write at that fence, and counts between the acknowledged writes and
-///   those plus the ambiguous ones.
+///   those plus the ambiguous ones; a resource no write was sent to is not found.
 pub fn sink(history: &[Op], mine: impl Fn(&str) -> bool) -> Vec<Violation> {
     let mut writes: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
     let mut finals: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
@@ -376,6 +376,10 @@ pub fn sink(history: &[Op], mine: impl Fn(&str) -> bool) -> Vec<Violation> {
             }
             _ => {}
         }
+    }
+    // A resource nobody wrote is judged too: a value there was written by nobody.
+    for resource in finals.keys() {
+        writes.entry(resource).or_default();
     }
     let mut violations = Vec::new();
     for (resource, ops) in &writes {
