@@ -236,15 +236,24 @@ impl Nemesis {
         Ok(())
     }
 
-    async fn follower_kill(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
-        self.sleep_between(1_000, 2_500).await;
+    /// The leader and a random live follower (an error, not a panic, when none is running).
+    async fn leader_and_follower(&mut self, cluster: &Cluster) -> anyhow::Result<(u64, u64)> {
         let leader = cluster.leader().await?;
         let followers: Vec<u64> = cluster
             .live_ids()
             .into_iter()
             .filter(|id| *id != leader)
             .collect();
-        let victim = followers[self.rng.random_range(0..followers.len())];
+        anyhow::ensure!(
+            !followers.is_empty(),
+            "no follower of leader {leader} is running"
+        );
+        Ok((leader, followers[self.rng.random_range(0..followers.len())]))
+    }
+
+    async fn follower_kill(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
+        self.sleep_between(1_000, 2_500).await;
+        let (leader, victim) = self.leader_and_follower(cluster).await?;
         let cut = cluster.lose_power_of(victim).await?;
         self.faults += 1;
         self.note(match cut {
@@ -327,13 +336,7 @@ impl Nemesis {
 
     async fn isolate_follower(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
         self.sleep_between(1_000, 2_000).await;
-        let leader = cluster.leader().await?;
-        let followers: Vec<u64> = cluster
-            .live_ids()
-            .into_iter()
-            .filter(|id| *id != leader)
-            .collect();
-        let victim = followers[self.rng.random_range(0..followers.len())];
+        let (leader, victim) = self.leader_and_follower(cluster).await?;
         cluster.network()?.isolate(victim);
         self.faults += 1;
         self.note(format!("isolate follower {victim} (leader {leader})"));
