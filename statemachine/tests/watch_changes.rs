@@ -952,45 +952,6 @@ fn a_lease_running_out_past_the_deadline_reports_needs_review_or_failed_after_lo
     }
 }
 
-/// A back-off that would end at or past the task's total deadline ends in the task failing:
-/// the sweep reports `failed` alone, never a `requeued` and `leasable` that nothing could act on.
-#[test]
-fn a_back_off_ending_past_the_deadline_reports_failed_and_never_requeued() {
-    let mut w = queue_world();
-    let (a, _) = submit(&mut w, "q1", "a", "k");
-    let a_key = a.to_string();
-    let deadline = T0 + 600_000;
-    let (assignments, _) = lease(&mut w, deadline - 1_000, 10_000);
-    assert_eq!(assignments.len(), 1);
-    let fail = q(queue::Command::Fail {
-        task_id: a,
-        attempt: 1,
-        worker: "w".into(),
-        error: "flaky".into(),
-        retryable: true,
-    });
-    assert_eq!(
-        summary(&w.ok(deadline - 100, fail).1),
-        vec![
-            s(ChangeKind::RetryWait, &a_key, "w", 1),
-            s(ChangeKind::KeyFreed, "k", "w", 1)
-        ]
-    );
-    let changes = w.sweep(deadline - 100 + queue::backoff_ms(1));
-    assert_eq!(
-        summary(&changes),
-        vec![s(ChangeKind::Failed, &a_key, "", 0)]
-    );
-    match &changes[0].value {
-        ChangeValue::QueueTask(task) => {
-            assert_eq!(task.state, queue::TaskState::Failed);
-            assert_eq!(task.retry_at_ms, None);
-        }
-        other => panic!("want a queue task, got {other:?}"),
-    }
-    assert!(lease(&mut w, deadline + 1_000, 1_000).0.is_empty());
-}
-
 #[test]
 fn a_retryable_failure_and_a_cancel_report_their_new_state() {
     let mut w = queue_world();

@@ -550,9 +550,8 @@ impl TaskQueue {
     }
 
     /// [`TaskQueue::sweep`] bounded: at most the first `leases` expired leases, then the first
-    /// `retries` ended back-offs (one ending past its task's total deadline fails the task), then
-    /// the first `deadlines` passed total deadlines of tasks not running, each in time order (then
-    /// task id). Returns how many it materialised.
+    /// `retries` ended back-offs, then the first `deadlines` passed total deadlines of tasks not
+    /// running, each in time order (then task id). Returns how many it materialised.
     pub(crate) fn sweep_first(
         &mut self,
         clock_ms: u64,
@@ -582,18 +581,6 @@ impl TaskQueue {
                 break;
             }
             self.retries.pop_first();
-            // A back-off that ends past the total deadline ends the task: requeuing it first
-            // would report a task leasable that no lease could take.
-            if self
-                .tasks
-                .get(&id)
-                .is_some_and(|task| is_overdue(task.deadline_ms, clock_ms))
-            {
-                if self.fail_past_deadline(id) {
-                    changed += 1;
-                }
-                continue;
-            }
             if let Some(task) = self.tasks.get_mut(&id).map(Arc::make_mut) {
                 task.state = TaskState::Waiting;
                 task.retry_at_ms = None;
