@@ -484,8 +484,9 @@ async fn t71_the_recorder_records_only_a_fault_s_errors_as_ambiguous() {
     );
 }
 
-/// After recovery every workload must get a grant again: prompt refusals alone (every acquire
-/// `contended`, as from a store that stopped freeing holds) are reported for that workload.
+/// After recovery every workload but handoff must get a grant again: prompt refusals alone (every
+/// acquire `contended`, as from a store that stopped freeing holds) are reported for that
+/// workload.
 #[tokio::test]
 async fn t71_recovery_needs_a_grant_not_just_answers() {
     let rec = Recorder::new(Clock::start());
@@ -501,10 +502,8 @@ async fn t71_recovery_needs_a_grant_not_just_answers() {
                 key: "ticket-0".into(),
                 to: "B".into(),
             },
-            Outcome::Ok(Output::Handle {
-                fence: 1,
-                token: "t".into(),
-            }),
+            // Handoff needs only an answer: a ticket whose take's answer was lost stays taken.
+            Outcome::Refused("TAKEN".into()),
         ),
         (
             Input::Lease {

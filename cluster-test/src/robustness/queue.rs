@@ -16,10 +16,10 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use baton_rpc::Client;
-use baton_statemachine::queue::{Assignment, SubmitReceipt, Task, TaskSpec};
+use baton_statemachine::queue::{Assignment, SubmitReceipt, Task, TaskFilter, TaskSpec, TaskState};
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -40,6 +40,8 @@ pub const LEASE_TTL_MS: i64 = 3_000;
 const STALL: Duration = Duration::from_millis(3_600);
 /// Tasks the submitter keeps waiting at most.
 const BACKLOG: u64 = 6;
+/// How often a stalled submitter counts the unfinished tasks itself.
+const RECOUNT_EVERY: Duration = Duration::from_secs(1);
 /// Prefix of the sink resources this workload writes.
 pub const SINK_PREFIX: &str = "sink-queue-";
 
@@ -101,6 +103,7 @@ pub async fn submit(
     // Acknowledged submissions: sent again now and then, with the same content (a replay: the
     // same task) or another concurrency key (a conflict: `IDEMPOTENCY_CONFLICT`).
     let mut acked: Vec<(String, &'static str)> = Vec::new();
+    let mut recounted: Option<Instant> = None;
     while !stop.load(Ordering::Relaxed) {
         let again = !acked.is_empty() && rng.random_bool(0.15);
         let (idempotency_key, key) = if again {
@@ -117,6 +120,10 @@ pub async fn submit(
                 .load(Ordering::Relaxed)
                 .saturating_sub(pace.completed.load(Ordering::Relaxed));
             if backlog >= BACKLOG {
+                if recounted.is_none_or(|at| at.elapsed() >= RECOUNT_EVERY) {
+                    recounted = Some(Instant::now());
+                    recount(&client, &pace).await;
+                }
                 tokio::time::sleep(Duration::from_millis(30)).await;
                 continue;
             }
@@ -140,6 +147,33 @@ pub async fn submit(
             acked.push((idempotency_key, key));
         }
     }
+}
+
+/// Counts as finished every acknowledged submission no longer waiting, leased or running. The
+/// workers count only the completions they hear of; a task that failed or needs review, or whose
+/// completion's answer was lost, finishes unheard, and without this the submitter would stop for
+/// good after [`BACKLOG`] of them (every lease then empty). Not recorded: pacing only.
+async fn recount(client: &Client, pace: &Pace) {
+    let mut open = 0;
+    for state in [
+        TaskState::Waiting,
+        TaskState::RetryWait,
+        TaskState::Leased,
+        TaskState::Running,
+    ] {
+        let filter = TaskFilter {
+            queue: Some(QUEUE.to_string()),
+            state: Some(state),
+            concurrency_key: None,
+        };
+        match client.queue_tasks(&filter).await {
+            Ok(tasks) => open += tasks.len() as u64,
+            Err(_) => return,
+        }
+    }
+    let submitted = pace.submitted.load(Ordering::Relaxed);
+    pace.completed
+        .fetch_max(submitted.saturating_sub(open), Ordering::Relaxed);
 }
 
 fn submitted_output(receipt: &SubmitReceipt) -> Output {
