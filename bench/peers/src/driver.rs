@@ -210,6 +210,7 @@ async fn client_loop<P: Peer>(
         };
         let Ok(step) = tokio::time::timeout(OP_DEADLINE, step).await else {
             meter.outcome(Outcome::Failed);
+            meter.stalled();
             eprintln!("peers-bench: client {index}: no answer within {OP_DEADLINE:?}; it stops");
             break;
         };

@@ -142,6 +142,15 @@ async fn main() -> ExitCode {
         eprintln!("peers-bench: no operation succeeded: the run measured nothing");
         return ExitCode::FAILURE;
     }
+    let stalled = report["stalled_clients"].as_u64().unwrap_or(0);
+    if stalled > 0 {
+        eprintln!(
+            "peers-bench: {stalled} of {} clients stopped early (an op got no answer in time): \
+             the figures are not those of {} clients",
+            args.clients, args.clients
+        );
+        return ExitCode::FAILURE;
+    }
     let empty = report["empty_leases"].as_u64().unwrap_or(0);
     if empty > 0 {
         eprintln!(

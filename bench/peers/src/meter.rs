@@ -39,6 +39,8 @@ pub struct Meter {
     contended: u64,
     empty: u64,
     failed: u64,
+    /// Clients that stopped early, their op unanswered past the deadline.
+    stalled_clients: u64,
     requests: u64,
     errors: u64,
     latency_us: Histogram<u64>,
@@ -53,6 +55,7 @@ impl Meter {
             contended: 0,
             empty: 0,
             failed: 0,
+            stalled_clients: 0,
             requests: 0,
             errors: 0,
             latency_us: Histogram::new_with_bounds(1, 60_000_000, 3)
@@ -92,12 +95,18 @@ impl Meter {
         }
     }
 
+    /// Records that this client stopped early (its op got no answer in time).
+    pub fn stalled(&mut self) {
+        self.stalled_clients += 1;
+    }
+
     /// Adds another client's counts to these.
     pub fn merge(&mut self, other: &Meter) {
         self.ops += other.ops;
         self.contended += other.contended;
         self.empty += other.empty;
         self.failed += other.failed;
+        self.stalled_clients += other.stalled_clients;
         self.requests += other.requests;
         self.errors += other.errors;
         // Both histograms share the same bounds, so adding cannot fail.
@@ -120,6 +129,7 @@ impl Meter {
             "errors": self.errors,
             "failed_ops": self.failed,
             "empty_leases": self.empty,
+            "stalled_clients": self.stalled_clients,
             "p50_ms": ms(0.50),
             "p99_ms": ms(0.99),
             "p999_ms": ms(0.999),
