@@ -494,7 +494,10 @@ fn lock(books: &Mutex<Books>) -> MutexGuard<'_, Books> {
 }
 
 fn attr(inode: u64, path: &Path) -> io::Result<FileAttr> {
-    let meta = std::fs::symlink_metadata(path)?;
+    Ok(attr_of(inode, &std::fs::symlink_metadata(path)?))
+}
+
+fn attr_of(inode: u64, meta: &std::fs::Metadata) -> FileAttr {
     let kind = if meta.is_dir() {
         FileType::Directory
     } else {
@@ -503,7 +506,7 @@ fn attr(inode: u64, path: &Path) -> io::Result<FileAttr> {
     let time = |secs: i64, nanos: i64| {
         UNIX_EPOCH + Duration::new(u64::try_from(secs).unwrap_or(0), nanos as u32)
     };
-    Ok(FileAttr {
+    FileAttr {
         ino: INodeNo(inode),
         size: meta.len(),
         blocks: meta.blocks(),
@@ -519,7 +522,7 @@ fn attr(inode: u64, path: &Path) -> io::Result<FileAttr> {
         rdev: 0,
         blksize: 4096,
         flags: 0,
-    })
+    }
 }
 
 /// The FUSE side. Every call takes the bookkeeping lock for its whole length, so writes and
@@ -570,11 +573,26 @@ impl Filesystem for PowerCutFs {
         }
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let path = lock(&self.books).path(ino);
-        match path.and_then(|path| attr(ino.0, &path).map_err(Errno::from)) {
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        let books = lock(&self.books);
+        // A file still open is still there when a rename replaced or an unlink removed its name
+        // (the books then forgot its inode), as on any file system: an `fstat` of it (the kernel
+        // asks by inode, seldom with the handle) answers from an open handle of that inode.
+        let open = fh.and_then(|fh| books.file(fh).ok()).or_else(|| {
+            books
+                .open
+                .values()
+                .find(|(inode, _)| *inode == ino.0)
+                .cloned()
+        });
+        let result = match (books.path(ino), open) {
+            (Ok(path), _) => attr(ino.0, &path),
+            (Err(_), Some((_, file))) => file.metadata().map(|meta| attr_of(ino.0, &meta)),
+            (Err(errno), None) => return reply.error(errno),
+        };
+        match result {
             Ok(attr) => reply.attr(&TTL, &attr),
-            Err(errno) => reply.error(errno),
+            Err(error) => reply.error(Errno::from(error)),
         }
     }
 
@@ -959,6 +977,37 @@ mod tests {
             .open(&path)
             .unwrap();
         (books, inode, file, path)
+    }
+
+    /// A file replaced by a rename while open, as the node's snapshot file is when a snapshot is
+    /// built while the last one is being read: the open handle still reads and stats the old
+    /// file, and the name opens the new one — as on any local file system. (The replaced file's
+    /// inode was forgotten at the rename, so a stat through the handle answered ENOENT and the
+    /// node's Raft stopped.)
+    #[test]
+    fn a_file_replaced_by_a_rename_stays_readable_through_its_open_handle() {
+        if let Err(why) = available_unless_required().unwrap() {
+            println!("skipped: cannot mount a FUSE directory ({why})");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (backing, mountpoint) = (dir.path().join("backing"), dir.path().join("mounted"));
+        for path in [&backing, &mountpoint] {
+            std::fs::create_dir(path).unwrap();
+        }
+        let mounted = Mounted::mount(&backing, &mountpoint).unwrap();
+        let (name, temp) = (mountpoint.join("image"), mountpoint.join("image.tmp"));
+        std::fs::write(&name, b"old image").unwrap();
+        let mut old = File::open(&name).unwrap();
+        std::fs::write(&temp, b"the new image").unwrap();
+        std::fs::rename(&temp, &name).unwrap();
+        assert_eq!(old.metadata().unwrap().len(), 9);
+        let mut read = Vec::new();
+        std::io::Read::read_to_end(&mut old, &mut read).unwrap();
+        assert_eq!(read, b"old image");
+        assert_eq!(std::fs::read(&name).unwrap(), b"the new image");
+        drop(old);
+        mounted.unmount().unwrap();
     }
 
     fn power_cut(books: Books) -> PowerCut {
