@@ -268,6 +268,20 @@ impl Cluster {
             .map(|node| node.id)
     }
 
+    /// How node `id`'s process ended, once it has (`None` while it runs); a process that ended
+    /// no longer counts as running.
+    pub fn exit_status(&mut self, id: u64) -> anyhow::Result<Option<std::process::ExitStatus>> {
+        let node = self.node_mut(id)?;
+        let status = match node.child.as_mut() {
+            Some(child) => child.try_wait()?,
+            None => None,
+        };
+        if status.is_some() {
+            node.child = None;
+        }
+        Ok(status)
+    }
+
     /// Ids of the nodes whose process is running.
     pub fn live_ids(&self) -> Vec<u64> {
         self.nodes

@@ -288,9 +288,29 @@ pub async fn serve_secured(
     // The listener is bound, so connections made from here on are served.
     systemd::ready();
 
-    // Serve until asked to stop (or until serving fails), then leave gracefully while the
-    // server still carries Raft traffic for the handover, then close the server.
+    // Serve until asked to stop (or until serving fails, or Raft stops by itself), then leave
+    // gracefully while the server still carries Raft traffic for the handover, then close the
+    // server.
+    let mut raft_failure = None;
     let served = tokio::select! {
+        fatal = raft_stopped(&raft) => {
+            tracing::error!(
+                error = %fatal,
+                "Raft has stopped on an error it cannot go on from; the node exits so that its \
+                 supervisor restarts it"
+            );
+            raft_failure = Some(fatal);
+            health.set(ServingStatus::NotServing).await;
+            let _ = closing_tx.send(true);
+            let _ = stop_serving_tx.send(());
+            match tokio::time::timeout(CLOSE_LIMIT, &mut server).await {
+                Ok(joined) => joined,
+                Err(_) => {
+                    server.abort();
+                    Ok(Ok(()))
+                }
+            }
+        }
         () = shutdown => {
             tracing::info!("shutting down");
             systemd::stopping();
@@ -333,7 +353,27 @@ pub async fn serve_secured(
         Err(_) => tracing::warn!("Raft did not stop within {RAFT_STOP_LIMIT:?}; leaving it"),
     }
     tracing::info!(id = config.id, "node stopped");
+    if let Some(fatal) = raft_failure {
+        anyhow::bail!("Raft stopped: {fatal}");
+    }
     served.context("grpc server failed")
+}
+
+/// Resolves, with the reason, once Raft has stopped by itself: openraft stops on an error it
+/// treats as fatal (a storage error: a log or snapshot it cannot read or write). The node can
+/// then serve nothing but refusals, yet would look alive to every probe that only asks whether
+/// it answers; exiting lets its supervisor restart it (systemd `Restart=on-failure`, Docker's
+/// restart policy), and a damage that persists stops that restart with its own message.
+async fn raft_stopped(raft: &Raft) -> String {
+    let mut metrics = raft.metrics();
+    loop {
+        if let Err(fatal) = &metrics.borrow_and_update().running_state {
+            return fatal.to_string();
+        }
+        if metrics.changed().await.is_err() {
+            return "its metrics channel closed".into();
+        }
+    }
 }
 
 /// Waits for `task`, told to stop, until `by`, then aborts it: a shutdown ends even when a task
