@@ -588,7 +588,9 @@ impl Filesystem for PowerCutFs {
         let result = match (books.path(ino), open) {
             (Ok(path), _) => attr(ino.0, &path),
             (Err(_), Some((_, file))) => file.metadata().map(|meta| attr_of(ino.0, &meta)),
-            (Err(errno), None) => return reply.error(errno),
+            // Looked up just before a rename replaced its name: ESTALE makes the kernel walk
+            // the path again and stat the file now there, as a local file system would.
+            (Err(_), None) => return reply.error(Errno::ESTALE),
         };
         match result {
             Ok(attr) => reply.attr(&TTL, &attr),
@@ -701,7 +703,10 @@ impl Filesystem for PowerCutFs {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let result = (|| -> Result<FileHandle, Errno> {
             let mut books = lock(&self.books);
-            let path = books.path(ino)?;
+            // Looked up just before a rename replaced (or an unlink removed) its name: ESTALE
+            // makes the kernel look the path up again and open what is there now (or answer
+            // ENOENT itself), as a local file system's open would.
+            let path = books.path(ino).map_err(|_| Errno::ESTALE)?;
             let file = OpenOptions::new()
                 .read(true)
                 .write(flags.acc_mode() != OpenAccMode::O_RDONLY)

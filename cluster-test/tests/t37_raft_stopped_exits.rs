@@ -19,21 +19,29 @@ async fn t37_a_node_whose_raft_stops_on_a_storage_error_exits() {
     };
     let mut cluster = Cluster::start(3, options).await.unwrap();
     let client = cluster.client().await.unwrap();
-    let leader = cluster.leader().await.unwrap();
-    let image = cluster
-        .data_dir(leader)
-        .unwrap()
-        .join("db")
-        .join("raft-snapshot");
     let mut n = 0;
-    while !image.exists() {
-        n += 1;
-        client.write_fenced("t37", n, b"v").await.unwrap();
-        assert!(n < 2_000, "the leader built no snapshot");
-    }
-    // Let the snapshot that is being written land, then damage it.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    std::fs::write(&image, b"not an image").unwrap();
+    let leader = loop {
+        let leader = cluster.leader().await.unwrap();
+        let image = cluster
+            .data_dir(leader)
+            .unwrap()
+            .join("db")
+            .join("raft-snapshot");
+        while !image.exists() {
+            n += 1;
+            client.write_fenced("t37", n, b"v").await.unwrap();
+            assert!(n < 2_000, "the leader built no snapshot");
+        }
+        // Let the snapshot being written land (and the log behind it be purged, so the learner
+        // needs the snapshot), then damage it.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        std::fs::write(&image, b"not an image").unwrap();
+        // Leadership that moved meanwhile (a loaded machine) would send the learner another
+        // node's snapshot: damage the new leader's too.
+        if cluster.leader().await.unwrap() == leader {
+            break leader;
+        }
+    };
 
     let learner = cluster.add_node().await.unwrap();
     let addr = cluster.addr(learner).to_string();

@@ -721,7 +721,14 @@ pub async fn available_again(rec: &Recorder, since: u64, limit: Duration) -> Vec
                     Violation::new(
                         "available-after-recovery",
                         WORKLOADS[slot],
-                        format!("no grant was acknowledged within {limit:?} after every fault was undone"),
+                        format!(
+                            "no {} within {limit:?} after every fault was undone",
+                            if slot == HANDOFF {
+                                "answer"
+                            } else {
+                                "grant was acknowledged"
+                            }
+                        ),
                         Vec::new(),
                     )
                 })

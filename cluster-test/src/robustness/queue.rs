@@ -154,23 +154,24 @@ pub async fn submit(
 /// completion's answer was lost, finishes unheard, and without this the submitter would stop for
 /// good after [`BACKLOG`] of them (every lease then empty). Not recorded: pacing only.
 async fn recount(client: &Client, pace: &Pace) {
-    let mut open = 0;
-    for state in [
-        TaskState::Waiting,
-        TaskState::RetryWait,
-        TaskState::Leased,
-        TaskState::Running,
-    ] {
-        let filter = TaskFilter {
-            queue: Some(QUEUE.to_string()),
-            state: Some(state),
-            concurrency_key: None,
-        };
-        match client.queue_tasks(&filter).await {
-            Ok(tasks) => open += tasks.len() as u64,
-            Err(_) => return,
-        }
-    }
+    // One listing (pages by task id, so each task is seen once even as it changes state).
+    let filter = TaskFilter {
+        queue: Some(QUEUE.to_string()),
+        state: None,
+        concurrency_key: None,
+    };
+    let Ok(tasks) = client.queue_tasks(&filter).await else {
+        return;
+    };
+    let open = tasks
+        .iter()
+        .filter(|task| {
+            matches!(
+                task.state,
+                TaskState::Waiting | TaskState::RetryWait | TaskState::Leased | TaskState::Running
+            )
+        })
+        .count() as u64;
     let submitted = pace.submitted.load(Ordering::Relaxed);
     pace.completed
         .fetch_max(submitted.saturating_sub(open), Ordering::Relaxed);
