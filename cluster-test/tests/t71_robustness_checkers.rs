@@ -58,6 +58,15 @@ impl H {
     }
 }
 
+/// Asserts whether `violations` include one of `rule`, showing them all when not as expected.
+fn assert_reported(violations: &[Violation], rule: &str, expected: bool) {
+    assert_eq!(
+        rules(violations).contains(&rule),
+        expected,
+        "{rule}: {violations:?}"
+    );
+}
+
 fn rules(violations: &[Violation]) -> Vec<&str> {
     let mut rules: Vec<&str> = violations.iter().map(|v| v.rule.as_str()).collect();
     rules.sort();
@@ -337,10 +346,7 @@ fn t71_two_holders_at_once_are_reported_even_with_rising_fences() {
         Output::Leased(vec![(2, 1, "key-0".into(), Some(8))]),
     );
     let violations = queue::check(&h.ops, 100_000);
-    assert!(
-        rules(&violations).contains(&"exclusive-hold"),
-        "{violations:?}"
-    );
+    assert_reported(&violations, "exclusive-hold", true);
     // Both to one worker (its start failed, it leased again while its own permit was live):
     // held twice all the same.
     let mut h = H::default();
@@ -379,10 +385,7 @@ fn t71_two_overlapping_grants_are_two_holders_at_once() {
         board::check(&h.ops, 100_000)
     };
     let violations = race(2);
-    assert!(
-        rules(&violations).contains(&"exclusive-hold"),
-        "{violations:?}"
-    );
+    assert_reported(&violations, "exclusive-hold", true);
     let exclusive: Vec<_> = violations
         .iter()
         .filter(|v| v.rule == "exclusive-hold")
@@ -414,10 +417,7 @@ fn t71_two_overlapping_grants_are_two_holders_at_once() {
     );
     h.ok("a1", claim_of("a1"), 3, 20, lease_of(2));
     let violations = board::check(&h.ops, 100_000);
-    assert!(
-        !rules(&violations).contains(&"exclusive-hold"),
-        "{violations:?}"
-    );
+    assert_reported(&violations, "exclusive-hold", false);
 }
 
 /// An error no fault explains is a violation by itself (its effect stays unknown to the other
@@ -573,10 +573,7 @@ fn t71_a_refused_release_does_not_end_a_hold() {
         Output::Tasks(vec![("task-0".into(), "open".into(), 2)]),
     );
     let violations = board::check(&h.ops, 100_000);
-    assert!(
-        rules(&violations).contains(&"exclusive-hold"),
-        "{violations:?}"
-    );
+    assert_reported(&violations, "exclusive-hold", true);
 }
 
 fn write(resource: &str, fence: u64, value: &str) -> Input {
@@ -690,10 +687,7 @@ fn t71_a_value_in_a_sink_nobody_wrote_is_reported() {
     let mut h = H::default();
     h.ok("final", read.clone(), 100, 110, sink(5, 1, "ghost"));
     let violations = effect::check(&h.ops, 100_000);
-    assert!(
-        rules(&violations).contains(&"sink-final-value"),
-        "{violations:?}"
-    );
+    assert_reported(&violations, "sink-final-value", true);
     let mut h = H::default();
     h.refused("final", read, 100, 110, "NOT_FOUND");
     assert!(effect::check(&h.ops, 100_000).is_empty());
@@ -981,10 +975,7 @@ fn t71_two_active_attempts_on_one_key_after_recovery_are_reported() {
     assert_eq!(rules(&violations), ["one-active-attempt"], "{violations:?}");
     assert_eq!(violations[0].key, "key-0");
     let violations = attempts("FAILED");
-    assert!(
-        !rules(&violations).contains(&"one-active-attempt"),
-        "{violations:?}"
-    );
+    assert_reported(&violations, "one-active-attempt", false);
 }
 
 /// A run proves nothing when no fault was injected or a workload never got a grant: a store that
