@@ -775,7 +775,8 @@ impl Worker {
     /// [`LeasePoll::settle`]), and hands each attempt back unstarted instead of leaving it, and
     /// its concurrency key, to a worker that is gone until its lease runs out: its lease is
     /// renewed to end a millisecond later, and the store's own expiry puts the task back to
-    /// waiting at once (no back-off, nothing counted against its attempts). Returns how many.
+    /// waiting moments later, when the leader's sweep (or the next lease) materialises it (no
+    /// back-off, nothing counted against its attempts). Returns how many.
     async fn hand_back(&self, poll: &LeasePoll<'_>) -> u64 {
         let settings = &self.settings;
         let leased = match poll.settle().await {
