@@ -303,13 +303,7 @@ pub async fn serve_secured(
             health.set(ServingStatus::NotServing).await;
             let _ = closing_tx.send(true);
             let _ = stop_serving_tx.send(());
-            match tokio::time::timeout(CLOSE_LIMIT, &mut server).await {
-                Ok(joined) => joined,
-                Err(_) => {
-                    server.abort();
-                    Ok(Ok(()))
-                }
-            }
+            close(&mut server).await
         }
         () = shutdown => {
             tracing::info!("shutting down");
@@ -325,14 +319,7 @@ pub async fn serve_secured(
             )
             .await;
             let _ = stop_serving_tx.send(());
-            match tokio::time::timeout(CLOSE_LIMIT, &mut server).await {
-                Ok(joined) => joined,
-                Err(_) => {
-                    tracing::warn!("connections still open after {CLOSE_LIMIT:?}; closing them");
-                    server.abort();
-                    Ok(Ok(()))
-                }
-            }
+            close(&mut server).await
         }
         joined = &mut server => joined,
     };
@@ -357,6 +344,21 @@ pub async fn serve_secured(
         anyhow::bail!("Raft stopped: {fatal}");
     }
     served.context("grpc server failed")
+}
+
+/// Waits for the gRPC server, told to stop serving, to close its connections; after
+/// [`CLOSE_LIMIT`] it closes them itself.
+async fn close(
+    server: &mut tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+) -> Result<Result<(), tonic::transport::Error>, tokio::task::JoinError> {
+    match tokio::time::timeout(CLOSE_LIMIT, &mut *server).await {
+        Ok(joined) => joined,
+        Err(_) => {
+            tracing::warn!("connections still open after {CLOSE_LIMIT:?}; closing them");
+            server.abort();
+            Ok(Ok(()))
+        }
+    }
 }
 
 /// Resolves, with the reason, once Raft has stopped by itself: openraft stops on an error it
