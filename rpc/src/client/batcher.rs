@@ -339,25 +339,67 @@ mod tests {
     use crate::proto::batch_server::{Batch, BatchServer};
     use crate::proto::{BatchResponse, BatchResult};
 
-    /// A node whose batch service records the requests it is sent and answers each with its
-    /// own bytes.
+    /// A node whose batch service records every call it is sent (method and request) and
+    /// answers each with the request's own bytes — except, when `known` names a method, any
+    /// other method, which it answers UNIMPLEMENTED, as a node of an older version answers a
+    /// method it does not know.
     #[derive(Default, Clone)]
-    struct Recorder(Arc<Mutex<Vec<Vec<u8>>>>);
+    struct MockNode {
+        /// Every call sent: its method and request bytes.
+        seen: Arc<Mutex<Vec<Call>>>,
+        known: Option<&'static str>,
+    }
+
+    type Call = (String, Vec<u8>);
+
+    impl MockNode {
+        fn knowing_only(method: &'static str) -> Self {
+            Self {
+                known: Some(method),
+                ..Self::default()
+            }
+        }
+
+        fn methods(&self) -> Vec<String> {
+            self.seen
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(m, _)| m.clone())
+                .collect()
+        }
+
+        fn requests(&self) -> Vec<Vec<u8>> {
+            self.seen
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(_, r)| r.clone())
+                .collect()
+        }
+    }
 
     #[tonic::async_trait]
-    impl Batch for Recorder {
+    impl Batch for MockNode {
         async fn call(
             &self,
             request: tonic::Request<BatchRequest>,
         ) -> Result<tonic::Response<BatchResponse>, Status> {
             let items = request.into_inner().items;
-            let mut seen = self.0.lock().unwrap();
+            let mut seen = self.seen.lock().unwrap();
             let results = items
                 .into_iter()
                 .map(|item| {
-                    seen.push(item.request.clone());
+                    seen.push((item.method.clone(), item.request.clone()));
+                    let outcome = if self.known.is_none_or(|known| item.method == known) {
+                        Outcome::Response(item.request)
+                    } else {
+                        Outcome::Status(crate::batch::status_to_wire(&Status::unimplemented(
+                            "unknown method",
+                        )))
+                    };
                     BatchResult {
-                        outcome: Some(Outcome::Response(item.request)),
+                        outcome: Some(outcome),
                     }
                 })
                 .collect();
@@ -380,45 +422,12 @@ mod tests {
         InterceptedService::new(channel, Credentials::new(&Default::default()).unwrap())
     }
 
-    /// A node whose batch service knows only the method `/y` and answers any other call in a
-    /// batch UNIMPLEMENTED, as a node of an older version answers a method it does not know.
-    #[derive(Default, Clone)]
-    struct KnowsOnlyY(Arc<Mutex<Vec<String>>>);
-
-    #[tonic::async_trait]
-    impl Batch for KnowsOnlyY {
-        async fn call(
-            &self,
-            request: tonic::Request<BatchRequest>,
-        ) -> Result<tonic::Response<BatchResponse>, Status> {
-            let items = request.into_inner().items;
-            let mut seen = self.0.lock().unwrap();
-            let results = items
-                .into_iter()
-                .map(|item| {
-                    seen.push(item.method.clone());
-                    let outcome = if item.method == "/y" {
-                        Outcome::Response(item.request)
-                    } else {
-                        Outcome::Status(crate::batch::status_to_wire(&Status::unimplemented(
-                            "unknown method",
-                        )))
-                    };
-                    BatchResult {
-                        outcome: Some(outcome),
-                    }
-                })
-                .collect();
-            Ok(tonic::Response::new(BatchResponse { results }))
-        }
-    }
-
     /// A call the node does not know fails UNIMPLEMENTED inside a batch, as it would alone, and
     /// the calls after it still travel in batches (batching used to be switched off for the
     /// connection for good: a newer client meeting an older node lost it on every connection).
     #[tokio::test]
     async fn a_method_unknown_inside_a_batch_leaves_batching_on() {
-        let node = KnowsOnlyY::default();
+        let node = MockNode::knowing_only("/y");
         let grpc = serve(node.clone()).await;
         let conn = Conn::new(grpc, Duration::from_secs(5));
         // Both places taken, so each call queues and goes in a batch.
@@ -447,7 +456,7 @@ mod tests {
         let known = conn.batcher.call("/y", b"known".to_vec()).await.unwrap();
         assert_eq!(known, b"known");
         assert_eq!(
-            *node.0.lock().unwrap(),
+            node.methods(),
             vec![crate::batch::BOARD_CLAIM.path.to_string(), "/y".to_string()]
         );
         drop(taken);
@@ -457,7 +466,7 @@ mod tests {
     /// with it still does, and gets its own answer.
     #[tokio::test]
     async fn a_call_abandoned_while_queued_is_not_sent() {
-        let node = Recorder::default();
+        let node = MockNode::default();
         let grpc = serve(node.clone()).await;
         let batcher = Batcher::start(grpc, Duration::from_secs(5));
         // Both places are taken (as by two calls on their way), so calls queue.
@@ -479,6 +488,6 @@ mod tests {
         assert!(abandoned.await.unwrap_err().is_cancelled());
         drop(taken);
         assert_eq!(kept.await.unwrap().unwrap(), b"kept");
-        assert_eq!(*node.0.lock().unwrap(), vec![b"kept".to_vec()]);
+        assert_eq!(node.requests(), vec![b"kept".to_vec()]);
     }
 }
