@@ -576,6 +576,12 @@ fn t71_a_refused_release_does_not_end_a_hold() {
     assert_reported(&violations, "exclusive-hold", true);
 }
 
+fn sink_read(resource: &str) -> Input {
+    Input::SinkRead {
+        resource: resource.into(),
+    }
+}
+
 fn write(resource: &str, fence: u64, value: &str) -> Input {
     Input::SinkWrite {
         resource: resource.into(),
@@ -598,15 +604,7 @@ fn t71_a_stale_fence_write_applied_is_reported() {
     let mut h = H::default();
     h.ok("h0", write(&r, 2, "b"), 0, 10, sink(2, 1, ""));
     h.ok("h1", write(&r, 1, "a"), 20, 30, sink(1, 2, ""));
-    h.ok(
-        "final",
-        Input::SinkRead {
-            resource: r.clone(),
-        },
-        100,
-        110,
-        sink(1, 2, "a"),
-    );
+    h.ok("final", sink_read(&r), 100, 110, sink(1, 2, "a"));
     let violations = effect::check(&h.ops, 100_000);
     assert_eq!(
         rules(&violations),
@@ -624,15 +622,7 @@ fn t71_sink_refusals_counts_and_final_values_are_judged() {
     h.refused("h1", write(&r, 1, "b"), 20, 30, "FENCE_STALE");
     h.ambiguous("h2", write(&r, 3, "c"), 40);
     // A value nobody wrote, and more writes than the history allows.
-    h.ok(
-        "final",
-        Input::SinkRead {
-            resource: r.clone(),
-        },
-        100,
-        110,
-        sink(3, 5, "z"),
-    );
+    h.ok("final", sink_read(&r), 100, 110, sink(3, 5, "z"));
     let violations = effect::check(&h.ops, 100_000);
     assert_eq!(
         rules(&violations),
@@ -659,15 +649,7 @@ fn t71_a_sink_write_answering_another_seen_fence_is_reported() {
     let history = |seen: u64| {
         let mut h = H::default();
         h.ok("h0", write(&r, 2, "a"), 0, 10, sink(seen, 1, ""));
-        h.ok(
-            "final",
-            Input::SinkRead {
-                resource: r.clone(),
-            },
-            100,
-            110,
-            sink(2, 1, "a"),
-        );
+        h.ok("final", sink_read(&r), 100, 110, sink(2, 1, "a"));
         effect::check(&h.ops, 100_000)
     };
     assert!(history(2).is_empty(), "{:?}", history(2));
@@ -681,9 +663,7 @@ fn t71_a_sink_write_answering_another_seen_fence_is_reported() {
 #[test]
 fn t71_a_value_in_a_sink_nobody_wrote_is_reported() {
     let r = effect::sink_of("res-1");
-    let read = Input::SinkRead {
-        resource: r.clone(),
-    };
+    let read = sink_read(&r);
     let mut h = H::default();
     h.ok("final", read.clone(), 100, 110, sink(5, 1, "ghost"));
     let violations = effect::check(&h.ops, 100_000);
