@@ -555,3 +555,51 @@ async fn t46_a_handler_stopped_on_lease_loss_keeps_its_slot_until_it_has_stopped
     );
     assert_eq!((summary.completed, summary.lost), (1, 1), "{summary:?}");
 }
+
+/// Claim: `Client::lease` whose answer comes too late returns what its request leased, not an
+/// outage, so that the caller can work on (or hand back) the task at once: the answer held up
+/// past the 2 s deadline, the call learns under the request's own header what it leased. Before,
+/// it returned `Unavailable` and the task stayed leased to nobody who knew it until its lease
+/// (and any concurrency key's permit) ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t46_a_lease_whose_answer_is_late_returns_what_it_leased() {
+    let Setup {
+        _cluster,
+        direct,
+        proxy,
+        proxied: _,
+    } = Setup::start().await;
+    // One attempt per call, cut by the 2 s deadline (as in the start test above).
+    let config = ClientConfig {
+        deadline: Duration::from_secs(2),
+        attempt_timeout: Duration::from_secs(10),
+        connect_timeout: Duration::from_secs(1),
+    };
+    let impatient = Client::new(&[proxy.addr().to_string()], config).unwrap();
+    // Registered, and connected, before the answers slow down.
+    impatient.register_worker("t46-late", false).await.unwrap();
+    let id = direct.submit(&spec("late-lease")).await.unwrap().task.id;
+    proxy.slow_answers(Duration::from_millis(2_500));
+    let lease = tokio::spawn({
+        let impatient = impatient.clone();
+        async move {
+            impatient
+                .lease("t46-late", &[QUEUE.to_string()], 1, 60_000, Duration::ZERO)
+                .await
+        }
+    });
+    // The lease's answer is on its way (held until 2.5 s); the next answers are not held up, but
+    // come after it on the same connection.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.slow_answers(Duration::ZERO);
+    let leased = tokio::time::timeout(Duration::from_secs(30), lease)
+        .await
+        .expect("the lease call never ended")
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the lease was applied, its outcome learnt: {e}"));
+    let task = direct.queue_task(id).await.unwrap();
+    assert_eq!(task.state, TaskState::Leased, "{task:?}");
+    assert_eq!(leased.len(), 1, "{leased:?}");
+    assert_eq!(leased[0].task_id, id, "{leased:?}");
+    assert_eq!(task.attempts.len(), 1, "leased once: {task:?}");
+}

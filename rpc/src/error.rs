@@ -239,6 +239,15 @@ impl Error {
     pub fn is_infrastructure(&self) -> bool {
         !matches!(self, Error::Refused(_))
     }
+
+    /// Whether a write that failed with this may still have been applied: no usable answer came
+    /// before the deadline ([`Error::Unavailable`]), or the store no longer remembers the request
+    /// ([`Error::OutcomeUnknown`]). Calling again sends a new command, which the store judges
+    /// afresh (a second `take` of a ticket the first one won is refused `TAKEN`): read the state
+    /// to learn the outcome. Every other error answers the same way each time it is sent.
+    pub fn outcome_unknown(&self) -> bool {
+        matches!(self, Error::Unavailable { .. } | Error::OutcomeUnknown(_))
+    }
 }
 
 /// How [`Error::Unavailable`] reads: how long and where the client tried, when it did.

@@ -1125,12 +1125,13 @@ fn lease_end_after_start(started: &QueueTask, attempt: u32, sent: Instant) -> Op
     Some(sent + Duration::from_millis(left))
 }
 
-/// Whether a failed call (a lease, a report) may succeed if simply sent again: the cluster was
-/// unreachable or forgot the request. A refusal, a server error (a token no longer accepted, a
-/// request too large), a protocol or configuration error answers the same way every time, so the
-/// worker stops (or gives the report up) and says why instead of retrying for good.
+/// Whether a failed call (a lease, a report) may succeed if simply sent again: its outcome is
+/// unknown ([`Error::outcome_unknown`]: the cluster was unreachable or forgot the request). A
+/// refusal, a server error (a token no longer accepted, a request too large), a protocol or
+/// configuration error answers the same way every time, so the worker stops (or gives the report
+/// up) and says why instead of retrying for good.
 fn worth_sending_again(error: &Error) -> bool {
-    matches!(error, Error::Unavailable { .. } | Error::OutcomeUnknown(_))
+    error.outcome_unknown()
 }
 
 /// What an attempt whose handler finished tells the store.

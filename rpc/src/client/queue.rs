@@ -234,7 +234,10 @@ impl Client {
     /// [`MAX_LEASE_WAIT`]) without writing anything, and leases as soon as something becomes
     /// leasable; the answer may still be empty (the wait ran out, or another worker won). A
     /// retry after a lost answer carries the same request header, so it gets the same
-    /// assignments.
+    /// assignments. When no answer came before the deadline, the call asks once more under that
+    /// header, with a limit of zero that leases nothing new, what the request leased, and returns
+    /// that: tasks it leased would otherwise wait for their leases to run out, their concurrency
+    /// keys held. Only when that fails too does it return the error, the outcome unknown.
     pub async fn lease(
         &self,
         worker: &str,
@@ -246,7 +249,11 @@ impl Client {
         let poll = self
             .lease_poll(worker, queues, limit, lease_ttl_ms, wait)
             .await?;
-        Ok(poll.send().await?.assignments)
+        let leased = match poll.send().await {
+            Err(error) if error.outcome_unknown() => poll.settle().await?,
+            sent => sent?,
+        };
+        Ok(leased.assignments)
     }
 
     /// Numbers a lease request (in the long polls' session) without sending it: see
