@@ -221,9 +221,9 @@ pub struct Report {
     pub elapsed: Duration,
     /// Wall time of each step after the set-up, in order (so a slow run shows where it spent it).
     pub phases: Vec<(&'static str, Duration)>,
-    /// Where the full history was written (violations only).
+    /// Where the full history was written (a run with violations, or one that did not recover).
     pub history_file: Option<PathBuf>,
-    /// Where the cluster's data and logs were kept (violations only).
+    /// Where the cluster's data and logs were kept (as `history_file`).
     pub cluster_dir: Option<PathBuf>,
     /// The command that replays this run.
     pub replay: String,
@@ -601,12 +601,33 @@ async fn drive<T: Target>(
     let recovered = nemesis.recover(cluster).await;
     phase("recovery");
     if let Err(error) = faulted.and(recovered) {
+        // No read-back from a cluster that did not recover, but the history so far is still
+        // judged: a store that broke a rule under the faults may be why it did not recover.
         workloads.stop(Duration::from_secs(15)).await;
-        let dir = cluster.keep();
+        let history = rec.finish();
+        let mut violations = checks(&history, rec.clock().now());
+        // Without a read-back, every acknowledged write would count as lost.
+        violations.retain(|violation| violation.rule != "lost-ack");
+        let mut report = Report {
+            scenario,
+            seed,
+            history,
+            faults: nemesis.faults,
+            fault_log: std::mem::take(&mut nemesis.log),
+            violations,
+            elapsed: started.elapsed(),
+            phases,
+            history_file: None,
+            cluster_dir: Some(cluster.keep()),
+            replay,
+        };
+        report.history_file = write_history(&report, settings).ok();
         return Err(error.context(format!(
-            "scenario {scenario} seed {seed} could not run its faults or recover; cluster data in {}\nfaults:\n    {}",
-            dir.display(),
-            nemesis.log.join("\n    ")
+            "scenario {} seed {seed} could not run its faults or recover; {} violation(s) in \
+             the history until then (not read back)\n{}",
+            report.scenario,
+            report.violations.len(),
+            report.explain()
         )));
     }
     let recovered_at = rec.clock().now();
@@ -622,13 +643,8 @@ async fn drive<T: Target>(
     phase("read-back");
     let history = rec.finish();
 
-    violations.extend(handoff::check(&history, final_from));
-    violations.extend(board::check(&history, final_from));
-    violations.extend(effect::check(&history, final_from));
-    violations.extend(queue::check(&history, final_from));
-    violations.extend(checkpoint::check(&history, final_from));
+    violations.extend(checks(&history, final_from));
     violations.extend(progress(&history, nemesis.faults));
-    violations.extend(check::unexpected_errors(&history));
     phase("checks");
 
     let mut report = Report {
@@ -649,6 +665,18 @@ async fn drive<T: Target>(
         report.history_file = write_history(&report, settings).ok();
     }
     Ok(report)
+}
+
+/// Every workload's rules over `history`; `final_from`: when the reads after recovery began (µs;
+/// a history without them skips the rules that compare with them).
+fn checks(history: &[Op], final_from: u64) -> Vec<Violation> {
+    let mut violations = handoff::check(history, final_from);
+    violations.extend(board::check(history, final_from));
+    violations.extend(effect::check(history, final_from));
+    violations.extend(queue::check(history, final_from));
+    violations.extend(checkpoint::check(history, final_from));
+    violations.extend(check::unexpected_errors(history));
+    violations
 }
 
 /// A run that checked something: it injected at least one fault, and every workload that ran got
