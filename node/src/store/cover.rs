@@ -23,10 +23,13 @@ use tokio::sync::watch;
 
 use crate::types::LogId;
 
-/// The longest a purge waits for a snapshot install: far beyond any install measured (a fresh
-/// learner took in a snapshot of a million live leases, transfer included, in 3.6–5.0 s;
-/// docs/benchmarks.md), short of a core hung for good if the state machine worker is gone.
-const INSTALL_WAIT: Duration = Duration::from_secs(120);
+/// How often a purge that still waits for a snapshot install says so. It waits as long as the
+/// install takes: an install of a large state on a slow disk can take minutes (a fresh learner
+/// took in a snapshot of a million live leases, transfer included, in 3.6–5.0 s;
+/// docs/benchmarks.md), and a purge given up would stop Raft, the restart would receive the same
+/// snapshot again, and the node would never catch up. A disk that hangs for good holds the purge
+/// as it would hold the log's own sync; the warnings show where.
+const INSTALL_WARN_EVERY: Duration = Duration::from_secs(30);
 
 /// How far the durable snapshot reaches and whether one is streaming in.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -88,16 +91,24 @@ impl Cover {
         if covered(&seen.borrow()) || !seen.borrow().receiving {
             return Ok(());
         }
-        let settled =
-            tokio::time::timeout(INSTALL_WAIT, seen.wait_for(|c| covered(c) || !c.receiving))
-                .await
-                .map_err(|_| {
-                    format!(
-                "the snapshot streaming in was not stored within {INSTALL_WAIT:?}; not purging \
-                 up to {upto}, which only it covers"
+        let started = tokio::time::Instant::now();
+        let settled = loop {
+            let waited = tokio::time::timeout(
+                INSTALL_WARN_EVERY,
+                seen.wait_for(|c| covered(c) || !c.receiving),
             )
-                })?
-                .map_err(|_| "the snapshot store is gone".to_string())?;
+            .await;
+            match waited {
+                Ok(settled) => {
+                    break *settled.map_err(|_| "the snapshot store is gone".to_string())?
+                }
+                Err(_) => tracing::warn!(
+                    waited = ?started.elapsed(),
+                    "the log waits for the snapshot streaming in to be stored before it purges up \
+                     to {upto}; the node takes no new entries meanwhile"
+                ),
+            }
+        };
         if !covered(&settled) {
             return Err(format!(
                 "no snapshot on disk covers the purge up to {upto}: the one streaming in was \
@@ -143,6 +154,22 @@ mod tests {
         cover.installed(Some(id(50)));
         purge.await.unwrap().unwrap();
         assert_eq!(cover.durable(), Some(id(50)));
+    }
+
+    /// A purge given up after a while stopped Raft, and the restarted node received the same
+    /// snapshot again: an install slower than the limit could never finish.
+    #[tokio::test(start_paused = true)]
+    async fn a_purge_waits_as_long_as_the_install_takes() {
+        let cover = Cover::new(Some(id(10)));
+        cover.receiving();
+        let purge = tokio::spawn({
+            let cover = cover.clone();
+            async move { cover.purge_allowed(id(50)).await }
+        });
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        assert!(!purge.is_finished(), "the purge gave up on a slow install");
+        cover.installed(Some(id(50)));
+        purge.await.unwrap().unwrap();
     }
 
     #[tokio::test]
