@@ -179,7 +179,11 @@ impl RaftTuning {
             // Builds are scheduled by crate::snapshot_schedule, staggered across the members.
             snapshot_policy: openraft::SnapshotPolicy::Never,
             max_in_snapshot_log_to_keep: self.keep_logs,
-            install_snapshot_timeout: 10_000,
+            // Each chunk's deadline. The last chunk is answered only once the follower has
+            // stored the whole snapshot (decoded, written, synced: 4.4 s for a million leases,
+            // docs/benchmarks.md); a shorter deadline would have the leader send it all again.
+            // A dead link ends sooner: the transport's keepalive and TCP_USER_TIMEOUT break it.
+            install_snapshot_timeout: 60_000,
             max_payload_entries: 64,
             ..Default::default()
         };
