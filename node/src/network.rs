@@ -365,7 +365,14 @@ impl Network {
     ) -> Result<(Outcome, Bytes), CallFailure> {
         let (outcome, body) = raft_wire::parse_answer(answer)
             .map_err(|e| CallFailure::sent(format!("node {target} at {addr}: {e}")))?;
-        if outcome != Outcome::Failed {
+        if outcome == Outcome::Failed {
+            // The peer closes the connection after such a refusal (of this node or this cluster,
+            // say): a new one at once would most likely be refused too, and redialing on every
+            // call (read-index rounds keep coming) costs both nodes a handshake each time.
+            self.with_links(target, addr, |links| {
+                links.quiet_until = Some(Instant::now() + REDIAL_PAUSE);
+            });
+        } else {
             self.give_back(target, addr, link);
         }
         Ok((outcome, body))
@@ -744,6 +751,9 @@ mod tests {
         accepted: Arc<AtomicUsize>,
         mute: Arc<AtomicBool>,
         hang_up: Arc<AtomicBool>,
+        /// Refuses every request and closes the connection, as a node does with a request for
+        /// another node or cluster.
+        refuse: Arc<AtomicBool>,
         /// How long it takes to answer, in milliseconds.
         delay_ms: Arc<AtomicU64>,
     }
@@ -756,6 +766,7 @@ mod tests {
                 accepted: Arc::default(),
                 mute: Arc::default(),
                 hang_up: Arc::default(),
+                refuse: Arc::default(),
                 delay_ms: Arc::default(),
             };
             let serving = peer.clone();
@@ -779,6 +790,10 @@ mod tests {
                 assert_eq!(header.to, 2);
                 if self.mute.load(SeqCst) {
                     continue;
+                }
+                if self.refuse.load(SeqCst) {
+                    let _ = link.send(raft_wire::failed("not this node")).await;
+                    return;
                 }
                 assert_eq!(kind, Kind::Vote);
                 let delay = self.delay_ms.load(SeqCst);
@@ -1004,6 +1019,19 @@ mod tests {
         peer.mute.store(false, SeqCst);
         assert!(vote_through_new_client(&mut network, &peer.addr).await);
         assert_eq!(peer.accepted.load(SeqCst), 2);
+    }
+
+    /// A refusal closes the connection, and the next call does not dial again at once: a
+    /// member whose address leads to another node was dialed anew by every read-index round.
+    #[tokio::test]
+    async fn a_peer_that_refuses_is_not_dialed_again_at_once() {
+        let peer = StandIn::start().await;
+        peer.refuse.store(true, SeqCst);
+        let mut network = Network::default();
+        assert!(!vote_through_new_client(&mut network, &peer.addr).await);
+        assert!(network.peers.lock().unwrap()[&2].quiet_until.is_some());
+        assert!(!vote_through_new_client(&mut network, &peer.addr).await);
+        assert_eq!(peer.accepted.load(SeqCst), 1, "dialed again at once");
     }
 
     #[tokio::test]
