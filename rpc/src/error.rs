@@ -240,11 +240,13 @@ impl Error {
         !matches!(self, Error::Refused(_))
     }
 
-    /// Whether a write that failed with this may still have been applied: no usable answer came
-    /// before the deadline ([`Error::Unavailable`]), or the store no longer remembers the request
-    /// ([`Error::OutcomeUnknown`]). Calling again sends a new command, which the store judges
-    /// afresh (a second `take` of a ticket the first one won is refused `TAKEN`): read the state
-    /// to learn the outcome. Every other error answers the same way each time it is sent.
+    /// Whether a write failed for want of an answer, so that it may still have been applied: no
+    /// usable answer came before the deadline ([`Error::Unavailable`]), or the store no longer
+    /// remembers the request ([`Error::OutcomeUnknown`]). Calling again sends a new command,
+    /// which the store judges afresh (a second `take` of a ticket the first one won is refused
+    /// `TAKEN`): read the state to learn the outcome. (A [`Error::Protocol`] error, an answer
+    /// this client cannot read, may follow an applied write too: client and server do not
+    /// match, and asking again gets the same answer.)
     pub fn outcome_unknown(&self) -> bool {
         matches!(self, Error::Unavailable { .. } | Error::OutcomeUnknown(_))
     }
