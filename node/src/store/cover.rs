@@ -23,12 +23,15 @@ use tokio::sync::watch;
 
 use crate::types::LogId;
 
-/// How often a purge that still waits for a snapshot install says so. It waits as long as the
-/// install takes: an install of a large state on a slow disk can take minutes (a fresh learner
-/// took in a snapshot of a million live leases, transfer included, in 3.6–5.0 s;
-/// docs/benchmarks.md), and a purge given up would stop Raft, the restart would receive the same
-/// snapshot again, and the node would never catch up. A disk that hangs for good holds the purge
-/// as it would hold the log's own sync; the warnings show where.
+/// The longest a purge waits for a snapshot install. An install of a large state on a slow disk
+/// can take minutes (a fresh learner took in a snapshot of a million live leases, transfer
+/// included, in 3.6–5.0 s; docs/benchmarks.md), and a purge given up stops Raft: the restarted
+/// node receives the same snapshot again and, were the limit shorter than the install, never
+/// catches up. Only a state machine worker that is gone (a panic) never ends the wait; then Raft
+/// stops, so that the node exits and its supervisor restarts it.
+const INSTALL_LIMIT: Duration = Duration::from_secs(30 * 60);
+
+/// How often a purge that still waits for a snapshot install says so.
 const INSTALL_WARN_EVERY: Duration = Duration::from_secs(30);
 
 /// How far the durable snapshot reaches and whether one is streaming in.
@@ -102,6 +105,12 @@ impl Cover {
                 Ok(settled) => {
                     break *settled.map_err(|_| "the snapshot store is gone".to_string())?
                 }
+                Err(_) if started.elapsed() >= INSTALL_LIMIT => {
+                    return Err(format!(
+                        "the snapshot streaming in was not stored within {INSTALL_LIMIT:?}; not \
+                         purging up to {upto}, which only it covers"
+                    ))
+                }
                 Err(_) => tracing::warn!(
                     waited = ?started.elapsed(),
                     "the log waits for the snapshot streaming in to be stored before it purges up \
@@ -156,8 +165,8 @@ mod tests {
         assert_eq!(cover.durable(), Some(id(50)));
     }
 
-    /// A purge given up after a while stopped Raft, and the restarted node received the same
-    /// snapshot again: an install slower than the limit could never finish.
+    /// A purge given up after two minutes stopped Raft, and the restarted node received the
+    /// same snapshot again: an install that slow could never finish.
     #[tokio::test(start_paused = true)]
     async fn a_purge_waits_as_long_as_the_install_takes() {
         let cover = Cover::new(Some(id(10)));
@@ -170,6 +179,21 @@ mod tests {
         assert!(!purge.is_finished(), "the purge gave up on a slow install");
         cover.installed(Some(id(50)));
         purge.await.unwrap().unwrap();
+    }
+
+    /// An install that never ends (its worker gone) fails the purge in the end, so that Raft
+    /// stops and the node exits rather than hang unnoticed.
+    #[tokio::test(start_paused = true)]
+    async fn a_purge_gives_up_on_an_install_that_never_ends() {
+        let cover = Cover::new(Some(id(10)));
+        cover.receiving();
+        let purge = tokio::spawn({
+            let cover = cover.clone();
+            async move { cover.purge_allowed(id(50)).await }
+        });
+        tokio::time::sleep(INSTALL_LIMIT + INSTALL_WARN_EVERY * 2).await;
+        assert!(purge.is_finished(), "the purge waits for good");
+        assert!(purge.await.unwrap().is_err());
     }
 
     #[tokio::test]
