@@ -580,6 +580,7 @@ async fn t46_a_lease_whose_answer_is_late_returns_what_it_leased() {
     impatient.register_worker("t46-late", false).await.unwrap();
     let id = direct.submit(&spec("late-lease")).await.unwrap().task.id;
     proxy.slow_answers(Duration::from_millis(2_500));
+    let started = std::time::Instant::now();
     let lease = tokio::spawn({
         let impatient = impatient.clone();
         async move {
@@ -588,18 +589,57 @@ async fn t46_a_lease_whose_answer_is_late_returns_what_it_leased() {
                 .await
         }
     });
-    // The lease's answer is on its way (held until 2.5 s); the next answers are not held up, but
-    // come after it on the same connection.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Once the lease is applied its answer is on its way (held for 2.5 s); the next answers are
+    // not held up, but come after it on the same connection.
+    wait::until("the lease applied", Duration::from_secs(20), || async {
+        match direct.queue_task(id).await {
+            Ok(task) if task.state == TaskState::Leased => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
     proxy.slow_answers(Duration::ZERO);
     let leased = tokio::time::timeout(Duration::from_secs(30), lease)
         .await
         .expect("the lease call never ended")
         .unwrap()
         .unwrap_or_else(|e| panic!("the lease was applied, its outcome learnt: {e}"));
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "the lease's answer came in time, so the test showed nothing ({:?})",
+        started.elapsed()
+    );
     let task = direct.queue_task(id).await.unwrap();
     assert_eq!(task.state, TaskState::Leased, "{task:?}");
     assert_eq!(leased.len(), 1, "{leased:?}");
     assert_eq!(leased[0].task_id, id, "{leased:?}");
     assert_eq!(task.attempts.len(), 1, "leased once: {task:?}");
+
+    // A lease refused when applied (its queue unknown), its answer late: the call answers the
+    // refusal, not "nothing leased".
+    proxy.slow_answers(Duration::from_millis(2_500));
+    let started = std::time::Instant::now();
+    let refused = tokio::spawn(async move {
+        impatient
+            .lease("t46-late", &["nope".to_string()], 1, 60_000, Duration::ZERO)
+            .await
+    });
+    // Applied within the second (one node): its refusal is on its way, held.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    proxy.slow_answers(Duration::ZERO);
+    let refused = tokio::time::timeout(Duration::from_secs(30), refused)
+        .await
+        .expect("the lease call never ended")
+        .unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "the refusal came in time, so the test showed nothing ({:?})",
+        started.elapsed()
+    );
+    match refused {
+        Err(baton_rpc::Error::Refused(baton_statemachine::Refusal::UnknownQueue)) => {}
+        other => panic!("a late refusal was taken for no lease: {other:?}"),
+    }
 }

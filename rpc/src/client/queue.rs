@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use baton_statemachine::queue::{
     Assignment, Attempt, Queue, SubmitReceipt, Task, TaskFilter, TaskSpec, Worker, MAX_LIST_PAGE,
 };
+use baton_statemachine::Refusal;
 
 use super::{answered, decoded, Client, MAX_ANSWER_BYTES};
 use crate::batch;
@@ -433,6 +434,7 @@ impl LeasePoll<'_> {
     /// (marked a retry, without waiting) with a limit of zero, which the store refuses. Applied
     /// before, the request's own answer comes back; not yet, the refusal is recorded as its
     /// answer, and the request, should it still arrive, gets that refusal and leases nothing.
+    /// A request refused when it was applied (an unknown queue) answers its own refusal.
     /// (A client the session table no longer knows at all — past its 200,000 clients, the
     /// longest idle is forgotten — would be told nothing was leased.)
     pub(crate) async fn settle(&self) -> Result<Leased, Error> {
@@ -441,13 +443,15 @@ impl LeasePoll<'_> {
             .await;
         match asked {
             Ok(reply) => Ok(Leased::from_reply(reply)),
-            Err(error) if error.is_infrastructure() => Err(error),
-            // Refused (the settling limit, or a refusal of the first request): nothing leased.
-            Err(_) => Ok(Leased {
+            // The settling limit refused: the first request was not applied, and leases nothing.
+            Err(Error::Refused(Refusal::Invalid { field, .. })) if field == "limit" => Ok(Leased {
                 assignments: Vec::new(),
                 arrived: Instant::now(),
                 store_now_ms: 0,
             }),
+            // Unreachable again, or the first request's own refusal (an unknown queue, say),
+            // which its caller is to hear.
+            Err(error) => Err(error),
         }
     }
 
