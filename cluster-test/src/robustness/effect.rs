@@ -399,7 +399,7 @@ fn durable(history: &[Op], final_from: u64) -> Vec<Violation> {
         };
         if result != key {
             violations.push(Violation::new(
-                "lost-ack",
+                "wrong-result",
                 key,
                 format!("a completion submitting result {key:?} answered {result:?}"),
                 vec![op.index],

@@ -621,7 +621,16 @@ async fn drive<T: Target>(
             cluster_dir: Some(cluster.keep()),
             replay,
         };
-        report.history_file = write_history(&report, settings).ok();
+        let summary = format!(
+            "scenario={} seed={seed} ops={} ambiguous={} faults={} verdict=ERROR ({} violation(s) \
+             until then; did not recover: {error:#})",
+            report.scenario,
+            report.ops(),
+            report.ambiguous(),
+            report.faults,
+            report.violations.len()
+        );
+        report.history_file = write_history(&report, &summary, settings).ok();
         return Err(error.context(format!(
             "scenario {} seed {seed} could not run its faults or recover; {} violation(s) in \
              the history until then (not read back)\n{}",
@@ -662,7 +671,7 @@ async fn drive<T: Target>(
     };
     if !report.violations.is_empty() {
         report.cluster_dir = Some(cluster.keep());
-        report.history_file = write_history(&report, settings).ok();
+        report.history_file = write_history(&report, &report.summary(), settings).ok();
     }
     Ok(report)
 }
@@ -814,7 +823,7 @@ async fn read_back(
 }
 
 /// Writes the fault log and the whole history of a run to a file; returns its path.
-fn write_history(report: &Report, settings: &Settings) -> anyhow::Result<PathBuf> {
+fn write_history(report: &Report, summary: &str, settings: &Settings) -> anyhow::Result<PathBuf> {
     let dir = settings
         .history_dir
         .clone()
@@ -824,7 +833,7 @@ fn write_history(report: &Report, settings: &Settings) -> anyhow::Result<PathBuf
         "baton-robustness-{}-{}.history",
         report.scenario, report.seed
     ));
-    let mut text = format!("{}\n", report.summary());
+    let mut text = format!("{summary}\n");
     for violation in &report.violations {
         text.push_str(&violation.render(&report.history, true));
     }
