@@ -82,8 +82,8 @@ struct Slot {
 /// How much sooner than openraft's limit a call gives up on its own.
 const CALL_MARGIN: Duration = Duration::from_millis(3);
 
-/// How long after a failed dial, or a fresh connection left unanswered, no new connection to that
-/// peer is tried: calls meanwhile fail at once. Without it every call to an unreachable peer
+/// How long after a failed dial, a fresh connection left unanswered, or a refusal that closed the
+/// connection, no new connection to that peer is tried: calls meanwhile fail at once. Without it every call to an unreachable peer
 /// (openraft retries replication every 20–500 ms and makes a client for every read-index round)
 /// would open a connection of its own, and a network that swallows connections would soon hold
 /// thousands.

@@ -323,7 +323,8 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
             let judged = from_leader && voter;
             if judged {
                 // Refused like a request that cannot be handled: to the leader this node is
-                // unreachable, as behind a cut link (it drops the connection and dials again).
+                // unreachable, as behind a cut link (it drops the connection and dials again
+                // after a pause).
                 local
                     .progress
                     .judge(&report, local.timing.lease)
