@@ -83,10 +83,10 @@ struct Slot {
 const CALL_MARGIN: Duration = Duration::from_millis(3);
 
 /// How long after a failed dial, a fresh connection left unanswered, or a refusal that closed the
-/// connection, no new connection to that peer is tried: calls meanwhile fail at once. Without it every call to an unreachable peer
-/// (openraft retries replication every 20–500 ms and makes a client for every read-index round)
-/// would open a connection of its own, and a network that swallows connections would soon hold
-/// thousands.
+/// connection, no new connection to that peer is tried: calls meanwhile fail at once. Without it
+/// every call to an unreachable peer (openraft retries replication every 20–500 ms and makes a
+/// client for every read-index round) would open a connection of its own, and a network that
+/// swallows connections would soon hold thousands.
 const REDIAL_PAUSE: Duration = Duration::from_millis(100);
 
 /// Creates one [`Peer`] per replication target, and keeps the connections to each peer.

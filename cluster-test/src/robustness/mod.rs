@@ -600,27 +600,58 @@ async fn drive<T: Target>(
     phase("faults");
     let recovered = nemesis.recover(cluster).await;
     phase("recovery");
-    if let Err(error) = faulted.and(recovered) {
+    let unrecovered = faulted.and(recovered).err();
+    let (mut violations, final_from) = match unrecovered {
         // No read-back from a cluster that did not recover, but the history so far is still
         // judged: a store that broke a rule under the faults may be why it did not recover.
-        workloads.stop(Duration::from_secs(15)).await;
-        let history = rec.finish();
-        let mut violations = checks(&history, rec.clock().now());
+        Some(_) => {
+            workloads.stop(Duration::from_secs(15)).await;
+            (Vec::new(), None)
+        }
+        None => {
+            let recovered_at = rec.clock().now();
+            let violations = available_again(&rec, recovered_at, settings.recovery_limit).await;
+            phase("granted again");
+            workloads.stop(Duration::from_secs(20)).await;
+            phase("workloads stopped");
+            let final_from = rec.clock().now();
+            let mut keys = tickets.clone();
+            keys.extend(nemesis.probe_keys.iter().cloned());
+            read_back(&endpoints, &rec, &keys, mix).await?;
+            phase("read-back");
+            (violations, Some(final_from))
+        }
+    };
+    let history = rec.finish();
+    match final_from {
+        Some(final_from) => {
+            violations.extend(checks(&history, final_from));
+            violations.extend(progress(&history, nemesis.faults));
+        }
         // Without a read-back, every acknowledged write would count as lost.
-        violations.retain(|violation| violation.rule != "lost-ack");
-        let mut report = Report {
-            scenario,
-            seed,
-            history,
-            faults: nemesis.faults,
-            fault_log: std::mem::take(&mut nemesis.log),
-            violations,
-            elapsed: started.elapsed(),
-            phases,
-            history_file: None,
-            cluster_dir: Some(cluster.keep()),
-            replay,
-        };
+        None => violations.extend(
+            checks(&history, rec.clock().now())
+                .into_iter()
+                .filter(|violation| violation.rule != "lost-ack"),
+        ),
+    }
+    phase("checks");
+
+    let mut report = Report {
+        scenario,
+        seed,
+        history,
+        faults: nemesis.faults,
+        fault_log: std::mem::take(&mut nemesis.log),
+        violations,
+        elapsed: started.elapsed(),
+        phases,
+        history_file: None,
+        cluster_dir: None,
+        replay,
+    };
+    if let Some(error) = unrecovered {
+        report.cluster_dir = Some(cluster.keep());
         let summary = format!(
             "scenario={} seed={seed} ops={} ambiguous={} faults={} verdict=ERROR ({} violation(s) \
              until then; did not recover: {error:#})",
@@ -639,36 +670,6 @@ async fn drive<T: Target>(
             report.explain()
         )));
     }
-    let recovered_at = rec.clock().now();
-    let mut violations = available_again(&rec, recovered_at, settings.recovery_limit).await;
-    phase("granted again");
-    workloads.stop(Duration::from_secs(20)).await;
-    phase("workloads stopped");
-
-    let final_from = rec.clock().now();
-    let mut keys = tickets.clone();
-    keys.extend(nemesis.probe_keys.iter().cloned());
-    read_back(&endpoints, &rec, &keys, mix).await?;
-    phase("read-back");
-    let history = rec.finish();
-
-    violations.extend(checks(&history, final_from));
-    violations.extend(progress(&history, nemesis.faults));
-    phase("checks");
-
-    let mut report = Report {
-        scenario,
-        seed,
-        history,
-        faults: nemesis.faults,
-        fault_log: std::mem::take(&mut nemesis.log),
-        violations,
-        elapsed: started.elapsed(),
-        phases,
-        history_file: None,
-        cluster_dir: None,
-        replay,
-    };
     if !report.violations.is_empty() {
         report.cluster_dir = Some(cluster.keep());
         report.history_file = write_history(&report, &report.summary(), settings).ok();

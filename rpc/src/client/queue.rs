@@ -238,7 +238,8 @@ impl Client {
     /// assignments. When no answer came before the deadline, the call asks once more under that
     /// header, with a limit of zero that leases nothing new, what the request leased, and returns
     /// that: tasks it leased would otherwise wait for their leases to run out, their concurrency
-    /// keys held. Only when that fails too does it return the error, the outcome unknown.
+    /// keys held. Only when that fails too does it return an error: the outcome still unknown,
+    /// or the request's own refusal (an unknown queue, say) whose answer was late.
     pub async fn lease(
         &self,
         worker: &str,
