@@ -74,6 +74,18 @@ impl Setup {
     }
 }
 
+/// A client through `proxy` that makes one attempt per call, cut by a 2 s deadline (a short
+/// attempt timeout would also make the connection's keep-alive pings, answered late through a
+/// slow proxy, drop it).
+fn one_attempt_in_two_seconds(proxy: &Proxy) -> Client {
+    let config = ClientConfig {
+        deadline: Duration::from_secs(2),
+        attempt_timeout: Duration::from_secs(10),
+        connect_timeout: Duration::from_secs(1),
+    };
+    Client::new(&[proxy.addr().to_string()], config).unwrap()
+}
+
 /// Waits (at most `limit`) until task `id` is no longer RUNNING: its attempt was handed back
 /// rather than left to its lease.
 async fn handed_back(direct: &Client, id: u64, limit: Duration) -> Task {
@@ -400,14 +412,7 @@ async fn t46_a_start_whose_answer_is_lost_is_failed_harmlessly() {
         proxy,
         proxied: _,
     } = Setup::start().await;
-    // One attempt per call, cut by the 2 s deadline (a short attempt timeout would also make
-    // the connection's keep-alive pings, answered 2.5 s late, drop it).
-    let config = ClientConfig {
-        deadline: Duration::from_secs(2),
-        attempt_timeout: Duration::from_secs(10),
-        connect_timeout: Duration::from_secs(1),
-    };
-    let impatient = Client::new(&[proxy.addr().to_string()], config).unwrap();
+    let impatient = one_attempt_in_two_seconds(&proxy);
     let (finished_tx, mut finished_rx) = mpsc::unbounded_channel::<Finished>();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     // A long poll gets its wait on top of the deadline: one answered at once (a task already
@@ -569,13 +574,7 @@ async fn t46_a_lease_whose_answer_is_late_returns_what_it_leased() {
         proxy,
         proxied: _,
     } = Setup::start().await;
-    // One attempt per call, cut by the 2 s deadline (as in the start test above).
-    let config = ClientConfig {
-        deadline: Duration::from_secs(2),
-        attempt_timeout: Duration::from_secs(10),
-        connect_timeout: Duration::from_secs(1),
-    };
-    let impatient = Client::new(&[proxy.addr().to_string()], config).unwrap();
+    let impatient = one_attempt_in_two_seconds(&proxy);
     // Registered, and connected, before the answers slow down.
     impatient.register_worker("t46-late", false).await.unwrap();
     let id = direct.submit(&spec("late-lease")).await.unwrap().task.id;
