@@ -86,6 +86,18 @@ fn one_attempt_in_two_seconds(proxy: &Proxy) -> Client {
     Client::new(&[proxy.addr().to_string()], config).unwrap()
 }
 
+/// Waits (at most `limit`) until task `id` is in `state`.
+async fn reaches(direct: &Client, id: u64, state: TaskState, limit: Duration) {
+    wait::until(&format!("task {id} {state:?}"), limit, || async {
+        match direct.queue_task(id).await {
+            Ok(task) if task.state == state => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+}
+
 /// Waits (at most `limit`) until task `id` is no longer RUNNING: its attempt was handed back
 /// rather than left to its lease.
 async fn handed_back(direct: &Client, id: u64, limit: Duration) -> Task {
@@ -539,14 +551,7 @@ async fn t46_a_handler_stopped_on_lease_loss_keeps_its_slot_until_it_has_stopped
     tokio::time::sleep(Duration::from_millis(1_800)).await;
     proxy.heal();
     let next = direct.submit(&spec("next")).await.unwrap().task.id;
-    wait::until("the next task done", Duration::from_secs(30), || async {
-        match direct.queue_task(next).await {
-            Ok(task) if task.state == TaskState::Succeeded => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await
-    .unwrap();
+    reaches(&direct, next, TaskState::Succeeded, Duration::from_secs(30)).await;
     let _ = stop_tx.send(());
     let summary = tokio::time::timeout(Duration::from_secs(30), worker)
         .await
@@ -590,14 +595,7 @@ async fn t46_a_lease_whose_answer_is_late_returns_what_it_leased() {
     });
     // Once the lease is applied its answer is on its way (held for 2.5 s); the next answers are
     // not held up, but come after it on the same connection.
-    wait::until("the lease applied", Duration::from_secs(20), || async {
-        match direct.queue_task(id).await {
-            Ok(task) if task.state == TaskState::Leased => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await
-    .unwrap();
+    reaches(&direct, id, TaskState::Leased, Duration::from_secs(20)).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     proxy.slow_answers(Duration::ZERO);
     let leased = tokio::time::timeout(Duration::from_secs(30), lease)
