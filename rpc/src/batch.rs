@@ -18,7 +18,7 @@ pub struct Method<Req, Resp> {
 }
 
 impl<Req, Resp> Method<Req, Resp> {
-    const fn new(path: &'static str) -> Self {
+    pub(crate) const fn new(path: &'static str) -> Self {
         Self {
             path,
             types: PhantomData,

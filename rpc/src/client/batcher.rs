@@ -490,4 +490,57 @@ mod tests {
         assert_eq!(kept.await.unwrap().unwrap(), b"kept");
         assert_eq!(node.requests(), vec![b"kept".to_vec()]);
     }
+
+    /// An answer this client cannot decode is a protocol error, failed at once, whether it came
+    /// alone (gRPC's decoder) or inside a batch: asked again, the node sends the same bytes.
+    /// (It was retried until the deadline and reported as an unavailable cluster.) The mock
+    /// node's answers are messages of another type: a nested message where the client expects
+    /// a number.
+    #[tokio::test]
+    async fn an_undecodable_answer_is_a_protocol_error() {
+        use crate::proto::{BatchItem, RequestHeader, SinkWriteResponse};
+        fn protocol_error(status: &Status) -> bool {
+            matches!(
+                super::super::classify(status),
+                super::super::Verdict::Fail(crate::Error::Protocol(_))
+            )
+        }
+        let grpc = serve(MockNode::default()).await;
+
+        // Alone: a batch's answer, read as if it were a sink write's.
+        let request = BatchRequest {
+            items: vec![BatchItem {
+                method: "/x".into(),
+                request: b"x".to_vec(),
+            }],
+        };
+        let status = direct::<_, SinkWriteResponse>(grpc.clone(), "/baton.v1.Batch/Call", request)
+            .await
+            .unwrap_err();
+        assert!(protocol_error(&status), "alone: {status:?}");
+
+        // In a batch: the claim's own bytes echoed, read as a sink write's answer.
+        let conn = Conn::new(grpc, Duration::from_secs(5));
+        let taken: Vec<_> = (0..BATCHES_IN_FLIGHT)
+            .map(|_| conn.batcher.place_for_one().unwrap())
+            .collect();
+        let claim = crate::proto::ClaimTaskRequest {
+            header: Some(RequestHeader {
+                client_id: 7,
+                ..RequestHeader::default()
+            }),
+            ..Default::default()
+        };
+        let method = crate::batch::Method::<_, SinkWriteResponse>::new("/x");
+        let call = tokio::spawn({
+            let conn = conn.clone();
+            async move { conn.unary(method, claim).await }
+        });
+        while conn.batcher.queued.load(Ordering::Acquire) < 1 {
+            tokio::task::yield_now().await;
+        }
+        drop(taken);
+        let status = call.await.unwrap().unwrap_err();
+        assert!(protocol_error(&status), "in a batch: {status:?}");
+    }
 }

@@ -730,6 +730,14 @@ fn classify(status: &Status) -> Verdict {
                 status.message()
             )));
         }
+        if is_undecodable(status) {
+            // The same bytes fail the same way every time: the client and the node do not
+            // speak the same protocol (a mismatched version, something else at the address).
+            return Verdict::Fail(Error::Protocol(format!(
+                "a message could not be decoded (do client and server versions match?): {}",
+                status.message()
+            )));
+        }
         if let Code::Unauthenticated | Code::PermissionDenied = status.code() {
             // Not a Baton node's answer (its own carry a detail): something in front of the
             // cluster refusing this client's credentials. Asking again changes nothing. (An
@@ -767,6 +775,18 @@ fn classify(status: &Status) -> Verdict {
         }),
     }
 }
+
+/// Whether `status` says a protobuf message could not be decoded: an answer here (gRPC's
+/// decoder and the batched path both report prost's error, whose text this looks for) or this
+/// client's request at the node. Never a Baton answer, which carries a detail.
+fn is_undecodable(status: &Status) -> bool {
+    status.code() == Code::Internal
+        && detail_of(status).is_none()
+        && status.message().contains(UNDECODABLE)
+}
+
+/// How prost's `DecodeError` begins its text (checked against prost in the tests).
+const UNDECODABLE: &str = "failed to decode Protobuf message";
 
 /// Maps a status to an error without retrying (for per-node administrative calls).
 fn final_error(status: &Status) -> Error {
