@@ -20,6 +20,9 @@ use tokio::time::Instant;
 mod support;
 use support::Cluster;
 
+/// The longest lease or renewal the store grants (24 h).
+const DAY_MS: i64 = 24 * 3600 * 1000;
+
 /// The contract refusal a call ended with (panics on success or on an infrastructure failure).
 fn refusal<T: std::fmt::Debug>(result: Result<T, Error>) -> Refusal {
     match result {
@@ -241,6 +244,15 @@ async fn every_queue_call_answers_typed_results_and_refusals() {
         invalid_field(c.lease("w-keys", &queues, 10, 0, Duration::ZERO).await),
         "ttl"
     );
+    // A lease outlives a crashed worker and holds its key: a day at most, and the refused
+    // lease took nothing (the next one gets the task).
+    assert_eq!(
+        invalid_field(
+            c.lease("w-keys", &queues, 10, DAY_MS + 1, Duration::ZERO)
+                .await
+        ),
+        "ttl"
+    );
     let first = c
         .lease("w-keys", &queues, 10, 30_000, Duration::ZERO)
         .await
@@ -288,6 +300,15 @@ async fn every_queue_call_answers_typed_results_and_refusals() {
         invalid_field(c.renew_attempt(a.id, 1, "w-keys", 0).await),
         "ttl"
     );
+    let before = revision(c).await;
+    assert_eq!(
+        invalid_field(c.renew_attempt(a.id, 1, "w-keys", DAY_MS + 1).await),
+        "ttl"
+    );
+    assert_eq!(revision(c).await, before, "refused before the log");
+    let day = c.renew_attempt(a.id, 1, "w-keys", DAY_MS).await.unwrap();
+    let lease_until = day.attempts.last().unwrap().lease_until_ms;
+    assert!(lease_until >= attempt.lease_until_ms + DAY_MS as u64 - 60_000);
     assert!(
         c.lease("w-keys", &queues, 10, 30_000, Duration::ZERO)
             .await

@@ -404,7 +404,8 @@ const FIRST_REPORT_PAUSE: Duration = Duration::from_millis(100);
 const MAX_REPORT_PAUSE: Duration = Duration::from_secs(2);
 /// The longest lease a worker asks for: renewals keep a long handler's lease, and a lease of
 /// years would hold its task (and its concurrency key) for good after a crash.
-pub const MAX_LEASE_TTL: Duration = Duration::from_secs(24 * 3600);
+pub const MAX_LEASE_TTL: Duration =
+    Duration::from_millis(baton_statemachine::queue::MAX_LEASE_TTL_MS as u64);
 /// The shortest long-poll wait a worker accepts.
 pub const MIN_POLL_WAIT: Duration = Duration::from_millis(100);
 

@@ -20,7 +20,8 @@ use baton_rpc::proto::{
 };
 use baton_rpc::{convert, MAX_LEASE_WAIT};
 use baton_statemachine::queue::{
-    Command, Queue, Task, TaskFilter, Worker, MAX_LEASE_BATCH, MAX_LIST_PAGE, MAX_LIST_SCAN,
+    Command, Queue, Task, TaskFilter, Worker, MAX_LEASE_BATCH, MAX_LEASE_TTL_MS, MAX_LIST_PAGE,
+    MAX_LIST_SCAN,
 };
 use baton_statemachine::{Command as Cmd, Origin, Refusal, Reply, SessionLookup};
 use tokio::time::Instant;
@@ -111,6 +112,17 @@ impl QueueService {
             }
         }
     }
+}
+
+/// Refuses a lease or renewal longer than [`MAX_LEASE_TTL_MS`] before it reaches the log.
+fn lease_ttl_at_most_a_day(lease_ttl_ms: i64) -> Result<(), Status> {
+    if lease_ttl_ms > MAX_LEASE_TTL_MS {
+        return Err(refused(Refusal::invalid(
+            "ttl",
+            "must be at most 86400000 ms (24h): renew a long handler's lease instead",
+        )));
+    }
+    Ok(())
 }
 
 /// Whether a lease should be proposed now rather than wait.
@@ -352,6 +364,7 @@ impl queue_server::Queue for QueueService {
         // a lease whose answer it lost relies on that: see the client's `LeasePoll::settle`).
         let retry = r.header.as_ref().is_some_and(|header| header.retry);
         let origin = origin(r.header.take())?;
+        lease_ttl_at_most_a_day(r.lease_ttl_ms)?;
         // The wait is capped (MAX_LEASE_WAIT) so a request cannot pin a handler forever.
         let wait = Duration::from_millis(r.wait_ms).min(MAX_LEASE_WAIT);
         if !wait.is_zero() {
@@ -404,6 +417,7 @@ impl queue_server::Queue for QueueService {
         request: Request<RenewAttemptRequest>,
     ) -> Result<Response<RenewAttemptResponse>, Status> {
         let r = request.into_inner();
+        lease_ttl_at_most_a_day(r.lease_ttl_ms)?;
         let command = Command::Renew {
             task_id: r.task_id,
             attempt: r.attempt,

@@ -24,6 +24,12 @@ use crate::validate;
 pub const MAX_ATTEMPTS: u32 = 100;
 /// Most tasks one lease may hand out.
 pub const MAX_LEASE_BATCH: u32 = 1000;
+/// The longest lease or renewal a worker may ask for, in milliseconds (24 h). A lease outlives
+/// the worker that crashed holding it, and holds its task and its concurrency key until it runs
+/// out: renewals, not long leases, keep a long handler's task. Enforced where a request enters
+/// the cluster, not at apply: apply rules carry no version, and a replica of another version
+/// must judge an entry already in the log the same way.
+pub const MAX_LEASE_TTL_MS: i64 = 24 * 3600 * 1000;
 
 /// The most due expiries of each kind (lease expiries, ended back-offs, passed total deadlines)
 /// one lease materialises before it looks for tasks.
