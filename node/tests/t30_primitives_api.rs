@@ -8,6 +8,7 @@ use baton_node::stamp::wall_clock_ms;
 use baton_rpc::judge;
 use baton_rpc::proto::board_client::BoardClient;
 use baton_rpc::proto::effect_client::EffectClient;
+use baton_rpc::proto::handoff_client::HandoffClient;
 use baton_rpc::{proto, Error};
 use baton_statemachine::board::{TaskSpec, TaskState};
 use baton_statemachine::effect::{
@@ -502,6 +503,41 @@ async fn a_seq_reused_for_another_request_is_not_taken_for_its_answer() {
     let u = tasks.iter().find(|task| task.id == "u").unwrap();
     assert!(u.lease.is_some(), "the release did not run: {u:?}");
 
+    cluster.stop().await;
+}
+
+/// A client that sets no `client_id` sends 0. Two such clients would share one session: the
+/// second's offer, with the same seq as the first's, would be answered with the first's
+/// remembered ticket and never applied. So 0 is refused, and the refused offer made nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_without_a_client_id_is_refused() {
+    let cluster = Cluster::start().await;
+    let mut handoff = HandoffClient::connect(format!("http://{}", cluster.addr))
+        .await
+        .unwrap();
+    let offer = |key: &str| proto::OfferRequest {
+        header: Some(proto::RequestHeader {
+            seq: 1,
+            ..Default::default()
+        }),
+        key: key.into(),
+        from: "a".into(),
+        to: "b".into(),
+        payload: b"p".to_vec(),
+        reply_to: "r".into(),
+        ttl_ms: 60_000,
+    };
+    for key in ["first", "second"] {
+        let status = handoff.offer(offer(key)).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        let detail = baton_rpc::error::detail_of(&status).unwrap();
+        assert_eq!(detail.field, "header.client_id");
+        assert_eq!(
+            refusal(cluster.client.ticket(key).await),
+            Refusal::UnknownKey,
+            "the refused offer of {key:?} made no ticket"
+        );
+    }
     cluster.stop().await;
 }
 

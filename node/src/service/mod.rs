@@ -78,6 +78,14 @@ fn origin(header: Option<RequestHeader>) -> Result<Origin, Status> {
             "must be > 0",
         )));
     }
+    // Zero is what a client that never set the field sends: every such client would share one
+    // session, and one's request would be answered with another's remembered reply.
+    if header.client_id == 0 {
+        return Err(refusal_status(&Refusal::invalid(
+            "header.client_id",
+            "must be non-zero (a random identity drawn once per client instance)",
+        )));
+    }
     Ok(Origin {
         client_id: header.client_id,
         seq: header.seq,

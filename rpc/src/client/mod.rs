@@ -157,7 +157,8 @@ impl Session {
     /// A new session: a fresh identity, request numbers from 1.
     fn new(window: u64) -> Self {
         Self {
-            client_id: rand::random(),
+            // Never zero: the store refuses it (the identity of a client that set none).
+            client_id: rand::random::<u64>().max(1),
             window,
             numbers: Mutex::new(Numbers {
                 next_seq: 1,
