@@ -21,7 +21,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use baton_rpc::error::{detail_of, infra, infra_status};
+use baton_rpc::error::{detail_of, infra, infra_status, refusal_status};
+use baton_statemachine::Refusal;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::transport::server::TcpConnectInfo;
 use tonic::{Code, Status};
@@ -302,6 +303,27 @@ fn too_large(status: &Status, limits: &Limits) -> Option<Status> {
     ))
 }
 
+/// When `status` is gRPC's report that the request could not be decoded (`INTERNAL` without a
+/// Baton detail, prost's error text): the refusal a batch gives the same bytes, `Invalid` on
+/// `request`, so a client learns its message is at fault and not the node.
+fn undecodable(status: &Status) -> Option<Status> {
+    if status.code() != Code::Internal
+        || detail_of(status).is_some()
+        || !status
+            .message()
+            .contains("failed to decode Protobuf message")
+    {
+        return None;
+    }
+    Some(refusal_status(&Refusal::invalid(
+        "request",
+        format!(
+            "is not a valid message for this method: {}",
+            status.message()
+        ),
+    )))
+}
+
 /// The service [`AdmissionLayer`] makes.
 #[derive(Clone)]
 pub struct Admission<S> {
@@ -366,7 +388,7 @@ where
             if status.code() == Code::Ok {
                 return Ok(response);
             }
-            match too_large(&status, &limits) {
+            match too_large(&status, &limits).or_else(|| undecodable(&status)) {
                 Some(explained) => {
                     metrics().request_failed(&method, &explained);
                     Ok(explained.into_http())

@@ -541,6 +541,43 @@ async fn a_header_without_a_client_id_is_refused() {
     cluster.stop().await;
 }
 
+/// Bytes that are no message of the method's type are refused `Invalid` on `request`, as the
+/// same bytes are inside a batch (gRPC's own answer is `INTERNAL` with no detail, which says
+/// the node failed), and change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_request_is_refused_as_invalid() {
+    let cluster = Cluster::start().await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", cluster.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let before = cluster.client.tasks().await.unwrap().revision;
+    // A number where a claim has its header (a nested message): not a claim.
+    let not_a_claim = proto::SinkWriteResponse {
+        seen_fence: 5,
+        ..Default::default()
+    };
+    let status = grpc
+        .unary::<_, proto::ClaimTaskResponse, _>(
+            tonic::Request::new(not_a_claim),
+            tonic::codegen::http::uri::PathAndQuery::from_static("/baton.v1.Board/Claim"),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    let detail = baton_rpc::error::detail_of(&status).unwrap();
+    assert_eq!(
+        (detail.code.as_str(), detail.field.as_str()),
+        ("INVALID_ARGUMENT", "request")
+    );
+    assert_eq!(cluster.client.tasks().await.unwrap().revision, before);
+    cluster.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_wire_input_is_refused_with_the_field_it_broke() {
     let cluster = Cluster::start().await;
