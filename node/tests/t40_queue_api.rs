@@ -244,6 +244,15 @@ async fn every_queue_call_answers_typed_results_and_refusals() {
         invalid_field(c.lease("w-keys", &queues, 10, 0, Duration::ZERO).await),
         "ttl"
     );
+    // A long poll is judged again at every apply: its list of queues is bounded.
+    let too_many = vec![queues[0].clone(); 257];
+    assert_eq!(
+        invalid_field(
+            c.lease("w-keys", &too_many, 10, 30_000, Duration::ZERO)
+                .await
+        ),
+        "queues"
+    );
     // A lease outlives a crashed worker and holds its key: a day at most, and the refused
     // lease took nothing (the next one gets the task).
     assert_eq!(
@@ -1202,6 +1211,10 @@ async fn a_drain_that_times_out_says_so_and_a_conflicting_registration_fails_the
         (
             Worker::builder(c.clone(), "w").lease_ttl(Duration::from_secs(25 * 3600)),
             "lease TTL",
+        ),
+        (
+            Worker::builder(c.clone(), "w").queues((0..257).map(|n| format!("q{n}"))),
+            "queues",
         ),
     ] {
         match builder.build() {

@@ -484,10 +484,17 @@ impl WorkerBuilder {
         self
     }
 
-    /// The worker; [`Error::Config`] for an empty id, zero slots or a lease TTL below 30 ms.
+    /// The worker; [`Error::Config`] for an empty id, zero slots, a lease TTL outside 30 ms–24 h
+    /// or more queues than one lease may name.
     pub fn build(self) -> Result<Worker, Error> {
         if self.id.trim().is_empty() {
             return Err(Error::Config("the worker id must not be empty".into()));
+        }
+        let most_queues = baton_statemachine::queue::MAX_LEASE_QUEUES;
+        if self.queues.len() > most_queues {
+            return Err(Error::Config(format!(
+                "at most {most_queues} queues (none: every queue)"
+            )));
         }
         if self.slots == 0 || self.slots > baton_statemachine::queue::MAX_LEASE_BATCH as usize {
             return Err(Error::Config(format!(

@@ -20,8 +20,8 @@ use baton_rpc::proto::{
 };
 use baton_rpc::{convert, MAX_LEASE_WAIT};
 use baton_statemachine::queue::{
-    Command, Queue, Task, TaskFilter, Worker, MAX_LEASE_BATCH, MAX_LEASE_TTL_MS, MAX_LIST_PAGE,
-    MAX_LIST_SCAN,
+    Command, Queue, Task, TaskFilter, Worker, MAX_LEASE_BATCH, MAX_LEASE_QUEUES, MAX_LEASE_TTL_MS,
+    MAX_LIST_PAGE, MAX_LIST_SCAN,
 };
 use baton_statemachine::{Command as Cmd, Origin, Refusal, Reply, SessionLookup};
 use tokio::time::Instant;
@@ -137,10 +137,7 @@ fn worth_proposing(applied: &Applied, origin: &Origin, request: &LeaseRequest) -
         || request.limit > MAX_LEASE_BATCH
         || request.lease_ttl_ms <= 0
         || queue.worker(&request.worker_id).is_none()
-        || request
-            .queues
-            .iter()
-            .any(|name| !queue.queues().any(|q| &q.name == name));
+        || request.queues.iter().any(|name| !queue.has_queue(name));
     bad_input || queue.has_leasable(now_ms(applied), &request.worker_id, &request.queues)
 }
 
@@ -365,6 +362,12 @@ impl queue_server::Queue for QueueService {
         let retry = r.header.as_ref().is_some_and(|header| header.retry);
         let origin = origin(r.header.take())?;
         lease_ttl_at_most_a_day(r.lease_ttl_ms)?;
+        if r.queues.len() > MAX_LEASE_QUEUES {
+            return Err(refused(Refusal::invalid(
+                "queues",
+                format!("at most {MAX_LEASE_QUEUES} names (none: every queue)"),
+            )));
+        }
         // The wait is capped (MAX_LEASE_WAIT) so a request cannot pin a handler forever.
         let wait = Duration::from_millis(r.wait_ms).min(MAX_LEASE_WAIT);
         if !wait.is_zero() {

@@ -24,7 +24,7 @@ pub use key::{
 };
 pub use scheduler::{
     backoff_ms, TaskFilter, TaskPage, TaskQueue, MAX_ATTEMPTS, MAX_LEASE_BATCH, MAX_LEASE_BYTES,
-    MAX_LEASE_SWEEP, MAX_LEASE_TTL_MS, MAX_LIST_PAGE, MAX_LIST_SCAN,
+    MAX_LEASE_QUEUES, MAX_LEASE_SWEEP, MAX_LEASE_TTL_MS, MAX_LIST_PAGE, MAX_LIST_SCAN,
 };
 pub use types::{
     Assignment, Attempt, AttemptOutcome, Command, Queue, SubmitReceipt, Task, TaskSpec, TaskState,

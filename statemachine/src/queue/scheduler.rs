@@ -30,6 +30,10 @@ pub const MAX_LEASE_BATCH: u32 = 1000;
 /// the cluster, not at apply: apply rules carry no version, and a replica of another version
 /// must judge an entry already in the log the same way.
 pub const MAX_LEASE_TTL_MS: i64 = 24 * 3600 * 1000;
+/// The most queue names one lease may list (none: every queue). A long-polling lease is judged
+/// again against the state at every apply while it waits, so its list must stay small. Enforced
+/// where a request enters the cluster, like [`MAX_LEASE_TTL_MS`].
+pub const MAX_LEASE_QUEUES: usize = 256;
 
 /// The most due expiries of each kind (lease expiries, ended back-offs, passed total deadlines)
 /// one lease materialises before it looks for tasks.
@@ -771,6 +775,11 @@ impl TaskQueue {
     /// Every queue, by name.
     pub fn queues(&self) -> impl Iterator<Item = &Queue> {
         self.queues.values()
+    }
+
+    /// Whether a queue of this name exists.
+    pub fn has_queue(&self, name: &str) -> bool {
+        self.queues.contains_key(name)
     }
 
     /// A registered worker.
