@@ -24,7 +24,7 @@ use baton_statemachine::queue::{Task, TaskSpec, TaskState};
 fn script(pid_dir: &Path) -> Vec<String> {
     let body = format!(
         r#"case "$BATON_HANDLER" in
-  count) printf 'env=%s stdin=%s' "${{#BATON_PAYLOAD}}" "$(wc -c | tr -d ' ')" ;;
+  count) printf 'env=%s stdin=%s ns=%s' "${{#BATON_PAYLOAD}}" "$(wc -c | tr -d ' ')" "$BATON_NAMESPACE" ;;
   flood) head -c 2000000 /dev/zero ;;
   crash) kill -9 $$ ;;
   slow) touch "{dir}/$BATON_TASK_ID.started"; sleep 3; touch "{dir}/$BATON_TASK_ID.finished"; echo ok ;;
@@ -113,13 +113,14 @@ async fn t47_what_the_command_did_is_what_the_store_records() {
     let task = until_state(&client, small, SETTLED).await;
     assert_eq!(
         (task.state, String::from_utf8_lossy(&task.result).as_ref()),
-        (TaskState::Succeeded, "env=5 stdin=5"),
-        "a small payload travels on stdin and in BATON_PAYLOAD: {task:?}"
+        (TaskState::Succeeded, "env=5 stdin=5 ns=ns"),
+        "a small payload travels on stdin and in BATON_PAYLOAD, the namespace in \
+         BATON_NAMESPACE: {task:?}"
     );
     let task = until_state(&client, large, SETTLED).await;
     assert_eq!(
         (task.state, String::from_utf8_lossy(&task.result).as_ref()),
-        (TaskState::Succeeded, "env=0 stdin=200000"),
+        (TaskState::Succeeded, "env=0 stdin=200000 ns=ns"),
         "a 200 KB payload travels on stdin only ({})",
         task.last_error
     );

@@ -2,7 +2,7 @@
 //!
 //! Two fresh queues each get one task with the SAME fresh concurrency key. Two worker runtimes
 //! (concurrency keys on, 4 slots each) serve both queues; their handler writes to Baton's own
-//! fenced sink with the resource = the key and the fence = the permit token. The store lets only
+//! fenced sink with the resource = namespace/key and the fence = the permit token. The store lets only
 //! one attempt per key be active, so the two writes happen one after the other with strictly
 //! increasing tokens; afterwards an "old request" presenting the older token is refused
 //! `FENCE_STALE`. Finally both workers are shut down and must drain.
@@ -240,12 +240,15 @@ async fn run(endpoints: &[String]) -> Result<Report, String> {
     let older = tokens.iter().flatten().copied().min().unwrap_or(0);
 
     // The resource side: two accepted writes, and an old request with the older token refused.
+    let resource = resource_of(NAMESPACE, &key);
     let written = client
-        .read_sink(&key)
+        .read_sink(&resource)
         .await
-        .map_err(|e| format!("read the resource {key}: {e}"))?;
+        .map_err(|e| format!("read the resource {resource}: {e}"))?;
     let stale_write_rejected = matches!(
-        client.write_fenced(&key, older, b"an old request").await,
+        client
+            .write_fenced(&resource, older, b"an old request")
+            .await,
         Err(Error::Refused(Refusal::FenceStale))
     );
 
@@ -273,6 +276,12 @@ async fn run(endpoints: &[String]) -> Result<Report, String> {
     })
 }
 
+/// The fenced resource of a concurrency key: tokens count per namespace and key, so the same key
+/// in another namespace is another resource, whose tokens must never be compared with these.
+fn resource_of(namespace: &str, key: &str) -> String {
+    format!("{namespace}/{key}")
+}
+
 /// The handler: a fenced write of the object, presenting the permit token.
 async fn update_object(
     client: &Client,
@@ -294,7 +303,10 @@ async fn update_object(
         ctx.attempt,
         String::from_utf8_lossy(&ctx.payload)
     );
-    let written = client.write_fenced(&key, token, value.as_bytes()).await;
+    let resource = resource_of(&ctx.namespace, &key);
+    let written = client
+        .write_fenced(&resource, token, value.as_bytes())
+        .await;
     active.fetch_sub(1, Ordering::SeqCst);
     match written {
         Ok(_) => Ok(value.into_bytes()),

@@ -44,6 +44,8 @@
 //!                 let (Some(key), Some(token)) = (ctx.concurrency_key.clone(), ctx.token) else {
 //!                     return Err(TaskError::non_retryable("expected a keyed task"));
 //!                 };
+//!                 // Tokens count per namespace and key: so does the resource.
+//!                 let key = format!("{}/{key}", ctx.namespace);
 //!                 // A refusal (a newer token wrote) fails the task; no answer may mean the
 //!                 // write was applied, so its effect is unknown: a retry would write again.
 //!                 client

@@ -102,7 +102,7 @@ pub enum TaskCommand {
 pub enum WorkerCommand {
     /// Run a worker: CMD runs once per task, in a process group of its own, with the payload
     /// on its standard input (and in BATON_PAYLOAD when it is text up to 32 KiB), and
-    /// BATON_TASK_ID, BATON_ATTEMPT, BATON_QUEUE, BATON_HANDLER, BATON_PAYLOAD_BYTES,
+    /// BATON_TASK_ID, BATON_ATTEMPT, BATON_QUEUE, BATON_NAMESPACE, BATON_HANDLER, BATON_PAYLOAD_BYTES,
     /// BATON_CONCURRENCY_KEY and BATON_FENCE (the permit token of a keyed task) set, besides
     /// BATON_ENDPOINTS and the TLS and token settings (BATON_TLS_*, BATON_TOKEN) of the worker
     /// itself, so `baton` commands in CMD reach the same cluster.

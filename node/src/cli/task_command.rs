@@ -59,6 +59,7 @@ pub async fn run(
         .env("BATON_TASK_ID", ctx.task_id.to_string())
         .env("BATON_ATTEMPT", ctx.attempt.to_string())
         .env("BATON_QUEUE", &ctx.queue)
+        .env("BATON_NAMESPACE", &ctx.namespace)
         .env("BATON_HANDLER", &ctx.handler)
         .env("BATON_PAYLOAD_BYTES", ctx.payload.len().to_string())
         .env(
