@@ -847,6 +847,12 @@ async fn a_reply_with_an_undecodable_receipt_is_judged_against_the_ticket_first(
         let detail = baton_rpc::error::detail_of(&status).unwrap();
         assert_eq!(detail.code, want, "{status:?}");
     }
+    // Without a header it is told so first, whatever its receipt.
+    let mut headless = reply("k", &handle.token, bogus.clone());
+    headless.header = None;
+    let status = handoff.reply(headless).await.unwrap_err();
+    let detail = baton_rpc::error::detail_of(&status).unwrap();
+    assert_eq!(detail.field, "header", "{status:?}");
     let ticket = c.ticket("k").await.unwrap();
     assert_eq!(
         ticket.state,

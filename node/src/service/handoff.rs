@@ -81,6 +81,9 @@ impl handoff_server::Handoff for HandoffService {
         request: Request<ReplyRequest>,
     ) -> Result<Response<ReplyResponse>, Status> {
         let r = request.into_inner();
+        // The header first, as for every write: a reply without one is told so, whatever its
+        // receipt.
+        let origin = origin(r.header)?;
         let receipt = match convert::receipt_from_proto(r.receipt) {
             Ok(receipt) => receipt,
             Err(undecodable) => {
@@ -106,7 +109,7 @@ impl handoff_server::Handoff for HandoffService {
         };
         done(
             self.node
-                .propose(Some(origin(r.header)?), Cmd::Handoff(command))
+                .propose(Some(origin), Cmd::Handoff(command))
                 .await?,
         )?;
         Ok(Response::new(ReplyResponse {}))
