@@ -515,6 +515,63 @@ async fn bad_wire_input_is_refused_with_the_field_it_broke() {
     cluster.stop().await;
 }
 
+/// The edge's own limits (a lease's TTL and queue count) never refuse a retry the store has
+/// already answered: a node of an earlier version may have applied it, and a lease whose answer
+/// was lost must learn what it leased. Here the store answered the first attempt (a lease within
+/// the limits); its retry, past them, gets that same answer. A first attempt past them is
+/// refused, and so is a retry the store never saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_the_store_answered_is_not_refused_by_the_edge_limits() {
+    let cluster = Cluster::start().await;
+    let c = &cluster.client;
+    c.create_queue("q", "ns").await.unwrap();
+    c.register_worker("w", false).await.unwrap();
+    let task = c.submit(&spec("q", "op", "h", "")).await.unwrap().task;
+    let mut queue = QueueClient::connect(format!("http://{}", cluster.addr))
+        .await
+        .unwrap();
+    let lease = |seq, retry, lease_ttl_ms| proto::LeaseRequest {
+        header: Some(proto::RequestHeader {
+            client_id: 79,
+            seq,
+            acked_below: 0,
+            retry,
+        }),
+        worker_id: "w".into(),
+        queues: vec!["q".into()],
+        limit: 1,
+        lease_ttl_ms,
+        wait_ms: 0,
+    };
+    let refused_field = |status: tonic::Status| {
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        baton_rpc::error::detail_of(&status).unwrap().field
+    };
+    let first = queue.lease(lease(1, false, 30_000)).await.unwrap();
+    let leased = first.into_inner().assignments;
+    assert_eq!(leased.len(), 1);
+    assert_eq!(leased[0].task_id, task.id);
+
+    let retry = queue.lease(lease(1, true, DAY_MS * 2)).await.unwrap();
+    assert_eq!(
+        retry.into_inner().assignments,
+        leased,
+        "the retry gets the answer the store gave"
+    );
+    let mut many = lease(1, true, 30_000);
+    many.queues = vec!["q".into(); 257];
+    assert_eq!(
+        queue.lease(many).await.unwrap().into_inner().assignments,
+        leased
+    );
+
+    let new = queue.lease(lease(2, false, DAY_MS * 2)).await.unwrap_err();
+    assert_eq!(refused_field(new), "ttl");
+    let unseen_retry = queue.lease(lease(3, true, DAY_MS * 2)).await.unwrap_err();
+    assert_eq!(refused_field(unseen_retry), "ttl");
+    cluster.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn task_listings_come_in_pages_that_add_up_to_every_task_once() {
     let cluster = Cluster::start().await;

@@ -51,6 +51,29 @@ impl QueueService {
         Self { node, admission }
     }
 
+    /// Refuses a request the edge judges bad (a limit the state machine does not know), unless
+    /// it is a retry the store has already answered: a node of an earlier version may have
+    /// applied it, and its answer, from the session table, is the only true one (a lease whose
+    /// answer was lost must learn what it leased).
+    async fn refuse_unless_answered(
+        &self,
+        origin: &Origin,
+        retry: bool,
+        refusal: Refusal,
+    ) -> Result<(), Status> {
+        let answered = retry
+            && self
+                .node
+                .read(|applied| {
+                    !matches!(applied.state.sessions.lookup(origin), SessionLookup::New)
+                })
+                .await?;
+        if answered {
+            return Ok(());
+        }
+        Err(refused(refusal))
+    }
+
     async fn propose_task(&self, origin: Origin, command: Command) -> Result<Task, Status> {
         match self.node.propose(Some(origin), Cmd::Queue(command)).await? {
             Reply::QueueTask(task) => Ok(*task),
@@ -114,15 +137,14 @@ impl QueueService {
     }
 }
 
-/// Refuses a lease or renewal longer than [`MAX_LEASE_TTL_MS`] before it reaches the log.
-fn lease_ttl_at_most_a_day(lease_ttl_ms: i64) -> Result<(), Status> {
-    if lease_ttl_ms > MAX_LEASE_TTL_MS {
-        return Err(refused(Refusal::invalid(
+/// The refusal of a lease or renewal longer than [`MAX_LEASE_TTL_MS`], judged before the log.
+fn lease_ttl_over_a_day(lease_ttl_ms: i64) -> Option<Refusal> {
+    (lease_ttl_ms > MAX_LEASE_TTL_MS).then(|| {
+        Refusal::invalid(
             "ttl",
             "must be at most 86400000 ms (24h): renew a long handler's lease instead",
-        )));
-    }
-    Ok(())
+        )
+    })
 }
 
 /// Whether a lease should be proposed now rather than wait.
@@ -361,12 +383,14 @@ impl queue_server::Queue for QueueService {
         // a lease whose answer it lost relies on that: see the client's `LeasePoll::settle`).
         let retry = r.header.as_ref().is_some_and(|header| header.retry);
         let origin = origin(r.header.take())?;
-        lease_ttl_at_most_a_day(r.lease_ttl_ms)?;
-        if r.queues.len() > MAX_LEASE_QUEUES {
-            return Err(refused(Refusal::invalid(
+        let too_many_queues = (r.queues.len() > MAX_LEASE_QUEUES).then(|| {
+            Refusal::invalid(
                 "queues",
                 format!("at most {MAX_LEASE_QUEUES} names (none: every queue)"),
-            )));
+            )
+        });
+        if let Some(refusal) = lease_ttl_over_a_day(r.lease_ttl_ms).or(too_many_queues) {
+            self.refuse_unless_answered(&origin, retry, refusal).await?;
         }
         // The wait is capped (MAX_LEASE_WAIT) so a request cannot pin a handler forever.
         let wait = Duration::from_millis(r.wait_ms).min(MAX_LEASE_WAIT);
@@ -420,14 +444,18 @@ impl queue_server::Queue for QueueService {
         request: Request<RenewAttemptRequest>,
     ) -> Result<Response<RenewAttemptResponse>, Status> {
         let r = request.into_inner();
-        lease_ttl_at_most_a_day(r.lease_ttl_ms)?;
+        let retry = r.header.as_ref().is_some_and(|header| header.retry);
+        let origin = origin(r.header)?;
+        if let Some(refusal) = lease_ttl_over_a_day(r.lease_ttl_ms) {
+            self.refuse_unless_answered(&origin, retry, refusal).await?;
+        }
         let command = Command::Renew {
             task_id: r.task_id,
             attempt: r.attempt,
             worker: r.worker_id,
             lease_ttl_ms: r.lease_ttl_ms,
         };
-        let task = self.propose_task(origin(r.header)?, command).await?;
+        let task = self.propose_task(origin, command).await?;
         Ok(Response::new(RenewAttemptResponse {
             task: Some(convert::queue_task_to_proto(&task)),
         }))
