@@ -21,7 +21,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use baton_rpc::error::{detail_of, infra, infra_status, refusal_status};
+use baton_rpc::error::{detail_of, infra, infra_status, is_undecodable, refusal_status};
 use baton_statemachine::Refusal;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::transport::server::TcpConnectInfo;
@@ -303,16 +303,11 @@ fn too_large(status: &Status, limits: &Limits) -> Option<Status> {
     ))
 }
 
-/// When `status` is gRPC's report that the request could not be decoded (`INTERNAL` without a
-/// Baton detail, prost's error text): the refusal a batch gives the same bytes, `Invalid` on
-/// `request`, so a client learns its message is at fault and not the node.
+/// When `status` is gRPC's report that the request could not be decoded: the refusal a batch
+/// gives the same bytes, `Invalid` on `request`, so a client learns its message is at fault and
+/// not the node.
 fn undecodable(status: &Status) -> Option<Status> {
-    if status.code() != Code::Internal
-        || detail_of(status).is_some()
-        || !status
-            .message()
-            .contains("failed to decode Protobuf message")
-    {
+    if !is_undecodable(status) {
         return None;
     }
     Some(refusal_status(&Refusal::invalid(

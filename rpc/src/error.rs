@@ -162,6 +162,18 @@ fn with_detail(code: Code, message: String, detail: &ErrorDetail) -> Status {
     Status::with_details(code, message, detail.encode_to_vec().into())
 }
 
+/// Whether `status` is gRPC's report that a protobuf message could not be decoded (`INTERNAL`
+/// without a Baton detail, prost's error text): an answer at the client, a request at the node.
+/// The same bytes fail the same way every time, so it is never worth sending them again.
+pub fn is_undecodable(status: &Status) -> bool {
+    status.code() == Code::Internal
+        && detail_of(status).is_none()
+        && status.message().contains(UNDECODABLE)
+}
+
+/// How prost's `DecodeError` begins its text (the client's tests check it against prost).
+const UNDECODABLE: &str = "failed to decode Protobuf message";
+
 /// The [`ErrorDetail`] a Baton status carries, if any.
 pub fn detail_of(status: &Status) -> Option<ErrorDetail> {
     if status.details().is_empty() {

@@ -38,7 +38,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Endpoint;
 use tonic::{Code, Status};
 
-use crate::error::{detail_of, infra, refusal_of, Error};
+use crate::error::{detail_of, infra, is_undecodable, refusal_of, Error};
 use crate::proto::cluster_client::ClusterClient;
 use crate::proto::{self, RequestHeader};
 use security::Credentials;
@@ -776,18 +776,6 @@ fn classify(status: &Status) -> Verdict {
         }),
     }
 }
-
-/// Whether `status` says a protobuf message could not be decoded: an answer here (gRPC's
-/// decoder and the batched path both report prost's error, whose text this looks for) or this
-/// client's request at the node. Never a Baton answer, which carries a detail.
-fn is_undecodable(status: &Status) -> bool {
-    status.code() == Code::Internal
-        && detail_of(status).is_none()
-        && status.message().contains(UNDECODABLE)
-}
-
-/// How prost's `DecodeError` begins its text (checked against prost in the tests).
-const UNDECODABLE: &str = "failed to decode Protobuf message";
 
 /// Maps a status to an error without retrying (for per-node administrative calls).
 fn final_error(status: &Status) -> Error {
