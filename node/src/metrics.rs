@@ -171,6 +171,7 @@ struct NodeGauges {
     effect_holds: Gauge,
     queue_attempts: Gauge,
     client_sessions: Gauge,
+    client_session_bytes: Gauge,
     watch_streams: Gauge,
     watch_history_events: Gauge,
     watch_history_bytes: Gauge,
@@ -357,7 +358,7 @@ impl Drop for InFlight {
 
 impl NodeGauges {
     fn register(&self, r: &mut Registry) {
-        let gauges: [(&str, &str, &Gauge); 18] = [
+        let gauges: [(&str, &str, &Gauge); 19] = [
             ("raft_term", "Current Raft term", &self.term),
             (
                 "raft_leader_id",
@@ -420,6 +421,11 @@ impl NodeGauges {
                 "client_sessions",
                 "Client sessions remembered for exactly-once retries",
                 &self.client_sessions,
+            ),
+            (
+                "client_session_bytes",
+                "Bytes of answers the session table remembers (bounded at 256 MiB)",
+                &self.client_session_bytes,
             ),
             ("watch_streams", "Watch streams open", &self.watch_streams),
             (
@@ -493,6 +499,7 @@ impl NodeGauges {
             self.effect_holds.set(state.effects.holds() as i64);
             self.queue_attempts.set(state.queue.active_leases() as i64);
             self.client_sessions.set(state.sessions.len() as i64);
+            self.client_session_bytes.set(state.sessions.bytes() as i64);
         }
         let history = node.state_machine.history().stats();
         self.watch_streams.set(history.streams as i64);

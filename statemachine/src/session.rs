@@ -4,9 +4,16 @@
 //! same `(client_id, seq)`. Without this table a retried `take` that had in fact won would come
 //! back `TAKEN` and the winner would believe it lost. The table remembers each client's recent
 //! responses, forgets those the client acknowledged (`acked_below`), keeps at most
-//! [`MAX_REPLIES_PER_CLIENT`] per client, and forgets clients idle longer than
-//! [`SESSION_IDLE_TTL_MS`] of store time (far longer than any client retries). It is part of the
-//! state, so it is replicated and snapshotted like everything else.
+//! [`MAX_REPLIES_PER_CLIENT`] per client and [`MAX_REPLY_BYTES`] in all, and forgets clients idle
+//! longer than [`SESSION_IDLE_TTL_MS`] of store time (far longer than any client retries). It is
+//! part of the state, so it is replicated and snapshotted like everything else.
+//!
+//! The byte bound is there because an answer is a full copy: a ~100-byte retry-free request (an
+//! offer repeated on a ticket holding a 1 MiB payload) can make the table remember a megabyte, on
+//! every replica and in every snapshot. When the table outgrows it, the client remembering the
+//! most bytes forgets its oldest answer first, so a client flooding large answers loses its own
+//! before anyone else does, and a retry of a forgotten answer is told `SessionExpired` (outcome
+//! unknown), never applied a second time.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -20,6 +27,10 @@ pub const SESSION_IDLE_TTL_MS: u64 = 60 * 60 * 1000;
 pub const MAX_REPLIES_PER_CLIENT: usize = 4096;
 /// Most clients remembered at once; beyond it the longest-idle client is forgotten.
 pub const MAX_CLIENTS: usize = 200_000;
+/// Most bytes of remembered answers (as they encode in a snapshot) in all clients together. Far
+/// above any one answer (a lease of many tasks is a few MiB), so the answer just recorded always
+/// fits.
+pub const MAX_REPLY_BYTES: u64 = 256 << 20;
 
 /// What the table knows about a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,14 +50,62 @@ struct ClientSession {
     /// Every seq below this has been forgotten.
     floor: u64,
     replies: BTreeMap<u64, Response>,
+    /// What `replies` weigh (see [`weight`]); derived, so not in the snapshot.
+    #[serde(skip)]
+    bytes: u64,
 }
 
 /// All client sessions.
+///
+/// Only `clients` and `by_idle` are encoded (the layout snapshots have always had); the byte
+/// accounting is derived from them when a snapshot is read.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "SessionsImage")]
 pub struct Sessions {
     clients: BTreeMap<u64, ClientSession>,
     /// `(last_seen_ms, client_id)` for expiry and eviction in order of idleness.
     by_idle: BTreeSet<(u64, u64)>,
+    /// `(bytes, client_id)` of every client remembering answers, to find the heaviest.
+    #[serde(skip)]
+    by_bytes: BTreeSet<(u64, u64)>,
+    /// The sum of every client's `bytes`.
+    #[serde(skip)]
+    bytes: u64,
+}
+
+/// The encoded part of [`Sessions`].
+#[derive(Deserialize)]
+struct SessionsImage {
+    clients: BTreeMap<u64, ClientSession>,
+    by_idle: BTreeSet<(u64, u64)>,
+}
+
+impl From<SessionsImage> for Sessions {
+    fn from(image: SessionsImage) -> Self {
+        let mut sessions = Sessions {
+            clients: image.clients,
+            by_idle: image.by_idle,
+            by_bytes: BTreeSet::new(),
+            bytes: 0,
+        };
+        for (&client_id, session) in &mut sessions.clients {
+            session.bytes = session.replies.values().map(weight).sum();
+            sessions.bytes += session.bytes;
+            if session.bytes > 0 {
+                sessions.by_bytes.insert((session.bytes, client_id));
+            }
+        }
+        sessions
+    }
+}
+
+/// What remembering `response` costs: its size as a snapshot encodes it. Deterministic, so every
+/// replica evicts the same answers.
+fn weight(response: &Response) -> u64 {
+    let mut size = bincode::enc::write::SizeWriter::default();
+    // Encoding into a counter cannot fail: every response is encoded into the log and snapshots.
+    let _ = bincode::serde::encode_into_writer(response, &mut size, bincode::config::standard());
+    size.bytes_written as u64
 }
 
 impl Sessions {
@@ -66,7 +125,13 @@ impl Sessions {
 
     /// Remembers the response to a newly applied request.
     pub fn record(&mut self, origin: &Origin, response: Response, clock_ms: u64) {
-        let session = self.clients.entry(origin.client_id).or_default();
+        self.record_within(origin, response, clock_ms, MAX_REPLY_BYTES);
+    }
+
+    fn record_within(&mut self, origin: &Origin, response: Response, clock_ms: u64, budget: u64) {
+        let client_id = origin.client_id;
+        let session = self.clients.entry(client_id).or_default();
+        let bytes_before = session.bytes;
         self.by_idle
             .remove(&(session.last_seen_ms, origin.client_id));
         session.last_seen_ms = session.last_seen_ms.max(clock_ms);
@@ -75,17 +140,54 @@ impl Sessions {
 
         if origin.acked_below > session.floor {
             session.floor = origin.acked_below;
-            session.replies = session.replies.split_off(&session.floor);
+            let kept = session.replies.split_off(&session.floor);
+            let acknowledged = std::mem::replace(&mut session.replies, kept);
+            session.bytes -= acknowledged.values().map(weight).sum::<u64>();
         }
-        session.replies.insert(origin.seq, response);
+        session.bytes += weight(&response);
+        if let Some(replaced) = session.replies.insert(origin.seq, response) {
+            session.bytes -= weight(&replaced);
+        }
         while session.replies.len() > MAX_REPLIES_PER_CLIENT {
-            if let Some((oldest, _)) = session.replies.pop_first() {
-                session.floor = session.floor.max(oldest + 1);
-            }
+            forget_oldest(session);
         }
+        let bytes_after = session.bytes;
+        self.reweigh(client_id, bytes_before, bytes_after);
+        while self.bytes > budget && self.forget_heaviest_oldest() {}
         while self.clients.len() > MAX_CLIENTS {
             self.evict_idlest();
         }
+    }
+
+    /// Bytes of answers remembered, in all clients (see [`MAX_REPLY_BYTES`]).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Moves a client's entry in `by_bytes` and the total from `before` to `after` bytes.
+    fn reweigh(&mut self, client_id: u64, before: u64, after: u64) {
+        if before > 0 {
+            self.by_bytes.remove(&(before, client_id));
+        }
+        if after > 0 {
+            self.by_bytes.insert((after, client_id));
+        }
+        self.bytes = self.bytes - before + after;
+    }
+
+    /// The client remembering the most bytes forgets its oldest answer; false if none remembers
+    /// any.
+    fn forget_heaviest_oldest(&mut self) -> bool {
+        let Some(&(before, client_id)) = self.by_bytes.last() else {
+            return false;
+        };
+        let Some(session) = self.clients.get_mut(&client_id) else {
+            return false;
+        };
+        forget_oldest(session);
+        let after = session.bytes;
+        self.reweigh(client_id, before, after);
+        true
     }
 
     /// Forgets clients idle for longer than [`SESSION_IDLE_TTL_MS`]; returns how many.
@@ -114,13 +216,25 @@ impl Sessions {
 
     fn evict_idlest(&mut self) {
         if let Some((_, client_id)) = self.by_idle.pop_first() {
-            self.clients.remove(&client_id);
+            if let Some(session) = self.clients.remove(&client_id) {
+                self.reweigh(client_id, session.bytes, 0);
+            }
         }
+    }
+}
+
+/// Forgets a session's oldest answer: a retry of it, or of anything older, is told it was
+/// forgotten.
+fn forget_oldest(session: &mut ClientSession) {
+    if let Some((oldest, response)) = session.replies.pop_first() {
+        session.floor = session.floor.max(oldest + 1);
+        session.bytes -= weight(&response);
     }
 }
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::command::Reply;
 
@@ -134,6 +248,35 @@ mod tests {
 
     fn answer(n: u64) -> Response {
         Response::Answer(Ok(Reply::Swept { expired: n }))
+    }
+
+    /// An answer carrying `len` bytes of text, as an effect's recorded result does.
+    fn large(len: usize) -> Response {
+        Response::Answer(Ok(Reply::EffectResult("r".repeat(len))))
+    }
+
+    fn from(client_id: u64, seq: u64) -> Origin {
+        Origin {
+            client_id,
+            seq,
+            acked_below: 0,
+        }
+    }
+
+    /// The byte accounting agrees with the answers remembered, and survives a snapshot.
+    fn assert_accounted(s: &Sessions) {
+        let recounted: u64 = s
+            .clients
+            .values()
+            .flat_map(|c| c.replies.values())
+            .map(weight)
+            .sum();
+        assert_eq!(s.bytes(), recounted);
+        let config = bincode::config::standard();
+        let image = bincode::serde::encode_to_vec(s, config).unwrap();
+        let (restored, _): (Sessions, usize) =
+            bincode::serde::decode_from_slice(&image, config).unwrap();
+        assert_eq!(&restored, s);
     }
 
     #[test]
@@ -163,6 +306,56 @@ mod tests {
         assert_eq!(s.lookup(&origin(1, 0)), SessionLookup::Forgotten);
         assert_eq!(s.lookup(&origin(10, 0)), SessionLookup::Forgotten);
         assert_eq!(s.lookup(&origin(11, 0)), SessionLookup::Seen(answer(11)));
+    }
+
+    #[test]
+    fn the_heaviest_client_forgets_its_oldest_answers_first_when_bytes_run_over() {
+        const BUDGET: u64 = 64 << 10;
+        let mut s = Sessions::default();
+        // A client with small answers, then one flooding 10 KiB answers far past the budget.
+        for seq in 1..=50 {
+            s.record_within(&from(1, seq), answer(seq), 10, BUDGET);
+        }
+        for seq in 1..=40 {
+            s.record_within(&from(2, seq), large(10 << 10), 10, BUDGET);
+        }
+        assert!(s.bytes() <= BUDGET, "{} bytes remembered", s.bytes());
+        assert!(
+            s.bytes() > BUDGET - (11 << 10),
+            "{} bytes remembered",
+            s.bytes()
+        );
+        assert_accounted(&s);
+        // The flood's own oldest answers went; its newest and every small answer are still told.
+        assert_eq!(s.lookup(&from(2, 1)), SessionLookup::Forgotten);
+        assert_eq!(s.lookup(&from(2, 40)), SessionLookup::Seen(large(10 << 10)));
+        for seq in 1..=50 {
+            assert_eq!(s.lookup(&from(1, seq)), SessionLookup::Seen(answer(seq)));
+        }
+        // Acknowledging answers gives their bytes back.
+        s.record_within(
+            &Origin {
+                client_id: 2,
+                seq: 41,
+                acked_below: 41,
+            },
+            answer(41),
+            11,
+            BUDGET,
+        );
+        assert_eq!(s.lookup(&from(2, 40)), SessionLookup::Forgotten);
+        assert!(s.bytes() < 4 << 10, "{} bytes remembered", s.bytes());
+        assert_accounted(&s);
+    }
+
+    #[test]
+    fn forgotten_clients_give_their_bytes_back() {
+        let mut s = Sessions::default();
+        s.record(&from(1, 1), large(1000), 0);
+        s.record(&from(2, 1), large(10), SESSION_IDLE_TTL_MS);
+        assert_eq!(s.expire_idle(SESSION_IDLE_TTL_MS + 1), 1);
+        assert_eq!(s.bytes(), weight(&large(10)));
+        assert_accounted(&s);
     }
 
     #[test]
