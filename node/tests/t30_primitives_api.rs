@@ -508,17 +508,26 @@ async fn a_seq_reused_for_another_request_is_not_taken_for_its_answer() {
 
 /// A client that sets no `client_id` sends 0. Two such clients would share one session: the
 /// second's offer, with the same seq as the first's, would be answered with the first's
-/// remembered ticket and never applied. So 0 is refused, and the refused offer made nothing.
+/// remembered ticket and never applied. So 0 is refused, and the refused offer made nothing. So
+/// is the last seq, which has no successor to raise the session's floor to once it is forgotten.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_header_without_a_client_id_is_refused() {
+async fn a_header_without_a_client_id_or_with_the_last_seq_is_refused() {
     let cluster = Cluster::start().await;
     let mut handoff = HandoffClient::connect(format!("http://{}", cluster.addr))
         .await
         .unwrap();
     let offer = |key: &str| proto::OfferRequest {
-        header: Some(proto::RequestHeader {
-            seq: 1,
-            ..Default::default()
+        header: Some(if key == "last" {
+            proto::RequestHeader {
+                client_id: 7,
+                seq: u64::MAX,
+                ..Default::default()
+            }
+        } else {
+            proto::RequestHeader {
+                seq: 1,
+                ..Default::default()
+            }
         }),
         key: key.into(),
         from: "a".into(),
@@ -527,11 +536,15 @@ async fn a_header_without_a_client_id_is_refused() {
         reply_to: "r".into(),
         ttl_ms: 60_000,
     };
-    for key in ["first", "second"] {
+    for (key, field) in [
+        ("first", "header.client_id"),
+        ("second", "header.client_id"),
+        ("last", "header.seq"),
+    ] {
         let status = handoff.offer(offer(key)).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
         let detail = baton_rpc::error::detail_of(&status).unwrap();
-        assert_eq!(detail.field, "header.client_id");
+        assert_eq!(detail.field, field);
         assert_eq!(
             refusal(cluster.client.ticket(key).await),
             Refusal::UnknownKey,

@@ -8,12 +8,14 @@
 //! longer than [`SESSION_IDLE_TTL_MS`] of store time (far longer than any client retries). It is
 //! part of the state, so it is replicated and snapshotted like everything else.
 //!
-//! The byte bound is there because an answer is a full copy: a ~100-byte retry-free request (an
-//! offer repeated on a ticket holding a 1 MiB payload) can make the table remember a megabyte, on
-//! every replica and in every snapshot. When the table outgrows it, the client remembering the
-//! most bytes forgets its oldest answer first, so a client flooding large answers loses its own
-//! before anyone else does, and a retry of a forgotten answer is told `SessionExpired` (outcome
-//! unknown), never applied a second time.
+//! The byte bound is there because an answer is a full copy: a ~100-byte request (an offer
+//! repeated on a ticket holding a 1 MiB payload) can make the table remember a megabyte, on every
+//! replica and in every snapshot. When the table outgrows it, the client remembering the most
+//! bytes forgets its oldest answer first, so a client flooding large answers loses its own before
+//! anyone else does. As with every forgotten answer, a retry of it is told `SessionExpired`
+//! (outcome unknown) and is never applied a second time; so is a request of that client older
+//! than the answer forgotten that was not applied yet (stuck in a failover, say), which then never
+//! runs. Only the client remembering the most, past 256 MiB, can meet this.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -27,10 +29,12 @@ pub const SESSION_IDLE_TTL_MS: u64 = 60 * 60 * 1000;
 pub const MAX_REPLIES_PER_CLIENT: usize = 4096;
 /// Most clients remembered at once; beyond it the longest-idle client is forgotten.
 pub const MAX_CLIENTS: usize = 200_000;
-/// Most bytes of remembered answers (as they encode in a snapshot) in all clients together. Far
-/// above any one answer (a lease of many tasks is a few MiB), so the answer just recorded always
-/// fits.
+/// Most bytes of remembered answers (see [`weight`]) in all clients together. Far above any one
+/// answer (a lease of many tasks is a few MiB), so the answer just recorded always fits.
 pub const MAX_REPLY_BYTES: u64 = 256 << 20;
+/// What one remembered answer costs besides its encoding: its seq and its place in the table.
+/// Also bounds, through [`MAX_REPLY_BYTES`], how many small answers all clients remember.
+const ENTRY_BYTES: u64 = 16;
 
 /// What the table knows about a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,13 +103,14 @@ impl From<SessionsImage> for Sessions {
     }
 }
 
-/// What remembering `response` costs: its size as a snapshot encodes it. Deterministic, so every
-/// replica evicts the same answers.
+/// What remembering `response` costs: its size as a snapshot encodes it, plus [`ENTRY_BYTES`].
+/// Deterministic, so every replica evicts the same answers. It changes only with the encoding of
+/// responses, which the snapshot layout test pins: a change there is an apply-rule change anyway.
 fn weight(response: &Response) -> u64 {
     let mut size = bincode::enc::write::SizeWriter::default();
     // Encoding into a counter cannot fail: every response is encoded into the log and snapshots.
     let _ = bincode::serde::encode_into_writer(response, &mut size, bincode::config::standard());
-    size.bytes_written as u64
+    size.bytes_written as u64 + ENTRY_BYTES
 }
 
 impl Sessions {
@@ -148,6 +153,8 @@ impl Sessions {
         if let Some(replaced) = session.replies.insert(origin.seq, response) {
             session.bytes -= weight(&replaced);
         }
+        // The client keeps its seqs within this window (api.md), so nothing it has not been
+        // answered yet lies under the raised floor.
         while session.replies.len() > MAX_REPLIES_PER_CLIENT {
             forget_oldest(session);
         }
@@ -175,8 +182,8 @@ impl Sessions {
         self.bytes = self.bytes - before + after;
     }
 
-    /// The client remembering the most bytes forgets its oldest answer; false if none remembers
-    /// any.
+    /// The client remembering the most bytes forgets its oldest answer; false if no client
+    /// remembers any.
     fn forget_heaviest_oldest(&mut self) -> bool {
         let Some(&(before, client_id)) = self.by_bytes.last() else {
             return false;
@@ -227,7 +234,7 @@ impl Sessions {
 /// forgotten.
 fn forget_oldest(session: &mut ClientSession) {
     if let Some((oldest, response)) = session.replies.pop_first() {
-        session.floor = session.floor.max(oldest + 1);
+        session.floor = session.floor.max(oldest.saturating_add(1));
         session.bytes -= weight(&response);
     }
 }
@@ -346,6 +353,30 @@ mod tests {
         assert_eq!(s.lookup(&from(2, 40)), SessionLookup::Forgotten);
         assert!(s.bytes() < 4 << 10, "{} bytes remembered", s.bytes());
         assert_accounted(&s);
+    }
+
+    #[test]
+    fn many_small_answers_are_bounded_by_bytes_too() {
+        const BUDGET: u64 = 4 << 10;
+        let mut s = Sessions::default();
+        // A client with a few answers, then many clients with more answers each (each answer
+        // weighs its encoding and its place in the table).
+        for seq in 1..=3 {
+            s.record_within(&from(1, seq), answer(seq), 10, BUDGET);
+        }
+        for client in 2..=100 {
+            for seq in 1..=10 {
+                s.record_within(&from(client, seq), answer(seq), 10, BUDGET);
+            }
+        }
+        assert!(s.bytes() <= BUDGET, "{} bytes remembered", s.bytes());
+        assert!(s.bytes() > BUDGET - 2 * weight(&answer(10)));
+        assert_accounted(&s);
+        // The lightest client's answers are all still told.
+        for seq in 1..=3 {
+            assert_eq!(s.lookup(&from(1, seq)), SessionLookup::Seen(answer(seq)));
+        }
+        assert_eq!(s.lookup(&from(2, 1)), SessionLookup::Forgotten);
     }
 
     #[test]

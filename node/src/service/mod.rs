@@ -72,10 +72,11 @@ fn revision(applied: &Applied) -> u64 {
 fn origin(header: Option<RequestHeader>) -> Result<Origin, Status> {
     let header =
         header.ok_or_else(|| refusal_status(&Refusal::invalid("header", "is required")))?;
-    if header.seq == 0 {
+    // The last seq has no successor: once forgotten it could not be told from a new request.
+    if header.seq == 0 || header.seq == u64::MAX {
         return Err(refusal_status(&Refusal::invalid(
             "header.seq",
-            "must be > 0",
+            "must be > 0 and < 2^64 - 1",
         )));
     }
     // Zero is what a client that never set the field sends: every such client would share one
