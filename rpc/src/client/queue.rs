@@ -9,7 +9,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use baton_statemachine::queue::{
-    Assignment, Attempt, Queue, SubmitReceipt, Task, TaskFilter, TaskSpec, Worker, MAX_LIST_PAGE,
+    Assignment, Attempt, Queue, SubmitReceipt, Task, TaskFilter, TaskSpec, Worker, MAX_LEASE_BATCH,
+    MAX_LIST_PAGE,
 };
 use baton_statemachine::Refusal;
 
@@ -239,7 +240,8 @@ impl Client {
     /// header, with a limit of zero that leases nothing new, what the request leased, and returns
     /// that: tasks it leased would otherwise wait for their leases to run out, their concurrency
     /// keys held. Only when that fails too does it return an error: the outcome still unknown,
-    /// or the request's own refusal (an unknown queue, say) whose answer was late.
+    /// or the request's own refusal (an unknown queue, say) whose answer was late. A `limit`
+    /// outside 1–1,000 is refused here, as the store would refuse it.
     pub async fn lease(
         &self,
         worker: &str,
@@ -268,6 +270,14 @@ impl Client {
         lease_ttl_ms: i64,
         wait: Duration,
     ) -> Result<LeasePoll<'_>, Error> {
+        // Refused before it is sent: the settling ask is told its own limit is refused, and a
+        // request refused for its limit would answer a settling ask just the same.
+        if limit == 0 || limit > MAX_LEASE_BATCH {
+            return Err(Error::Refused(Refusal::invalid(
+                "limit",
+                format!("must be 1-{MAX_LEASE_BATCH}"),
+            )));
+        }
         let wait = wait.min(MAX_LEASE_WAIT);
         let started = std::time::Instant::now();
         Ok(LeasePoll {
@@ -521,5 +531,35 @@ impl Leased {
         }
         let left = assignment.lease_until_ms.saturating_sub(self.store_now_ms);
         self.arrived + Duration::from_millis(left).min(ttl)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::client::ClientConfig;
+
+    /// A lease whose limit the store would refuse is refused before it is sent (no node answers
+    /// here: a request sent would end `Unavailable`). Sent and its answer lost, the settling ask
+    /// would get that refusal back and take it for its own: "nothing was leased".
+    #[tokio::test]
+    async fn a_lease_limit_the_store_refuses_is_refused_before_it_is_sent() {
+        let config = ClientConfig {
+            deadline: Duration::from_millis(200),
+            ..ClientConfig::default()
+        };
+        let client = Client::new(&["127.0.0.1:9"], config).unwrap();
+        for limit in [0, MAX_LEASE_BATCH + 1] {
+            match client.lease("w", &[], limit, 1_000, Duration::ZERO).await {
+                Err(Error::Refused(Refusal::Invalid { field, .. })) => assert_eq!(field, "limit"),
+                other => panic!("limit {limit}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            client.lease("w", &[], 1, 1_000, Duration::ZERO).await,
+            Err(Error::Unavailable { .. })
+        ));
     }
 }
