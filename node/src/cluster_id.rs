@@ -108,6 +108,11 @@ pub enum Foreign {
          initializations at once: run one again)"
     )]
     Founding { ours: ClusterId, theirs: ClusterId },
+    #[error(
+        "it belongs to cluster {theirs}, and this new node is taking cluster {ours}'s entries \
+         right now (two clusters invite it at once: run one initialization again)"
+    )]
+    Answering { ours: ClusterId, theirs: ClusterId },
 }
 
 /// Where a request's sender stands with this node, once admitted.
@@ -147,11 +152,15 @@ struct Inner {
     fresh: AtomicBool,
 }
 
-/// A new node's id, and whether it is founding a cluster with it.
+/// A new node's id, whether it is founding a cluster with it, and how many invitations under
+/// it are being answered.
 #[derive(Default)]
 struct Provisional {
     id: Option<ClusterId>,
     founding: bool,
+    /// Invitations taken and not yet answered ([`Invitation`]): while any is, no other id
+    /// replaces this one, so that the id on disk is the one whose entries Raft accepts.
+    answering: usize,
 }
 
 impl Default for Inner {
@@ -231,11 +240,16 @@ impl OwnCluster {
             "another initialization through this node is on (or one was cancelled while Raft \
              was initializing: restart the node)"
         );
+        anyhow::ensure!(
+            provisional.answering == 0,
+            "this node is taking the entries of a cluster that invited it right now"
+        );
         let id = ClusterId::random();
         self.write(id)?;
         *provisional = Provisional {
             id: Some(id),
             founding: true,
+            answering: 0,
         };
         Ok(Some(Founding {
             cluster: self,
@@ -264,13 +278,20 @@ impl OwnCluster {
     }
 
     /// Takes cluster `id`, durably: the answer to a request that [`Self::admit`] found
-    /// [`Standing::Invited`] and that is fit to act on. Refused once the node holds a log (it
-    /// took its leader's id, or none, with its first entries).
-    pub fn join(&self, id: ClusterId) -> Result<(), AdmitError> {
+    /// [`Standing::Invited`] and that is fit to act on, held until that request is answered
+    /// (the returned [`Invitation`]). Refused once the node holds a log (it took its leader's
+    /// id, or none, with its first entries), and while the invitation of another cluster is
+    /// being answered: a leader's entries accepted under one id with another on disk would
+    /// leave the node, after a crash before [`Self::settle`], a member of the wrong cluster.
+    pub fn join(&self, id: ClusterId) -> Result<Invitation<'_>, AdmitError> {
         let mut provisional = self.provisional();
+        let answered = |provisional: &mut Provisional| {
+            provisional.answering += 1;
+            Ok(Invitation { cluster: self })
+        };
         if !self.inner.fresh.load(Ordering::Acquire) {
             return match self.inner.settled.get() {
-                Some(ours) if *ours == id => Ok(()),
+                Some(ours) if *ours == id => answered(&mut provisional),
                 Some(ours) => Err(AdmitError::Foreign(Foreign::OtherCluster {
                     ours: *ours,
                     theirs: id,
@@ -279,15 +300,18 @@ impl OwnCluster {
             };
         }
         match provisional.id {
-            Some(ours) if ours == id => Ok(()),
+            Some(ours) if ours == id => answered(&mut provisional),
             Some(ours) if provisional.founding => {
                 Err(AdmitError::Foreign(Foreign::Founding { ours, theirs: id }))
+            }
+            Some(ours) if provisional.answering > 0 => {
+                Err(AdmitError::Foreign(Foreign::Answering { ours, theirs: id }))
             }
             _ => {
                 self.write(id)
                     .map_err(|e| AdmitError::Unwritable(format!("{e:#}")))?;
                 provisional.id = Some(id);
-                Ok(())
+                answered(&mut provisional)
             }
         }
     }
@@ -371,6 +395,20 @@ impl Drop for Founding<'_> {
     }
 }
 
+/// An invitation being answered ([`OwnCluster::join`]): while it lasts, the node takes no
+/// other cluster's id.
+#[must_use = "the invitation ends when this is dropped"]
+pub struct Invitation<'a> {
+    cluster: &'a OwnCluster,
+}
+
+impl Drop for Invitation<'_> {
+    fn drop(&mut self) {
+        let mut provisional = self.cluster.provisional();
+        provisional.answering = provisional.answering.saturating_sub(1);
+    }
+}
+
 /// Why a request was not admitted.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum AdmitError {
@@ -413,7 +451,7 @@ mod tests {
         let ours = ClusterId::random();
         let theirs = ClusterId::random();
         let node = OwnCluster::default();
-        node.join(ours).unwrap();
+        drop(node.join(ours).unwrap());
         node.settle(Some(ours));
         assert_eq!(node.get(), Some(ours));
         for inviting in [false, true] {
@@ -442,7 +480,7 @@ mod tests {
         );
         assert_eq!(node.admit(Some(real), true), Ok(Standing::Invited(real)));
         assert_eq!(node.get(), None, "an invitation alone takes nothing");
-        node.join(real).unwrap();
+        drop(node.join(real).unwrap());
         assert_eq!(node.admit(Some(real), false), Ok(Standing::Member));
         assert_eq!(
             node.admit(Some(stale), false),
@@ -466,12 +504,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let node = OwnCluster::open(dir.path(), true).unwrap();
         let (first, second) = (ClusterId::random(), ClusterId::random());
-        node.join(first).unwrap();
+        drop(node.join(first).unwrap());
         assert_eq!(
             node.admit(Some(second), true),
             Ok(Standing::Invited(second))
         );
-        node.join(second).unwrap();
+        drop(node.join(second).unwrap());
         assert_eq!(node.get(), Some(second));
         let restarted = OwnCluster::open(dir.path(), true).unwrap();
         assert_eq!(restarted.get(), Some(second), "kept on disk");
@@ -485,14 +523,14 @@ mod tests {
         assert!(node.mint().is_err(), "one attempt at a time");
         let other = ClusterId::random();
         assert_eq!(
-            node.join(other),
-            Err(AdmitError::Foreign(Foreign::Founding {
+            node.join(other).err(),
+            Some(AdmitError::Foreign(Foreign::Founding {
                 ours: first,
                 theirs: other
             }))
         );
         attempt.abandon();
-        node.join(other).unwrap();
+        drop(node.join(other).unwrap());
         assert_eq!(node.get(), Some(other));
 
         // Cancelled before Raft was asked: let go. After: kept until a restart.
@@ -527,12 +565,39 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let node = OwnCluster::open(dir.path(), true).unwrap();
         let (followed, late) = (ClusterId::random(), ClusterId::random());
-        node.join(followed).unwrap();
-        node.join(late).unwrap();
+        drop(node.join(followed).unwrap());
+        drop(node.join(late).unwrap());
         node.settle(Some(followed));
         assert_eq!(node.get(), Some(followed));
         let restarted = OwnCluster::open(dir.path(), false).unwrap();
         assert_eq!(restarted.get(), Some(followed), "on disk too");
+    }
+
+    #[test]
+    fn while_an_invitation_is_answered_no_other_cluster_replaces_its_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = OwnCluster::open(dir.path(), true).unwrap();
+        let (first, second) = (ClusterId::random(), ClusterId::random());
+        let answering = node.join(first).unwrap();
+        let again = node.join(first).unwrap();
+        assert_eq!(
+            node.join(second).err(),
+            Some(AdmitError::Foreign(Foreign::Answering {
+                ours: first,
+                theirs: second
+            }))
+        );
+        assert!(node.mint().is_err(), "nor founds a cluster of its own");
+        drop(answering);
+        assert!(node.join(second).is_err(), "one of two still answered");
+        // A crash here (Raft stored the first cluster's entries) finds the first id on disk.
+        assert_eq!(
+            OwnCluster::open(dir.path(), false).unwrap().get(),
+            Some(first)
+        );
+        drop(again);
+        drop(node.join(second).unwrap());
+        assert_eq!(node.get(), Some(second));
     }
 
     #[test]
@@ -577,7 +642,7 @@ mod tests {
 
         let joiner_dir = tempfile::tempdir().unwrap();
         let joiner = OwnCluster::open(joiner_dir.path(), true).unwrap();
-        joiner.join(id).unwrap();
+        drop(joiner.join(id).unwrap());
         let reopened = OwnCluster::open(joiner_dir.path(), false).unwrap();
         assert_eq!(reopened.get(), Some(id), "joined durably");
         assert!(reopened.admit(Some(ClusterId::random()), true).is_err());

@@ -284,13 +284,14 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
     let (kind, header, body) = raft_wire::parse_request(frame).map_err(|e| e.to_string())?;
     let standing = local.check(kind, &header)?;
     // A new node joins the cluster that invites it only once Raft would act on the invitation
-    // (a leader's entries or snapshot in a term at least its own), and before it does.
+    // (a leader's entries or snapshot in a term at least its own), and before it does; the
+    // invitation is held until the request is answered.
     let join_if_invited = |fit: bool| match standing {
-        Standing::Invited(id) if fit => local.cluster.join(id).map_err(|e| e.to_string()),
+        Standing::Invited(id) if fit => local.cluster.join(id).map(Some).map_err(|e| e.to_string()),
         Standing::Invited(_) => {
             Err("refused: an invitation from a leader this node would not follow".to_string())
         }
-        Standing::Member | Standing::Unnamed => Ok(()),
+        Standing::Member | Standing::Unnamed => Ok(None),
     };
     let undecodable = |e: bincode::error::DecodeError| format!("undecodable {kind:?}: {e}");
     let raft = &local.raft;
@@ -319,7 +320,7 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
                     .or(request.prev_log_id.map(|id| id.index)),
                 committed: request.leader_commit.map(|id| id.index),
             };
-            join_if_invited(from_leader)?;
+            let _invitation = join_if_invited(from_leader)?;
             let judged = from_leader && voter;
             if judged {
                 // Refused like a request that cannot be handled: to the leader this node is
@@ -377,7 +378,8 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
             if local.progress.refuses(&vote) {
                 return Err("its leader has stalled; refused meanwhile".to_string());
             }
-            join_if_invited(vote.is_committed() && vote >= raft.metrics().borrow().vote)?;
+            let _invitation =
+                join_if_invited(vote.is_committed() && vote >= raft.metrics().borrow().vote)?;
             let (admitted, result) = match local.snapshot_chunks.admit(&request) {
                 Ok(admitted) => (Some(admitted), raft.install_snapshot(request).await),
                 Err(mismatch) => (None, Err(RaftError::APIError(mismatch))),
@@ -410,7 +412,7 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
             ))
         }
         // Refused in words: the node initializing the cluster says who did not join.
-        Kind::Join => raft_wire::answer::<(), String>(&join_if_invited(true)),
+        Kind::Join => raft_wire::answer::<(), String>(&join_if_invited(true).map(drop)),
     };
     answer.map_err(|e| format!("cannot encode the answer: {e}"))
 }
