@@ -75,8 +75,15 @@ async fn t30_killed_leader_restarts_from_its_data_dir_and_catches_up_from_the_lo
         target > before.applied_index,
         "the restarted node has something to catch up on"
     );
+    // A small write (`node-id`, `cluster-id`) the kill cut short leaves its temporary file.
+    let leftover = cluster
+        .data_dir(old_leader)
+        .unwrap()
+        .join(".baton-interrupted");
+    std::fs::write(&leftover, b"half").unwrap();
     let restarted_at = Instant::now();
     cluster.restart(old_leader).await.unwrap();
+    assert!(!leftover.exists(), "the restart left {leftover:?} behind");
     let reopened = cluster.node_info(old_leader).await.unwrap();
     assert!(
         reopened.initialized && reopened.term >= before.term && reopened.last_log_index >= before.last_log_index,

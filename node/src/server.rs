@@ -108,6 +108,12 @@ pub async fn serve_secured(
     let (log_store, state_machine) =
         store::open_with(&config.data_dir.join("db"), config.watch.history)
             .with_context(|| format!("cannot open storage in {}", config.data_dir.display()))?;
+    // Under the store's lock, so no other node or restore writes here: files of small writes
+    // (`node-id`, `cluster-id`, ...) that a crash interrupted.
+    let removed = durable_file::remove_leftovers(&config.data_dir)?;
+    if removed > 0 {
+        tracing::info!(removed, "removed files of writes a crash interrupted");
+    }
     let raft_config = Arc::new(config.raft.to_openraft().context("invalid raft settings")?);
     let admission = Admission::new(security.tokens.clone());
     let stats = StoreStats::shared();

@@ -195,17 +195,17 @@ enum OldLayout {
     StoreImage,
 }
 
-/// A data dir written by a version that kept its snapshot (of three of four offers) in `layout`
-/// resumes from it; the snapshot is moved into the image file and the old copy is gone.
-async fn a_snapshot_in_an_older_layout_is_moved_and_used(layout: OldLayout) {
-    let dir = tempfile::tempdir().unwrap();
-    let store_dir = dir.path().join(store::SNAPSHOT_STORE);
-    let tickets_in_snapshot = four_offers_three_in_a_snapshot(dir.path()).await;
-    let (meta, data) = split_image_file(dir.path());
-    std::fs::remove_file(dir.path().join(store::SNAPSHOT_FILE)).unwrap();
+/// Stores a snapshot in the store at `path` as a version keeping it in `layout` did.
+async fn keep_as_an_older_version(
+    path: &std::path::Path,
+    layout: OldLayout,
+    meta: &[u8],
+    data: &[u8],
+) {
+    let store_dir = path.join(store::SNAPSHOT_STORE);
     match layout {
         OldLayout::LogTree => {
-            let db = raw_sled(dir.path()).await;
+            let db = raw_sled(path).await;
             let legacy = db.open_tree(b"snapshot").unwrap();
             legacy.insert(b"meta", meta).unwrap();
             legacy.insert(b"data", data).unwrap();
@@ -217,8 +217,19 @@ async fn a_snapshot_in_an_older_layout_is_moved_and_used(layout: OldLayout) {
             db.insert(b"data", data).unwrap();
             db.flush().unwrap();
         }
-        OldLayout::StoreImage => pack_into_store(&store_dir, &meta, &data).await,
+        OldLayout::StoreImage => pack_into_store(&store_dir, meta, data).await,
     }
+}
+
+/// A data dir written by a version that kept its snapshot (of three of four offers) in `layout`
+/// resumes from it; the snapshot is moved into the image file and the old copy is gone.
+async fn a_snapshot_in_an_older_layout_is_moved_and_used(layout: OldLayout) {
+    let dir = tempfile::tempdir().unwrap();
+    let store_dir = dir.path().join(store::SNAPSHOT_STORE);
+    let tickets_in_snapshot = four_offers_three_in_a_snapshot(dir.path()).await;
+    let (meta, data) = split_image_file(dir.path());
+    std::fs::remove_file(dir.path().join(store::SNAPSHOT_FILE)).unwrap();
+    keep_as_an_older_version(dir.path(), layout, &meta, &data).await;
 
     {
         let (_log, mut sm) = reopen(dir.path()).await;
@@ -275,11 +286,10 @@ async fn a_snapshot_kept_packed_in_the_snapshot_store_is_moved_and_used() {
     a_snapshot_in_an_older_layout_is_moved_and_used(OldLayout::StoreImage).await;
 }
 
-/// A node upgraded, rolled back to the previous version (which went on keeping snapshots in
-/// its snapshot store) and upgraded again finds an older image in the file than in the store:
-/// the newer one is kept, whichever place it is in.
-#[tokio::test]
-async fn after_a_rollback_the_newer_snapshot_of_store_and_file_is_kept() {
+/// A node upgraded, rolled back to an earlier version (which went on keeping snapshots where it
+/// did) and upgraded again finds an older image in the file than in the old place: the newer
+/// one is kept, whichever place it is in.
+async fn after_a_rollback_the_newer_snapshot_is_kept(layout: OldLayout) {
     let dir = tempfile::tempdir().unwrap();
     let store_dir = dir.path().join(store::SNAPSHOT_STORE);
     four_offers_three_in_a_snapshot(dir.path()).await;
@@ -294,19 +304,31 @@ async fn after_a_rollback_the_newer_snapshot_of_store_and_file_is_kept() {
             .await
             .unwrap();
     }
-    // The rolled-back version's newer snapshot (of four offers) in its store; the file holds the
-    // upgrade's older one (of three).
+    // The rolled-back version's newer snapshot (of four offers) where it kept it; the file holds
+    // the upgrade's older one (of three).
     let (meta, data) = split_image_file(dir.path());
-    pack_into_store(&store_dir, &meta, &data).await;
+    keep_as_an_older_version(dir.path(), layout, &meta, &data).await;
     std::fs::write(&file, older_file).unwrap();
 
-    let (_log, sm) = reopen(dir.path()).await;
+    let (_log, mut sm) = reopen(dir.path()).await;
     assert_eq!(
         sm.read().last_applied.map(|id| id.index),
         Some(4),
-        "the store's newer snapshot was kept"
+        "{layout:?}: the newer snapshot was kept"
     );
+    let current = sm.get_current_snapshot().await.unwrap().unwrap();
+    assert_eq!(current.meta.last_log_id.map(|id| id.index), Some(4));
     assert!(!store_dir.exists());
+}
+
+#[tokio::test]
+async fn after_a_rollback_the_newer_snapshot_of_store_and_file_is_kept() {
+    after_a_rollback_the_newer_snapshot_is_kept(OldLayout::StoreImage).await;
+}
+
+#[tokio::test]
+async fn after_a_rollback_the_newer_snapshot_of_log_tree_and_file_is_kept() {
+    after_a_rollback_the_newer_snapshot_is_kept(OldLayout::LogTree).await;
 }
 
 /// A snapshot store whose deletion a crash cut short (renamed first, so never opened again) is
@@ -511,6 +533,26 @@ async fn a_build_finishing_after_a_newer_install_leaves_the_newer_snapshot_on_di
     assert_eq!(applied.map(|id| id.index), Some(newer));
 }
 
+/// A snapshot older than the state is never installed over it (openraft sends none; were one
+/// to come, the state would move back and entries after it be applied twice): the install
+/// fails, and the state and the stored snapshot stay as they were.
+#[tokio::test]
+async fn a_snapshot_older_than_the_state_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    four_offers_three_in_a_snapshot(dir.path()).await;
+    let (_log, mut sm) = reopen(dir.path()).await;
+    let old = sm.get_current_snapshot().await.unwrap().unwrap();
+    assert_eq!(old.meta.last_log_id.map(|id| id.index), Some(3));
+    sm.apply(vec![offer(4, "k4")]).await.unwrap();
+    let data = old.snapshot.into_inner();
+    assert!(sm
+        .install_snapshot(&old.meta, Box::new(std::io::Cursor::new(data)))
+        .await
+        .is_err());
+    assert_eq!(sm.read().last_applied.map(|id| id.index), Some(4));
+    assert_eq!(sm.read().state.handoff.tickets().count(), 4);
+}
+
 /// openraft purges the log up to a snapshot from the leader as soon as it hands the snapshot to
 /// the state machine, without waiting for the install. A node killed while the install still
 /// writes must restart from its old snapshot and the entries after it: the purge waits until the
@@ -674,7 +716,35 @@ async fn a_committed_entry_gone_from_the_log_stops_the_node() {
         }
     };
     assert!(
-        error.contains("lost entry 3") && error.contains("committed index is 4"),
+        error.contains("lost entry 3") && error.contains("entries up to 4 were committed"),
+        "{error}"
+    );
+}
+
+/// The committed pointer is saved lazily (and not when a snapshot is installed), so it may lag
+/// far behind; the durable snapshot covers committed entries only. A hole at or below the
+/// snapshot's end is refused the same way, with no committed pointer saved at all.
+#[tokio::test]
+async fn an_entry_the_snapshot_covers_gone_from_the_log_stops_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    four_offers_three_in_a_snapshot(dir.path()).await;
+    {
+        let db = raw_sled(dir.path()).await;
+        db.open_tree(b"log")
+            .unwrap()
+            .remove(2u64.to_be_bytes())
+            .unwrap()
+            .expect("entry 2 was stored");
+        db.flush().unwrap();
+    }
+    let error = retry_open("reopen the stores", || match store::open(dir.path()) {
+        Ok(_) => Err("a log that lost entry 2 of the snapshot's 3 was opened".to_string()),
+        Err(error) if error.to_string().contains("lost entry") => Ok(error.to_string()),
+        Err(error) => Err(error.to_string()),
+    })
+    .await;
+    assert!(
+        error.contains("lost entry 2") && error.contains("entries up to 3 were committed"),
         "{error}"
     );
 }

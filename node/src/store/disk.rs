@@ -77,6 +77,16 @@ impl Disk {
         self.file.sync_data()
     }
 
+    /// How many blob files were synced (tests).
+    #[cfg(test)]
+    pub(super) fn synced_blobs(&self) -> usize {
+        self.blobs
+            .synced
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
     /// [`Disk::sync_blocking`] on tokio's blocking pool.
     pub(super) async fn sync(&self) -> io::Result<()> {
         let disk = self.clone();

@@ -42,10 +42,6 @@ impl ImageFile {
         }
     }
 
-    pub(super) fn exists(&self) -> io::Result<bool> {
-        self.path.try_exists()
-    }
-
     /// Makes `meta` and `data` the stored image, durably (blocking).
     pub(super) fn write(&self, meta: &[u8], data: &[u8]) -> io::Result<()> {
         let mut header = Vec::with_capacity(HEADER);
@@ -139,7 +135,6 @@ mod tests {
     fn no_file_is_no_image() {
         let dir = tempfile::tempdir().expect("tempdir");
         let image = ImageFile::new(dir.path());
-        assert!(!image.exists().expect("exists"));
         assert_eq!(image.read().expect("read"), None);
     }
 

@@ -105,9 +105,13 @@ fn move_snapshot_tree(log: &Disk, image: &ImageFile) -> io::Result<()> {
     let tree = db.open_tree(SNAPSHOT_TREE).map_err(io::Error::other)?;
     let meta = tree.get(b"meta").map_err(io::Error::other)?;
     let data = tree.get(b"data").map_err(io::Error::other)?;
-    if let (Some(meta), Some(data), false) = (meta, data, image.exists()?) {
-        image.write(&meta, &data)?;
-        tracing::info!("moved the snapshot from the log's database to its image file");
+    if let (Some(meta), Some(data)) = (meta, data) {
+        // An image may be there and older: this build ran, then the oldest one again (which
+        // snapshots into the tree and purges the log past the image).
+        if newer_than_image(&meta, image)? {
+            image.write(&meta, &data)?;
+            tracing::info!("moved the snapshot from the log's database to its image file");
+        }
     }
     db.drop_tree(SNAPSHOT_TREE).map_err(io::Error::other)?;
     log.sync_blocking()

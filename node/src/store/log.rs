@@ -54,6 +54,15 @@ impl LogStore {
             recent: Arc::default(),
         };
         store.drop_entries_after_a_hole()?;
+        // What sled read back may be what a killed process left in the page cache, never
+        // synced: an entry it was appending, a vote it was saving. openraft trusts both (an
+        // entry the leader sends again is found there and not appended, so not synced; a
+        // candidate asking again for a vote granted is granted without a save), and would
+        // answer on them before anything syncs them: a power loss then would take an entry
+        // the leader counted as stored, or a vote granted. So everything is made durable once,
+        // before Raft reads any of it.
+        disk.sync_blocking()
+            .map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Write, e))?;
         Ok(store)
     }
 
@@ -69,10 +78,12 @@ impl LogStore {
     /// would have.
     ///
     /// The committed pointer is saved only after its entries were synced (openraft 0.9 awaits
-    /// each append's callback before its next command), so a hole at or below it means that
-    /// entries reported stored are gone — a damaged disk, a deleted file, a data dir copied
-    /// while its node ran. Such a node must not go on: it could vote for a candidate that
-    /// lacks committed entries. It refuses to start instead, saying so.
+    /// each append's callback before its next command), and the durable snapshot covers only
+    /// committed entries, so a hole at or below either means that entries reported stored are
+    /// gone — a damaged disk, a deleted file, a data dir copied while its node ran. (The
+    /// pointer is saved lazily, and not at all when a snapshot is installed: the snapshot's
+    /// end may be the further of the two.) Such a node must not go on: it could vote for a
+    /// candidate that lacks committed entries. It refuses to start instead, saying so.
     fn drop_entries_after_a_hole(&self) -> Result<(), StorageError> {
         let error = |e| io_error(ErrorSubject::Logs, ErrorVerb::Read, e);
         let last_purged: Option<LogId> = self.read_meta(LAST_PURGED, ErrorSubject::Logs)?;
@@ -102,7 +113,8 @@ impl LogStore {
         };
         let committed: Option<LogId> = self
             .read_meta::<Option<LogId>>(COMMITTED, ErrorSubject::Store)?
-            .flatten();
+            .flatten()
+            .max(self.cover.durable());
         if let Some(committed) = committed.filter(|committed| committed.index >= missing) {
             return Err(io_error(
                 ErrorSubject::Logs,
@@ -110,9 +122,9 @@ impl LogStore {
                 std::io::Error::new(
                     std::io::ErrorKind::InvalidData,
                     format!(
-                        "the Raft log lost entry {missing}, which was stored and committed (the \
-                 committed index is {}): this data dir is damaged; replace the node as a dead \
-                 one (docs/operations.md, \"Replacing a dead node\")",
+                        "the Raft log lost entry {missing}, which was stored and committed \
+                 (entries up to {} were committed): this data dir is damaged; replace the node \
+                 as a dead one (docs/operations.md, \"Replacing a dead node\")",
                         committed.index
                     ),
                 ),
@@ -123,10 +135,8 @@ impl LogStore {
             "the log lost entry {missing} in a crash but kept later ones; dropping them (never \
              reported stored)"
         );
-        self.remove_range(index_key(missing).., Removal::NewestFirst)?;
-        self.disk
-            .sync_blocking()
-            .map_err(|e| io_error(ErrorSubject::Logs, ErrorVerb::Delete, e))
+        // Made durable with the rest of what was opened (`LogStore::new`).
+        self.remove_range(index_key(missing).., Removal::NewestFirst)
     }
 
     fn recent(&self) -> MutexGuard<'_, Recent> {
@@ -393,5 +403,28 @@ mod tests {
         let state = log.get_log_state().await.unwrap();
         assert_eq!(state.last_purged_log_id, Some(log_id(9)));
         assert_eq!(state.last_log_id, Some(log_id(9)));
+    }
+
+    /// What a killed process wrote but never synced is read back from the page cache when the
+    /// node starts again; opening the log makes it durable before Raft can act on it.
+    #[test]
+    fn opening_the_log_makes_what_sled_read_back_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let disk = Disk::new(db.clone(), dir.path()).unwrap();
+        // An entry large enough for a blob file of its own, flushed by sled (which never syncs
+        // blob files) and not synced: as a process killed inside an append leaves it.
+        db.open_tree("log")
+            .unwrap()
+            .insert(1u64.to_be_bytes(), vec![7u8; 1 << 20])
+            .unwrap();
+        db.flush().unwrap();
+        assert_eq!(disk.synced_blobs(), 0);
+        LogStore::new(&disk, Cover::new(None)).unwrap();
+        assert_eq!(
+            disk.synced_blobs(),
+            1,
+            "the entry's blob file was not synced"
+        );
     }
 }

@@ -388,6 +388,21 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     ) -> Result<(), StorageError> {
         let data = snapshot.into_inner();
         let len = data.len();
+        // openraft installs only a snapshot past what is committed. Were one older than the state
+        // to arrive anyway, installing it would move the state back, and re-applying from it
+        // would apply entries twice: stop instead.
+        let applied = self.read().last_applied;
+        if applied.is_some() && applied > meta.last_log_id {
+            self.cover.abandoned();
+            return Err(io_error(
+                ErrorSubject::Snapshot(Some(meta.signature())),
+                ErrorVerb::Write,
+                std::io::Error::other(format!(
+                    "a snapshot ending at {:?} is older than the state, applied to {applied:?}",
+                    meta.last_log_id
+                )),
+            ));
+        }
         let installed = async {
             // Decoding a large state takes a while (~0.3–1 s per million leases), and the
             // write lock may wait for a backup's copy: on a blocking thread, not on one of the
