@@ -403,7 +403,9 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
             raft_wire::answer(&handover::on_timeout_now(raft, &local.contact, request).await)
         }
         Kind::PreVote => {
-            let request = codec::decode(&body).map_err(undecodable)?;
+            let request: pre_vote::PreVote = codec::decode(&body).map_err(undecodable)?;
+            // A peer that no longer hears a leader: a second witness of a stall this node saw.
+            local.progress.corroborate(request.from, local.timing.lease);
             raft_wire::answer(&pre_vote::on_pre_vote(
                 raft,
                 &local.contact,

@@ -26,6 +26,15 @@
 //! other followers, which saw the same leader stall, say yes once their own refusals ran out their
 //! leases, and one of them becomes the next leader.
 //!
+//! The followers' refusals must overlap for that. Each judges on its own copy of the leader's
+//! messages, so their judgements can be a lease or more apart (a busy machine); a refusal that
+//! ran out is followed by [`STALL_LEASES`] of judging afresh, so two followers could go on
+//! refusing in turn, each pre-vote meeting a peer that still hears the leader (seen: ~28 s of
+//! it). So a pre-vote from a peer, which no longer hears a leader, counts as a second witness: a
+//! voter that has watched its leader stall for [`CORROBORATED_STALL_LEASES`] starts refusing it
+//! then (and says no to that pre-vote, having heard the leader just now; it says yes to the
+//! next).
+//!
 //! Refusing messages is losing them, which Raft tolerates at any time: safety is unchanged. A
 //! leader that commits again with the other voters (its links were slow for a moment) is taken
 //! again at its next message. With the other follower down, this voter is the only one the
@@ -45,6 +54,10 @@ use crate::types::NodeId;
 /// stalled (if its followers' answers do not reach it). Two, not one: a wrongly deposed leader
 /// costs an election.
 pub const STALL_LEASES: u32 = 2;
+
+/// A leader that holds entries beyond its commit index this many leases without committing is
+/// stalled when a peer's pre-vote says that peer no longer hears a leader either.
+pub const CORROBORATED_STALL_LEASES: u32 = 1;
 
 /// How many leases a stalled leader's messages are refused for: one for this voter's lease to run
 /// out, one for its election timer (at most a lease), and two for the other followers' refusals,
@@ -155,6 +168,23 @@ impl Progress {
         }
     }
 
+    /// A peer holds a pre-vote at `now` (it no longer hears a leader): the leader is judged
+    /// stalled, and refused from now on, if it has held entries without committing for
+    /// [`CORROBORATED_STALL_LEASES`] and sent again entries this voter had acknowledged promptly.
+    /// `None` when it is not, or is refused already.
+    pub fn corroborate(&mut self, lease: Duration, now: Instant) -> Option<Stalled> {
+        if self.refusing_until.is_some_and(|until| now < until) {
+            return None;
+        }
+        let since = self.waiting_since?;
+        if !self.resent || now.duration_since(since) <= lease * CORROBORATED_STALL_LEASES {
+            return None;
+        }
+        let until = now + lease * REFUSAL_LEASES;
+        self.refusing_until = Some(until);
+        Some(self.stalled(now, until))
+    }
+
     /// Records that this voter acknowledged `vote`'s log up to `index` (it appended the entries
     /// of an AppendEntries, or matched its heartbeat) in `took`, where the leader waits
     /// `deadline` for the answer; only a prompt answer ([`PROMPT`]) counts.
@@ -213,6 +243,13 @@ impl LeaderWatch {
             _ => {}
         }
         verdict
+    }
+
+    /// [`Progress::corroborate`] now, for a pre-vote of `peer`; the start of a refusal is logged.
+    pub fn corroborate(&self, peer: NodeId, lease: Duration) {
+        if let Some(stalled) = self.progress().corroborate(lease, Instant::now()) {
+            tracing::warn!(%stalled, peer, "leader stalled (a peer's pre-vote bears it out)");
+        }
     }
 
     /// [`Progress::acknowledge`].
@@ -322,6 +359,39 @@ mod tests {
             let at = start + ms(i * 50);
             assert!(progress.judge(&heartbeat(leader, 14, 9), LEASE, at).is_ok());
         }
+    }
+
+    #[test]
+    fn a_peers_pre_vote_bears_out_a_stall_watched_for_one_lease() {
+        let start = Instant::now();
+        let leader = vote(3, 2);
+        let mut progress = waiting(leader, start);
+        // Not yet resent: a leader whose own disk is slow is not judged on a peer's word.
+        assert!(progress.corroborate(LEASE, start + LEASE * 3).is_none());
+        assert!(progress
+            .judge(&entries(leader, 10, 12, 9), LEASE, start + ms(50))
+            .is_ok());
+        // Resent, but watched for less than a lease.
+        assert!(progress.corroborate(LEASE, start + LEASE).is_none());
+        assert!(!progress.refuses(&leader, start + LEASE));
+        // Past a lease (short of the limit this voter judges alone by): refused from then.
+        let at = start + LEASE + ms(1);
+        assert!(at < start + LIMIT);
+        let stalled = progress.corroborate(LEASE, at).unwrap();
+        assert_eq!(stalled.refusing_for, LEASE * REFUSAL_LEASES);
+        assert!(progress.refuses(&leader, at + ms(1)));
+        assert!(progress
+            .judge(&entries(leader, 10, 12, 9), LEASE, at + ms(2))
+            .is_err());
+        assert!(
+            progress.corroborate(LEASE, at + ms(3)).is_none(),
+            "refused already"
+        );
+        // A commit lifts it, as it lifts any refusal, and the watch starts over.
+        assert!(progress
+            .judge(&entries(leader, 13, 13, 12), LEASE, at + ms(4))
+            .is_ok());
+        assert!(progress.corroborate(LEASE, at + ms(5)).is_none());
     }
 
     #[test]
