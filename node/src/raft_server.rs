@@ -404,8 +404,18 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
         }
         Kind::PreVote => {
             let request: pre_vote::PreVote = codec::decode(&body).map_err(undecodable)?;
-            // A peer that no longer hears a leader: a second witness of a stall this node saw.
-            local.progress.corroborate(request.from, local.timing.lease);
+            // A voter that no longer hears a leader: a second witness of a stall this node saw.
+            // (Not any peer: a removed node that still pre-votes would be one for good.)
+            let from_a_voter = raft
+                .metrics()
+                .borrow()
+                .membership_config
+                .membership()
+                .voter_ids()
+                .any(|id| id == request.from);
+            if from_a_voter {
+                local.progress.corroborate(request.from, local.timing.lease);
+            }
             raft_wire::answer(&pre_vote::on_pre_vote(
                 raft,
                 &local.contact,

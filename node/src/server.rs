@@ -108,8 +108,9 @@ pub async fn serve_secured(
     let (log_store, state_machine) =
         store::open_with(&config.data_dir.join("db"), config.watch.history)
             .with_context(|| format!("cannot open storage in {}", config.data_dir.display()))?;
-    // Under the store's lock, so no other node or restore writes here: files of small writes
-    // (`node-id`, `cluster-id`, ...) that a crash interrupted.
+    // Under the store's lock, so no other node writes here (a restore writes its last files
+    // after letting go of that lock, while its unfinished-restore marker keeps nodes from
+    // starting): files of small writes (`node-id`, `cluster-id`, ...) a crash interrupted.
     let removed = durable_file::remove_leftovers(&config.data_dir)?;
     if removed > 0 {
         tracing::info!(removed, "removed files of writes a crash interrupted");

@@ -173,7 +173,15 @@ impl Progress {
     /// [`CORROBORATED_STALL_LEASES`] and sent again entries this voter had acknowledged promptly.
     /// `None` when it is not, or is refused already.
     pub fn corroborate(&mut self, lease: Duration, now: Instant) -> Option<Stalled> {
-        if self.refusing_until.is_some_and(|until| now < until) {
+        if let Some(until) = self.refusing_until {
+            if now < until {
+                return None;
+            }
+            // A refusal ran out and no message of the leader has come since: what was watched
+            // before it says nothing of the leader now, which is judged afresh.
+            self.refusing_until = None;
+            self.waiting_since = None;
+            self.resent = false;
             return None;
         }
         let since = self.waiting_since?;
@@ -387,11 +395,31 @@ mod tests {
             progress.corroborate(LEASE, at + ms(3)).is_none(),
             "refused already"
         );
-        // A commit lifts it, as it lifts any refusal, and the watch starts over.
+        // Once the refusal ran out, a pre-vote before the leader's next message finds nothing
+        // watched since: the leader is judged afresh.
+        let after = at + LEASE * REFUSAL_LEASES;
+        assert!(progress.corroborate(LEASE, after).is_none());
+        assert!(progress.corroborate(LEASE, after + LEASE * 3).is_none());
+        assert!(!progress.refuses(&leader, after + LEASE * 3));
         assert!(progress
-            .judge(&entries(leader, 13, 13, 12), LEASE, at + ms(4))
+            .judge(&entries(leader, 10, 12, 9), LEASE, after + LEASE * 3)
             .is_ok());
-        assert!(progress.corroborate(LEASE, at + ms(5)).is_none());
+        // Watched afresh from that message on: resent, and a lease later borne out again.
+        let again = after + LEASE * 3;
+        progress.acknowledge(&leader, Some(12), QUICK, DEADLINE);
+        assert!(progress
+            .judge(&entries(leader, 10, 12, 9), LEASE, again + ms(1))
+            .is_ok());
+        assert!(
+            progress.corroborate(LEASE, again + ms(2)).is_none(),
+            "watched for less than a lease"
+        );
+        assert!(progress.corroborate(LEASE, again + LEASE + ms(2)).is_some());
+        // A commit lifts the refusal, as it lifts any.
+        assert!(progress
+            .judge(&entries(leader, 13, 13, 12), LEASE, again + LEASE + ms(3))
+            .is_ok());
+        assert!(!progress.refuses(&leader, again + LEASE + ms(4)));
     }
 
     #[test]

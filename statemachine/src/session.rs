@@ -29,8 +29,9 @@ pub const SESSION_IDLE_TTL_MS: u64 = 60 * 60 * 1000;
 pub const MAX_REPLIES_PER_CLIENT: usize = 4096;
 /// Most clients remembered at once; beyond it the longest-idle client is forgotten.
 pub const MAX_CLIENTS: usize = 200_000;
-/// Most bytes of remembered answers (see [`weight`]) in all clients together. Far above any one
-/// answer (a lease of many tasks is a few MiB), so the answer just recorded always fits.
+/// Most bytes of remembered answers (see [`weight`]) in all clients together, give or take the
+/// answer just recorded, which is never the one forgotten to make room (its reply may yet be
+/// lost, and its retry must get it).
 pub const MAX_REPLY_BYTES: u64 = 256 << 20;
 /// What one remembered answer costs besides its encoding: its seq and its place in the table.
 /// Also bounds, through [`MAX_REPLY_BYTES`], how many small answers all clients remember.
@@ -160,7 +161,7 @@ impl Sessions {
         }
         let bytes_after = session.bytes;
         self.reweigh(client_id, bytes_before, bytes_after);
-        while self.bytes > budget && self.forget_heaviest_oldest() {}
+        while self.bytes > budget && self.forget_heaviest_oldest(origin) {}
         while self.clients.len() > MAX_CLIENTS {
             self.evict_idlest();
         }
@@ -182,10 +183,24 @@ impl Sessions {
         self.bytes = self.bytes - before + after;
     }
 
-    /// The client remembering the most bytes forgets its oldest answer; false if no client
-    /// remembers any.
-    fn forget_heaviest_oldest(&mut self) -> bool {
-        let Some(&(before, client_id)) = self.by_bytes.last() else {
+    /// The client remembering the most bytes forgets its oldest answer — unless that is the
+    /// answer to `recorded`, just recorded: then the next heaviest client does. False if no
+    /// other answer is left to forget.
+    fn forget_heaviest_oldest(&mut self, recorded: &Origin) -> bool {
+        let clients = &self.clients;
+        let just_recorded = |client_id: u64| {
+            client_id == recorded.client_id
+                && clients
+                    .get(&client_id)
+                    .and_then(|session| session.replies.keys().next())
+                    == Some(&recorded.seq)
+        };
+        let Some(&(before, client_id)) = self
+            .by_bytes
+            .iter()
+            .rev()
+            .find(|(_, client_id)| !just_recorded(*client_id))
+        else {
             return false;
         };
         let Some(session) = self.clients.get_mut(&client_id) else {
@@ -377,6 +392,31 @@ mod tests {
             assert_eq!(s.lookup(&from(1, seq)), SessionLookup::Seen(answer(seq)));
         }
         assert_eq!(s.lookup(&from(2, 1)), SessionLookup::Forgotten);
+    }
+
+    #[test]
+    fn the_answer_just_recorded_is_never_the_one_forgotten() {
+        const BUDGET: u64 = 64 << 10;
+        let mut s = Sessions::default();
+        // Many clients with an answer of 10 KiB each, nearly filling the budget; then one
+        // answer larger than any of them, which makes its client the heaviest.
+        for client in 1..=5 {
+            s.record_within(&from(client, 1), large(10 << 10), 10, BUDGET);
+        }
+        s.record_within(&from(9, 1), large(20 << 10), 10, BUDGET);
+        assert_eq!(s.lookup(&from(9, 1)), SessionLookup::Seen(large(20 << 10)));
+        assert!(s.bytes() <= BUDGET, "{} bytes remembered", s.bytes());
+        // The next heaviest went instead (ties go to the higher client id).
+        assert_eq!(s.lookup(&from(5, 1)), SessionLookup::Forgotten);
+        assert_accounted(&s);
+        // Alone, an answer over the whole budget is still remembered.
+        let mut alone = Sessions::default();
+        alone.record_within(&from(1, 1), large(100 << 10), 10, BUDGET);
+        assert_eq!(
+            alone.lookup(&from(1, 1)),
+            SessionLookup::Seen(large(100 << 10))
+        );
+        assert_accounted(&alone);
     }
 
     #[test]

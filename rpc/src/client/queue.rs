@@ -541,8 +541,8 @@ mod tests {
     use super::*;
     use crate::client::ClientConfig;
 
-    /// A lease whose limit the store would refuse is refused before it is sent (no node answers
-    /// here: a request sent would end `Unavailable`). Sent and its answer lost, the settling ask
+    /// A lease whose limit the store would refuse is refused before it is sent (no node listens
+    /// at the address: a request sent would end `Unavailable`). Sent and its answer lost, the settling ask
     /// would get that refusal back and take it for its own: "nothing was leased".
     #[tokio::test]
     async fn a_lease_limit_the_store_refuses_is_refused_before_it_is_sent() {
@@ -550,7 +550,11 @@ mod tests {
             deadline: Duration::from_millis(200),
             ..ClientConfig::default()
         };
-        let client = Client::new(&["127.0.0.1:9"], config).unwrap();
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let client = Client::new(&[closed.to_string()], config).unwrap();
         for limit in [0, MAX_LEASE_BATCH + 1] {
             match client.lease("w", &[], limit, 1_000, Duration::ZERO).await {
                 Err(Error::Refused(Refusal::Invalid { field, .. })) => assert_eq!(field, "limit"),
