@@ -206,11 +206,19 @@ impl Node {
 
 /// Whether the node these metrics describe is a voter of its current membership.
 pub(crate) fn is_voter(metrics: &openraft::RaftMetrics<NodeId, openraft::BasicNode>) -> bool {
+    is_voter_id(metrics, metrics.id)
+}
+
+/// Whether node `id` votes in the membership `metrics` show.
+pub(crate) fn is_voter_id(
+    metrics: &openraft::RaftMetrics<NodeId, openraft::BasicNode>,
+    id: NodeId,
+) -> bool {
     metrics
         .membership_config
         .membership()
         .voter_ids()
-        .any(|id| id == metrics.id)
+        .any(|voter| voter == id)
 }
 
 /// The address of member `id` in `raft`'s current membership.

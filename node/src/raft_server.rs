@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::cluster_id::{OwnCluster, Standing};
-use crate::node::is_voter;
+use crate::node::{is_voter, is_voter_id};
 use crate::pre_vote::{self, Contact};
 use crate::raft_wire::{self, Header, Kind};
 use crate::snapshot_chunks::ChunkIntake;
@@ -406,14 +406,7 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
             let request: pre_vote::PreVote = codec::decode(&body).map_err(undecodable)?;
             // A voter that no longer hears a leader: a second witness of a stall this node saw.
             // (Not any peer: a removed node that still pre-votes would be one for good.)
-            let from_a_voter = raft
-                .metrics()
-                .borrow()
-                .membership_config
-                .membership()
-                .voter_ids()
-                .any(|id| id == request.from);
-            if from_a_voter {
+            if is_voter_id(&raft.metrics().borrow(), request.from) {
                 local.progress.corroborate(request.from, local.timing.lease);
             }
             raft_wire::answer(&pre_vote::on_pre_vote(

@@ -105,8 +105,9 @@ impl From<SessionsImage> for Sessions {
 }
 
 /// What remembering `response` costs: its size as a snapshot encodes it, plus [`ENTRY_BYTES`].
-/// Deterministic, so every replica evicts the same answers. It changes only with the encoding of
-/// responses, which the snapshot layout test pins: a change there is an apply-rule change anyway.
+/// Deterministic, so every replica evicts the same answers. It changes with the encoding of
+/// responses, a refusal's wording included: past [`MAX_REPLY_BYTES`] such a change is an
+/// apply-rule change (docs/operations.md, upgrades).
 fn weight(response: &Response) -> u64 {
     let mut size = bincode::enc::write::SizeWriter::default();
     // Encoding into a counter cannot fail: every response is encoded into the log and snapshots.
