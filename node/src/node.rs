@@ -102,6 +102,17 @@ impl Node {
                 infra::SESSION_EXPIRED,
                 "this request is older than the store's session window; its outcome is unknown",
             )),
+            Response::SessionsFull => Err(infra_status(
+                Code::ResourceExhausted,
+                infra::OVERLOADED,
+                format!(
+                    "the store is keeping answers for {} clients, each seen within the last {} \
+                     s, and takes no new client until one of them has been idle that long; \
+                     nothing was done",
+                    baton_statemachine::MAX_CLIENTS,
+                    baton_statemachine::SESSION_RETRY_WINDOW_MS / 1000
+                ),
+            )),
         }
     }
 

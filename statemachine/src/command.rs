@@ -182,4 +182,8 @@ pub enum Response {
     /// so the store cannot tell what it answered the first time. The outcome is unknown; this is
     /// never a contract refusal.
     SessionExpired,
+    /// The request is from a client the session table does not know, and the table is full of
+    /// clients seen too recently to forget (see [`crate::session::SESSION_RETRY_WINDOW_MS`]).
+    /// Nothing was done and nothing recorded: the client may send it again later.
+    SessionsFull,
 }

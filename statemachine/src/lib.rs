@@ -29,7 +29,10 @@ mod validate;
 pub use change::{Change, ChangeFilter, ChangeKind, ChangeValue, Permit, Primitive};
 pub use command::{Command, Envelope, Origin, Reply, Response, Stamp};
 pub use error::Refusal;
-pub use session::{SessionLookup, Sessions, MAX_REPLIES_PER_CLIENT, SESSION_IDLE_TTL_MS};
+pub use session::{
+    SessionLookup, Sessions, MAX_CLIENTS, MAX_REPLIES_PER_CLIENT, SESSION_IDLE_TTL_MS,
+    SESSION_RETRY_WINDOW_MS,
+};
 pub use state::{apply, apply_with_changes, State, MAX_FENCE_RAISE};
 pub use time::{deadline_after, is_overdue};
 pub use validate::read_key;

@@ -16,6 +16,11 @@
 //! (outcome unknown) and is never applied a second time; so is a request of that client older
 //! than the answer forgotten that was not applied yet (stuck in a failover, say), which then never
 //! runs. Only the client remembering the most, past 256 MiB, can meet this.
+//!
+//! A whole client is forgotten only once idle: after an hour, or, when [`MAX_CLIENTS`] crowd the
+//! table, after [`SESSION_RETRY_WINDOW_MS`]. A retry of a forgotten client's request would find
+//! no session and be applied again, so a new client that finds the table full of clients seen
+//! more recently is turned away (it waits, as for a busy node) rather than one of them forgotten.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -27,8 +32,14 @@ use crate::command::{Origin, Response};
 pub const SESSION_IDLE_TTL_MS: u64 = 60 * 60 * 1000;
 /// Most unacknowledged responses remembered per client.
 pub const MAX_REPLIES_PER_CLIENT: usize = 4096;
-/// Most clients remembered at once; beyond it the longest-idle client is forgotten.
+/// Most clients remembered at once; beyond it the longest-idle client is forgotten, if it has
+/// been idle for [`SESSION_RETRY_WINDOW_MS`] (see [`Sessions::admits`]).
 pub const MAX_CLIENTS: usize = 200_000;
+/// A client seen this recently, in store time, is never forgotten to make room for a new one: it
+/// may still be retrying a request whose answer was lost, and its retry, finding no session,
+/// would be applied a second time. The new client is turned away instead, until the longest-idle
+/// client has been idle this long. Twenty times a client's default deadline (15 s).
+pub const SESSION_RETRY_WINDOW_MS: u64 = 5 * 60 * 1000;
 /// Most bytes of remembered answers (see [`weight`]) in all clients together, give or take the
 /// answer just recorded, which is never the one forgotten to make room (its reply may yet be
 /// lost, and its retry must get it).
@@ -128,6 +139,18 @@ impl Sessions {
             Some(response) => SessionLookup::Seen(response.clone()),
             None => SessionLookup::New,
         }
+    }
+
+    /// Whether a request from `origin` may be applied at store time `clock_ms`: always from a
+    /// client the table knows; from a new one while the table has room, or its longest-idle
+    /// client (the one to be forgotten to make room) has been idle for
+    /// [`SESSION_RETRY_WINDOW_MS`].
+    pub fn admits(&self, origin: &Origin, clock_ms: u64) -> bool {
+        self.clients.len() < MAX_CLIENTS
+            || self.clients.contains_key(&origin.client_id)
+            || self.by_idle.first().is_some_and(|&(last_seen, _)| {
+                last_seen.saturating_add(SESSION_RETRY_WINDOW_MS) <= clock_ms
+            })
     }
 
     /// Remembers the response to a newly applied request.

@@ -83,6 +83,13 @@ pub fn apply_with_changes(state: &mut State, envelope: &Envelope) -> (Response, 
     let response = match state.sessions.lookup(origin) {
         SessionLookup::Seen(first) => first,
         SessionLookup::Forgotten => Response::SessionExpired,
+        SessionLookup::New
+            if !state
+                .sessions
+                .admits(origin, state.clock_ms.max(envelope.stamp.now_ms)) =>
+        {
+            Response::SessionsFull
+        }
         SessionLookup::New => {
             let answer = execute(state, &envelope.stamp, &envelope.command, &mut changes);
             let response = Response::Answer(answer);

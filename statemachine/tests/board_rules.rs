@@ -160,7 +160,7 @@ impl World {
 fn answer(response: Response) -> Result<Reply, Refusal> {
     match response {
         Response::Answer(result) => result,
-        Response::SessionExpired => panic!("unexpected SessionExpired"),
+        other => panic!("unexpected {other:?}"),
     }
 }
 

@@ -278,7 +278,7 @@ fn resource_name(resource: &str) -> &'static str {
 fn answer(response: Response) -> Result<Reply, Refusal> {
     match response {
         Response::Answer(result) => result,
-        Response::SessionExpired => panic!("unexpected SessionExpired"),
+        other => panic!("unexpected {other:?}"),
     }
 }
 

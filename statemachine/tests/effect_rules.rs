@@ -48,7 +48,7 @@ impl World {
         };
         match self.send_raw(stamp, Some(origin), Command::Effect(command)) {
             Response::Answer(result) => result,
-            Response::SessionExpired => panic!("unexpected SessionExpired"),
+            other => panic!("unexpected {other:?}"),
         }
     }
 

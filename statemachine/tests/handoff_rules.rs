@@ -9,7 +9,8 @@ use baton_statemachine::limits::{
     MAX_ADDRESS_BYTES, MAX_AGENT_BYTES, MAX_KEY_BYTES, MAX_PAYLOAD_BYTES,
 };
 use baton_statemachine::{
-    apply, Command, Envelope, Origin, Refusal, Reply, Response, Stamp, State,
+    apply, Command, Envelope, Origin, Refusal, Reply, Response, Stamp, State, MAX_CLIENTS,
+    SESSION_RETRY_WINDOW_MS,
 };
 
 const T0: u64 = 1_000_000;
@@ -127,7 +128,7 @@ impl World {
 fn answer(response: Response) -> Result<Reply, Refusal> {
     match response {
         Response::Answer(result) => result,
-        Response::SessionExpired => panic!("unexpected SessionExpired"),
+        other => panic!("unexpected {other:?}"),
     }
 }
 
@@ -1384,6 +1385,68 @@ fn acknowledged_requests_are_forgotten_and_answer_session_expired_without_effect
             Command::Handoff(take("other", "bob"))
         ),
         Response::Answer(Err(Refusal::UnknownKey)),
+    );
+}
+
+#[test]
+fn a_client_seen_within_the_retry_window_is_never_forgotten_to_make_room() {
+    // The offer at T0 made client 42 known too.
+    let mut w = offered(60 * 60 * 1000);
+    // Client 1 wins the take; its reply is lost.
+    let winner = Origin {
+        client_id: 1,
+        seq: 1,
+        acked_below: 0,
+    };
+    let take_k = Command::Handoff(take("k", "bob"));
+    let at = |now_ms| Stamp {
+        now_ms,
+        entropy: u128::from(now_ms),
+    };
+    let won = w.send_raw(at(T0 + 1), Some(winner), take_k.clone());
+    assert!(
+        matches!(won, Response::Answer(Ok(Reply::Handle(_)))),
+        "{won:?}"
+    );
+    // The table fills with other clients (each refused, which is remembered like any answer).
+    let other = |client_id| Origin {
+        client_id,
+        seq: 1,
+        acked_below: 0,
+    };
+    let unknown = Command::Handoff(take("nothing-here", "x"));
+    // (Ids clear of 1 and 42: the winner and the offerer.)
+    for n in 2..MAX_CLIENTS as u64 {
+        let answer = w.send_raw(at(T0 + 2), Some(other(1_000 + n)), unknown.clone());
+        assert_eq!(answer, Response::Answer(Err(Refusal::UnknownKey)));
+    }
+    assert_eq!(w.state.sessions.len(), MAX_CLIENTS);
+    // A new client is turned away while every known one was seen within the window, and
+    // nothing is done or remembered for it...
+    let before = w.state.clone();
+    let crowded = at(T0 + SESSION_RETRY_WINDOW_MS - 1);
+    assert_eq!(
+        w.send_raw(crowded, Some(other(2_000_001)), take_k.clone()),
+        Response::SessionsFull
+    );
+    assert_eq!(w.state, before, "a client turned away changes nothing");
+    // ...so the winner's retry still gets its win, not TAKEN.
+    assert_eq!(w.send_raw(crowded, Some(winner), take_k.clone()), won);
+    // Once the longest-idle client (42) has been idle for the window, it makes room.
+    let later = at(T0 + SESSION_RETRY_WINDOW_MS);
+    assert_eq!(
+        w.send_raw(later, Some(other(2_000_001)), unknown.clone()),
+        Response::Answer(Err(Refusal::UnknownKey))
+    );
+    assert_eq!(w.state.sessions.len(), MAX_CLIENTS);
+    assert_eq!(w.send_raw(later, Some(winner), take_k.clone()), won);
+    // The winner too, once idle that long: the documented limit of the window.
+    let much_later = at(T0 + 1 + SESSION_RETRY_WINDOW_MS);
+    w.send_raw(much_later, Some(other(2_000_002)), unknown);
+    let retry = at(T0 + 2 + SESSION_RETRY_WINDOW_MS);
+    assert_eq!(
+        w.send_raw(retry, Some(winner), take_k),
+        Response::Answer(Err(Refusal::Taken))
     );
 }
 

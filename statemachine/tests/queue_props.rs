@@ -233,7 +233,7 @@ impl Harness {
         self.last_request = Some((envelope, response.clone()));
         match response {
             Response::Answer(result) => result,
-            Response::SessionExpired => panic!("unexpected SessionExpired"),
+            other => panic!("unexpected {other:?}"),
         }
     }
 

@@ -39,7 +39,7 @@ impl World {
         };
         match apply(&mut self.state, &envelope) {
             Response::Answer(answer) => answer,
-            Response::SessionExpired => panic!("session expired"),
+            other => panic!("unexpected {other:?}"),
         }
     }
 

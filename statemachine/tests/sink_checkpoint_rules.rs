@@ -40,7 +40,7 @@ impl World {
         };
         match apply(&mut self.state, &envelope) {
             Response::Answer(result) => result,
-            Response::SessionExpired => panic!("unexpected SessionExpired"),
+            other => panic!("unexpected {other:?}"),
         }
     }
 

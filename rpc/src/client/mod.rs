@@ -83,7 +83,9 @@ pub(crate) use queue::Leased;
 /// Timeouts of a [`Client`].
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
-    /// How long one call (with all its retries) may take before it fails.
+    /// How long one call (with all its retries) may take before it fails. Keep it well under
+    /// [`baton_statemachine::SESSION_RETRY_WINDOW_MS`] (5 minutes): a store crowded with new
+    /// clients may forget a client idle that long, and a retry after that is applied afresh.
     pub deadline: Duration,
     /// How long one attempt against one node may take before the client tries elsewhere.
     pub attempt_timeout: Duration,
