@@ -206,7 +206,9 @@ pub enum Error {
         /// The last failure seen.
         last: String,
     },
-    /// The store no longer remembers this request, so its outcome cannot be told.
+    /// The write's outcome cannot be told: the store no longer remembers the request, or an
+    /// earlier attempt went unanswered and the last one was turned away by a node before the
+    /// store judged it (a token or a size limit that node does not accept).
     #[error("outcome unknown: {0}")]
     OutcomeUnknown(String),
     /// The server rejected an administrative request or failed; `code` is its stable code.

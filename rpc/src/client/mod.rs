@@ -494,17 +494,34 @@ impl Client {
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let sent = AtomicBool::new(retry);
+        let sent_before = AtomicBool::new(retry);
         // The wait for the window counts against the call's deadline.
-        self.call_waiting(started, wait, |channel| {
-            let header = RequestHeader {
-                client_id: request.session.client_id,
-                seq: request.seq,
-                acked_below: request.acked_below,
-                retry: sent.swap(true, Ordering::Relaxed),
-            };
-            attempt(header, channel)
-        })
-        .await
+        let answer = self
+            .call_waiting(started, wait, |channel| {
+                let retry = sent.swap(true, Ordering::Relaxed);
+                sent_before.store(retry, Ordering::Relaxed);
+                let header = RequestHeader {
+                    client_id: request.session.client_id,
+                    seq: request.seq,
+                    acked_below: request.acked_below,
+                    retry,
+                };
+                attempt(header, channel)
+            })
+            .await;
+        match answer {
+            // One node's own refusal to take the request (its credentials, its size limits: nodes
+            // may differ during a rolling restart) says nothing of an earlier attempt, which may
+            // have been applied: only the store's judgement (a refusal, the session table's
+            // answer) or a success settles that.
+            Err(Error::Server { code, message }) if sent_before.load(Ordering::Relaxed) => {
+                Err(Error::OutcomeUnknown(format!(
+                    "{code}: {message} (an earlier attempt of this write went unanswered and may \
+                     have been applied)"
+                )))
+            }
+            answer => answer,
+        }
     }
 
     /// Runs one call against the leader, following redirects and retrying infrastructure
@@ -960,6 +977,70 @@ mod connection_tests {
             }
         });
         (addr, accepted)
+    }
+
+    /// A node whose sink refuses every write the way a node refuses a token it does not accept.
+    struct Unauthenticating;
+
+    #[tonic::async_trait]
+    impl crate::proto::sink_server::Sink for Unauthenticating {
+        async fn write(
+            &self,
+            _: tonic::Request<crate::proto::SinkWriteRequest>,
+        ) -> Result<tonic::Response<crate::proto::SinkWriteResponse>, Status> {
+            Err(crate::error::infra_status(
+                Code::Unauthenticated,
+                "UNAUTHENTICATED",
+                "this node does not accept the token",
+            ))
+        }
+
+        async fn read(
+            &self,
+            _: tonic::Request<crate::proto::SinkReadRequest>,
+        ) -> Result<tonic::Response<crate::proto::SinkReadResponse>, Status> {
+            Err(Status::unimplemented("not in this test"))
+        }
+    }
+
+    async fn unauthenticating_node() -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(crate::proto::sink_server::SinkServer::new(Unauthenticating))
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+        );
+        addr
+    }
+
+    /// A node's refusal to take a write says nothing of an earlier attempt that went
+    /// unanswered: that one may have been applied, so the outcome is unknown — not the
+    /// refusal's "nothing was done", on which a host would write again and meet its own write.
+    #[tokio::test]
+    async fn a_node_refusing_a_retry_leaves_the_outcome_unknown() {
+        let config = ClientConfig {
+            deadline: Duration::from_secs(5),
+            attempt_timeout: Duration::from_millis(300),
+            connect_timeout: Duration::from_millis(300),
+        };
+        let refusing = unauthenticating_node().await;
+        // Its refusal of a first attempt is final: nothing was done.
+        let alone = Client::new(std::slice::from_ref(&refusing), config.clone()).unwrap();
+        match alone.write_fenced("r", 1, b"v").await {
+            Err(Error::Server { code, .. }) => assert_eq!(code, "UNAUTHENTICATED"),
+            other => panic!("{other:?}"),
+        }
+        // After a first attempt that went unanswered, the same refusal leaves it unknown.
+        let (silent, _) = silent_node().await;
+        let client = Client::new(&[silent, refusing], config).unwrap();
+        match client.write_fenced("r", 1, b"v").await {
+            Err(error @ Error::OutcomeUnknown(_)) => {
+                assert!(error.outcome_unknown());
+                assert!(error.to_string().contains("UNAUTHENTICATED"), "{error}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[tokio::test]

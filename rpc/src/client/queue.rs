@@ -446,8 +446,8 @@ impl LeasePoll<'_> {
     /// before, the request's own answer comes back; not yet, the refusal is recorded as its
     /// answer, and the request, should it still arrive, gets that refusal and leases nothing.
     /// A request refused when it was applied (an unknown queue) answers its own refusal.
-    /// (A client the session table no longer knows at all — past its 200,000 clients, the
-    /// longest idle is forgotten — would be told nothing was leased.)
+    /// (A client the session table no longer knows at all would be told nothing was leased; it
+    /// forgets a client only once idle for 5 minutes, far beyond a settling ask.)
     pub(crate) async fn settle(&self) -> Result<Leased, Error> {
         let asked = self
             .ask(0, Duration::ZERO, true, std::time::Instant::now())
