@@ -2,7 +2,7 @@
 
 use baton_statemachine::board::{Task, TaskSpec};
 
-use super::{answered, Client, MAX_ANSWER_BYTES};
+use super::{answered, credential, Client, MAX_ANSWER_BYTES};
 use crate::batch;
 use crate::convert;
 use crate::error::Error;
@@ -51,7 +51,14 @@ impl Client {
                 channel.unary(batch::BOARD_CLAIM, request)
             })
             .await?;
-        answered(reply.task, "claim", "a task").map(convert::task_from_proto)
+        let task = answered(reply.task, "claim", "a task").map(convert::task_from_proto)?;
+        let lease = task.lease.as_ref();
+        credential(
+            "claim",
+            lease.map_or("", |l| l.token.as_str()),
+            lease.map_or(0, |l| l.fence),
+        )?;
+        Ok(task)
     }
 
     /// Gives a live claim back (`LeaseLost` unless `token` is the current one).

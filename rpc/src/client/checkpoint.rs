@@ -35,6 +35,12 @@ impl Client {
                 async move { CheckpointClient::new(channel).load(request).await }
             })
             .await?;
+        // Every save has a seq above 0; nothing saved is NOT_FOUND, never an empty checkpoint.
+        if reply.seq == 0 {
+            return Err(Error::Protocol(format!(
+                "load answered a checkpoint of {run} with seq 0"
+            )));
+        }
         Ok(Checkpoint {
             seq: reply.seq,
             data: reply.data,

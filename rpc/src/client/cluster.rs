@@ -149,7 +149,15 @@ impl Client {
                         state.reserve(announced.min(MAX_ANSWER_BYTES));
                         meta = Some(m);
                     }
-                    (Some(snapshot_part::Part::Chunk(chunk)), Some(_)) => {
+                    (Some(snapshot_part::Part::Chunk(chunk)), Some(m)) => {
+                        // Never held beyond what was announced, whatever the stream carries.
+                        if (state.len() + chunk.len()) as u64 > m.state_bytes {
+                            return Err(Error::Protocol(format!(
+                                "the snapshot stream carried more than the {} bytes of state \
+                                 announced",
+                                m.state_bytes
+                            )));
+                        }
                         state.extend_from_slice(&chunk)
                     }
                     _ => {

@@ -4,7 +4,7 @@ use baton_statemachine::effect::{
     Action, ActionView, EffectLease, Outcome, Reconcile, Resolution, Resolved,
 };
 
-use super::{answered, decoded, Client};
+use super::{answered, credential, decoded, Client};
 use crate::convert;
 use crate::error::Error;
 use crate::proto;
@@ -24,7 +24,11 @@ impl Client {
                 async move { EffectClient::new(channel).acquire(request).await }
             })
             .await?;
-        decoded(convert::outcome_from_proto(reply.outcome), "acquire")
+        let outcome = decoded(convert::outcome_from_proto(reply.outcome), "acquire")?;
+        if let Outcome::Granted(lease) = &outcome {
+            credential("acquire", &lease.holder, lease.fence)?;
+        }
+        Ok(outcome)
     }
 
     /// Records the attempt's result; the first completion wins and a repeat gets the first

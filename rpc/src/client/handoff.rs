@@ -2,7 +2,7 @@
 
 use baton_statemachine::handoff::{Handle, OfferArgs, Receipt, Ticket};
 
-use super::{Client, MAX_ANSWER_BYTES};
+use super::{credential, Client, MAX_ANSWER_BYTES};
 use crate::batch;
 use crate::convert;
 use crate::error::Error;
@@ -55,10 +55,12 @@ impl Client {
                 channel.unary(batch::HANDOFF_TAKE, request)
             })
             .await?;
-        reply
+        let handle = reply
             .handle
             .map(convert::handle_from_proto)
-            .ok_or_else(|| Error::Protocol("take answered without a handle".into()))
+            .ok_or_else(|| Error::Protocol("take answered without a handle".into()))?;
+        credential("take", &handle.token, handle.fence)?;
+        Ok(handle)
     }
 
     /// Settles a taken ticket with a receipt, presenting the take's token.

@@ -705,6 +705,17 @@ fn answered<T>(message: Option<T>, call: &str, what: &str) -> Result<T, Error> {
     message.ok_or_else(|| Error::Protocol(format!("{call} answered without {what}")))
 }
 
+/// A grant's credential as the store mints it: a token (or holder) and a fence of at least 1.
+/// An empty one, from a broken server, would be presented back and refused, or fence nothing.
+fn credential(call: &str, token: &str, fence: u64) -> Result<(), Error> {
+    if token.is_empty() || fence == 0 {
+        return Err(Error::Protocol(format!(
+            "{call} answered a grant without its credential (token {token:?}, fence {fence})"
+        )));
+    }
+    Ok(())
+}
+
 /// A decoded answer. A value the client cannot decode is the server's fault, reported as a
 /// protocol error and never as a contract refusal.
 fn decoded<T>(result: Result<T, Refusal>, call: &str) -> Result<T, Error> {
@@ -813,6 +824,9 @@ fn final_error(status: &Status) -> Error {
         },
     }
 }
+
+#[cfg(test)]
+mod broken_server_tests;
 
 #[cfg(test)]
 mod classify_tests {

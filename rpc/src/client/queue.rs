@@ -140,7 +140,13 @@ impl Client {
                 .await?;
             tasks.extend(page.tasks);
             match page.next_after_id {
-                Some(next) => after_id = next,
+                Some(next) if next > after_id => after_id = next,
+                // Pages only go forward: a node that says otherwise would be asked for ever.
+                Some(next) => {
+                    return Err(Error::Protocol(format!(
+                        "the task listing went back from id {after_id} to {next}"
+                    )))
+                }
                 None => return Ok(tasks),
             }
         }
@@ -437,7 +443,20 @@ impl LeasePoll<'_> {
     /// Sends the request and waits for its answer (at most its wait beyond the deadline).
     pub(crate) async fn send(&self) -> Result<Leased, Error> {
         let reply = self.ask(self.limit, self.wait, false, self.started).await?;
-        Ok(Leased::from_reply(reply))
+        self.within_limit(Leased::from_reply(reply))
+    }
+
+    /// `leased`, unless it holds more than the request's limit: a worker runs one handler per
+    /// assignment, and its limit is what keeps them within its slots.
+    fn within_limit(&self, leased: Leased) -> Result<Leased, Error> {
+        if leased.assignments.len() > self.limit as usize {
+            return Err(Error::Protocol(format!(
+                "lease answered {} assignments to a request for at most {}",
+                leased.assignments.len(),
+                self.limit
+            )));
+        }
+        Ok(leased)
     }
 
     /// What the request leased, whether or not an earlier [`LeasePoll::send`] of it got there
@@ -453,7 +472,7 @@ impl LeasePoll<'_> {
             .ask(0, Duration::ZERO, true, std::time::Instant::now())
             .await;
         match asked {
-            Ok(reply) => Ok(Leased::from_reply(reply)),
+            Ok(reply) => self.within_limit(Leased::from_reply(reply)),
             // The settling limit refused: the first request was not applied, and leases nothing.
             Err(Error::Refused(Refusal::Invalid { field, .. })) if field == "limit" => Ok(Leased {
                 assignments: Vec::new(),

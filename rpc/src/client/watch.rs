@@ -273,7 +273,11 @@ impl Watcher {
                 }
             };
             match item {
-                Some(Item::Progress(revision)) => self.advance(WatchPosition::at(revision + 1)),
+                // (Saturating: a revision past any log's, from a broken server, must not wrap
+                // to 0, which asks for "from now" on the next reconnect.)
+                Some(Item::Progress(revision)) => {
+                    self.advance(WatchPosition::at(revision.saturating_add(1)))
+                }
                 Some(Item::Event(event)) => match convert::change_from_proto(event) {
                     Ok((revision, index, change)) => {
                         let event = Event {
@@ -424,7 +428,7 @@ impl Watcher {
             match stream.message().await? {
                 Some(proto::WatchResponse {
                     item: Some(Item::Progress(revision)),
-                }) => self.set_next(WatchPosition::at(revision + 1)),
+                }) => self.set_next(WatchPosition::at(revision.saturating_add(1))),
                 other => {
                     return Err(Status::internal(format!(
                         "a watch from now must start with its progress, got {other:?}"
