@@ -39,6 +39,9 @@ enum Door {
     Client,
     /// Cluster administration: counted, never refused.
     Admin,
+    /// A watch: neither limited nor counted (a stream lasts as long as its watcher wants), but a
+    /// request it cannot read is refused in Baton's terms, like any call's.
+    Watch,
     /// Everything else: passed through untouched.
     Open,
 }
@@ -46,7 +49,9 @@ enum Door {
 fn door(path: &str) -> Door {
     if path.starts_with("/baton.v1.Cluster/") {
         Door::Admin
-    } else if path.starts_with("/baton.v1.") && !path.starts_with("/baton.v1.Watch/") {
+    } else if path.starts_with("/baton.v1.Watch/") {
+        Door::Watch
+    } else if path.starts_with("/baton.v1.") {
         Door::Client
     } else {
         Door::Open
@@ -56,7 +61,7 @@ fn door(path: &str) -> Door {
 /// Counts a request the outer gate ([`crate::admission`]) refused before it reached this layer
 /// (a missing token, a closed gate), so those refusals show in the metrics like any other.
 pub(crate) fn count_refusal(path: &str, status: &Status) {
-    if door(path) == Door::Open {
+    if matches!(door(path), Door::Open | Door::Watch) {
         return;
     }
     let method = path.trim_start_matches('/');
@@ -352,6 +357,11 @@ where
         if door == Door::Open {
             return Box::pin(inner.call(request));
         }
+        let limits = self.gate.limits;
+        if door == Door::Watch {
+            let answer = inner.call(request);
+            return Box::pin(async move { Ok(explained(answer.await?, &limits, None)) });
+        }
         let method = path.trim_start_matches('/').to_string();
         let in_flight = metrics().request_started(&method);
         let ticket = match door {
@@ -368,32 +378,39 @@ where
                     }
                 }
             }
-            Door::Admin | Door::Open => None,
+            Door::Admin | Door::Watch | Door::Open => None,
         };
-        let limits = self.gate.limits;
         let answer = inner.call(request);
         Box::pin(async move {
             let response = answer.await?;
             drop(ticket);
             drop(in_flight);
-            // A unary call that failed carries its status in the headers (trailers-only).
-            let Some(status) = Status::from_header_map(response.headers()) else {
-                return Ok(response);
-            };
-            if status.code() == Code::Ok {
-                return Ok(response);
-            }
-            match too_large(&status, &limits).or_else(|| undecodable(&status)) {
-                Some(explained) => {
-                    metrics().request_failed(&method, &explained);
-                    Ok(explained.into_http())
-                }
-                None => {
-                    metrics().request_failed(&method, &status);
-                    Ok(response)
-                }
-            }
+            Ok(explained(response, &limits, Some(&method)))
         })
+    }
+}
+
+/// `response`, or, when it is gRPC's own refusal of a request too large or not decodable,
+/// Baton's typed one; a failure of a counted call's `method` is counted.
+fn explained<R: Default>(
+    response: http::Response<R>,
+    limits: &Limits,
+    method: Option<&str>,
+) -> http::Response<R> {
+    // A call that failed before answering carries its status in the headers (trailers-only).
+    let Some(status) = Status::from_header_map(response.headers()) else {
+        return response;
+    };
+    if status.code() == Code::Ok {
+        return response;
+    }
+    let explained = too_large(&status, limits).or_else(|| undecodable(&status));
+    if let Some(method) = method {
+        metrics().request_failed(method, explained.as_ref().unwrap_or(&status));
+    }
+    match explained {
+        Some(explained) => explained.into_http(),
+        None => response,
     }
 }
 
@@ -456,7 +473,7 @@ mod tests {
         assert_eq!(door("/baton.v1.Handoff/Offer"), Door::Client);
         assert_eq!(door("/baton.v1.Queue/Lease"), Door::Client);
         assert_eq!(door("/baton.v1.Cluster/NodeInfo"), Door::Admin);
-        assert_eq!(door("/baton.v1.Watch/Watch"), Door::Open);
+        assert_eq!(door("/baton.v1.Watch/Watch"), Door::Watch);
         assert_eq!(door("/grpc.health.v1.Health/Check"), Door::Open);
     }
 

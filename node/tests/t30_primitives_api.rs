@@ -560,22 +560,11 @@ async fn a_header_without_a_client_id_or_with_the_last_seq_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undecodable_request_is_refused_as_invalid() {
     let cluster = Cluster::start().await;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", cluster.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut grpc = tonic::client::Grpc::new(channel);
-    grpc.ready().await.unwrap();
+    let mut grpc = support::raw_grpc(&cluster.addr).await;
     let before = cluster.client.tasks().await.unwrap().revision;
-    // A number where a claim has its header (a nested message): not a claim.
-    let not_a_claim = proto::SinkWriteResponse {
-        seen_fence: 5,
-        ..Default::default()
-    };
     let status = grpc
         .unary::<_, proto::ClaimTaskResponse, _>(
-            tonic::Request::new(not_a_claim),
+            tonic::Request::new(support::not_a_request()),
             tonic::codegen::http::uri::PathAndQuery::from_static("/baton.v1.Board/Claim"),
             tonic_prost::ProstCodec::default(),
         )

@@ -647,3 +647,26 @@ async fn the_watch_command_ends_quietly_when_its_reader_goes_away() {
     std::io::Read::read_to_string(&mut watch.stderr.take().unwrap(), &mut stderr).unwrap();
     assert_eq!(status.code(), Some(0), "{stderr}");
 }
+
+/// A watch request the node cannot decode is refused `INVALID_ARGUMENT` on `request`, as every
+/// other call's is (gRPC's own answer is `INTERNAL` with no detail, which says the node failed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_watch_request_is_refused_as_invalid() {
+    let cluster = Cluster::start().await;
+    let mut grpc = support::raw_grpc(&cluster.addr).await;
+    let status = grpc
+        .server_streaming::<_, proto::WatchResponse, _>(
+            tonic::Request::new(support::not_a_request()),
+            tonic::codegen::http::uri::PathAndQuery::from_static("/baton.v1.Watch/Watch"),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    let detail = detail_of(&status).unwrap();
+    assert_eq!(
+        (detail.code.as_str(), detail.field.as_str()),
+        ("INVALID_ARGUMENT", "request")
+    );
+    cluster.stop().await;
+}

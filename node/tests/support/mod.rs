@@ -102,6 +102,27 @@ pub fn offer(key: &str) -> baton_statemachine::handoff::OfferArgs {
     }
 }
 
+/// A plain gRPC connection to `addr`, ready, for sending raw messages to any path.
+pub async fn raw_grpc(addr: &str) -> tonic::client::Grpc<tonic::transport::Channel> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    grpc
+}
+
+/// Bytes that decode as no request with a nested message in field 1 (a header, a filter): a
+/// number where the message should be.
+pub fn not_a_request() -> baton_rpc::proto::SinkWriteResponse {
+    baton_rpc::proto::SinkWriteResponse {
+        seen_fence: 5,
+        ..Default::default()
+    }
+}
+
 /// One running node on an ephemeral 127.0.0.1 port; its data lives in a temporary directory
 /// removed on drop.
 pub struct Cluster {
