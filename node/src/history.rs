@@ -403,12 +403,17 @@ impl History {
         self.inner.head.subscribe()
     }
 
-    /// Counts a stream until the guard is dropped.
-    pub fn open_stream(&self) -> StreamGuard {
-        self.inner.streams.fetch_add(1, Ordering::Relaxed);
-        StreamGuard {
+    /// Counts a stream until the guard is dropped; `None` when `max` are open already.
+    pub fn open_stream(&self, max: usize) -> Option<StreamGuard> {
+        self.inner
+            .streams
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |open| {
+                (open < max).then_some(open + 1)
+            })
+            .ok()?;
+        Some(StreamGuard {
             inner: self.inner.clone(),
-        }
+        })
     }
 
     /// What the history holds.

@@ -670,3 +670,49 @@ async fn an_undecodable_watch_request_is_refused_as_invalid() {
     );
     cluster.stop().await;
 }
+
+/// A node serves at most `watch.max_streams` watches at once: one more is refused `OVERLOADED`
+/// (the Rust client then tries another node), and a place comes back when a stream ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_beyond_the_limit_are_refused_overloaded() {
+    let tuning = WatchTuning {
+        max_streams: 2,
+        ..WatchTuning::default()
+    };
+    let cluster = Cluster::start_with(tuning).await;
+    let mut watch = WatchClient::connect(format!("http://{}", cluster.addr))
+        .await
+        .unwrap();
+    let from_now = WatchRequest {
+        filter: None,
+        start_revision: 0,
+        start_index: 0,
+    };
+    let first = watch.watch(from_now.clone()).await.unwrap();
+    let second = watch.watch(from_now.clone()).await.unwrap();
+    let status = watch.watch(from_now.clone()).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert_eq!(detail_of(&status).unwrap().code, infra::OVERLOADED);
+    assert!(status.message().contains("watch.max_streams"), "{status:?}");
+    assert_eq!(node_info(&cluster).await.watch_streams, 2);
+    // The streams that were admitted work.
+    let mut second = second.into_inner();
+    assert!(matches!(
+        second.message().await.unwrap().and_then(|r| r.item),
+        Some(Item::Progress(_))
+    ));
+    // A stream that ends gives its place back (once the node notices the reader is gone).
+    drop(first);
+    let admitted = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Ok(stream) = watch.watch(from_now.clone()).await {
+                return stream;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("a place came back");
+    drop((admitted, second));
+    cluster.stop().await;
+}

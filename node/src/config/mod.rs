@@ -107,6 +107,9 @@ pub struct WatchTuning {
     pub max_backlog: usize,
     /// Changes buffered per stream between the history and the connection (default 256).
     pub stream_buffer: usize,
+    /// Streams the node serves at once (default 1,000); more are refused `OVERLOADED`, so that
+    /// the clients move to another node. Each may hold up to 4 MiB of changes on their way.
+    pub max_streams: usize,
     /// How often an idle stream sends its progress, which is also its keep-alive (default 1 s).
     pub progress_every: Duration,
     /// A node that has not heard from a leader (or, leading, from a quorum) for this long ends its
@@ -122,6 +125,7 @@ impl Default for WatchTuning {
             history,
             max_backlog: history.events / 2,
             stream_buffer: 256,
+            max_streams: 1_000,
             progress_every: Duration::from_secs(1),
             leaderless_cutoff: Duration::from_secs(3),
         }

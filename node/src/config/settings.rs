@@ -90,6 +90,8 @@ pub struct WatchSettings {
     pub max_backlog: Option<usize>,
     /// Changes buffered per stream.
     pub stream_buffer: usize,
+    /// Streams served at once; more are refused `OVERLOADED`.
+    pub max_streams: usize,
     /// How often an idle stream reports its progress.
     #[serde(with = "humantime_serde")]
     pub progress_every: Duration,
@@ -200,6 +202,7 @@ impl Default for WatchSettings {
             history_bytes: tuning.history.bytes,
             max_backlog: None,
             stream_buffer: tuning.stream_buffer,
+            max_streams: tuning.max_streams,
             progress_every: tuning.progress_every,
             leaderless_cutoff: tuning.leaderless_cutoff,
         }
@@ -516,6 +519,7 @@ impl WatchSettings {
             ));
         }
         counted("watch.stream_buffer", self.stream_buffer)?;
+        counted("watch.max_streams", self.max_streams)?;
         nonzero("watch.progress_every", self.progress_every)?;
         if self.progress_every > WATCH_SILENCE / 2 {
             // Clients take a stream silent for WATCH_SILENCE for a dead node and move on.
@@ -546,6 +550,7 @@ impl WatchSettings {
             },
             max_backlog,
             stream_buffer: self.stream_buffer,
+            max_streams: self.max_streams,
             progress_every: self.progress_every,
             leaderless_cutoff: self.leaderless_cutoff,
         })

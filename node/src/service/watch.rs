@@ -36,7 +36,7 @@ use tonic::{Code, Request, Response, Status};
 
 use super::refused;
 use crate::config::WatchTuning;
-use crate::history::History;
+use crate::history::{History, StreamGuard};
 use crate::node::NodeRef;
 use crate::pre_vote::Contact;
 
@@ -115,10 +115,15 @@ impl watch_server::Watch for WatchService {
         history
             .check_start(start)
             .map_err(|oldest| compacted_status(start.revision, oldest))?;
+        let max_streams = self.tuning.max_streams;
+        let open = history
+            .open_stream(max_streams)
+            .ok_or_else(|| too_many_streams(max_streams))?;
         let (events, buffered) = mpsc::channel(self.tuning.stream_buffer.max(1));
         let budget = Arc::new(Semaphore::new(STREAM_BUFFER_BYTES));
         let (end_tx, end) = oneshot::channel();
         let pump = Pump {
+            _open: open,
             freshness,
             history,
             filter,
@@ -191,6 +196,8 @@ struct Pump {
     /// read past them again.
     resume: WatchPosition,
     events: mpsc::Sender<Buffered>,
+    /// Counts the stream among the node's open ones while it runs.
+    _open: StreamGuard,
     /// [`STREAM_BUFFER_BYTES`] of permits.
     budget: Arc<Semaphore>,
     tuning: WatchTuning,
@@ -200,7 +207,6 @@ struct Pump {
 impl Pump {
     /// Runs until the client goes away (`None`) or the stream must end with an error.
     async fn run(mut self) -> Option<Status> {
-        let _open = self.history.open_stream();
         let mut head = self.history.subscribe();
         // The first message says where the stream starts (what "now" was, for a watch from now).
         if self
@@ -378,6 +384,17 @@ fn out_of_touch() -> Status {
         infra::NO_LEADER,
         "this node has not heard from a leader for a while and may be stale; watch from another \
          node",
+    )
+}
+
+fn too_many_streams(max: usize) -> Status {
+    infra_status(
+        Code::ResourceExhausted,
+        infra::OVERLOADED,
+        format!(
+            "this node serves {max} watch streams already (watch.max_streams); watch from \
+             another node"
+        ),
     )
 }
 
