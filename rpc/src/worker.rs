@@ -314,7 +314,8 @@ pub enum AttemptEnd {
     /// recorded.
     LeaseLost,
     /// The cluster could not be reached to record the handler's answer (it was sent again until
-    /// the lease's end), or to confirm the attempt's start (then the handler did not run:
+    /// the lease's end; a sending that went unanswered may have been recorded even when a later
+    /// one was refused), or to confirm the attempt's start (then the handler did not run:
     /// [`Finished::detail`] says which). The lease will expire and the store recovers the
     /// attempt.
     Unreported,
@@ -1083,10 +1084,14 @@ where
     // would be done again once the lease ran out.
     let report = Report::of(outcome);
     let mut pause = FIRST_REPORT_PAUSE;
+    let mut unanswered_before = false;
     let (reported, end, detail) = loop {
         let sent = report.send(client, task_id, attempt, worker).await;
         // Until the end of the lease as its last renewal left it.
         let unknown = sent.0.as_ref().is_err_and(worth_sending_again);
+        if unknown {
+            unanswered_before = true;
+        }
         if !unknown || Instant::now() + pause >= *lock(&valid_until) {
             break sent;
         }
@@ -1102,16 +1107,17 @@ where
         Ok(_) => finished(&assignment, end, detail),
         Err(error) => {
             tracing::warn!(task = task_id, attempt, %error, outcome = end.as_str(), "answer not recorded");
-            let end = if error.is_infrastructure() {
-                AttemptEnd::Unreported
+            let end = unrecorded_end(&error, unanswered_before);
+            let detail = if unanswered_before && !error.is_infrastructure() {
+                format!(
+                    "{} not confirmed: a report that went unanswered may have been recorded \
+                     before this one was refused: {error}",
+                    end_name(detail)
+                )
             } else {
-                AttemptEnd::LeaseLost
+                format!("{} not recorded: {error}", end_name(detail))
             };
-            finished(
-                &assignment,
-                end,
-                format!("{} not recorded: {error}", end_name(detail)),
-            )
+            finished(&assignment, end, detail)
         }
     }
 }
@@ -1142,6 +1148,18 @@ fn lease_end_after_start(started: &QueueTask, attempt: u32, sent: Instant) -> Op
 /// up) and says why instead of retrying for good.
 fn worth_sending_again(error: &Error) -> bool {
     error.outcome_unknown()
+}
+
+/// How an attempt whose report ended in `error` ended. A refusal means the lease was no longer
+/// this worker's — unless an earlier sending went unanswered: that one may have been recorded
+/// (a retryable failure, then the task leased again, refuses the next sending `LEASE_LOST`), so
+/// the report's fate is unknown, not lost.
+fn unrecorded_end(error: &Error, unanswered_before: bool) -> AttemptEnd {
+    if error.is_infrastructure() || unanswered_before {
+        AttemptEnd::Unreported
+    } else {
+        AttemptEnd::LeaseLost
+    }
 }
 
 /// What an attempt whose handler finished tells the store.
@@ -1590,6 +1608,15 @@ mod tests {
         ] {
             assert!(!worth_sending_again(&error), "{error}");
         }
+    }
+
+    #[test]
+    fn a_refused_report_after_an_unanswered_one_is_unreported_not_lost() {
+        let refused = Error::Refused(Refusal::LeaseLost);
+        assert_eq!(unrecorded_end(&refused, false), AttemptEnd::LeaseLost);
+        assert_eq!(unrecorded_end(&refused, true), AttemptEnd::Unreported);
+        let outage = Error::OutcomeUnknown("forgotten".into());
+        assert_eq!(unrecorded_end(&outage, false), AttemptEnd::Unreported);
     }
 
     #[test]
