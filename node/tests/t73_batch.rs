@@ -265,9 +265,14 @@ impl Board for OldBoard {
                 task: Some(proto::Task {
                     id: "x".into(),
                     deps: vec![dep; self.answer_bytes / 1_000],
-                    state: "open".into(),
-                    lease: None,
-                    max_fence: 0,
+                    state: "claimed".into(),
+                    lease: Some(proto::TaskLease {
+                        agent: "a".into(),
+                        token: "t".into(),
+                        fence: 1,
+                        until_ms: 1,
+                    }),
+                    max_fence: 1,
                 }),
             }));
         }

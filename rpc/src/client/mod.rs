@@ -494,34 +494,18 @@ impl Client {
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let sent = AtomicBool::new(retry);
-        let sent_before = AtomicBool::new(retry);
         // The wait for the window counts against the call's deadline.
-        let answer = self
-            .call_waiting(started, wait, |channel| {
-                let retry = sent.swap(true, Ordering::Relaxed);
-                sent_before.store(retry, Ordering::Relaxed);
-                let header = RequestHeader {
-                    client_id: request.session.client_id,
-                    seq: request.seq,
-                    acked_below: request.acked_below,
-                    retry,
-                };
-                attempt(header, channel)
-            })
-            .await;
-        match answer {
-            // One node's own refusal to take the request (its credentials, its size limits: nodes
-            // may differ during a rolling restart) says nothing of an earlier attempt, which may
-            // have been applied: only the store's judgement (a refusal, the session table's
-            // answer) or a success settles that.
-            Err(Error::Server { code, message }) if sent_before.load(Ordering::Relaxed) => {
-                Err(Error::OutcomeUnknown(format!(
-                    "{code}: {message} (an earlier attempt of this write went unanswered and may \
-                     have been applied)"
-                )))
-            }
-            answer => answer,
-        }
+        let sending = Sending::Write { sent_before: retry };
+        self.call_waiting(started, wait, sending, |channel| {
+            let header = RequestHeader {
+                client_id: request.session.client_id,
+                seq: request.seq,
+                acked_below: request.acked_below,
+                retry: sent.swap(true, Ordering::Relaxed),
+            };
+            attempt(header, channel)
+        })
+        .await
     }
 
     /// Runs one call against the leader, following redirects and retrying infrastructure
@@ -531,7 +515,7 @@ impl Client {
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
-        self.call_waiting(Instant::now(), Duration::ZERO, attempt)
+        self.call_waiting(Instant::now(), Duration::ZERO, Sending::Read, attempt)
             .await
     }
 
@@ -541,6 +525,7 @@ impl Client {
         &self,
         started: Instant,
         wait: Duration,
+        sending: Sending,
         attempt: F,
     ) -> Result<T, Error>
     where
@@ -553,7 +538,7 @@ impl Client {
             attempt_timeout: base.attempt_timeout + wait,
             connect_timeout: base.connect_timeout,
         };
-        self.call_within(&config, attempt).await
+        self.call_within(&config, sending, attempt).await
     }
 
     /// [`Client::call`] for a request the leader may work on for long before it answers (a
@@ -570,11 +555,16 @@ impl Client {
             attempt_timeout: base.deadline.max(base.attempt_timeout),
             ..base.clone()
         };
-        self.call_within(&config, attempt).await
+        self.call_within(&config, Sending::Read, attempt).await
     }
 
     /// Runs one call with `config`'s limits (see [`Client::call`]).
-    async fn call_within<T, F, Fut>(&self, config: &ClientConfig, attempt: F) -> Result<T, Error>
+    async fn call_within<T, F, Fut>(
+        &self,
+        config: &ClientConfig,
+        sending: Sending,
+        attempt: F,
+    ) -> Result<T, Error>
     where
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
@@ -584,6 +574,9 @@ impl Client {
         let mut pause = FIRST_RETRY_PAUSE;
         let mut longest_pause = MAX_RETRY_PAUSE;
         let mut redirects = 0;
+        // Whether a sending of this write may have been applied: one went unanswered, or a node
+        // answered that it could not tell (deposed while the entry was in its log, say).
+        let mut maybe_applied = matches!(sending, Sending::Write { sent_before: true });
         loop {
             let addr = self.target();
             tried.insert(addr.clone());
@@ -603,24 +596,33 @@ impl Client {
                     match tokio::time::timeout(budget, attempt(channel)).await {
                         Ok(Ok(reply)) => return Ok(reply.into_inner()),
                         Ok(Err(status)) => match classify(&status) {
-                            Verdict::Fail(error) => return Err(error),
+                            Verdict::Fail(error) => {
+                                return Err(settled(error, sending, maybe_applied))
+                            }
                             Verdict::Redirect(leader) if redirects < 3 && leader != addr => {
+                                maybe_applied = true;
                                 redirects += 1;
                                 *lock(&self.inner.leader) = Some(leader);
                                 continue;
                             }
-                            Verdict::Redirect(leader) => format!("{addr} redirected to {leader}"),
+                            Verdict::Redirect(leader) => {
+                                maybe_applied = true;
+                                format!("{addr} redirected to {leader}")
+                            }
                             Verdict::Retry(reason) => {
+                                maybe_applied = true;
                                 self.forget_leader(&addr);
                                 longest_pause = MAX_RETRY_PAUSE;
                                 format!("{addr}: {reason}")
                             }
+                            // Turned away before anything was done.
                             Verdict::Backoff(reason) => {
                                 longest_pause = MAX_OVERLOADED_PAUSE;
                                 format!("{addr}: {reason}")
                             }
                         },
                         Err(_) => {
+                            maybe_applied = true;
                             self.forget_leader(&addr);
                             longest_pause = MAX_RETRY_PAUSE;
                             format!("{addr}: no answer within {budget:?}")
@@ -703,6 +705,34 @@ impl Client {
 /// A required message of an answer, or a protocol error naming the call.
 fn answered<T>(message: Option<T>, call: &str, what: &str) -> Result<T, Error> {
     message.ok_or_else(|| Error::Protocol(format!("{call} answered without {what}")))
+}
+
+/// What a call sends, for what its failures mean.
+#[derive(Debug, Clone, Copy)]
+enum Sending {
+    /// A read or an administrative call: asking again is harmless.
+    Read,
+    /// A write; `sent_before` when a call whose answer was dropped sent it already.
+    Write { sent_before: bool },
+}
+
+/// The error a call ends with. A node's own refusal to take a write (its credentials, its size
+/// limits: nodes may differ during a rolling restart) says nothing of an earlier sending that
+/// `maybe_applied`: only the store's judgement of the request (a refusal, the session table's
+/// answer) or a success settles that, so the outcome is unknown.
+fn settled(error: Error, sending: Sending, maybe_applied: bool) -> Error {
+    match error {
+        Error::Server { code, message }
+            if maybe_applied
+                && matches!(sending, Sending::Write { .. })
+                && code != infra::SEQ_REUSED =>
+        {
+            Error::OutcomeUnknown(format!(
+                "{code}: {message} (an earlier sending of this write may have been applied)"
+            ))
+        }
+        error => error,
+    }
 }
 
 /// A grant's credential as the store mints it: a token (or holder) and a fence of at least 1.
@@ -993,19 +1023,34 @@ mod connection_tests {
         (addr, accepted)
     }
 
-    /// A node whose sink refuses every write the way a node refuses a token it does not accept.
-    struct Unauthenticating;
+    /// A node whose sink turns every write away with `code` and Baton's `baton_code`.
+    struct Refusing {
+        code: Code,
+        baton_code: &'static str,
+    }
+
+    /// A node refusing a token it does not accept.
+    const UNAUTHENTICATING: Refusing = Refusing {
+        code: Code::Unauthenticated,
+        baton_code: infra::UNAUTHENTICATED,
+    };
+
+    /// A node at its in-flight limit.
+    const OVERLOADED: Refusing = Refusing {
+        code: Code::ResourceExhausted,
+        baton_code: infra::OVERLOADED,
+    };
 
     #[tonic::async_trait]
-    impl crate::proto::sink_server::Sink for Unauthenticating {
+    impl crate::proto::sink_server::Sink for Refusing {
         async fn write(
             &self,
             _: tonic::Request<crate::proto::SinkWriteRequest>,
         ) -> Result<tonic::Response<crate::proto::SinkWriteResponse>, Status> {
             Err(crate::error::infra_status(
-                Code::Unauthenticated,
-                "UNAUTHENTICATED",
-                "this node does not accept the token",
+                self.code,
+                self.baton_code,
+                "this node turns the write away",
             ))
         }
 
@@ -1017,12 +1062,12 @@ mod connection_tests {
         }
     }
 
-    async fn unauthenticating_node() -> String {
+    async fn refusing_node(refusing: Refusing) -> String {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(crate::proto::sink_server::SinkServer::new(Unauthenticating))
+                .add_service(crate::proto::sink_server::SinkServer::new(refusing))
                 .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
         );
         addr
@@ -1038,7 +1083,7 @@ mod connection_tests {
             attempt_timeout: Duration::from_millis(300),
             connect_timeout: Duration::from_millis(300),
         };
-        let refusing = unauthenticating_node().await;
+        let refusing = refusing_node(UNAUTHENTICATING).await;
         // Its refusal of a first attempt is final: nothing was done.
         let alone = Client::new(std::slice::from_ref(&refusing), config.clone()).unwrap();
         match alone.write_fenced("r", 1, b"v").await {
@@ -1047,12 +1092,19 @@ mod connection_tests {
         }
         // After a first attempt that went unanswered, the same refusal leaves it unknown.
         let (silent, _) = silent_node().await;
-        let client = Client::new(&[silent, refusing], config).unwrap();
+        let client = Client::new(&[silent, refusing.clone()], config.clone()).unwrap();
         match client.write_fenced("r", 1, b"v").await {
             Err(error @ Error::OutcomeUnknown(_)) => {
                 assert!(error.outcome_unknown());
                 assert!(error.to_string().contains("UNAUTHENTICATED"), "{error}");
             }
+            other => panic!("{other:?}"),
+        }
+        // A first sending turned away OVERLOADED did nothing: the refusal after it is final.
+        let overloaded = refusing_node(OVERLOADED).await;
+        let client = Client::new(&[overloaded, refusing], config).unwrap();
+        match client.write_fenced("r", 1, b"v").await {
+            Err(Error::Server { code, .. }) => assert_eq!(code, "UNAUTHENTICATED"),
             other => panic!("{other:?}"),
         }
     }
