@@ -43,24 +43,21 @@ async fn a_saved_snapshot_restores_into_a_new_cluster_that_continues_above_it() 
 
     let procs_dir = tempfile::tempdir().unwrap();
     let file = procs_dir.path().join("backup.snap");
-    let output = std::process::Command::new(source.bin())
-        .args([
-            "--endpoints",
-            &source.endpoints().join(","),
-            "snapshot",
-            "save",
-        ])
-        .arg(&file)
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{}", show(&output));
-    println!("{}", String::from_utf8_lossy(&output.stdout).trim());
+    save(source.bin(), &source.endpoints(), &file);
     // Written after the save: must not be in the restored cluster.
     client.save_if_newer("later", 1, b"x").await.unwrap();
     // Handed out after the save (the 1 ms claim has run out): the restored cluster must never
     // hand this fence out again.
     let after_save = client.claim("task", "late", 60_000).await.unwrap();
     assert_eq!(after_save.lease.unwrap().fence, saved_fence + 1);
+    // A task the save never had, seeded and claimed after it: its fence 1 must not come again.
+    let fresh = TaskSpec {
+        id: "fresh".into(),
+        deps: vec![],
+    };
+    client.seed(std::slice::from_ref(&fresh)).await.unwrap();
+    let fresh_claim = client.claim("fresh", "late", 60_000).await.unwrap();
+    assert_eq!(fresh_claim.lease.unwrap().fence, 1);
 
     let inspect = std::process::Command::new(source.bin())
         .args(["snapshot", "inspect"])
@@ -88,6 +85,13 @@ async fn a_saved_snapshot_restores_into_a_new_cluster_that_continues_above_it() 
     println!("restored three-node cluster elected node {leader}");
     let client = procs.client(Security::default()).await.unwrap();
     check_restored(&client, saved_fence + 1_000_000_000 + 1).await;
+    client.seed(std::slice::from_ref(&fresh)).await.unwrap();
+    let claim = client.claim("fresh", "new", 60_000).await.unwrap();
+    assert_eq!(claim.lease.unwrap().fence, 1_000_000_000 + 1);
+    // A backup of the restored cluster keeps what its counters start at: restored as saved, a
+    // task new to it still gets a fence above the first raise.
+    let again = procs_dir.path().join("restored.snap");
+    save(procs.bin(), &procs.endpoints(), &again);
     let info = procs.info(leader).await.unwrap();
     let ids: Vec<u64> = info.members.iter().map(|m| m.id).collect();
     assert_eq!(ids, vec![1, 2, 3], "the fresh membership");
@@ -153,14 +157,18 @@ async fn a_saved_snapshot_restores_into_a_new_cluster_that_continues_above_it() 
 
     // The same file restores a single-node cluster too, here told to keep the saved counters:
     // it hands the fence out again (and says so when restoring).
-    let mut single = Procs::new(Security::default()).unwrap();
-    single.declare(7, &[]).unwrap();
-    let members = member_list(&single);
-    restore(&single, &file, &single.data_dir(7), 7, &members, Some(0));
-    single.start(7).await.unwrap();
-    assert_eq!(single.leader().await.unwrap(), 7);
-    let client = single.client(Security::default()).await.unwrap();
+    let (mut single, client) = restored_alone(&file).await;
     check_restored(&client, saved_fence + 1).await;
+    single.kill_all();
+
+    let (_twice, client) = restored_alone(&again).await;
+    let other = TaskSpec {
+        id: "other".into(),
+        deps: vec![],
+    };
+    client.seed(&[other]).await.unwrap();
+    let claim = client.claim("other", "c", 60_000).await.unwrap();
+    assert_eq!(claim.lease.unwrap().fence, 1_000_000_000 + 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -336,6 +344,29 @@ fn restore(
         .to_string();
     assert_eq!(fingerprint.len(), 32, "{stdout}");
     fingerprint
+}
+
+/// `baton snapshot save` of the cluster at `endpoints` into `file`.
+fn save(bin: &Path, endpoints: &[String], file: &Path) {
+    let output = std::process::Command::new(bin)
+        .args(["--endpoints", &endpoints.join(","), "snapshot", "save"])
+        .arg(file)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", show(&output));
+    println!("{}", String::from_utf8_lossy(&output.stdout).trim());
+}
+
+/// A single-node cluster restored from `file` keeping the saved counters, and a client of it.
+async fn restored_alone(file: &Path) -> (Procs, Client) {
+    let mut single = Procs::new(Security::default()).unwrap();
+    single.declare(7, &[]).unwrap();
+    let members = member_list(&single);
+    restore(&single, file, &single.data_dir(7), 7, &members, Some(0));
+    single.start(7).await.unwrap();
+    assert_eq!(single.leader().await.unwrap(), 7);
+    let client = single.client(Security::default()).await.unwrap();
+    (single, client)
 }
 
 /// The saved data is there, the later write is not, and a new claim gets `next_fence`.

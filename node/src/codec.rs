@@ -1,6 +1,7 @@
 //! The one place that turns Rust values into bytes and back (log entries, votes, snapshots, Raft
 //! RPC bodies), so the encoding can be swapped in one module.
 
+use baton_statemachine::State;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -33,14 +34,35 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::error::De
     whole(bytes, bincode::serde::decode_from_slice(bytes, config)?)
 }
 
-/// [`decode`] without the limit, for a snapshot's state: it may be of any size (a million
-/// leases claim hundreds of MiB), and it comes from this node's own disk, a backup file the
-/// operator names, or a member of the cluster, never from an unauthenticated connection.
-pub fn decode_state<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::error::DecodeError> {
-    whole(
-        bytes,
-        bincode::serde::decode_from_slice(bytes, bincode::config::standard())?,
-    )
+/// A state's image, for snapshots and backups: its encoding, then, in a state a restore raised,
+/// its fence floor ([`State::fence_floor`]), which the state's own encoding leaves out so that
+/// every other state keeps the layout it always had. (A build from before the floor refuses an
+/// image that has one — "trailing bytes" — rather than lose it and hand out fences again.)
+pub fn encode_state(state: &State) -> Result<Vec<u8>, bincode::error::EncodeError> {
+    let mut bytes = encode(state)?;
+    if state.fence_floor > 0 {
+        bytes.extend(encode(&state.fence_floor)?);
+    }
+    Ok(bytes)
+}
+
+/// Decodes a state's image ([`encode_state`]) without [`decode`]'s limit: a state may be of any
+/// size (a million leases claim hundreds of MiB), and it comes from this node's own disk, a
+/// backup file the operator names, or a member of the cluster, never from an unauthenticated
+/// connection.
+pub fn decode_state(bytes: &[u8]) -> Result<State, bincode::error::DecodeError> {
+    let (mut state, read): (State, usize) = decode_unlimited(bytes)?;
+    if read < bytes.len() {
+        state.fence_floor = decode(&bytes[read..])?;
+    }
+    Ok(state)
+}
+
+/// A value at the start of `bytes`, and how many bytes it took, without [`decode`]'s limit.
+fn decode_unlimited<T: DeserializeOwned>(
+    bytes: &[u8],
+) -> Result<(T, usize), bincode::error::DecodeError> {
+    bincode::serde::decode_from_slice(bytes, bincode::config::standard())
 }
 
 /// The decoded value, if it used all of `bytes`.
@@ -102,7 +124,27 @@ mod tests {
             decode::<Vec<u128>>(&bytes).is_err(),
             "claims past the limit"
         );
-        assert_eq!(decode_state::<Vec<u128>>(&bytes).unwrap().len(), 17 << 20);
+        let (decoded, _) = decode_unlimited::<Vec<u128>>(&bytes).unwrap();
+        assert_eq!(decoded.len(), 17 << 20);
+    }
+
+    /// A state never raised has the image it always had (older builds read it); a raised one
+    /// carries its fence floor after the state, which a build from before the floor refuses as
+    /// trailing bytes rather than lose.
+    #[test]
+    fn a_state_image_carries_its_fence_floor_only_when_raised() {
+        let state = State::default();
+        assert_eq!(encode_state(&state).unwrap(), encode(&state).unwrap());
+        assert_eq!(decode_state(&encode_state(&state).unwrap()).unwrap(), state);
+        let mut raised = State::default();
+        raised.raise_fences(1_000);
+        let image = encode_state(&raised).unwrap();
+        assert_eq!(decode_state(&image).unwrap().fence_floor, 1_000);
+        let before_the_floor = whole(&image, decode_unlimited::<State>(&image).unwrap());
+        assert!(
+            before_the_floor.is_err(),
+            "an older build would drop the floor"
+        );
     }
 
     #[test]

@@ -144,7 +144,7 @@ impl SnapshotFile {
             state.len(),
             header.state_bytes
         );
-        codec::decode_state::<State>(&state).context("the snapshot's state does not decode")?;
+        codec::decode_state(&state).context("the snapshot's state does not decode")?;
         Ok(Self { header, state })
     }
 
@@ -296,7 +296,7 @@ pub async fn restore(
         let mut state: State =
             codec::decode_state(&snapshot.state).context("the snapshot's state does not decode")?;
         state.raise_fences(raise_fences);
-        codec::encode(&state).context("cannot encode the restored state")?
+        codec::encode_state(&state).context("cannot encode the restored state")?
     };
     let fingerprint = fingerprint(&state, &last, members);
     state_machine

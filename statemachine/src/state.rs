@@ -35,6 +35,13 @@ pub struct State {
     pub checkpoints: Checkpoints,
     /// The keyed-concurrency task queue.
     pub queue: TaskQueue,
+    /// What every fence counter created from now on starts at: a new resource, task, ticket key
+    /// or permit key mints its first fence, generation or token above it. The sum of the raises
+    /// a restore made ([`State::raise_fences`]); 0 in a cluster never restored. Outside the
+    /// derived encoding, so a snapshot of a state never raised has the layout it always had; a
+    /// node's codec writes it after the state when it is not 0.
+    #[serde(skip)]
+    pub fence_floor: u64,
 }
 
 /// The largest raise [`State::raise_fences`] is meant for: 2^40 (a trillion) leaves room for
@@ -43,9 +50,11 @@ pub const MAX_FENCE_RAISE: u64 = 1 << 40;
 
 impl State {
     /// Raises every fence the store mints by `by`: board fences, ticket generations, side-effect
-    /// resource fences and queue permit tokens (and queue task ids). The next one of each is then
-    /// above any the store handed out after this state was saved, as long as no key was granted
-    /// `by` times since. A raise is at most [`MAX_FENCE_RAISE`] (a larger `by` raises by that),
+    /// resource fences and queue permit tokens (and queue task ids), and the floor counters
+    /// created from now on start at ([`State::fence_floor`]): the old cluster may have created a
+    /// resource, task or key after the save and handed out its first fences. The next one of each
+    /// is then above any the store handed out after this state was saved, as long as no key was
+    /// granted `by` times since. A raise is at most [`MAX_FENCE_RAISE`] (a larger `by` raises by that),
     /// so that counters minted by adding one stay far from their end.
     ///
     /// For a restore from a backup: the old cluster went on minting after the save, and the
@@ -56,6 +65,7 @@ impl State {
     /// unknown. Live leases, handles and attempts of the other primitives keep working.
     pub fn raise_fences(&mut self, by: u64) {
         let by = by.min(MAX_FENCE_RAISE);
+        self.fence_floor = self.fence_floor.saturating_add(by);
         self.board.raise_fences(by);
         self.handoff.raise_generations(by);
         self.effects.raise_fences(by);
@@ -214,12 +224,17 @@ fn written(state: &State, command: &Command) -> Option<Change> {
 fn run(state: &mut State, stamp: &Stamp, command: &Command) -> Result<Reply, Refusal> {
     state.clock_ms = state.clock_ms.max(stamp.now_ms);
     let clock = state.clock_ms;
+    let floor = state.fence_floor;
     match command {
         Command::Handoff(command) => {
-            handoff_command(&mut state.handoff, stamp, clock, command.clone())
+            handoff_command(&mut state.handoff, stamp, clock, floor, command.clone())
         }
-        Command::Board(command) => board_command(&mut state.board, stamp, clock, command.clone()),
-        Command::Effect(command) => effect_command(&mut state.effects, stamp, clock, command),
+        Command::Board(command) => {
+            board_command(&mut state.board, stamp, clock, floor, command.clone())
+        }
+        Command::Effect(command) => {
+            effect_command(&mut state.effects, stamp, clock, floor, command)
+        }
         Command::Sink(sink::Command::Write {
             resource,
             fence,
@@ -235,7 +250,7 @@ fn run(state: &mut State, stamp: &Stamp, command: &Command) -> Result<Reply, Ref
             .checkpoints
             .save_if_newer(clock, run, *seq, data.clone())
             .map(|()| Reply::Done),
-        Command::Queue(command) => queue_command(&mut state.queue, clock, command.clone()),
+        Command::Queue(command) => queue_command(&mut state.queue, clock, floor, command.clone()),
         Command::Sweep => {
             state.sessions.expire_idle(clock);
             let expired = state.handoff.sweep(clock)
@@ -263,11 +278,12 @@ fn handoff_command(
     desk: &mut Desk,
     stamp: &Stamp,
     clock: u64,
+    floor: u64,
     command: handoff::Command,
 ) -> Result<Reply, Refusal> {
     match command {
         handoff::Command::Offer(args) => desk
-            .offer(clock, args)
+            .offer(clock, floor, args)
             .map(|ticket| Reply::Ticket(Box::new(ticket))),
         handoff::Command::Take { key, to } => desk.take(stamp, clock, &key, &to).map(Reply::Handle),
         handoff::Command::Reply {
@@ -285,10 +301,13 @@ fn board_command(
     board: &mut Board,
     stamp: &Stamp,
     clock: u64,
+    floor: u64,
     command: board::Command,
 ) -> Result<Reply, Refusal> {
     match command {
-        board::Command::Seed(specs) => board.seed(specs).map(|tasks| Reply::Seeded { tasks }),
+        board::Command::Seed(specs) => board
+            .seed(floor, specs)
+            .map(|tasks| Reply::Seeded { tasks }),
         board::Command::Claim { id, agent, ttl_ms } => board
             .claim(stamp, clock, &id, &agent, ttl_ms)
             .map(|task| Reply::Task(Box::new(task))),
@@ -304,7 +323,12 @@ fn board_command(
     }
 }
 
-fn queue_command(q: &mut TaskQueue, clock: u64, command: queue::Command) -> Result<Reply, Refusal> {
+fn queue_command(
+    q: &mut TaskQueue,
+    clock: u64,
+    floor: u64,
+    command: queue::Command,
+) -> Result<Reply, Refusal> {
     use queue::Command as C;
     let task = |task: queue::Task| Reply::QueueTask(Box::new(task));
     match command {
@@ -317,7 +341,7 @@ fn queue_command(q: &mut TaskQueue, clock: u64, command: queue::Command) -> Resu
             limit,
             lease_ttl_ms,
         } => q
-            .lease(clock, &worker, &queues, limit, lease_ttl_ms)
+            .lease(clock, floor, &worker, &queues, limit, lease_ttl_ms)
             .map(Reply::Assignments),
         C::Start {
             task_id,
@@ -365,12 +389,13 @@ fn effect_command(
     gate: &mut Gate,
     stamp: &Stamp,
     clock: u64,
+    floor: u64,
     command: &effect::Command,
 ) -> Result<Reply, Refusal> {
     use effect::Command as C;
     match command {
         C::Acquire { action, ttl_ms } => gate
-            .acquire(stamp, clock, action, *ttl_ms)
+            .acquire(stamp, clock, floor, action, *ttl_ms)
             .map(|outcome| Reply::Outcome(Box::new(outcome))),
         C::Complete {
             action,

@@ -135,6 +135,18 @@ impl World {
     }
 }
 
+/// An offer of ticket `ticket` from a to b.
+fn offer_ticket() -> handoff::Command {
+    handoff::Command::Offer(OfferArgs {
+        key: "ticket".into(),
+        from: "a".into(),
+        to: "b".into(),
+        payload: Vec::new(),
+        reply_to: "a".into(),
+        ttl_ms: 60_000,
+    })
+}
+
 fn action(key: &str) -> Action {
     Action {
         key: key.into(),
@@ -162,14 +174,7 @@ fn after_a_raise_every_primitive_mints_above_the_raised_fences() {
     let live_claim = w.claim(at);
     assert_eq!(live_claim.fence, 2);
     // Handoff: a ticket at generation 1, offered, not taken.
-    let offer = handoff::Command::Offer(OfferArgs {
-        key: "ticket".into(),
-        from: "a".into(),
-        to: "b".into(),
-        payload: Vec::new(),
-        reply_to: "a".into(),
-        ttl_ms: 60_000,
-    });
+    let offer = offer_ticket();
     w.send(at, Command::Handoff(offer)).unwrap();
     // Side effects: an attempt holding the resource at fence 1.
     let Outcome::Granted(effect_lease) = w.acquire(at, "print-1") else {
@@ -247,4 +252,35 @@ fn a_raise_is_at_most_the_largest_allowed_and_minting_goes_on() {
     let (second, _, token) = w.lease_token(T0 + 1);
     assert_eq!(token, Some(2 + MAX_FENCE_RAISE));
     assert_eq!(second, task_id + MAX_FENCE_RAISE + 1);
+}
+
+/// The old cluster may have created a resource, task, ticket key or permit key after the save
+/// and handed out its first fences: those the restored state has never heard of start above the
+/// raise too (they used to start at 1, handing the old cluster's fences out again).
+#[test]
+fn after_a_raise_what_the_saved_state_never_had_mints_above_it() {
+    let mut w = World::default();
+    w.state.raise_fences(RAISE);
+    w.state.raise_fences(RAISE);
+    assert_eq!(w.state.fence_floor, 2 * RAISE, "raises add up");
+    let at = T0;
+    let seed = board::Command::Seed(vec![TaskSpec {
+        id: "task".into(),
+        deps: Vec::new(),
+    }]);
+    w.send(at, Command::Board(seed)).unwrap();
+    assert_eq!(w.claim(at).fence, 2 * RAISE + 1);
+    let offer = offer_ticket();
+    match w.send(at, Command::Handoff(offer)) {
+        Ok(Reply::Ticket(ticket)) => assert_eq!(ticket.generation, 2 * RAISE + 1),
+        other => panic!("offer answered {other:?}"),
+    }
+    match w.acquire(at, "print-1") {
+        Outcome::Granted(EffectLease { fence, .. }) => assert_eq!(fence, 2 * RAISE + 1),
+        other => panic!("acquire answered {other:?}"),
+    }
+    w.queue_and_worker(at);
+    w.submit(at, "first");
+    let (_, _, token) = w.lease_token(at);
+    assert_eq!(token, Some(2 * RAISE + 1));
 }

@@ -423,7 +423,7 @@ impl cluster_server::Cluster for ClusterService {
                 )
             })
             .await?;
-        let state = tokio::task::spawn_blocking(move || codec::encode(&state))
+        let state = tokio::task::spawn_blocking(move || codec::encode_state(&state))
             .await
             .map_err(|e| {
                 infra_status(

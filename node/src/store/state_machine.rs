@@ -224,7 +224,7 @@ impl StateMachineStore {
                 applied.membership.clone(),
             )
         });
-        let data = codec::encode(&state)
+        let data = codec::encode_state(&state)
             .map_err(|e| io_error(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))?;
         let snapshot_id = match last_applied {
             Some(id) => format!(

@@ -181,7 +181,7 @@ impl Board {
     }
 
     /// Seeds tasks; returns how many were written.
-    pub fn seed(&mut self, specs: Vec<TaskSpec>) -> Result<u64, Refusal> {
+    pub fn seed(&mut self, fence_floor: u64, specs: Vec<TaskSpec>) -> Result<u64, Refusal> {
         if specs.is_empty() {
             return Err(Refusal::invalid("tasks", "must not be empty"));
         }
@@ -215,7 +215,8 @@ impl Board {
                 Some((id, task)) => (id, Some(task)),
                 None => (Arc::from(spec.id.as_str()), None),
             };
-            let max_fence = previous.as_ref().map_or(0, |task| task.max_fence);
+            // A task new to the store starts at the floor (crate::State::fence_floor).
+            let max_fence = previous.as_ref().map_or(fence_floor, |task| task.max_fence);
             // A done task stays done: hosts commonly re-seed their whole topology at start-up,
             // and that must never make finished work claimable (and so executable) again.
             let done = previous

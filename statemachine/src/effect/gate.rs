@@ -77,6 +77,7 @@ impl Gate {
         &mut self,
         stamp: &Stamp,
         clock_ms: u64,
+        fence_floor: u64,
         action: &Action,
         ttl_ms: i64,
     ) -> Result<Outcome, Refusal> {
@@ -99,7 +100,14 @@ impl Gate {
             }
         }
         self.expire_hold_if_overdue(&action.resource, clock_ms);
-        let resource = self.resources.entry(action.resource.clone()).or_default();
+        // A resource new to the store starts at the floor (crate::State::fence_floor).
+        let resource = self
+            .resources
+            .entry(action.resource.clone())
+            .or_insert_with(|| ResourceRecord {
+                max_fence: fence_floor,
+                hold: None,
+            });
         if resource.hold.is_some() {
             return Ok(Outcome::Contended);
         }

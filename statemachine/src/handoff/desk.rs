@@ -49,8 +49,14 @@ impl Desk {
     }
 
     /// Offers a ticket. A live ticket with the same key is returned unchanged (a replay); a
-    /// settled one is replaced by the next generation; an unknown key starts at generation 1.
-    pub fn offer(&mut self, clock_ms: u64, args: OfferArgs) -> Result<Ticket, Refusal> {
+    /// settled one is replaced by the next generation; an unknown key starts at generation 1
+    /// (above `fence_floor` after a restore: [`crate::State::fence_floor`]).
+    pub fn offer(
+        &mut self,
+        clock_ms: u64,
+        fence_floor: u64,
+        args: OfferArgs,
+    ) -> Result<Ticket, Refusal> {
         validate::offer(&args)?;
         self.expire_if_overdue(&args.key, clock_ms);
         let (key, previous_generation) = match self.records.get_key_value(args.key.as_str()) {
@@ -58,7 +64,8 @@ impl Desk {
                 return Ok(Ticket::clone(&record.ticket));
             }
             Some((key, record)) => (Arc::clone(key), record.ticket.generation),
-            None => (Arc::from(args.key.as_str()), 0),
+            // A key new to the store starts at the floor (crate::State::fence_floor).
+            None => (Arc::from(args.key.as_str()), fence_floor),
         };
         let deadline_ms = deadline_after(clock_ms, args.ttl_ms);
         let ticket = Ticket {

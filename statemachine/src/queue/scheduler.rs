@@ -300,6 +300,7 @@ impl TaskQueue {
     pub fn lease(
         &mut self,
         clock_ms: u64,
+        fence_floor: u64,
         worker: &str,
         queues: &[String],
         limit: u32,
@@ -376,7 +377,7 @@ impl TaskQueue {
         let until = deadline_after(clock_ms, lease_ttl_ms);
         Ok(chosen
             .into_iter()
-            .filter_map(|id| self.grant(clock_ms, id, worker, until))
+            .filter_map(|id| self.grant(clock_ms, fence_floor, id, worker, until))
             .collect())
     }
 
@@ -873,13 +874,24 @@ impl TaskQueue {
         self.leasable.remove(task, key_is_free(&self.permits, task));
     }
 
-    fn grant(&mut self, clock_ms: u64, id: u64, worker: &str, until: u64) -> Option<Assignment> {
+    fn grant(
+        &mut self,
+        clock_ms: u64,
+        fence_floor: u64,
+        id: u64,
+        worker: &str,
+        until: u64,
+    ) -> Option<Assignment> {
         self.dequeue(id);
         let task = self.tasks.get_mut(&id).map(Arc::make_mut)?;
         let token = match permit_key(task) {
             None => None,
             Some(key) => {
-                let permit = self.permits.entry(key.clone()).or_default();
+                // A key new to the store starts at the floor (crate::State::fence_floor).
+                let permit = self.permits.entry(key.clone()).or_insert_with(|| Permit {
+                    highest_token: fence_floor,
+                    holder: None,
+                });
                 permit.highest_token += 1;
                 permit.holder = Some(id);
                 self.leasable.close(&key);
@@ -1297,7 +1309,7 @@ mod tests {
         let mut q = queue();
         q.set_highest_token("ns", "k", u64::MAX - 1);
         let a = submit(&mut q, "a", "k");
-        let got = q.lease(T0, "w", &[], 10, 10_000).unwrap();
+        let got = q.lease(T0, 0, "w", &[], 10, 10_000).unwrap();
         assert_eq!(got.len(), 1);
         assert_eq!(
             got[0].token,
@@ -1310,16 +1322,16 @@ mod tests {
         let b = submit(&mut q, "b", "k");
         let c = submit(&mut q, "c", "");
         let d = submit(&mut q, "d", "other");
-        let got = q.lease(T0, "w", &[], 1, 10_000).unwrap();
+        let got = q.lease(T0, 0, "w", &[], 1, 10_000).unwrap();
         let ids: Vec<u64> = got.iter().map(|a| a.task_id).collect();
         assert_eq!(ids, vec![c], "the exhausted key does not use up the limit");
-        let got = q.lease(T0, "w", &[], 10, 10_000).unwrap();
+        let got = q.lease(T0, 0, "w", &[], 10, 10_000).unwrap();
         assert_eq!(got.iter().map(|a| a.task_id).collect::<Vec<_>>(), vec![d]);
         assert_eq!(got[0].token, Some(1));
 
         // Nothing else is leasable: the exhausted key is refused, never wrapped to 0 or 1.
         assert!(!q.has_leasable(T0, "w", &[]));
-        assert!(q.lease(T0, "w", &[], 10, 10_000).unwrap().is_empty());
+        assert!(q.lease(T0, 0, "w", &[], 10, 10_000).unwrap().is_empty());
         let task = q.get(b).unwrap();
         assert_eq!(task.state, TaskState::Waiting);
         assert!(task.attempts.is_empty(), "no attempt was created");
@@ -1339,7 +1351,7 @@ mod tests {
         let a = submit(&mut q, "a", "k");
         assert!(in_deadline_index(&q, a), "a waiting task");
 
-        q.lease(T0, "w", &[], 1, 10_000).unwrap();
+        q.lease(T0, 0, "w", &[], 1, 10_000).unwrap();
         assert!(!in_deadline_index(&q, a), "a leased task");
         let expired = T0 + 10_000;
         assert_eq!(q.sweep(expired), 1);
@@ -1349,7 +1361,7 @@ mod tests {
             "waiting again after its lease expired"
         );
 
-        q.lease(expired, "w", &[], 1, 10_000).unwrap();
+        q.lease(expired, 0, "w", &[], 1, 10_000).unwrap();
         q.start(expired, a, 2, "w").unwrap();
         assert!(!in_deadline_index(&q, a), "a running task");
         q.fail(expired, a, 2, "w", "flaky", true).unwrap();
@@ -1357,7 +1369,7 @@ mod tests {
         assert!(in_deadline_index(&q, a), "backing off");
 
         let retry_at = q.get(a).unwrap().retry_at_ms.unwrap();
-        q.lease(retry_at, "w", &[], 1, 10_000).unwrap();
+        q.lease(retry_at, 0, "w", &[], 1, 10_000).unwrap();
         q.start(retry_at, a, 3, "w").unwrap();
         q.complete(retry_at, a, 3, "w", Vec::new()).unwrap();
         assert!(q.deadlines.is_empty(), "a finished task");
@@ -1368,7 +1380,7 @@ mod tests {
         let mut q = queue();
         let a = submit(&mut q, "a", "");
         let b = submit(&mut q, "b", "");
-        q.lease(T0, "w", &[], 1, 1_200_000).unwrap();
+        q.lease(T0, 0, "w", &[], 1, 1_200_000).unwrap();
         q.start(T0, a, 1, "w").unwrap();
         // As an earlier version kept it: the running task still listed.
         let deadline = q.get(a).unwrap().deadline_ms;
@@ -1433,11 +1445,11 @@ mod tests {
         q.set_highest_token("ns", "k", u64::MAX - 1);
         let a = submit(&mut q, "a", "k");
         let b = submit(&mut q, "b", "k");
-        let got = q.lease(T0, "w", &[], 10, 10_000).unwrap();
+        let got = q.lease(T0, 0, "w", &[], 10, 10_000).unwrap();
         assert_eq!(got.iter().map(|a| a.task_id).collect::<Vec<_>>(), vec![a]);
         // The lease runs out: the permit is released, the next lease is refused.
         let later = T0 + 10_000;
-        assert!(q.lease(later, "w", &[], 10, 10_000).unwrap().is_empty());
+        assert!(q.lease(later, 0, "w", &[], 10, 10_000).unwrap().is_empty());
         for id in [a, b] {
             assert_eq!(q.get(id).unwrap().state, TaskState::Waiting);
         }
