@@ -1213,6 +1213,37 @@ fn resolve_is_refused_on_keys_that_are_not_uncertain() {
     w.assert_refused_unchanged(resolve(&a, did_not_happen(false)), &Refusal::NotUncertain);
 }
 
+/// Unsafe once, unsafe for good: neither a later grant declaring the key safe nor a resolver
+/// declaring it unsafe on a key granted as safe lets "did not happen" unblock it unforced.
+#[test]
+fn a_key_declared_unsafe_by_any_grant_or_resolver_needs_the_force() {
+    let unsafe_a = unsafe_action("a", "r");
+    let safe_a = action("a", "r");
+    let mut w = World::new();
+    let first = w.grant(T0, &unsafe_a, TTL);
+    w.abandon(T0, &unsafe_a, &first).unwrap();
+    w.grant(T0 + 1, &safe_a, TTL);
+    w.sweep(T0 + 1 + TTL as u64);
+    assert_eq!(w.status("a"), KeyStatus::Uncertain);
+    w.assert_refused_unchanged(
+        resolve(&safe_a, did_not_happen(false)),
+        &Refusal::UnsafeNotRetryable,
+    );
+    // A key only ever granted as safe, resolved by a caller who says it is unsafe.
+    let safe_b = action("b", "r2");
+    let mut w = World::new();
+    w.grant(T0, &safe_b, TTL);
+    w.sweep(T0 + TTL as u64);
+    w.assert_refused_unchanged(
+        resolve(&unsafe_action("b", "r2"), did_not_happen(false)),
+        &Refusal::UnsafeNotRetryable,
+    );
+    assert_eq!(
+        w.resolve(T0 + TTL as u64, &safe_b, did_not_happen(false)),
+        Ok(Resolved::Retryable)
+    );
+}
+
 #[test]
 fn unsafe_did_not_happen_is_not_retryable_without_force() {
     let a = unsafe_action("a", "r");

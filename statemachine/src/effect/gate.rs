@@ -140,7 +140,7 @@ impl Gate {
                 reason: String::new(),
                 reconcile: None,
             });
-        record.safety = action.safety;
+        record.safety = stricter(record.safety, action.safety);
         record.status = KeyStatus::InProgress;
         record.reason.clear();
         record.attempt = Some(Attempt {
@@ -335,7 +335,8 @@ impl Gate {
 
     /// Resolves an uncertain key from downstream facts (no fence check: the original holder may
     /// be long dead). The first resolution wins. For an unsafe action, "did not happen" leaves
-    /// the key blocked unless the resolution forces it retryable.
+    /// the key blocked unless the resolution forces it retryable: unsafe as any grant of the key
+    /// or the resolver declared it ([`stricter`]).
     pub fn resolve_uncertain(
         &mut self,
         clock_ms: u64,
@@ -362,7 +363,9 @@ impl Gate {
             self.note(ChangeKind::Resolved, &action.key, 0);
             return Ok(Resolved::Completed(resolution.result.clone()));
         }
-        if record.safety == RetrySafety::Unsafe && !resolution.force_retryable {
+        if stricter(record.safety, action.safety) == RetrySafety::Unsafe
+            && !resolution.force_retryable
+        {
             return Err(Refusal::UnsafeNotRetryable);
         }
         record.status = KeyStatus::Idle;
@@ -639,4 +642,15 @@ fn mark_intent_expired(record: &mut KeyRecord) -> Option<u64> {
     record.status = KeyStatus::Uncertain;
     record.reason = "execution intent expired unresolved".into();
     record.attempt.as_ref().map(|attempt| attempt.fence)
+}
+
+/// The stricter of two retry safeties. A key declared unsafe once stays unsafe: a later caller
+/// declaring it safe must not make a "did not happen" finding unblock, without the force flag,
+/// an action that may repeat a harmful effect.
+fn stricter(a: RetrySafety, b: RetrySafety) -> RetrySafety {
+    if a == RetrySafety::Unsafe || b == RetrySafety::Unsafe {
+        RetrySafety::Unsafe
+    } else {
+        RetrySafety::Safe
+    }
 }
