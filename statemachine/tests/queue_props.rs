@@ -379,7 +379,7 @@ impl Harness {
                         "cancel of {task:?} at {}",
                         self.clock()
                     );
-                    self.judge_task_command(&before, &task, false, result, |t| {
+                    self.judge_task_command(&before, &task, false, false, result, |t| {
                         t.state == TaskState::Cancelled
                             && t.attempts
                                 .last()
@@ -586,6 +586,7 @@ impl Harness {
             command,
             queue::Command::Complete { .. } | queue::Command::ReportUnknown { .. }
         );
+        let is_start = matches!(command, queue::Command::Start { .. });
         let before = self.q().clone();
         let result = self.send(command);
         let clock = self.clock();
@@ -600,8 +601,13 @@ impl Harness {
         let duplicate = last
             .filter(same)
             .is_some_and(|a| Some(a.outcome) == recorded);
+        // Past the total deadline an attempt never starts: the task fails instead.
+        let starts_too_late = is_start
+            && live.is_some_and(|a| a.started_at_ms.is_none())
+            && task.deadline_ms <= clock;
         let expected = match live {
             Some(a) if needs_start && a.started_at_ms.is_none() => Err(Refusal::NotStarted),
+            Some(_) if starts_too_late => Err(Refusal::LeaseLost),
             Some(_) => Ok(()),
             None if duplicate => Ok(()),
             None => Err(Refusal::LeaseLost),
@@ -643,17 +649,19 @@ impl Harness {
                 assert_eq!(current.ended_at_ms, Some(clock));
             }
         }
-        self.judge_task_command(&before, &task, true, result, |_| true);
+        self.judge_task_command(&before, &task, true, starts_too_late, result, |_| true);
     }
 
     /// A command about one task: success leaves the expected state (a worker's repeated report
     /// about an attempt that already ended is answered and changes nothing); a refusal changes
-    /// nothing but the materialised expiry of the task's own overdue lease.
+    /// nothing but the materialised expiry of the task's own overdue lease (or, for a start past
+    /// the total deadline, `starts_too_late`, its failure).
     fn judge_task_command(
         &self,
         before: &TaskQueue,
         task: &Task,
         report: bool,
+        starts_too_late: bool,
         result: Result<Reply, Refusal>,
         expect: impl Fn(&Task) -> bool,
     ) {
@@ -681,7 +689,12 @@ impl Harness {
                     "unexpected refusal {refusal:?}"
                 );
                 let was = before.get(task.id).unwrap();
-                if judged_state(was, self.clock()) == was.state {
+                let judged = if starts_too_late {
+                    TaskState::Failed
+                } else {
+                    judged_state(was, self.clock())
+                };
+                if judged == was.state {
                     assert_eq!(self.q(), before, "a refused command changed the queue");
                     return;
                 }
@@ -692,7 +705,7 @@ impl Harness {
                     assert_eq!(self.q(), before, "a refused command changed the queue");
                     return;
                 }
-                assert_eq!(now.state, judged_state(was, self.clock()));
+                assert_eq!(now.state, judged);
                 assert_eq!(now.attempts.len(), was.attempts.len());
                 if was.active_attempt().is_some() {
                     assert_eq!(

@@ -11,7 +11,8 @@ use baton_statemachine::queue::{
     MAX_KEY_CHARS, MAX_LEASE_BYTES, MAX_LEASE_SWEEP,
 };
 use baton_statemachine::{
-    apply, Command, Envelope, Origin, Refusal, Reply, Response, Stamp, State,
+    apply, apply_with_changes, ChangeKind, Command, Envelope, Origin, Refusal, Reply, Response,
+    Stamp, State,
 };
 
 const T0: u64 = 1_000_000;
@@ -1589,4 +1590,53 @@ fn deadlines_use_the_store_clock_not_a_lagging_leader_stamp() {
     w.now = store_clock + 2 * LEASE as u64 - 1;
     assert_eq!(w.sweep(), 0);
     assert_eq!(w.holder(NS, K), Some(id));
+}
+
+/// The total deadline counts while a task is leased: past it, the attempt never starts (its
+/// worker hears `LEASE_LOST` and runs nothing), and the task fails as when the lease runs out
+/// unstarted.
+#[test]
+fn an_attempt_never_starts_after_the_total_deadline() {
+    let mut w = World::new();
+    let mut s = spec(Q1, "a", K);
+    s.ttl_ms = 5_000;
+    let a = w.submit(s);
+    let la = w.lease_only(W, a);
+    w.advance(5_000);
+    assert_eq!(w.start(&la, W), Err(Refusal::LeaseLost));
+    let task = w.task(a);
+    assert_eq!(task.state, TaskState::Failed);
+    assert_eq!(outcomes(&task), vec![AttemptOutcome::Expired]);
+    assert_eq!(w.holder(NS, K), None, "the key is free");
+}
+
+/// A back-off that ends past the total deadline fails the task; it is never requeued and
+/// announced leasable first.
+#[test]
+fn a_back_off_ending_past_the_total_deadline_fails_without_a_requeue() {
+    let mut w = World::new();
+    let mut s = spec(Q1, "a", K);
+    s.ttl_ms = 5_000;
+    let a = w.submit(s);
+    let la = w.lease_only(W, a);
+    w.start(&la, W).unwrap();
+    w.advance(4_800);
+    assert_eq!(w.fail(&la, W, true).unwrap().state, TaskState::RetryWait);
+    w.advance(FIRST_BACKOFF);
+    let sweep = Envelope {
+        stamp: Stamp {
+            now_ms: w.now,
+            entropy: 0,
+        },
+        origin: None,
+        command: Command::Sweep,
+    };
+    let (_, changes) = apply_with_changes(&mut w.state, &sweep);
+    let kinds: Vec<ChangeKind> = changes.iter().map(|c| c.kind).collect();
+    assert!(
+        !kinds.contains(&ChangeKind::Requeued) && !kinds.contains(&ChangeKind::Leasable),
+        "{kinds:?}"
+    );
+    assert!(kinds.contains(&ChangeKind::Failed), "{kinds:?}");
+    assert_eq!(w.task(a).state, TaskState::Failed);
 }

@@ -394,6 +394,19 @@ impl TaskQueue {
         if task.state != TaskState::Leased {
             return Ok(task.clone());
         }
+        // The task's total deadline counts while it is leased: past it, the attempt never starts
+        // (as when its lease runs out unstarted) and the task fails.
+        if is_overdue(task.deadline_ms, clock_ms) {
+            self.end_attempt(
+                clock_ms,
+                id,
+                AttemptOutcome::Expired,
+                "the task's total deadline passed before the attempt started".into(),
+                TaskState::Failed,
+            )?;
+            return Err(Refusal::LeaseLost);
+        }
+        let task = self.active(id, attempt, worker)?;
         task.state = TaskState::Running;
         if let Some(current) = task.attempts.last_mut() {
             current.started_at_ms = Some(clock_ms);
@@ -592,6 +605,18 @@ impl TaskQueue {
                 break;
             }
             self.retries.pop_first();
+            // A back-off that ends past the task's total deadline fails it: requeued, it would
+            // be announced leasable, and a lease would only fail it.
+            if self
+                .tasks
+                .get(&id)
+                .is_some_and(|t| is_overdue(t.deadline_ms, clock_ms))
+            {
+                if self.fail_past_deadline(id) {
+                    changed += 1;
+                }
+                continue;
+            }
             if let Some(task) = self.tasks.get_mut(&id).map(Arc::make_mut) {
                 task.state = TaskState::Waiting;
                 task.retry_at_ms = None;
