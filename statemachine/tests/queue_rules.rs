@@ -1448,9 +1448,9 @@ fn leasing_fails_overdue_waiting_tasks_instead_of_handing_them_out() {
     assert_eq!(w.highest(NS, K), 0);
 }
 
-#[test]
-fn the_total_deadline_fails_a_task_in_back_off() {
-    let mut w = World::new();
+/// A task with a total deadline of 5 s whose first attempt failed retryably at 4.8 s: its
+/// back-off ends past the deadline.
+fn backing_off_near_its_deadline(w: &mut World) -> u64 {
     let mut s = spec(Q1, "a", K);
     s.ttl_ms = 5_000;
     let a = w.submit(s);
@@ -1458,6 +1458,13 @@ fn the_total_deadline_fails_a_task_in_back_off() {
     w.start(&la, W).unwrap();
     w.advance(4_800);
     assert_eq!(w.fail(&la, W, true).unwrap().state, TaskState::RetryWait);
+    a
+}
+
+#[test]
+fn the_total_deadline_fails_a_task_in_back_off() {
+    let mut w = World::new();
+    let a = backing_off_near_its_deadline(&mut w);
     w.advance(200);
     w.sweep();
     let task = w.task(a);
@@ -1615,13 +1622,7 @@ fn an_attempt_never_starts_after_the_total_deadline() {
 #[test]
 fn a_back_off_ending_past_the_total_deadline_fails_without_a_requeue() {
     let mut w = World::new();
-    let mut s = spec(Q1, "a", K);
-    s.ttl_ms = 5_000;
-    let a = w.submit(s);
-    let la = w.lease_only(W, a);
-    w.start(&la, W).unwrap();
-    w.advance(4_800);
-    assert_eq!(w.fail(&la, W, true).unwrap().state, TaskState::RetryWait);
+    let a = backing_off_near_its_deadline(&mut w);
     w.advance(FIRST_BACKOFF);
     let sweep = Envelope {
         stamp: Stamp {
