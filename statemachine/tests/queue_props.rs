@@ -701,11 +701,15 @@ impl Harness {
                 // The only change allowed: the task's own overdue lease or deadline was
                 // materialised.
                 let now = self.q().get(task.id).unwrap();
-                if now == was {
+                if now == was && !starts_too_late {
                     assert_eq!(self.q(), before, "a refused command changed the queue");
                     return;
                 }
                 assert_eq!(now.state, judged);
+                if starts_too_late && !now.spec.concurrency_key.is_empty() {
+                    let key = &now.spec.concurrency_key;
+                    assert_eq!(self.q().permit_holder(&now.namespace, key), None);
+                }
                 assert_eq!(now.attempts.len(), was.attempts.len());
                 if was.active_attempt().is_some() {
                     assert_eq!(

@@ -581,7 +581,7 @@ impl TaskQueue {
         clock_ms: u64,
         leases: usize,
         retries: usize,
-        deadlines: usize,
+        mut deadlines: usize,
     ) -> u64 {
         let mut changed = 0;
         for _ in 0..leases {
@@ -606,7 +606,9 @@ impl TaskQueue {
             }
             self.retries.pop_first();
             // A back-off that ends past the task's total deadline fails it: requeued, it would
-            // be announced leasable, and a lease would only fail it.
+            // be announced leasable, and a lease would only fail it. That takes the task's
+            // deadline, due no later, off the deadlines to come: it counts against their bound,
+            // so the sweep never reaches a deadline its leader did not weigh.
             if self
                 .tasks
                 .get(&id)
@@ -615,6 +617,7 @@ impl TaskQueue {
                 if self.fail_past_deadline(id) {
                     changed += 1;
                 }
+                deadlines = deadlines.saturating_sub(1);
                 continue;
             }
             if let Some(task) = self.tasks.get_mut(&id).map(Arc::make_mut) {
