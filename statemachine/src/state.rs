@@ -54,8 +54,8 @@ impl State {
     /// created from now on start at ([`State::fence_floor`]): the old cluster may have created a
     /// resource, task or key after the save and handed out its first fences. The next one of each
     /// is then above any the store handed out after this state was saved, as long as no key was
-    /// granted `by` times since. A raise is at most [`MAX_FENCE_RAISE`] (a larger `by` raises by that),
-    /// so that counters minted by adding one stay far from their end.
+    /// granted `by` times since. A raise is at most [`MAX_FENCE_RAISE`] (a larger `by` raises by
+    /// that), so that counters minted by adding one stay far from their end.
     ///
     /// For a restore from a backup: the old cluster went on minting after the save, and the
     /// restored one would otherwise mint those fences again (contract §0: never reset, never
