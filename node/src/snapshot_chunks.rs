@@ -7,7 +7,9 @@
 //! accepted one ended, and may send one again (its answer lost), so no legitimate chunk starts
 //! past the end of what was received of its snapshot. Any other chunk is answered as openraft
 //! answers a chunk of a snapshot it is not receiving: a mismatch, on which the leader sends the
-//! snapshot again from its start.
+//! snapshot again from its start. The last chunk ends the snapshot's reception, here as in
+//! openraft (which drops its buffer then): the same snapshot sent again starts a new buffer at 0,
+//! and a late chunk of the first sending must not land in it past what the new one received.
 
 use std::sync::{Arc, Mutex};
 
@@ -30,9 +32,13 @@ struct Received {
     end: u64,
 }
 
-/// An admitted chunk: its snapshot and where it ends, recorded once openraft wrote it.
+/// An admitted chunk: its snapshot, where it ends and whether it is the last one, recorded once
+/// openraft wrote it.
 #[derive(Debug)]
-pub struct Admitted(Received);
+pub struct Admitted {
+    chunk: Received,
+    last: bool,
+}
 
 impl ChunkIntake {
     /// Whether `chunk` starts within what was received of its snapshot (or at the start of a
@@ -47,10 +53,13 @@ impl ChunkIntake {
             _ => 0,
         };
         if chunk.offset <= end {
-            return Ok(Admitted(Received {
-                snapshot_id: chunk.meta.snapshot_id.clone(),
-                end: chunk.offset.saturating_add(chunk.data.len() as u64),
-            }));
+            return Ok(Admitted {
+                chunk: Received {
+                    snapshot_id: chunk.meta.snapshot_id.clone(),
+                    end: chunk.offset.saturating_add(chunk.data.len() as u64),
+                },
+                last: chunk.done,
+            });
         }
         let at = |offset| SnapshotSegmentId {
             id: chunk.meta.snapshot_id.clone(),
@@ -62,9 +71,14 @@ impl ChunkIntake {
         }))
     }
 
-    /// Records that the `admitted` chunk was written.
-    pub fn accepted(&self, Admitted(chunk): Admitted) {
+    /// Records that the `admitted` chunk was written; after the last one, nothing is being
+    /// received.
+    pub fn accepted(&self, Admitted { chunk, last }: Admitted) {
         let mut received = self.received.lock().unwrap_or_else(|e| e.into_inner());
+        if last {
+            *received = None;
+            return;
+        }
         match &mut *received {
             Some(received) if received.snapshot_id == chunk.snapshot_id => {
                 received.end = received.end.max(chunk.end);
@@ -116,6 +130,21 @@ mod tests {
         // Another snapshot starts at its start.
         assert!(take(&intake, &chunk("b", 0, 4)));
         assert!(take(&intake, &chunk("b", 4, 4)));
+    }
+
+    /// After the last chunk, the same snapshot sent again starts from nothing received: a late
+    /// chunk of the first sending is a mismatch, not written past the start of the new buffer.
+    #[test]
+    fn a_snapshot_received_whole_is_received_anew_from_its_start() {
+        let intake = ChunkIntake::default();
+        assert!(take(&intake, &chunk("a", 0, 50)));
+        let mut last = chunk("a", 50, 50);
+        last.done = true;
+        assert!(take(&intake, &last));
+        assert!(!take(&intake, &chunk("a", 50, 10)), "a late chunk");
+        assert!(take(&intake, &chunk("a", 0, 10)));
+        assert!(!take(&intake, &chunk("a", 90, 10)), "a late chunk");
+        assert!(take(&intake, &chunk("a", 10, 10)));
     }
 
     #[test]
