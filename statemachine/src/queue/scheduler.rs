@@ -406,7 +406,6 @@ impl TaskQueue {
             )?;
             return Err(Refusal::LeaseLost);
         }
-        let task = self.active(id, attempt, worker)?;
         task.state = TaskState::Running;
         if let Some(current) = task.attempts.last_mut() {
             current.started_at_ms = Some(clock_ms);
