@@ -156,6 +156,17 @@ async fn t50_cli_contract_against_a_live_cluster() {
         "{race}"
     );
 
+    // Its winner keeps the ticket until the deadline: racing the key again then would pit the
+    // takers against that winner (every one `TAKEN`), which is refused, not judged a failure.
+    let again = baton(
+        &bin,
+        e,
+        &["ticket", "race", "--key", "cli-race", "--takers", "2"],
+    )
+    .await;
+    assert_eq!(again.code, Some(2), "{again}");
+    assert!(again.stderr.contains("an earlier race's ticket"), "{again}");
+
     // A race never takes real work: the key of the ticket taken above, a task seeded for work.
     let refused = baton(
         &bin,

@@ -298,6 +298,19 @@ fn not_a_race_ticket(key: &str, ticket: &Ticket) -> u8 {
     exit::USAGE
 }
 
+/// A race ticket still offered or taken is an earlier race's (its winner keeps it until the
+/// deadline): the offer would answer with it as it stands, and every taker would lose to that
+/// winner, which says nothing of the store.
+fn race_still_live(key: &str, ticket: &Ticket) -> u8 {
+    eprintln!(
+        "baton: {key:?} holds an earlier race's ticket ({}, until {}): race again once it is \
+         over, or race another key",
+        ticket.state.as_str(),
+        rfc3339(ticket.deadline_ms)
+    );
+    exit::USAGE
+}
+
 async fn race(client: &Client, key: String, takers: usize, ttl: Duration) -> u8 {
     if takers == 0 {
         eprintln!("baton: --takers must be at least 1");
@@ -323,6 +336,9 @@ async fn race(client: &Client, key: String, takers: usize, ttl: Duration) -> u8 
         .await;
     let ticket = match offered {
         Ok(ticket) if ticket.from != RACE_SOURCE => return not_a_race_ticket(&key, &ticket),
+        Ok(ticket) if ticket.state != TicketState::Offered => {
+            return race_still_live(&key, &ticket);
+        }
         Ok(ticket) => ticket,
         Err(error) => return exit::report(&error),
     };
