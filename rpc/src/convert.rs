@@ -63,9 +63,10 @@ pub fn ticket_to_proto(ticket: &Ticket) -> proto::Ticket {
     }
 }
 
-/// A protobuf ticket as a state-machine ticket. Nothing is rejected: an unknown state or receipt
-/// status is kept visible (as [`TicketState::Unrecognized`] / a dropped receipt) so that `check`
-/// can report what a broken store sent.
+/// A protobuf ticket as a state-machine ticket. Nothing is rejected: an unknown state is kept as
+/// [`TicketState::Unrecognized`] and a receipt that cannot be read is dropped, both of which
+/// `check` reports (an unknown state; a closed ticket without its receipt), so that it can judge
+/// what a broken store sent.
 pub fn ticket_from_proto(ticket: proto::Ticket) -> Ticket {
     Ticket {
         key: ticket.key,

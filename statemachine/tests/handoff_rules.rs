@@ -1710,6 +1710,24 @@ fn check_reports_receipt_without_close() {
         codes(&[withdrawn_with_time], T0),
         only("c", ProblemCode::ReceiptWithoutClose)
     );
+    // A receipt a client could not read arrives as none: a closed ticket without one is reported.
+    let closed_without_receipt = Ticket {
+        receipt: None,
+        ..closed_ticket("d")
+    };
+    assert_eq!(
+        codes(&[closed_without_receipt], T0),
+        only("d", ProblemCode::ReceiptWithoutClose)
+    );
+    let expired_with_receipt = Ticket {
+        state: TicketState::Expired,
+        receipt_at_ms: None,
+        ..closed_ticket("e")
+    };
+    assert_eq!(
+        codes(&[expired_with_receipt], T0),
+        only("e", ProblemCode::ReceiptWithoutClose)
+    );
 }
 
 #[test]

@@ -29,7 +29,7 @@ pub enum ProblemCode {
     HolderMismatch,
     /// A ticket without a store-minted generation.
     MissingGeneration,
-    /// A closed ticket without its receipt time, or a receipt time on a ticket not closed.
+    /// A closed ticket without its receipt (or its time), or a receipt on a ticket not closed.
     ReceiptWithoutClose,
     /// An offered ticket past its deadline that nobody marked expired: the source still
     /// nominally holds responsibility nobody is exercising.
@@ -155,19 +155,27 @@ pub fn check(tickets: &[Ticket], now_ms: u64) -> Vec<Problem> {
                 format!("{} ticket still names a holder", t.state.as_str()),
             );
         }
+        // A reply sets the receipt and its time together; a client drops a receipt it cannot
+        // read, so a missing one is also how a garbled receipt shows.
         let closed = t.state == TicketState::Closed;
-        if closed && t.receipt_at_ms.is_none() {
+        let missing = match (t.receipt_at_ms.is_some(), t.receipt.is_some()) {
+            (true, true) => None,
+            (false, true) => Some("receipt time"),
+            (true, false) => Some("receipt"),
+            (false, false) => Some("receipt or receipt time"),
+        };
+        if let (true, Some(missing)) = (closed, missing) {
             report(
                 key,
                 ProblemCode::ReceiptWithoutClose,
-                "closed ticket has no receipt time".into(),
+                format!("closed ticket has no {missing}"),
             );
         }
-        if !closed && t.receipt_at_ms.is_some() {
+        if !closed && (t.receipt_at_ms.is_some() || t.receipt.is_some()) {
             report(
                 key,
                 ProblemCode::ReceiptWithoutClose,
-                format!("{} ticket carries a receipt time", t.state.as_str()),
+                format!("{} ticket carries a receipt", t.state.as_str()),
             );
         }
         if t.deadline_ms != 0 && is_overdue(t.deadline_ms, now_ms) {
