@@ -109,6 +109,11 @@ impl Admission {
         self.inner.closed.borrow().is_some()
     }
 
+    /// The status a new client request gets now, if the gate is closed.
+    pub fn refusal_now(&self) -> Option<tonic::Status> {
+        (*self.inner.closed.borrow()).map(refusal)
+    }
+
     /// Whether the gate closed for a shutdown (it never reopens then).
     pub fn shutting_down(&self) -> bool {
         *self.inner.closed.borrow() == Some(Closed::ShuttingDown)

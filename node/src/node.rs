@@ -10,6 +10,7 @@ use openraft::error::{ClientWriteError, ForwardToLeader, RaftError};
 use openraft::BasicNode;
 use tonic::{Code, Status};
 
+use crate::admission::Admission;
 use crate::deposed::unless_deposed;
 use crate::proposer::Proposer;
 use crate::read_index::{Nudge, ReadIndex};
@@ -43,18 +44,19 @@ pub type NodeRef = Arc<Node>;
 
 impl Node {
     /// A node over a started Raft instance and its state machine (starts its proposer task, so
-    /// call it inside the runtime).
+    /// call it inside the runtime); it proposes nothing while `gate` is closed.
     pub fn new(
         id: NodeId,
         addr: String,
         raft: Raft,
         state_machine: StateMachineStore,
+        gate: Admission,
         nudge: Nudge,
     ) -> Self {
         Self {
             id,
             addr,
-            proposer: Proposer::start(raft.clone()),
+            proposer: Proposer::start(raft.clone(), gate),
             read_index: ReadIndex::start(raft.clone(), nudge),
             raft,
             state_machine,
@@ -282,6 +284,11 @@ mod tests {
 
     /// A one-member cluster in this process, leading, over storage in `dir`.
     async fn lone_leader(dir: &std::path::Path) -> Node {
+        lone_leader_behind(dir, Admission::new(None)).await
+    }
+
+    /// [`lone_leader`] behind the admission gate `gate`.
+    async fn lone_leader_behind(dir: &std::path::Path, gate: Admission) -> Node {
         let (log, state_machine) =
             crate::store::open_with(&dir.join("db"), Default::default()).unwrap();
         let config = openraft::Config {
@@ -303,8 +310,43 @@ mod tests {
             .current_leader(1, "leading")
             .await
             .unwrap();
-        let nudge = Nudge::new(Admission::new(None), Duration::from_millis(400));
-        Node::new(1, "127.0.0.1:1".into(), raft, state_machine, nudge)
+        let nudge = Nudge::new(gate.clone(), Duration::from_millis(400));
+        Node::new(1, "127.0.0.1:1".into(), raft, state_machine, gate, nudge)
+    }
+
+    /// A command still queued when the gate closes (its caller may have given up, so the
+    /// handover's drain does not wait for it) is answered with the gate's refusal, not written:
+    /// a leader handing over appends nothing after its drain.
+    #[tokio::test]
+    async fn nothing_is_proposed_while_the_gate_is_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        let gate = Admission::new(None);
+        let node = lone_leader_behind(dir.path(), gate.clone()).await;
+        let seed = |id: &str| {
+            Command::Board(board::Command::Seed(vec![board::TaskSpec {
+                id: id.into(),
+                deps: vec![],
+            }]))
+        };
+        node.propose(None, seed("before")).await.unwrap();
+        let last_log = node.raft.metrics().borrow().last_log_index;
+
+        gate.close(crate::admission::Closed::HandingOver);
+        let status = node.propose(None, seed("during")).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        assert_eq!(node.raft.metrics().borrow().last_log_index, last_log);
+        assert!(node
+            .state_machine
+            .read()
+            .state
+            .board
+            .get("during")
+            .is_none());
+
+        gate.reopen();
+        node.propose(None, seed("after")).await.unwrap();
+        assert!(node.state_machine.read().state.board.get("after").is_some());
+        node.raft.shutdown().await.unwrap();
     }
 
     fn origin(client_id: u64, seq: u64) -> Origin {

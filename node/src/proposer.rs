@@ -12,6 +12,11 @@
 //! Each command keeps its own stamp and origin and is applied on its own, in queue order, so
 //! batching changes no outcome: it is as if the entries had been appended one after another.
 //!
+//! While the admission gate is closed (a handover or a shutdown), queued commands are answered
+//! with the gate's refusal instead of being written: their callers may have given up (the
+//! handover's drain counts only callers still waiting), and an entry appended after the drain
+//! would leave the handover's target behind the log it was promised.
+//!
 //! The proposer also knows which client requests it holds ([`Proposer::is_proposing`]): a repeat
 //! of one of them must go to the log, where the session table gives it the first attempt's
 //! answer, and not be judged on state that does not include the first attempt yet.
@@ -24,6 +29,7 @@ use baton_statemachine::{Command, Envelope, Origin, Response};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tonic::{Code, Status};
 
+use crate::admission::Admission;
 use crate::codec;
 use crate::deposed::unless_deposed;
 use crate::stamp;
@@ -106,10 +112,10 @@ impl Drop for Held {
 }
 
 impl Proposer {
-    /// Starts the batching task for `raft`.
-    pub fn start(raft: Raft) -> Self {
+    /// Starts the batching task for `raft`, which writes nothing while `gate` is closed.
+    pub fn start(raft: Raft, gate: Admission) -> Self {
         let (queue, pending) = mpsc::channel(QUEUE_DEPTH);
-        tokio::spawn(batch_loop(raft, pending));
+        tokio::spawn(batch_loop(raft, gate, pending));
         Self {
             queue,
             proposing: Proposing::default(),
@@ -160,7 +166,7 @@ fn shutting_down() -> Status {
 
 /// Takes a write slot, then everything queued by then (up to the batch limits), and writes it as
 /// one entry in a task of its own.
-async fn batch_loop(raft: Raft, mut queue: mpsc::Receiver<Pending>) {
+async fn batch_loop(raft: Raft, gate: Admission, mut queue: mpsc::Receiver<Pending>) {
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else {
@@ -175,6 +181,14 @@ async fn batch_loop(raft: Raft, mut queue: mpsc::Receiver<Pending>) {
             let Ok(next) = queue.try_recv() else { break };
             bytes = bytes.saturating_add(next.bytes);
             batch.push(next);
+        }
+        if let Some(refusal) = gate.refusal_now() {
+            // Nothing of it reaches the log: the refusal is the truth, and a retry may go
+            // anywhere.
+            for pending in batch {
+                let _ = pending.answer.send(Err(refusal.clone()));
+            }
+            continue;
         }
         tokio::spawn(write_batch(raft.clone(), batch, slot));
     }

@@ -164,6 +164,7 @@ pub async fn serve_secured(
         config.advertise.clone(),
         raft.clone(),
         state_machine,
+        admission.clone(),
         Nudge::new(admission.clone(), config.raft.election_timing().lease),
     ));
     tracing::info!(id = config.id, addr = %config.advertise, data_dir = %config.data_dir.display(), "node started");
