@@ -276,11 +276,7 @@ fn t71_a_release_with_a_superseded_claim_and_a_lost_fence_are_reported() {
 /// the second claim, or a second claim after the TTL, explains it.
 #[test]
 fn t71_two_holders_at_once_are_reported_even_with_rising_fences() {
-    let release = Input::ReleaseTask {
-        task: "task-0".into(),
-        token: "t1".into(),
-        fence: 1,
-    };
+    let release = release_of_first();
     let history = |second_claim_at: u64, release_before: bool| {
         let mut h = H::default();
         h.ok("a0", claim_of("a0"), 0, 10, lease_of(1));
@@ -315,14 +311,6 @@ fn t71_two_holders_at_once_are_reported_even_with_rising_fences() {
     }
     // The same rule guards side-effect holds and queue permits.
     let mut h = H::default();
-    let acquire = |key: &str| Input::Acquire {
-        key: key.into(),
-        resource: "res-0".into(),
-    };
-    let granted = |fence| Output::Granted {
-        fence,
-        holder: String::new(),
-    };
     h.ok("h0", acquire("h0/1"), 0, 10, granted(1));
     h.ok("h1", acquire("h1/1"), 20, 30, granted(2));
     let violations = effect::check(&h.ops, 100_000);
@@ -406,15 +394,7 @@ fn t71_two_overlapping_grants_are_two_holders_at_once() {
     // A release of the first grant sent before the second returned explains the pair.
     let mut h = H::default();
     h.ok("a0", claim_of("a0"), 0, 5, lease_of(1));
-    h.ambiguous(
-        "a0",
-        Input::ReleaseTask {
-            task: "task-0".into(),
-            token: "t1".into(),
-            fence: 1,
-        },
-        8,
-    );
+    h.ambiguous("a0", release_of_first(), 8);
     h.ok("a1", claim_of("a1"), 3, 20, lease_of(2));
     let violations = board::check(&h.ops, 100_000);
     assert_reported(&violations, "exclusive-hold", false);
@@ -553,17 +533,7 @@ async fn t71_recovery_needs_a_grant_not_just_answers() {
 fn t71_a_refused_release_does_not_end_a_hold() {
     let mut h = H::default();
     h.ok("a0", claim_of("a0"), 0, 10, lease_of(1));
-    h.refused(
-        "a0",
-        Input::ReleaseTask {
-            task: "task-0".into(),
-            token: "t1".into(),
-            fence: 1,
-        },
-        15,
-        18,
-        "LEASE_LOST",
-    );
+    h.refused("a0", release_of_first(), 15, 18, "LEASE_LOST");
     h.ok("a1", claim_of("a1"), 20, 30, lease_of(2));
     h.ok(
         "final",
@@ -574,6 +544,83 @@ fn t71_a_refused_release_does_not_end_a_hold() {
     );
     let violations = board::check(&h.ops, 100_000);
     assert_reported(&violations, "exclusive-hold", true);
+}
+
+/// An effect's completion keeps its resource held (only a release or the TTL frees it): a grant
+/// to another holder between a completion and its release is two holders at once.
+#[test]
+fn t71_an_effect_completion_does_not_end_its_hold() {
+    let ending = |release: bool| {
+        let (key, resource, fence) = ("h0/1".to_string(), "res-0".to_string(), 1);
+        if release {
+            Input::ReleaseEffect {
+                key,
+                resource,
+                fence,
+            }
+        } else {
+            Input::CompleteEffect {
+                key,
+                resource,
+                fence,
+            }
+        }
+    };
+    for release in [false, true] {
+        let mut h = H::default();
+        h.ok("h0", acquire("h0/1"), 0, 10, granted(1));
+        h.ok("h0", ending(release), 12, 15, Output::Done);
+        h.ok("h1", acquire("h1/1"), 20, 30, granted(2));
+        let violations = effect::check(&h.ops, 100_000);
+        assert_reported(&violations, "exclusive-hold", !release);
+    }
+}
+
+/// A refusal a correct store never gives the call (an unknown seeded task, a mismatched resource
+/// on a fresh key, an unknown registered worker) is reported; the refusals the workloads expect
+/// are not, and the workloads whose models judge every refusal are left to them.
+#[test]
+fn t71_a_refusal_no_correct_store_gives_is_reported() {
+    let mut h = H::default();
+    h.refused("a0", claim_of("a0"), 0, 10, "TAKEN");
+    h.refused("a0", release_of_first(), 10, 20, "LEASE_LOST");
+    h.refused(
+        "h0",
+        write("sink-effect-res-0", 1, "h0/1"),
+        20,
+        30,
+        "FENCE_STALE",
+    );
+    h.refused("c0", take("ticket-0"), 30, 40, "EXPIRED");
+    assert!(check::unexpected_refusals(&h.ops).is_empty());
+    h.refused("a1", claim_of("a1"), 40, 50, "UNKNOWN_TASK");
+    h.refused("a1", claim_of("a1"), 50, 60, "UNKNOWN_TASK");
+    h.refused("a1", claim_of("a1"), 60, 70, "UNKNOWN_TASK");
+    h.refused(
+        "h1",
+        Input::Acquire {
+            key: "h1/1".into(),
+            resource: "res-0".into(),
+        },
+        70,
+        80,
+        "RESOURCE_MISMATCH",
+    );
+    h.refused(
+        "w0",
+        Input::Lease {
+            worker: "w0".into(),
+        },
+        80,
+        90,
+        "UNKNOWN_WORKER",
+    );
+    let violations = check::unexpected_refusals(&h.ops);
+    let ops: Vec<Vec<usize>> = violations.iter().map(|v| v.ops.clone()).collect();
+    // Two shown of the three UNKNOWN_TASK, with the count.
+    assert_eq!(ops, [vec![7], vec![4], vec![5], vec![8]], "{violations:?}");
+    assert!(violations[1].detail.contains("3 such"), "{violations:?}");
+    assert_eq!(rules(&violations), ["unexpected-refusal"]);
 }
 
 fn sink_read(resource: &str) -> Input {
@@ -1053,6 +1100,31 @@ fn t71_a_reply_cannot_match_a_take_whose_token_nobody_saw() {
     assert!(violations.is_empty(), "{violations:?}");
 }
 
+/// An acquire of `key` on the resource `res-0`.
+fn acquire(key: &str) -> Input {
+    Input::Acquire {
+        key: key.into(),
+        resource: "res-0".into(),
+    }
+}
+
+/// An acquire's grant at `fence`.
+fn granted(fence: u64) -> Output {
+    Output::Granted {
+        fence,
+        holder: String::new(),
+    }
+}
+
+/// The release of the first claim of `task-0` (fence 1, token `t1`).
+fn release_of_first() -> Input {
+    Input::ReleaseTask {
+        task: "task-0".into(),
+        token: "t1".into(),
+        fence: 1,
+    }
+}
+
 fn claim_of(agent: &str) -> Input {
     Input::Claim {
         task: "task-0".into(),
@@ -1103,17 +1175,7 @@ fn t71_taken_for_a_free_task_is_reported() {
     // Released (acknowledged) before the refused claim was sent.
     let mut h = H::default();
     h.ok("a1", claim_of("a1"), 0, 5, lease_of(1));
-    h.ok(
-        "a1",
-        Input::ReleaseTask {
-            task: "task-0".into(),
-            token: "t1".into(),
-            fence: 1,
-        },
-        6,
-        8,
-        Output::Done,
-    );
+    h.ok("a1", release_of_first(), 6, 8, Output::Done);
     h.refused("a0", claim_of("a0"), 10, 20, "TAKEN");
     assert_eq!(board_rules(h, 100, 1), ["unexplained-taken"]);
     // Expired long before.

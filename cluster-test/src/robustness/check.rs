@@ -255,6 +255,77 @@ pub fn unexpected_errors(history: &[Op]) -> Vec<Violation> {
         .collect()
 }
 
+/// The refusals a workload's call can meet from a correct store, or `None` where the
+/// workload's own model judges every refusal (tickets, checkpoints, submissions). A call of the
+/// board, the effect gate, the sink or the queue refused with any other code is a violation:
+/// a store that answers `UNKNOWN_TASK` or `RESOURCE_MISMATCH` for a while after a failover (or
+/// an infrastructure failure dressed as a contract code, which §0 forbids) would otherwise
+/// pass, since a refusal changes nothing the other rules look at.
+fn refusals_allowed(input: &Input) -> Option<&'static [&'static str]> {
+    Some(match input {
+        Input::Offer { .. }
+        | Input::Take { .. }
+        | Input::Reply { .. }
+        | Input::Cancel { .. }
+        | Input::Read { .. }
+        | Input::Submit { .. }
+        | Input::SaveCheckpoint { .. }
+        | Input::LoadCheckpoint { .. } => return None,
+        // Seeded tasks without dependencies, never completed: only another agent's claim.
+        Input::Claim { .. } => &["TAKEN"],
+        // The claim ran out (a stall, a fault) and maybe went to another agent.
+        Input::ReleaseTask { .. } | Input::RenewTask { .. } => &["LEASE_LOST"],
+        // The lease ran out and the resource moved on, or the intent ran out (key uncertain).
+        Input::CompleteEffect { .. } | Input::ReleaseEffect { .. } => {
+            &["FENCE_STALE", "NOT_HOLDER"]
+        }
+        Input::SinkWrite { .. } => &["FENCE_STALE"],
+        // A sink nobody's write reached.
+        Input::SinkRead { .. } => &["NOT_FOUND"],
+        // The attempt's lease ran out (a stall, a fault) and the attempt ended.
+        Input::StartAttempt { .. } | Input::CompleteAttempt { .. } => &["LEASE_LOST"],
+        // Fresh keys on their own resources, registered workers, listed or granted ids.
+        Input::ListTasks
+        | Input::Acquire { .. }
+        | Input::ShowAction { .. }
+        | Input::Lease { .. }
+        | Input::Attempts { .. } => &[],
+    })
+}
+
+/// Every refusal of a call that a correct store does not make for it ([`refusals_allowed`]).
+/// Reports the first few of each code, and how many there were.
+pub fn unexpected_refusals(history: &[Op]) -> Vec<Violation> {
+    const SHOWN_PER_CODE: usize = 2;
+    let mut by_code: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
+    for op in history {
+        let (Some(code), Some(allowed)) = (op.refused(), refusals_allowed(&op.input)) else {
+            continue;
+        };
+        if !allowed.contains(&code) {
+            by_code.entry(code).or_default().push(op);
+        }
+    }
+    by_code
+        .into_iter()
+        .flat_map(|(code, ops)| {
+            let count = ops.len();
+            ops.into_iter().take(SHOWN_PER_CODE).map(move |op| {
+                Violation::new(
+                    "unexpected-refusal",
+                    "-",
+                    format!(
+                        "{} was refused {code}, which a correct store never answers it ({count} \
+                         such in the run)",
+                        op.input
+                    ),
+                    vec![op.index],
+                )
+            })
+        })
+        .collect()
+}
+
 /// How much earlier than the history's clock the store's clock may run when [`exclusive_holds`]
 /// counts a lease's TTL: the history counts on this process's monotonic clock, the store on its
 /// leader's wall clock (the same machine's), which agree to well within this over a run.
@@ -271,8 +342,8 @@ pub const CLOCK_SLACK_US: u64 = 250_000;
 /// never judges. `g1` was then certainly live when `g2` was applied (at the latest when `g2`
 /// returned) if `g2` returned before `g1`'s TTL ran out counted from `g1`'s invocation (the
 /// store counts the TTL from its apply, which comes after the invocation; less
-/// [`CLOCK_SLACK_US`]), and no operation in `ends` (every call that could end a grant — release,
-/// complete —, answered or not, but not refused: a refusal ends nothing; matched by key and
+/// [`CLOCK_SLACK_US`]), and no operation in `ends` (every call that could end a grant — a release, a
+/// queue attempt's completion; not an effect's completion, which keeps its hold —, answered or not, but not refused: a refusal ends nothing; matched by key and
 /// fence) on `g1` was invoked before `g2` returned. Renewals only make a lease longer and are
 /// ignored. Pairs with equal fences are [`unique_grants`]'s, and pairs whose fences contradict
 /// real-time order [`increasing_fences`]'.

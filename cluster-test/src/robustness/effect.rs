@@ -223,10 +223,9 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
     let mut ends = Vec::new();
     let mut violations = Vec::new();
     for op in history {
-        if let Input::CompleteEffect {
-            resource, fence, ..
-        }
-        | Input::ReleaseEffect {
+        // Only a release ends a hold: a completion keeps it (the key is done, the resource
+        // still held) until its release or its TTL.
+        if let Input::ReleaseEffect {
             resource, fence, ..
         } = &op.input
         {

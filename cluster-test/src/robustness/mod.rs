@@ -447,15 +447,25 @@ impl Workloads {
 
     /// Stops every client and waits for the operations in flight (each is bounded by the
     /// client's deadline); a client still busy after `limit` is aborted and its operation stays
-    /// ambiguous.
-    async fn stop(self, limit: Duration) {
+    /// ambiguous. A client that panicked (the library on an answer it could not handle, say) is
+    /// a violation: its operation stayed pending, which the rules count as merely unknown.
+    async fn stop(self, limit: Duration) -> Vec<Violation> {
         self.stop.store(true, Ordering::Relaxed);
         let deadline = tokio::time::Instant::now() + limit;
+        let mut violations = Vec::new();
         for mut task in self.tasks {
-            if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
-                task.abort();
+            match tokio::time::timeout_at(deadline, &mut task).await {
+                Err(_) => task.abort(),
+                Ok(Err(error)) if error.is_panic() => violations.push(Violation::new(
+                    "workload-panic",
+                    "-",
+                    format!("a workload client stopped by a panic: {error}"),
+                    Vec::new(),
+                )),
+                Ok(_) => {}
             }
         }
+        violations
     }
 }
 
@@ -604,15 +614,12 @@ async fn drive<T: Target>(
     let (mut violations, final_from) = match unrecovered {
         // No read-back from a cluster that did not recover, but the history so far is still
         // judged: a store that broke a rule under the faults may be why it did not recover.
-        Some(_) => {
-            workloads.stop(Duration::from_secs(15)).await;
-            (Vec::new(), None)
-        }
+        Some(_) => (workloads.stop(Duration::from_secs(15)).await, None),
         None => {
             let recovered_at = rec.clock().now();
-            let violations = available_again(&rec, recovered_at, settings.recovery_limit).await;
+            let mut violations = available_again(&rec, recovered_at, settings.recovery_limit).await;
             phase("granted again");
-            workloads.stop(Duration::from_secs(20)).await;
+            violations.extend(workloads.stop(Duration::from_secs(20)).await);
             phase("workloads stopped");
             let final_from = rec.clock().now();
             let mut keys = tickets.clone();
@@ -686,6 +693,7 @@ fn checks(history: &[Op], final_from: u64) -> Vec<Violation> {
     violations.extend(queue::check(history, final_from));
     violations.extend(checkpoint::check(history, final_from));
     violations.extend(check::unexpected_errors(history));
+    violations.extend(check::unexpected_refusals(history));
     violations
 }
 
