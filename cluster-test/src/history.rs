@@ -20,6 +20,9 @@ pub enum Ack {
         key: String,
         /// The generation the offer returned.
         generation: u64,
+        /// How far the workload goes with the ticket at most: 0 the offer only, 1 a take, 2 a
+        /// take and a reply. The store has no business going further.
+        steps: usize,
     },
     /// `take` answered with this handle.
     Take {
@@ -72,6 +75,7 @@ pub fn lock(history: &SharedHistory) -> MutexGuard<'_, History> {
 #[derive(Debug, Default)]
 struct Expected {
     generation: Option<u64>,
+    steps: usize,
     take: Option<(String, Handle)>,
     receipt: Option<Receipt>,
 }
@@ -108,8 +112,9 @@ impl History {
     /// Compares every acknowledged operation with a snapshot read afterwards; returns one line
     /// per violation (empty when nothing acknowledged was lost).
     ///
-    /// - an acked offer's ticket exists, is not withdrawn or expired, and its generation is at
-    ///   least the acked one;
+    /// - an acked offer's ticket exists, is not withdrawn or expired, has the acked generation
+    ///   (each key is offered once, with a TTL that outlasts the run), and went no further than
+    ///   the workload's steps for it (no take or reply nobody sent);
     /// - an acked take's ticket is accepted by that holder, or closed, at the handle's fence;
     /// - an acked reply's ticket is closed with exactly that receipt.
     pub fn verify(&self, tickets: &[Ticket]) -> Vec<String> {
@@ -117,7 +122,12 @@ impl History {
         for (_, ack) in &self.acks {
             let entry = expected.entry(ack.key()).or_default();
             match ack {
-                Ack::Offer { generation, .. } => entry.generation = Some(*generation),
+                Ack::Offer {
+                    generation, steps, ..
+                } => {
+                    entry.generation = Some(*generation);
+                    entry.steps = *steps;
+                }
                 Ack::Take { holder, handle, .. } => {
                     entry.take = Some((holder.clone(), handle.clone()))
                 }
@@ -132,10 +142,22 @@ impl History {
                 continue;
             };
             if let Some(generation) = want.generation {
-                if ticket.generation < generation {
+                if ticket.generation != generation {
                     violations.push(format!(
                         "{key}: offer acked generation {generation}, snapshot has {}",
                         ticket.generation
+                    ));
+                }
+                let reached = match ticket.state {
+                    TicketState::Accepted => 1,
+                    TicketState::Closed => 2,
+                    _ => 0,
+                };
+                if reached > want.steps {
+                    violations.push(format!(
+                        "{key}: snapshot state {} but the workload sent {} step(s) after the offer",
+                        ticket.state.as_str(),
+                        want.steps
                     ));
                 }
                 if !matches!(
@@ -203,8 +225,8 @@ pub struct Verified {
     pub ambiguous: usize,
 }
 
-/// Reads one linearizable snapshot through `client` and requires that the workload saw no
-/// impossible refusal, that every acknowledged operation is in the snapshot ([`History::verify`])
+/// Reads one linearizable snapshot through `client` and requires that the workload got at
+/// least one acknowledgement, saw no impossible refusal, that every acknowledged operation is in the snapshot ([`History::verify`])
 /// and that the snapshot passes the contract's `check` at the store's "now".
 pub async fn verify_live(client: &Client, history: &SharedHistory) -> Result<Verified, String> {
     let snapshot = client
@@ -213,6 +235,13 @@ pub async fn verify_live(client: &Client, history: &SharedHistory) -> Result<Ver
         .map_err(|e| format!("cannot read the tickets: {e}"))?;
     let problems = handoff::check(&snapshot.tickets, snapshot.now_ms);
     let history = lock(history);
+    if history.acks.is_empty() {
+        // Nothing acknowledged: nothing could be found lost, so nothing was checked.
+        return Err(format!(
+            "no operation was acknowledged ({} unknown): nothing to verify",
+            history.ambiguous.len()
+        ));
+    }
     if !history.unexpected_refusals.is_empty() {
         return Err(format!(
             "contract refusals on keys nobody else touches: {}",
@@ -237,4 +266,55 @@ pub async fn verify_live(client: &Client, history: &SharedHistory) -> Result<Ver
         acks: history.acks.len(),
         ambiguous: history.ambiguous.len(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ticket(state: TicketState, generation: u64, holder: Option<&str>) -> Ticket {
+        let closed = state == TicketState::Closed;
+        Ticket {
+            key: "k".into(),
+            from: "source-0".into(),
+            to: "worker-0".into(),
+            payload: Vec::new(),
+            reply_to: "source-0".into(),
+            ttl_ms: 600_000,
+            generation,
+            deadline_ms: 2_000_000_000_000,
+            state,
+            holder: holder.map(Into::into),
+            receipt_at_ms: closed.then_some(1),
+            receipt: closed.then(|| crate::workload::receipt_for("k")),
+        }
+    }
+
+    fn offered(steps: usize) -> History {
+        let mut history = History::default();
+        history.ack(Ack::Offer {
+            key: "k".into(),
+            generation: 1,
+            steps,
+        });
+        history
+    }
+
+    /// A take, a reply or a re-offer nobody sent is reported, not only what was lost.
+    #[test]
+    fn changes_nobody_sent_are_reported() {
+        let accepted = ticket(TicketState::Accepted, 1, Some("worker-0"));
+        let closed = ticket(TicketState::Closed, 1, None);
+        assert!(offered(0)
+            .verify(&[ticket(TicketState::Offered, 1, None)])
+            .is_empty());
+        assert_eq!(offered(0).verify(std::slice::from_ref(&accepted)).len(), 1);
+        assert_eq!(offered(1).verify(std::slice::from_ref(&closed)).len(), 1);
+        // A take sent but unanswered may have been applied; a reply after it, too.
+        assert!(offered(1).verify(&[accepted]).is_empty());
+        assert!(offered(2).verify(&[closed]).is_empty());
+        // Offered once: a later generation is a re-offer nobody sent.
+        let reoffered = ticket(TicketState::Offered, 2, None);
+        assert_eq!(offered(2).verify(&[reoffered]).len(), 1);
+    }
 }

@@ -98,6 +98,7 @@ async fn chain(
     lock(history).ack(Ack::Offer {
         key: key.to_string(),
         generation: ticket.generation,
+        steps,
     });
     if steps < 1 {
         return;
