@@ -9,8 +9,10 @@
 //! (acknowledged) must be greater than the one before, and none may repeat — also not a fence
 //! learnt for an ambiguous attempt. Infrastructure errors are allowed but are ambiguous: they
 //! are never counted as grants. A loop owns its resource or task, so `contended` / `TAKEN` are
-//! only legitimate after one of its own attempts was ambiguous (a retried request turned against
-//! its own win would show up here), and a granted lease's complete / release are never refused.
+//! only legitimate while a hold left by one of its own ambiguous attempts may be live (a retried
+//! request turned against its own win, or a release that freed nothing, would show up here), and
+//! a granted lease's complete / release are never refused (a claim's release only once the
+//! claim's TTL ran out, or after an ambiguous attempt of the same release).
 //! Afterwards every acknowledged completion is in the store at its fence, and a fresh grant on
 //! each resource and task is above every fence seen.
 #![allow(clippy::unwrap_used)]
@@ -34,6 +36,13 @@ const BATCH: usize = 40;
 /// Lease TTL: outlives a failover, short enough that a lease lost to ambiguity frees soon.
 const TTL_MS: i64 = 4_000;
 const MAX_TIME: Duration = Duration::from_secs(60);
+/// How long after an ambiguous attempt a hold it may have left can still answer `contended` /
+/// `TAKEN`: the attempt is applied at the latest once a new leader commits its first entry
+/// (well within this), and holds for the TTL from then.
+const AMBIGUITY_REACH: Duration = Duration::from_millis(TTL_MS as u64 + 10_000);
+/// How much earlier than this process the store may count a lease's TTL out (its clock is the
+/// leader's wall clock on this machine).
+const CLOCK_SLACK: Duration = Duration::from_millis(500);
 
 /// What one loop saw.
 #[derive(Debug, Default)]
@@ -46,6 +55,8 @@ struct Log {
     completed: Vec<(String, u64, String)>,
     /// Operations that failed for infrastructure reasons (outcome unknown).
     ambiguous: Vec<String>,
+    /// When the last of them failed.
+    last_ambiguous: Option<Instant>,
     /// Fences learnt for ambiguous attempts (never counted as grants).
     ambiguous_fences: Vec<u64>,
     /// Legitimate refusals / non-grant answers by kind.
@@ -66,19 +77,32 @@ impl Log {
         self.granted_at.push(Instant::now());
     }
 
-    /// A "someone else holds it" answer: legitimate only after an ambiguous attempt.
+    /// An operation whose outcome is unknown.
+    fn unknown(&mut self, what: String) {
+        self.ambiguous.push(what);
+        self.last_ambiguous = Some(Instant::now());
+    }
+
+    /// A "someone else holds it" answer: legitimate only while a hold left by an ambiguous
+    /// attempt may still be live.
     fn busy(&mut self, what: &str) {
-        if self.ambiguous.is_empty() {
-            self.violations.push(format!(
+        match self.last_ambiguous {
+            None => self.violations.push(format!(
                 "{what} although no attempt of this loop was ambiguous"
-            ));
+            )),
+            Some(at) if at.elapsed() > AMBIGUITY_REACH => self.violations.push(format!(
+                "{what} {:?} after this loop's last ambiguous attempt, when any hold it left had \
+                 run out",
+                at.elapsed()
+            )),
+            Some(_) => {}
         }
         *self.refusals.entry(what.to_string()).or_default() += 1;
     }
 }
 
-/// Runs `call` again (up to 3 times) while it fails for infrastructure reasons; every failure is
-/// recorded as ambiguous.
+/// Runs `call` again (up to 3 times) while it fails for infrastructure reasons; every such
+/// failure, the last one too, is recorded as ambiguous.
 async fn retried<T, F, Fut>(log: &Shared, what: &str, mut call: F) -> Result<T, Error>
 where
     F: FnMut() -> Fut,
@@ -88,8 +112,11 @@ where
     loop {
         attempt += 1;
         match call().await {
-            Err(error) if error.is_infrastructure() && attempt < 3 => {
-                lock(log).ambiguous.push(format!("{what}: {error}"));
+            Err(error) if error.is_infrastructure() => {
+                lock(log).unknown(format!("{what}: {error}"));
+                if attempt == 3 {
+                    return Err(error);
+                }
             }
             other => return other,
         }
@@ -156,9 +183,7 @@ async fn effect_loop(client: Client, r: usize, log: Shared, stop: Arc<AtomicBool
                     .push(format!("acquire {}: {}", action.key, refusal.code()))
             }
             Err(error) => {
-                lock(&log)
-                    .ambiguous
-                    .push(format!("acquire {}: {error}", action.key));
+                lock(&log).unknown(format!("acquire {}: {error}", action.key));
                 recover_effect(&client, &action, &log).await;
             }
         }
@@ -182,6 +207,7 @@ async fn board_loop(client: Client, r: usize, log: Shared, stop: Arc<AtomicBool>
     while !stop.load(Ordering::Relaxed) && started.elapsed() < MAX_TIME {
         n += 1;
         let agent = format!("b{r}-{n}");
+        let sent = Instant::now();
         match client.claim(&task, &agent, TTL_MS).await {
             Ok(claimed) => {
                 let Some(lease) = claimed.lease else {
@@ -191,9 +217,14 @@ async fn board_loop(client: Client, r: usize, log: Shared, stop: Arc<AtomicBool>
                     continue;
                 };
                 lock(&log).grant(lease.fence, agent.clone());
+                let unknown_before = lock(&log).ambiguous.len();
                 match retried(&log, "release", || client.release_task(&task, &lease.token)).await {
-                    // The lease outlived its TTL during a failover.
-                    Err(Error::Refused(Refusal::LeaseLost)) => {
+                    // The lease outlived its TTL during a failover, or an earlier attempt of
+                    // this release, unanswered, was applied.
+                    Err(Error::Refused(Refusal::LeaseLost))
+                        if sent.elapsed() + CLOCK_SLACK >= Duration::from_millis(TTL_MS as u64)
+                            || lock(&log).ambiguous.len() > unknown_before =>
+                    {
                         *lock(&log)
                             .refusals
                             .entry("release LEASE_LOST".into())
@@ -215,9 +246,7 @@ async fn board_loop(client: Client, r: usize, log: Shared, stop: Arc<AtomicBool>
                 .violations
                 .push(format!("claim {task} by {agent}: {}", refusal.code())),
             Err(error) => {
-                lock(&log)
-                    .ambiguous
-                    .push(format!("claim {task} by {agent}: {error}"));
+                lock(&log).unknown(format!("claim {task} by {agent}: {error}"));
                 // If it was applied, the listing names this agent (tokens are withheld, so the
                 // lease cannot be released: it expires).
                 if let Ok(snapshot) = client.tasks().await {
