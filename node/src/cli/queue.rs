@@ -34,14 +34,16 @@ pub enum QueueCommand {
 pub enum TaskCommand {
     /// Submit a task; prints its id, state and whether this was a replay.
     Submit {
+        /// The queue (created with `baton queue create`).
         #[arg(long)]
         queue: String,
         /// The submission's identity: the same key and content again returns the original task.
         #[arg(long)]
         idempotency_key: String,
+        /// The handler name a worker dispatches on (`BATON_HANDLER` for `baton worker run`).
         #[arg(long)]
         handler: String,
-        /// The payload, a JSON document.
+        /// The payload, a JSON document (anything else is refused before anything is sent).
         #[arg(long)]
         payload: String,
         /// The resource key: one active attempt per (namespace, key) across all queues.
@@ -50,13 +52,17 @@ pub enum TaskCommand {
         /// Business correlation (no effect on concurrency or deduplication).
         #[arg(long, default_value = "")]
         business_key: String,
+        /// Attempts the task may start before it fails (or, after an unknown outcome, needs
+        /// review).
         #[arg(long, default_value_t = 3)]
         max_attempts: u32,
         /// Total time the task may take from submission.
         #[arg(long, default_value = "1h", value_parser = super::ttl)]
         ttl: Duration,
+        /// The handler's version, carried to the worker unchanged.
         #[arg(long, default_value = "v1")]
         handler_version: String,
+        /// The payload's schema version, carried to the worker unchanged.
         #[arg(long, default_value = "v1")]
         payload_version: String,
     },
