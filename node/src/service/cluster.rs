@@ -413,13 +413,18 @@ impl cluster_server::Cluster for ClusterService {
         // A linearizable read: the state includes every write acknowledged before this call.
         // Only a copy is taken under the lock (its tasks, tickets and keys are shared, not
         // copied); the encode runs after the lock is released, off the runtime.
-        let (state, last_applied, membership) = self
+        // The time is read under the same lock (which excludes the apply): every write
+        // acknowledged before it is in the copy, which is what the backup's `saved:` time tells
+        // an operator deciding whose writes a restore lost. (Taken after the encode, as it was,
+        // a write acknowledged during the encode looked saved.)
+        let (state, last_applied, membership, served_at_ms) = self
             .node
             .read_copy(|applied| {
                 (
                     applied.state.clone(),
                     applied.last_applied,
                     applied.membership.clone(),
+                    wall_clock_ms(),
                 )
             })
             .await?;
@@ -459,7 +464,7 @@ impl cluster_server::Cluster for ClusterService {
             state_bytes: state.len() as u64,
             state_format: STATE_FORMAT,
             served_by: self.node.id,
-            served_at_ms: wall_clock_ms(),
+            served_at_ms,
         };
         let head = futures::stream::once(std::future::ready(Ok(SnapshotPart {
             part: Some(snapshot_part::Part::Meta(meta)),
