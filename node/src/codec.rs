@@ -22,7 +22,7 @@ pub fn encode_into<T: Serialize>(
 /// the input states, before reading it: a crafted length (2^62 in a frame of a few dozen bytes)
 /// made that allocation fail and aborted the process. With a limit bincode refuses the claim
 /// instead. It counts every value at its width in memory (8 bytes for a u64 however short its
-/// varint), up to ~8 times the input; what `decode` reads — Raft frames (appends carry at most
+/// varint), up to 16 times the input (a small u128); what `decode` reads — Raft frames (appends carry at most
 /// `network::APPEND_BUDGET_BYTES`, or one entry), log entries (one batch of commands of at most
 /// 1 MiB of payload each), votes, snapshot chunks and metadata — stays far below this.
 const DECODE_LIMIT: usize = crate::raft_wire::MAX_FRAME_BYTES;
@@ -46,23 +46,42 @@ pub fn encode_state(state: &State) -> Result<Vec<u8>, bincode::error::EncodeErro
     Ok(bytes)
 }
 
-/// Decodes a state's image ([`encode_state`]) without [`decode`]'s limit: a state may be of any
-/// size (a million leases claim hundreds of MiB), and it comes from this node's own disk, a
-/// backup file the operator names, or a member of the cluster, never from an unauthenticated
-/// connection.
+/// Decodes a state's image ([`encode_state`]) with a limit that grows with the image
+/// ([`decode_sized`]) rather than [`decode`]'s: a state may be of any size (a million leases
+/// claim hundreds of MiB).
 pub fn decode_state(bytes: &[u8]) -> Result<State, bincode::error::DecodeError> {
-    let (mut state, read): (State, usize) = decode_unlimited(bytes)?;
+    let (mut state, read): (State, usize) = decode_sized(bytes)?;
     if read < bytes.len() {
         state.fence_floor = decode(&bytes[read..])?;
     }
     Ok(state)
 }
 
-/// A value at the start of `bytes`, and how many bytes it took, without [`decode`]'s limit.
-fn decode_unlimited<T: DeserializeOwned>(
+/// How many times its encoding a value may claim in memory, in [`decode_sized`]: twice the most
+/// any encoding claims (bincode counts each number at its width in memory: 16 for a u128 written
+/// as a one-byte varint; a string or byte buffer at its length plus 8).
+const SIZED_LIMIT_FACTOR: usize = 32;
+
+/// A value at the start of `bytes`, and how many bytes it took, claiming at most about
+/// [`SIZED_LIMIT_FACTOR`] times `bytes` (the next of a few fixed limits, which bincode takes as
+/// constants). A backup file is anyone's bytes once its checksum is recomputed: without a
+/// limit, a string length of 2^40 in a file of a few hundred bytes made bincode's up-front
+/// allocation fail and abort `baton snapshot inspect` instead of refusing the file.
+fn decode_sized<T: DeserializeOwned>(
     bytes: &[u8],
 ) -> Result<(T, usize), bincode::error::DecodeError> {
-    bincode::serde::decode_from_slice(bytes, bincode::config::standard())
+    const GIB: usize = 1 << 30;
+    let config = bincode::config::standard();
+    let claim = bytes.len().saturating_mul(SIZED_LIMIT_FACTOR);
+    if claim <= GIB {
+        bincode::serde::decode_from_slice(bytes, config.with_limit::<GIB>())
+    } else if claim <= 16 * GIB {
+        bincode::serde::decode_from_slice(bytes, config.with_limit::<{ 16 * GIB }>())
+    } else if claim <= 256 * GIB {
+        bincode::serde::decode_from_slice(bytes, config.with_limit::<{ 256 * GIB }>())
+    } else {
+        bincode::serde::decode_from_slice(bytes, config)
+    }
 }
 
 /// The decoded value, if it used all of `bytes`.
@@ -95,6 +114,20 @@ mod tests {
 
     use super::*;
 
+    /// A crafted length far past what the bytes could hold is refused, not allocated (which
+    /// aborted the process).
+    #[test]
+    fn a_state_image_claiming_far_more_than_it_holds_is_refused() {
+        let mut crafted = vec![0xFD];
+        crafted.extend((1u64 << 40).to_le_bytes());
+        let refused = decode_sized::<String>(&crafted).unwrap_err();
+        assert!(
+            matches!(refused, bincode::error::DecodeError::LimitExceeded),
+            "{refused:?}"
+        );
+        assert!(decode_state(&crafted).is_err());
+    }
+
     /// bincode writes an enum variant as its index: a log written before `SweepAtMost` existed
     /// holds `Sweep` as variant 6, and must still read as `Sweep` (so variants are only ever
     /// appended). The bytes of a sweep entry are pinned here.
@@ -124,7 +157,7 @@ mod tests {
             decode::<Vec<u128>>(&bytes).is_err(),
             "claims past the limit"
         );
-        let (decoded, _) = decode_unlimited::<Vec<u128>>(&bytes).unwrap();
+        let (decoded, _) = decode_sized::<Vec<u128>>(&bytes).unwrap();
         assert_eq!(decoded.len(), 17 << 20);
     }
 
@@ -140,7 +173,7 @@ mod tests {
         raised.raise_fences(1_000);
         let image = encode_state(&raised).unwrap();
         assert_eq!(decode_state(&image).unwrap().fence_floor, 1_000);
-        let before_the_floor = whole(&image, decode_unlimited::<State>(&image).unwrap());
+        let before_the_floor = whole(&image, decode_sized::<State>(&image).unwrap());
         assert!(
             before_the_floor.is_err(),
             "an older build would drop the floor"

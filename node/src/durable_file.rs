@@ -13,6 +13,11 @@ use anyhow::Context;
 /// How the temporary files of writes in progress are named.
 const TEMP_PREFIX: &str = ".baton-";
 
+/// Whether a directory entry's name is a write's temporary file (see [`remove_leftovers`]).
+pub fn is_temporary(name: &std::ffi::OsStr) -> bool {
+    name.to_string_lossy().starts_with(TEMP_PREFIX)
+}
+
 /// Removes the temporary files in `dir` that writes interrupted by a crash left behind (a
 /// snapshot image's is as large as the image); returns how many. Call it only while nothing
 /// writes in `dir`.
@@ -20,7 +25,7 @@ pub fn remove_leftovers(dir: &Path) -> anyhow::Result<usize> {
     let mut removed = 0;
     for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
         let entry = entry.with_context(|| format!("cannot list {}", dir.display()))?;
-        if entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX) && entry.path().is_file() {
+        if is_temporary(&entry.file_name()) && entry.path().is_file() {
             std::fs::remove_file(entry.path())
                 .with_context(|| format!("cannot remove {}", entry.path().display()))?;
             removed += 1;

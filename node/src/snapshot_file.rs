@@ -137,6 +137,15 @@ impl SnapshotFile {
             "the snapshot's state format {} is not supported (this baton reads format {STATE_FORMAT})",
             header.state_format
         );
+        // A log position no cluster reaches (the next append would overflow it) is a made-up
+        // file, refused before it seeds a data dir.
+        let position = 1..1 << 63;
+        ensure!(
+            position.contains(&header.last_log_index) && position.contains(&header.last_log_term),
+            "corrupt snapshot file: log position {} in term {} (want 1 to 2^63 - 1)",
+            header.last_log_index,
+            header.last_log_term
+        );
         let state = bytes[header_end..body_end].to_vec();
         ensure!(
             state.len() as u64 == header.state_bytes,
@@ -369,7 +378,12 @@ fn prepare_restore_dir(data_dir: &Path) -> anyhow::Result<()> {
         let entries: Vec<_> = std::fs::read_dir(data_dir)
             .and_then(|entries| entries.collect::<Result<_, _>>())
             .with_context(|| format!("cannot read {}", data_dir.display()))?;
-        if !entries.is_empty() && !unfinished {
+        // A write's temporary file alone is what a first restore that crashed before its
+        // marker was written leaves: the dir holds nothing else, and may be restored into.
+        let used = entries
+            .iter()
+            .any(|entry| !durable_file::is_temporary(&entry.file_name()));
+        if used && !unfinished {
             bail!(
                 "{} is not empty: restore only into a new data dir",
                 data_dir.display()
@@ -488,6 +502,14 @@ mod tests {
             format!("{error:#}").contains("not a Baton snapshot"),
             "{error:#}"
         );
+        for (index, term) in [(0, 3), (42, 0), (u64::MAX, 3), (42, 1 << 63)] {
+            let mut made_up = sample();
+            made_up.header.last_log_index = index;
+            made_up.header.last_log_term = term;
+            let error = SnapshotFile::from_bytes(&made_up.to_bytes().expect("bytes"))
+                .expect_err("a log position no cluster reaches");
+            assert!(format!("{error:#}").contains("log position"), "{error:#}");
+        }
         let mut future = bytes.clone();
         future[8] = 9;
         let error = SnapshotFile::from_bytes(&future).expect_err("newer format");
@@ -510,6 +532,13 @@ mod tests {
         restore(&sample(), &dir.path().join("b"), 1, &members, 0)
             .await
             .expect("a fresh dir is seeded");
+        // A first restore that crashed while writing its marker left only a temporary file.
+        let crashed = dir.path().join("c");
+        std::fs::create_dir(&crashed).expect("mkdir");
+        std::fs::write(crashed.join(".baton-marker"), b"").expect("write");
+        restore(&sample(), &crashed, 1, &members, 0)
+            .await
+            .expect("a dir holding only a write's temporary file is seeded");
     }
 
     #[tokio::test]
