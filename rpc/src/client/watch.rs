@@ -320,29 +320,14 @@ impl Watcher {
         self.avoid = avoid;
     }
 
-    /// The next node to try: the endpoints in turn, starting with the first, skipping nodes that
-    /// said COMPACTED and trying the node that just failed last.
+    /// The next node to try ([`next_endpoint`]).
     fn pick(&mut self, compacted: &BTreeMap<String, u64>) -> Option<String> {
-        let endpoints = self.client.endpoints();
-        let candidates: Vec<&String> = endpoints
-            .iter()
-            .filter(|e| !compacted.contains_key(*e))
-            .collect();
-        let preferred: Vec<&String> = candidates
-            .iter()
-            .copied()
-            .filter(|e| self.avoid.as_ref() != Some(*e))
-            .collect();
-        let pool = if preferred.is_empty() {
-            candidates
-        } else {
-            preferred
-        };
-        let pick = pool
-            .get(self.cursor % pool.len().max(1))
-            .map(|e| (*e).clone());
-        self.cursor = self.cursor.wrapping_add(1);
-        pick
+        next_endpoint(
+            self.client.endpoints(),
+            &mut self.cursor,
+            self.avoid.as_ref(),
+            compacted,
+        )
     }
 
     /// Opens a stream at the current position on some node, retrying until the client's
@@ -495,6 +480,69 @@ mod judge_tests {
                 "x"
             )),
             "again"
+        );
+    }
+}
+
+/// The next node to try: the endpoints in turn from `cursor` (the first to begin with), skipping
+/// nodes that said COMPACTED and the node that just failed (`avoid`), which is tried only when
+/// no other is left. The turn goes round the whole list, so a node between two that keep
+/// failing is reached too.
+fn next_endpoint(
+    endpoints: &[String],
+    cursor: &mut usize,
+    avoid: Option<&String>,
+    compacted: &BTreeMap<String, u64>,
+) -> Option<String> {
+    let n = endpoints.len();
+    for step in 0..n {
+        let at = (*cursor + step) % n;
+        let endpoint = &endpoints[at];
+        if !compacted.contains_key(endpoint) && avoid != Some(endpoint) {
+            *cursor = at + 1;
+            return Some(endpoint.clone());
+        }
+    }
+    avoid
+        .filter(|e| endpoints.contains(e) && !compacted.contains_key(*e))
+        .cloned()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// Two failing nodes around a healthy one: the turn reaches the healthy one (it used to
+    /// alternate between the failing two, the list shrinking by the one just avoided).
+    #[test]
+    fn a_node_between_two_failing_ones_is_tried() {
+        let endpoints: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+        let failing = ["a", "c"];
+        let none = BTreeMap::new();
+        let (mut cursor, mut avoid) = (0, None);
+        let mut tried = Vec::new();
+        for _ in 0..3 {
+            let e = next_endpoint(&endpoints, &mut cursor, avoid.as_ref(), &none).unwrap();
+            tried.push(e.clone());
+            if !failing.contains(&e.as_str()) {
+                break;
+            }
+            avoid = Some(e);
+        }
+        assert_eq!(tried, ["a", "b"]);
+        // Compacted nodes are skipped; the one just avoided is taken when it alone is left.
+        let compacted = BTreeMap::from([("b".to_string(), 7), ("c".to_string(), 7)]);
+        let a = Some("a".to_string());
+        assert_eq!(
+            next_endpoint(&endpoints, &mut cursor, a.as_ref(), &compacted).as_deref(),
+            Some("a")
+        );
+        let all: BTreeMap<String, u64> = endpoints.iter().map(|e| (e.clone(), 7)).collect();
+        assert_eq!(
+            next_endpoint(&endpoints, &mut cursor, a.as_ref(), &all),
+            None
         );
     }
 }
