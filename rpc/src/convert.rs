@@ -731,14 +731,16 @@ pub fn filter_from_proto(filter: Option<proto::WatchFilter>) -> Result<ChangeFil
             )
         })?),
     };
-    let kinds = filter
-        .kinds
-        .iter()
-        .map(|name| {
-            ChangeKind::parse(name)
-                .ok_or_else(|| Refusal::invalid("filter.kinds", format!("unknown kind {name:?}")))
-        })
-        .collect::<Result<_, _>>()?;
+    let mut kinds: Vec<ChangeKind> = Vec::new();
+    for name in &filter.kinds {
+        let kind = ChangeKind::parse(name)
+            .ok_or_else(|| Refusal::invalid("filter.kinds", format!("unknown kind {name:?}")))?;
+        // Each kind once: every change of every stream is matched against this list, so a
+        // request repeating kinds by the hundred thousand must not make it that long.
+        if !kinds.contains(&kind) {
+            kinds.push(kind);
+        }
+    }
     let filter = ChangeFilter {
         primitive,
         key: filter.key,
@@ -757,6 +759,20 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    /// A watch filter keeps each kind once, however often the request repeats it.
+    #[test]
+    fn a_filter_keeps_each_kind_once() {
+        let filter = proto::WatchFilter {
+            kinds: vec!["offered".into(); 100_000]
+                .into_iter()
+                .chain(["taken".into()])
+                .collect(),
+            ..proto::WatchFilter::default()
+        };
+        let filter = filter_from_proto(Some(filter)).unwrap();
+        assert_eq!(filter.kinds, [ChangeKind::Offered, ChangeKind::Taken]);
+    }
 
     fn lease() -> EffectLease {
         EffectLease {

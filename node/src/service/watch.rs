@@ -89,6 +89,11 @@ impl watch_server::Watch for WatchService {
     ) -> Result<Response<Self::WatchStream>, Status> {
         let request = request.into_inner();
         let filter = convert::filter_from_proto(request.filter).map_err(refused)?;
+        // A stream opened now would only be ended at once, and its client would take the
+        // opening for success (and keep coming back) instead of moving to another node.
+        if *self.closing.borrow() {
+            return Err(shutting_down());
+        }
         let freshness = Freshness {
             node: self.node.clone(),
             contact: self.contact.clone(),
