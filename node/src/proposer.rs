@@ -43,6 +43,11 @@ pub const MAX_BATCH_COMMANDS: usize = 512;
 /// A batch is closed once its commands' encoded size reaches this (a single larger command still
 /// travels, alone).
 pub const MAX_BATCH_BYTES: usize = 1 << 20;
+/// Most tasks the leases of one entry may ask for together. A lease's command is small and its
+/// changes many (each task it hands out is announced to watches): 512 leases of 1,000 tasks in
+/// one entry would make more changes than a watch's history holds, ending every watch
+/// `COMPACTED`. A batch closes before a lease that would pass this (a lone lease still travels).
+pub const MAX_BATCH_LEASED: usize = 1024;
 /// Commands waiting for a batch; a proposer that finds the queue full waits (back-pressure).
 const QUEUE_DEPTH: usize = 16 * 1024;
 
@@ -61,6 +66,8 @@ struct Pending {
     origin: Option<Origin>,
     command: Command,
     bytes: usize,
+    /// The tasks it may lease ([`MAX_BATCH_LEASED`]).
+    leased: usize,
     answer: oneshot::Sender<Proposed>,
     /// Keeps the request counted as proposing until its entry is applied or the command is
     /// dropped unwritten.
@@ -144,6 +151,7 @@ impl Proposer {
         let (answer, answered) = oneshot::channel();
         let pending = Pending {
             bytes: codec::encoded_len(&command),
+            leased: leased_by(&command),
             held: origin.as_ref().map(|origin| self.proposing.hold(origin)),
             origin,
             command,
@@ -168,20 +176,21 @@ fn shutting_down() -> Status {
 /// one entry in a task of its own.
 async fn batch_loop(raft: Raft, gate: Admission, mut queue: mpsc::Receiver<Pending>) {
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    // A command that would have taken its batch past a limit opens the next one.
+    let mut held_back: Option<Pending> = None;
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
-        let Some(first) = queue.recv().await else {
-            return;
+        let first = match held_back.take() {
+            Some(first) => first,
+            None => match queue.recv().await {
+                Some(first) => first,
+                None => return,
+            },
         };
-        let mut bytes = first.bytes;
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH_COMMANDS && bytes < MAX_BATCH_BYTES {
-            let Ok(next) = queue.try_recv() else { break };
-            bytes = bytes.saturating_add(next.bytes);
-            batch.push(next);
-        }
+        let batch;
+        (batch, held_back) = fill_batch(first, &mut queue);
         if let Some(refusal) = gate.refusal_now() {
             // Nothing of it reaches the log: the refusal is the truth, and a retry may go
             // anywhere.
@@ -191,6 +200,35 @@ async fn batch_loop(raft: Raft, gate: Admission, mut queue: mpsc::Receiver<Pendi
             continue;
         }
         tokio::spawn(write_batch(raft.clone(), batch, slot));
+    }
+}
+
+/// `first` and whatever is queued behind it, up to the batch limits; and the command that would
+/// have passed one of them, if any (it opens the next batch).
+fn fill_batch(
+    first: Pending,
+    queue: &mut mpsc::Receiver<Pending>,
+) -> (Vec<Pending>, Option<Pending>) {
+    let mut bytes = first.bytes;
+    let mut leased = first.leased;
+    let mut batch = vec![first];
+    while batch.len() < MAX_BATCH_COMMANDS && bytes < MAX_BATCH_BYTES {
+        let Ok(next) = queue.try_recv() else { break };
+        if leased + next.leased > MAX_BATCH_LEASED {
+            return (batch, Some(next));
+        }
+        bytes = bytes.saturating_add(next.bytes);
+        leased += next.leased;
+        batch.push(next);
+    }
+    (batch, None)
+}
+
+/// How many tasks `command` may lease ([`MAX_BATCH_LEASED`]).
+fn leased_by(command: &Command) -> usize {
+    match command {
+        Command::Queue(baton_statemachine::queue::Command::Lease { limit, .. }) => *limit as usize,
+        _ => 0,
     }
 }
 
@@ -240,6 +278,68 @@ async fn write_batch(raft: Raft, batch: Vec<Pending>, _slot: OwnedSemaphorePermi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pending(command: Command) -> Pending {
+        Pending {
+            origin: None,
+            bytes: codec::encoded_len(&command),
+            leased: leased_by(&command),
+            command,
+            answer: oneshot::channel().0,
+            held: None,
+        }
+    }
+
+    fn lease(limit: u32) -> Command {
+        Command::Queue(baton_statemachine::queue::Command::Lease {
+            worker: "w".into(),
+            queues: Vec::new(),
+            limit,
+            lease_ttl_ms: 1_000,
+        })
+    }
+
+    /// An entry of leases stays within the room the leader's sweeps leave a watch's history for
+    /// client commands (with the default watch limits): each lease may sweep a few expiries
+    /// (at most 7 changes for MAX_LEASE_SWEEP of 1) and each task it hands out makes at most 3
+    /// (granted, its permit, and the task leaving the leasable ones).
+    #[test]
+    fn an_entry_of_leases_fits_the_room_the_sweeps_leave() {
+        use baton_statemachine::queue::MAX_LEASE_SWEEP;
+        let sweep = crate::sweeper::budget(&crate::config::WatchTuning::default()).changes;
+        let room = sweep / 4;
+        let leases = MAX_BATCH_COMMANDS * 7 * MAX_LEASE_SWEEP + 3 * MAX_BATCH_LEASED;
+        assert!(leases <= room, "{leases} changes, {room} of room");
+    }
+
+    /// The leases of one entry ask for at most MAX_BATCH_LEASED tasks together: the one that
+    /// would pass it opens the next entry (a lone lease still travels), other commands pack as
+    /// before.
+    #[tokio::test]
+    async fn one_entry_leases_a_bounded_number_of_tasks() {
+        let (queue, mut receiver) = mpsc::channel(16);
+        for command in [
+            lease(1_000),
+            Command::Sweep,
+            lease(1_000),
+            lease(100),
+            lease(1),
+        ] {
+            assert!(queue.try_send(pending(command)).is_ok());
+        }
+        let first = receiver.try_recv().expect("queued");
+        let (batch, next) = fill_batch(first, &mut receiver);
+        assert_eq!(batch.len(), 2, "1,000 + a sweep");
+        let next = next.expect("the second lease of 1,000 waits for the next entry");
+        assert_eq!(next.leased, 1_000);
+        let (batch, next) = fill_batch(next, &mut receiver);
+        assert_eq!(batch.len(), 1);
+        let (batch, next) = fill_batch(next.expect("the lease of 100"), &mut receiver);
+        assert_eq!(batch.len(), 2, "100 + 1");
+        assert!(next.is_none());
+        let (batch, _) = fill_batch(pending(lease(5_000)), &mut receiver);
+        assert_eq!(batch.len(), 1, "a lone lease travels");
+    }
 
     fn origin(client_id: u64, seq: u64) -> Origin {
         Origin {

@@ -20,6 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use baton_statemachine::queue::{
     self, Assignment, Attempt, AttemptOutcome, Task, TaskFilter, TaskQueue, TaskSpec, TaskState,
+    MAX_LEASE_SWEEP,
 };
 use baton_statemachine::{
     apply, Command, Envelope, Origin, Refusal, Reply, Response, Stamp, State,
@@ -456,7 +457,7 @@ impl Harness {
         let ids: Vec<u64> = got.iter().map(|a| a.task_id).collect();
         assert_eq!(
             ids,
-            expected_lease(before, self.clock(), capable, &queues, limit),
+            expected_lease(before.clone(), self.clock(), capable, &queues, limit),
             "the lease chose other tasks than the oldest leasable ones"
         );
         assert!(
@@ -474,7 +475,23 @@ impl Harness {
                 );
             }
         }
-        if (got.len() as u32) < limit {
+        // A lease fails at most MAX_LEASE_SWEEP candidates past their total deadline and stops
+        // at the next; and a key whose oldest waiting task it failed so is free for the next
+        // task only from the next lease (or sweep) on. Behind these the sweeper's work, not
+        // head-of-line blocking.
+        let asked = |task: &Task| queues.is_empty() || queues.contains(&task.spec.queue);
+        let past_deadline_left = self.q().list(&TaskFilter::default()).any(|task| {
+            task.state == TaskState::Waiting && task.deadline_ms <= clock && asked(task)
+        });
+        let past_deadline_failed = before.list(&TaskFilter::default()).any(|task| {
+            task.state == TaskState::Waiting
+                && asked(task)
+                && self
+                    .q()
+                    .get(task.id)
+                    .is_some_and(|t| t.state == TaskState::Failed)
+        });
+        if (got.len() as u32) < limit && !past_deadline_left && !past_deadline_failed {
             // Nothing leasable may be left behind in the queues asked for.
             for task in self.q().list(&TaskFilter::default()) {
                 let asked = queues.is_empty() || queues.contains(&task.spec.queue);
@@ -939,12 +956,17 @@ fn expected_lease(
     queues: &[String],
     limit: u32,
 ) -> Vec<u64> {
-    q.sweep(clock);
+    // A lease first materialises a few due expiries of each kind, the rest is the sweeper's.
+    q.sweep_first(clock, MAX_LEASE_SWEEP, MAX_LEASE_SWEEP, MAX_LEASE_SWEEP);
     let waiting = TaskFilter {
         state: Some(TaskState::Waiting),
         ..TaskFilter::default()
     };
+    // Its candidates: the waiting tasks without a key, and of each free key's tasks in a queue
+    // the oldest, in id order.
+    let mut heads = BTreeSet::new();
     let mut keys_taken = BTreeSet::new();
+    let mut past_deadline = 0;
     let mut chosen = Vec::new();
     for task in q.list(&waiting) {
         if chosen.len() as u32 == limit {
@@ -954,11 +976,26 @@ fn expected_lease(
             continue;
         }
         let key = &task.spec.concurrency_key;
+        let namespaced = (task.namespace.clone(), key.clone());
+        if !key.is_empty()
+            && (!capable
+                || q.permit_holder(&task.namespace, key).is_some()
+                || !heads.insert((namespaced.clone(), task.spec.queue.clone())))
+        {
+            continue;
+        }
+        // A candidate past its total deadline is failed, not leased, a few per lease.
+        if task.deadline_ms <= clock {
+            if past_deadline == MAX_LEASE_SWEEP {
+                break;
+            }
+            past_deadline += 1;
+            continue;
+        }
         let free = key.is_empty()
-            || (capable
-                && q.permit_holder(&task.namespace, key).is_none()
+            || (!keys_taken.contains(&namespaced)
                 && q.highest_token(&task.namespace, key) < u64::MAX
-                && keys_taken.insert((task.namespace.clone(), key.clone())));
+                && keys_taken.insert(namespaced));
         if free {
             chosen.push(task.id);
         }

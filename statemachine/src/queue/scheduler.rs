@@ -36,13 +36,19 @@ pub const MAX_LEASE_TTL_MS: i64 = 24 * 3600 * 1000;
 pub const MAX_LEASE_QUEUES: usize = 256;
 
 /// The most due expiries of each kind (lease expiries, ended back-offs, passed total deadlines)
-/// one lease materialises before it looks for tasks.
+/// one lease materialises before it looks for tasks, and the most candidates past their total
+/// deadline it fails on its way.
 ///
 /// A lease is a client command: through it a mass expiry must not become one huge apply, which
-/// the leader's own sweeps avoid by taking [`crate::sweep::SWEEP_BATCH`] at a time. What a lease
-/// leaves due the sweeper takes; a candidate already past its total deadline is failed, not
-/// leased.
-pub const MAX_LEASE_SWEEP: usize = 1000;
+/// the leader's own sweeps avoid by taking [`crate::sweep::SWEEP_BATCH`] at a time. Nor may the
+/// up to 512 leases batched into one log entry together make more changes than the room the
+/// sweeper leaves a watch's history for client commands: at 1,000 of each kind a lease made up
+/// to ~7,000 changes, and a few dozen workers polling through a mass expiry made one entry the
+/// history could not hold, ending every watch `COMPACTED`. At 1, a lease makes at most 7 such
+/// changes (3 for an expired keyed lease, 2 for an ended back-off, 1 for each deadline). What a
+/// lease leaves due the sweeper takes, as soon as it is due; a candidate already past its total
+/// deadline is failed, not leased.
+pub const MAX_LEASE_SWEEP: usize = 1;
 
 /// The most bytes of tasks one lease hands out, unless its first task alone is larger.
 ///
@@ -575,7 +581,7 @@ impl TaskQueue {
     /// [`TaskQueue::sweep`] bounded: at most the first `leases` expired leases, then the first
     /// `retries` ended back-offs, then the first `deadlines` passed total deadlines of tasks not
     /// running, each in time order (then task id). Returns how many it materialised.
-    pub(crate) fn sweep_first(
+    pub fn sweep_first(
         &mut self,
         clock_ms: u64,
         leases: usize,
