@@ -85,7 +85,7 @@ pub struct Batch {
 }
 
 /// What a stream still owes: the changes held at or after its position, and their size.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Backlog {
     /// Changes.
     pub changes: usize,

@@ -129,6 +129,15 @@ async fn raw_watch(
     cluster: &Cluster,
     start_revision: u64,
 ) -> Result<tonic::Streaming<proto::WatchResponse>, tonic::Status> {
+    raw_watch_at(cluster, start_revision, 0).await
+}
+
+/// [`raw_watch`] from a position inside an entry.
+async fn raw_watch_at(
+    cluster: &Cluster,
+    start_revision: u64,
+    start_index: u32,
+) -> Result<tonic::Streaming<proto::WatchResponse>, tonic::Status> {
     let mut client = WatchClient::connect(format!("http://{}", cluster.addr))
         .await
         .unwrap();
@@ -136,10 +145,55 @@ async fn raw_watch(
         .watch(WatchRequest {
             filter: None,
             start_revision,
-            start_index: 0,
+            start_index,
         })
         .await
         .map(tonic::Response::into_inner)
+}
+
+/// A stream resumed where a SLOW_CONSUMER cut left it starts as far behind as it was cut. While
+/// it catches up (it reads faster than changes come) it is not cut again; it used to be, at the
+/// first change made while its buffer was full, every few hundred changes, with a new
+/// connection each time, so a consumer that could catch up was held to that pace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_resumed_after_a_cut_is_not_cut_again_while_it_catches_up() {
+    let mut tuning = WatchTuning::with_history(2_000);
+    tuning.max_backlog = 60;
+    tuning.stream_buffer = 8;
+    let cluster = Cluster::start_with(tuning).await;
+    let client = &cluster.client;
+    let value = vec![b'x'; 32 << 10];
+    let start = next_revision(&cluster).await;
+    let mut stuck = raw_watch(&cluster, start).await.unwrap();
+    write_values(client, "catch-up", 300, 32 << 10).await;
+    let (delivered, cut) = cut_where_it_can_resume(&cluster, &mut stuck).await;
+
+    let mut resumed = raw_watch_at(&cluster, cut.last_revision, cut.last_index + 1)
+        .await
+        .unwrap();
+    let mut got = delivered.len();
+    let mut fence = 300;
+    while got < fence as usize {
+        let message = tokio::time::timeout(Duration::from_secs(20), resumed.message())
+            .await
+            .expect("a message within 20 s");
+        let response = match message {
+            Ok(Some(response)) => response,
+            other => panic!("the resumed stream ended after {got} changes: {other:?}"),
+        };
+        if let Some(Item::Event(_)) = response.item {
+            got += 1;
+            // A change now and then while the stream is far behind and its buffer full.
+            if got.is_multiple_of(20) && fence < 320 {
+                fence += 1;
+                client
+                    .write_fenced("catch-up", fence, &value)
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

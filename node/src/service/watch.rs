@@ -36,7 +36,7 @@ use tonic::{Code, Request, Response, Status};
 
 use super::refused;
 use crate::config::WatchTuning;
-use crate::history::{History, StreamGuard};
+use crate::history::{Backlog, History, StreamGuard};
 use crate::node::NodeRef;
 use crate::pre_vote::Contact;
 
@@ -126,6 +126,13 @@ impl watch_server::Watch for WatchService {
             .ok_or_else(|| too_many_streams(max_streams))?;
         let (events, buffered) = mpsc::channel(self.tuning.stream_buffer.max(1));
         let budget = Arc::new(Semaphore::new(STREAM_BUFFER_BYTES));
+        // A stream resumed after a SLOW_CONSUMER cut starts as far behind as it was cut: it is
+        // cut again only if it falls further behind than that, not for catching up.
+        let at_open = history.backlog(start).unwrap_or_default();
+        let tolerated = Backlog {
+            changes: at_open.changes.max(self.tuning.max_backlog),
+            bytes: at_open.bytes.max(history.limits().bytes / 2),
+        };
         let (end_tx, end) = oneshot::channel();
         let pump = Pump {
             _open: open,
@@ -135,6 +142,7 @@ impl watch_server::Watch for WatchService {
             next: start,
             last_sent: None,
             resume: start,
+            tolerated,
             events,
             budget,
             tuning: self.tuning.clone(),
@@ -200,6 +208,9 @@ struct Pump {
     /// skipped on the way there (not matching its filter) are owed too, since the client will
     /// read past them again.
     resume: WatchPosition,
+    /// The backlog past which the stream is cut `SLOW_CONSUMER`: `watch.max_backlog` changes
+    /// or half the history's bytes, or what it owed when it opened if that was more.
+    tolerated: Backlog,
     events: mpsc::Sender<Buffered>,
     /// Counts the stream among the node's open ones while it runs.
     _open: StreamGuard,
@@ -340,8 +351,9 @@ impl Pump {
                     // Cut while the resume point is still held: by count (max_backlog is below
                     // the history's count), and by size (large values can fill the history's
                     // bytes long before its count).
-                    let held_bytes = self.history.limits().bytes;
-                    if backlog.changes > self.tuning.max_backlog || backlog.bytes > held_bytes / 2 {
+                    if backlog.changes > self.tolerated.changes
+                        || backlog.bytes > self.tolerated.bytes
+                    {
                         let (revision, index) = self
                             .last_sent
                             .map_or((0, 0), |p| (p.revision, p.index));
