@@ -129,9 +129,10 @@ impl watch_server::Watch for WatchService {
         // A stream resumed after a SLOW_CONSUMER cut starts as far behind as it was cut: it is
         // cut again only if it falls further behind than that, not for catching up.
         let at_open = history.backlog(start).unwrap_or_default();
+        let limits = backlog_limits(&self.tuning, &history);
         let tolerated = Backlog {
-            changes: at_open.changes.max(self.tuning.max_backlog),
-            bytes: at_open.bytes.max(history.limits().bytes / 2),
+            changes: at_open.changes.max(limits.changes),
+            bytes: at_open.bytes.max(limits.bytes),
         };
         let (end_tx, end) = oneshot::channel();
         let pump = Pump {
@@ -208,8 +209,8 @@ struct Pump {
     /// skipped on the way there (not matching its filter) are owed too, since the client will
     /// read past them again.
     resume: WatchPosition,
-    /// The backlog past which the stream is cut `SLOW_CONSUMER`: `watch.max_backlog` changes
-    /// or half the history's bytes, or what it owed when it opened if that was more.
+    /// The backlog past which the stream is cut `SLOW_CONSUMER`: [`backlog_limits`], or what it
+    /// owed when it opened if that was more, coming down to the limits as it catches up.
     tolerated: Backlog,
     events: mpsc::Sender<Buffered>,
     /// Counts the stream among the node's open ones while it runs.
@@ -220,7 +221,21 @@ struct Pump {
     closing: watch::Receiver<bool>,
 }
 
+/// The backlog past which a stream is cut `SLOW_CONSUMER`: `watch.max_backlog` changes, or half
+/// the history's bytes.
+fn backlog_limits(tuning: &WatchTuning, history: &History) -> Backlog {
+    Backlog {
+        changes: tuning.max_backlog,
+        bytes: history.limits().bytes / 2,
+    }
+}
+
 impl Pump {
+    /// [`backlog_limits`] for this stream.
+    fn limits(&self) -> Backlog {
+        backlog_limits(&self.tuning, &self.history)
+    }
+
     /// Runs until the client goes away (`None`) or the stream must end with an error.
     async fn run(mut self) -> Option<Status> {
         let mut head = self.history.subscribe();
@@ -348,6 +363,15 @@ impl Pump {
                             self.history.oldest(),
                         )));
                     };
+                    // What a stream that opened far behind caught up it may not lose again: its
+                    // tolerance comes down with its backlog, to the limits.
+                    let limits = self.limits();
+                    self.tolerated.changes = self
+                        .tolerated
+                        .changes
+                        .min(backlog.changes.max(limits.changes));
+                    self.tolerated.bytes =
+                        self.tolerated.bytes.min(backlog.bytes.max(limits.bytes));
                     // Cut while the resume point is still held: by count (max_backlog is below
                     // the history's count), and by size (large values can fill the history's
                     // bytes long before its count).
