@@ -214,7 +214,7 @@ fn fill_batch(
     let mut batch = vec![first];
     while batch.len() < MAX_BATCH_COMMANDS && bytes < MAX_BATCH_BYTES {
         let Ok(next) = queue.try_recv() else { break };
-        if leased + next.leased > MAX_BATCH_LEASED {
+        if next.leased > 0 && leased + next.leased > MAX_BATCH_LEASED {
             return (batch, Some(next));
         }
         bytes = bytes.saturating_add(next.bytes);
@@ -337,8 +337,15 @@ mod tests {
         let (batch, next) = fill_batch(next.expect("the lease of 100"), &mut receiver);
         assert_eq!(batch.len(), 2, "100 + 1");
         assert!(next.is_none());
-        let (batch, _) = fill_batch(pending(lease(5_000)), &mut receiver);
-        assert_eq!(batch.len(), 1, "a lone lease travels");
+        assert!(queue.try_send(pending(Command::Sweep)).is_ok());
+        assert!(queue.try_send(pending(lease(1))).is_ok());
+        let (batch, next) = fill_batch(pending(lease(5_000)), &mut receiver);
+        assert_eq!(
+            batch.len(),
+            2,
+            "a lone lease travels, with commands that lease nothing"
+        );
+        assert!(next.is_some_and(|next| next.leased == 1));
     }
 
     fn origin(client_id: u64, seq: u64) -> Origin {
