@@ -226,8 +226,9 @@ pub struct Verified {
 }
 
 /// Reads one linearizable snapshot through `client` and requires that the workload got at
-/// least one acknowledgement, saw no impossible refusal, that every acknowledged operation is in the snapshot ([`History::verify`])
-/// and that the snapshot passes the contract's `check` at the store's "now".
+/// least one acknowledgement, saw no impossible refusal, that every acknowledged operation is in
+/// the snapshot ([`History::verify`]) and that the snapshot passes the contract's `check` at the
+/// store's "now".
 pub async fn verify_live(client: &Client, history: &SharedHistory) -> Result<Verified, String> {
     let snapshot = client
         .tickets()

@@ -22,9 +22,10 @@ pub fn encode_into<T: Serialize>(
 /// the input states, before reading it: a crafted length (2^62 in a frame of a few dozen bytes)
 /// made that allocation fail and aborted the process. With a limit bincode refuses the claim
 /// instead. It counts every value at its width in memory (8 bytes for a u64 however short its
-/// varint), up to 16 times the input (a small u128); what `decode` reads — Raft frames (appends carry at most
-/// `network::APPEND_BUDGET_BYTES`, or one entry), log entries (one batch of commands of at most
-/// 1 MiB of payload each), votes, snapshot chunks and metadata — stays far below this.
+/// varint), up to 16 times the input (a small u128); what `decode` reads — Raft frames (appends
+/// carry at most `network::APPEND_BUDGET_BYTES`, or one entry), log entries (one batch of
+/// commands of at most 1 MiB of payload each), votes, snapshot chunks and metadata — stays far
+/// below this.
 const DECODE_LIMIT: usize = crate::raft_wire::MAX_FRAME_BYTES;
 
 /// Decodes a value encoded by [`encode`], refusing trailing bytes and lengths past

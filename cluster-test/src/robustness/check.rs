@@ -342,9 +342,10 @@ pub const CLOCK_SLACK_US: u64 = 250_000;
 /// never judges. `g1` was then certainly live when `g2` was applied (at the latest when `g2`
 /// returned) if `g2` returned before `g1`'s TTL ran out counted from `g1`'s invocation (the
 /// store counts the TTL from its apply, which comes after the invocation; less
-/// [`CLOCK_SLACK_US`]), and no operation in `ends` (every call that could end a grant — a release, a
-/// queue attempt's completion; not an effect's completion, which keeps its hold —, answered or not, but not refused: a refusal ends nothing; matched by key and
-/// fence) on `g1` was invoked before `g2` returned. Renewals only make a lease longer and are
+/// [`CLOCK_SLACK_US`]), and no operation in `ends` (every call that could end a grant — a
+/// release, a queue attempt's completion; not an effect's completion, which keeps its hold —,
+/// answered or not, but not refused: a refusal ends nothing; matched by key and fence) on `g1`
+/// was invoked before `g2` returned. Renewals only make a lease longer and are
 /// ignored. Pairs with equal fences are [`unique_grants`]'s, and pairs whose fences contradict
 /// real-time order [`increasing_fences`]'.
 pub fn exclusive_holds(
