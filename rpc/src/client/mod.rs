@@ -311,6 +311,19 @@ impl Client {
                 "endpoint {portless} names no port: use host:port (e.g. 10.0.0.1:7001)"
             )));
         }
+        // Every endpoint is parsed now, not when failover first reaches it: a bad one found
+        // mid-call would end that call (a write perhaps applied) instead of letting it go on
+        // to the good ones.
+        if let Some((endpoint, error)) = endpoints.iter().find_map(|e| {
+            Endpoint::from_shared(format!("http://{e}"))
+                .err()
+                .map(|x| (e, x))
+        }) {
+            return Err(Error::Config(format!(
+                "bad endpoint {endpoint:?}: {error} (one host:port per endpoint; a list is \
+                 several endpoints, not one separated by commas)"
+            )));
+        }
         Ok(Client {
             inner: Arc::new(Inner {
                 config,
@@ -605,8 +618,13 @@ impl Client {
                                 *lock(&self.inner.leader) = Some(leader);
                                 continue;
                             }
+                            // Not followed (a node naming itself, reached under an address
+                            // that leads elsewhere; too many hops): the hint goes, or every
+                            // later call would go round the same loop and never reach the
+                            // other endpoints.
                             Verdict::Redirect(leader) => {
                                 maybe_applied = true;
+                                self.forget_leader(&addr);
                                 format!("{addr} redirected to {leader}")
                             }
                             Verdict::Retry(reason) => {
@@ -894,6 +912,25 @@ mod classify_tests {
         }
     }
 
+    /// An endpoint with a port that still cannot be dialled (two joined by a comma, a space in
+    /// the host) is refused when the client is made, not when failover first reaches it in the
+    /// middle of a call, which then ended with it.
+    #[test]
+    fn an_endpoint_that_cannot_be_parsed_is_refused_at_once() {
+        for bad in [
+            "10.0.0.2:7001,10.0.0.3:7001",
+            "node 2:7001",
+            "node\u{7f}:7001",
+        ] {
+            match Client::new(&["127.0.0.1:7001", bad], ClientConfig::default()) {
+                Err(Error::Config(message)) => {
+                    assert!(message.contains("bad endpoint"), "{message}")
+                }
+                other => panic!("{bad}: {:?}", other.map(|_| ())),
+            }
+        }
+    }
+
     /// A message over gRPC's size limit fails the same way on every node and every attempt:
     /// retrying it for the whole deadline only to report "cluster unavailable" misleads.
     #[test]
@@ -1008,7 +1045,7 @@ mod connection_tests {
     use super::*;
 
     /// A node that accepts connections, counts them and never says a word.
-    async fn silent_node() -> (String, Arc<AtomicUsize>) {
+    pub(crate) async fn silent_node() -> (String, Arc<AtomicUsize>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let accepted = Arc::new(AtomicUsize::new(0));
@@ -1059,6 +1096,62 @@ mod connection_tests {
             _: tonic::Request<crate::proto::SinkReadRequest>,
         ) -> Result<tonic::Response<crate::proto::SinkReadResponse>, Status> {
             Err(Status::unimplemented("not in this test"))
+        }
+    }
+
+    /// A node that says the leader is at the address it holds.
+    struct Redirecting(String);
+
+    #[tonic::async_trait]
+    impl crate::proto::sink_server::Sink for Redirecting {
+        async fn write(
+            &self,
+            _: tonic::Request<crate::proto::SinkWriteRequest>,
+        ) -> Result<tonic::Response<crate::proto::SinkWriteResponse>, Status> {
+            Err(crate::error::not_leader_status(Some((9, self.0.clone()))))
+        }
+
+        async fn read(
+            &self,
+            _: tonic::Request<crate::proto::SinkReadRequest>,
+        ) -> Result<tonic::Response<crate::proto::SinkReadResponse>, Status> {
+            Err(Status::unimplemented("not in this test"))
+        }
+    }
+
+    /// A [`Redirecting`] node naming `to`, or its own address when `to` is `None`.
+    async fn redirecting_node(to: Option<String>) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let service = Redirecting(to.unwrap_or_else(|| addr.clone()));
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(crate::proto::sink_server::SinkServer::new(service))
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+        );
+        addr
+    }
+
+    /// A leader hint that leads to a node naming itself the leader (an address that reaches
+    /// another node than the one advertising it) is dropped: the client kept dialling it until
+    /// the deadline, call after call, and never tried its other endpoints.
+    #[tokio::test]
+    async fn a_hint_that_loops_is_forgotten() {
+        let config = ClientConfig {
+            deadline: Duration::from_secs(3),
+            attempt_timeout: Duration::from_millis(300),
+            connect_timeout: Duration::from_millis(300),
+        };
+        let looping = redirecting_node(None).await;
+        let pointing = redirecting_node(Some(looping)).await;
+        let refusing = refusing_node(UNAUTHENTICATING).await;
+        let client = Client::new(&[pointing, refusing], config).unwrap();
+        // The refusing node was reached (after redirects, so the outcome is unknown).
+        match client.write_fenced("r", 1, b"v").await {
+            Err(error @ Error::OutcomeUnknown(_)) => {
+                assert!(error.to_string().contains("UNAUTHENTICATED"), "{error}")
+            }
+            other => panic!("{other:?}"),
         }
     }
 

@@ -74,7 +74,9 @@ impl Client {
     pub async fn queues(&self) -> Result<Vec<Queue>, Error> {
         let reply = self
             .call(|channel| async move {
+                // Every queue in one answer: thousands of long names pass gRPC's 4 MiB default.
                 QueueClient::new(channel)
+                    .max_decoding_message_size(MAX_ANSWER_BYTES)
                     .list_queues(proto::ListQueuesRequest {})
                     .await
             })

@@ -348,7 +348,11 @@ impl Watcher {
             }
             // The same for every node (TLS settings): a configuration error, not a retry.
             let channel = self.client.grpc(&addr)?;
-            match tokio::time::timeout(config.attempt_timeout, self.open(channel)).await {
+            // No attempt outlives the deadline.
+            let budget = config
+                .attempt_timeout
+                .min(config.deadline.saturating_sub(started.elapsed()));
+            match tokio::time::timeout(budget, self.open(channel)).await {
                 Ok(Ok(stream)) => {
                     self.avoid = None;
                     return Ok((addr, stream));
@@ -370,7 +374,7 @@ impl Watcher {
                 },
                 Err(_) => {
                     self.avoid = Some(addr.clone());
-                    last = format!("{addr}: no answer within {:?}", config.attempt_timeout);
+                    last = format!("{addr}: no answer within {budget:?}");
                 }
             }
             let waited = started.elapsed();
@@ -543,6 +547,32 @@ mod tests {
         assert_eq!(
             next_endpoint(&endpoints, &mut cursor, a.as_ref(), &all),
             None
+        );
+    }
+
+    /// Opening a stream on a node that never answers stops at the client's deadline: each try
+    /// got the whole attempt timeout, so the first alone ran on past a shorter deadline.
+    #[tokio::test]
+    async fn opening_a_watch_ends_at_the_deadline() {
+        let (silent, _) = crate::client::connection_tests::silent_node().await;
+        let deadline = Duration::from_secs(1);
+        let config = crate::client::ClientConfig {
+            deadline,
+            attempt_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_millis(200),
+        };
+        let client = Client::new(&[silent], config).unwrap();
+        let started = Instant::now();
+        let mut watch = client.watch(ChangeFilter::default(), None).await;
+        let first = watch.next().await;
+        let took = started.elapsed();
+        assert!(
+            matches!(first, Some(Err(Error::Unavailable { .. }))),
+            "{first:?}"
+        );
+        assert!(
+            took < deadline * 2,
+            "took {took:?} for a {deadline:?} deadline"
         );
     }
 }
