@@ -6,7 +6,8 @@
 //! install. The install (decode, write of the image, sync) can take seconds for a large state. A
 //! node killed in that window restarted with its old snapshot, a purge point past it, and the
 //! entries in between gone: openraft could not re-apply them and the node could not start. So a
-//! purge waits while a snapshot streams in and the durable one does not reach the purge point.
+//! purge waits until the durable snapshot reaches the purge point (once a snapshot has streamed in
+//! at all: the log store alone purges only what a snapshot on disk covers).
 //!
 //! The purge waits rather than being put off: openraft runs the log's commands in order on its
 //! core, so while the purge waits nothing is appended after the snapshot's last entry either. A
@@ -34,13 +35,16 @@ const INSTALL_LIMIT: Duration = Duration::from_secs(30 * 60);
 /// How often a purge that still waits for a snapshot install says so.
 const INSTALL_WARN_EVERY: Duration = Duration::from_secs(30);
 
-/// How far the durable snapshot reaches and whether one is streaming in.
+/// How far the durable snapshot reaches, and what became of the snapshots streamed in.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Covered {
     /// The last entry of the snapshot stored on disk, if any.
     durable: Option<LogId>,
-    /// Whether a snapshot from the leader is on its way in (its purge is near).
-    receiving: bool,
+    /// Whether a snapshot from a leader has begun streaming in since the store opened: only
+    /// an install's purge can outrun what is on disk, so until then no purge waits.
+    streamed: bool,
+    /// The last entry of the newest snapshot whose install failed, if any.
+    abandoned: Option<LogId>,
 }
 
 /// The shared record; clones share it.
@@ -52,7 +56,8 @@ impl Cover {
     pub(crate) fn new(durable: Option<LogId>) -> Self {
         Self(watch::Sender::new(Covered {
             durable,
-            receiving: false,
+            streamed: false,
+            abandoned: None,
         }))
     }
 
@@ -63,7 +68,7 @@ impl Cover {
 
     /// A snapshot from the leader starts streaming in.
     pub(crate) fn receiving(&self) {
-        self.0.send_modify(|c| c.receiving = true);
+        self.0.send_modify(|c| c.streamed = true);
     }
 
     /// A snapshot image ending at `last` is on disk (synced): a build's, or an install's before
@@ -74,33 +79,32 @@ impl Cover {
 
     /// The snapshot that streamed in, ending at `last`, is on disk (or one as new already was).
     pub(crate) fn installed(&self, last: Option<LogId>) {
-        self.0.send_modify(|c| {
-            c.durable = c.durable.max(last);
-            c.receiving = false;
-        });
+        self.0.send_modify(|c| c.durable = c.durable.max(last));
     }
 
-    /// The snapshot streaming in will not be stored (its install failed).
-    pub(crate) fn abandoned(&self) {
-        self.0.send_modify(|c| c.receiving = false);
+    /// The snapshot that streamed in, ending at `last`, will not be stored (its install failed).
+    pub(crate) fn abandoned(&self, last: Option<LogId>) {
+        self.0.send_modify(|c| c.abandoned = c.abandoned.max(last));
     }
 
-    /// Waits until purging up to `upto` is safe: the durable snapshot reaches it, or no
-    /// snapshot is streaming in. Errs when a snapshot that was to cover it was abandoned
+    /// Waits until purging up to `upto` is safe: the durable snapshot reaches it (or no
+    /// snapshot ever streamed in). Errs when the snapshot that was to cover it was abandoned
     /// (purging then would leave a hole no restart can fill).
+    ///
+    /// The purge waits for its own snapshot, not for "no stream in flight": a new leader's
+    /// stream can begin before an older leader's snapshot, received whole, is installed, and
+    /// that install ended the wait of the newer one's purge, which then went ahead while
+    /// nothing on disk covered it.
     pub(crate) async fn purge_allowed(&self, upto: LogId) -> Result<(), String> {
         let mut seen = self.0.subscribe();
         let covered = |c: &Covered| c.durable >= Some(upto);
-        if covered(&seen.borrow()) || !seen.borrow().receiving {
+        let settled = |c: &Covered| covered(c) || c.abandoned >= Some(upto);
+        if covered(&seen.borrow()) || !seen.borrow().streamed {
             return Ok(());
         }
         let started = tokio::time::Instant::now();
         let settled = loop {
-            let waited = tokio::time::timeout(
-                INSTALL_WARN_EVERY,
-                seen.wait_for(|c| covered(c) || !c.receiving),
-            )
-            .await;
+            let waited = tokio::time::timeout(INSTALL_WARN_EVERY, seen.wait_for(settled)).await;
             match waited {
                 Ok(settled) => {
                     break *settled.map_err(|_| "the snapshot store is gone".to_string())?
@@ -205,8 +209,34 @@ mod tests {
             async move { cover.purge_allowed(id(50)).await }
         });
         tokio::time::sleep(Duration::from_millis(50)).await;
-        cover.abandoned();
+        // An older stream's failed install is not this purge's.
+        cover.abandoned(Some(id(30)));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !purge.is_finished(),
+            "another snapshot's failure ended the wait"
+        );
+        cover.abandoned(Some(id(50)));
         assert!(purge.await.unwrap().is_err());
+    }
+
+    /// A new leader's snapshot can begin streaming in before an older leader's, received
+    /// whole, is installed: that install ended the wait of the newer one's purge, which went
+    /// ahead while nothing on disk covered it.
+    #[tokio::test]
+    async fn an_older_stream_s_install_does_not_release_a_newer_one_s_purge() {
+        let cover = Cover::new(Some(id(10)));
+        cover.receiving();
+        cover.receiving();
+        cover.installed(Some(id(30)));
+        let purge = tokio::spawn({
+            let cover = cover.clone();
+            async move { cover.purge_allowed(id(50)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!purge.is_finished(), "purged past the durable snapshot");
+        cover.installed(Some(id(50)));
+        purge.await.unwrap().unwrap();
     }
 
     #[test]

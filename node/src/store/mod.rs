@@ -17,6 +17,7 @@ mod legacy;
 mod log;
 mod recent;
 mod state_machine;
+mod unwind;
 
 pub use image::FILE_NAME as SNAPSHOT_FILE;
 pub use legacy::SNAPSHOT_STORE;

@@ -28,6 +28,7 @@ use super::disk::Disk;
 use super::image::ImageFile;
 use super::io_error;
 use super::legacy;
+use super::unwind::AbortOnUnwind;
 use crate::codec;
 use crate::history::{History, HistoryLimits};
 use crate::types::{Batch, LogId, NodeId, Responses, StorageError, TypeConfig};
@@ -325,6 +326,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I::IntoIter: Send,
     {
         let mut applied = self.write_for_apply().await;
+        let unwinding = AbortOnUnwind("an apply");
         let mut responses = Vec::new();
         let mut changed = Vec::new();
         let before = applied.last_applied;
@@ -364,6 +366,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             responses.push(Responses(answers));
         }
         let after = applied.last_applied;
+        drop(unwinding);
         drop(applied);
         if after != before {
             self.history.record(changed, after.map_or(0, |id| id.index));
@@ -393,7 +396,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         // would apply entries twice: stop instead.
         let applied = self.read().last_applied;
         if applied.is_some() && applied > meta.last_log_id {
-            self.cover.abandoned();
+            self.cover.abandoned(meta.last_log_id);
             return Err(io_error(
                 ErrorSubject::Snapshot(Some(meta.signature())),
                 ErrorVerb::Write,
@@ -422,7 +425,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             self.save_snapshot(meta, data).await
         };
         if let Err(error) = installed.await {
-            self.cover.abandoned();
+            self.cover.abandoned(meta.last_log_id);
             return Err(error);
         }
         // Stored now, or a snapshot as new was already: either way the stream has landed.
