@@ -856,6 +856,50 @@ fn leasing_skips_busy_keys_before_applying_its_limit() {
     assert_eq!(next[0].token, Some(2));
 }
 
+/// The probe a long poll asks before proposing wakes for an expiry only when the lease it
+/// would propose could hand out something because of it: a lapsed lease of a task in another
+/// queue woke every idle poller, each proposing an empty lease (a log entry) per round trip
+/// until the leader's sweep landed.
+#[test]
+fn a_long_poll_wakes_only_for_expiries_that_may_give_it_a_task() {
+    let mut w = World::new();
+    let elsewhere = w.submit(spec(Q2, "elsewhere", ""));
+    w.lease_only(W, elsewhere);
+    w.advance(LEASE as u64);
+    let q1: Vec<String> = vec![Q1.into()];
+    assert!(
+        !w.state.queue.has_leasable(w.now, W2, &q1),
+        "woken for another queue's unkeyed task"
+    );
+    assert!(w.state.queue.has_leasable(w.now, W2, &[Q2.into()]));
+    assert!(w.state.queue.has_leasable(w.now, W2, &[]));
+    assert!(w.lease_from(W2, &[Q1], 10).is_empty());
+
+    // A keyed task's lapse may free a key a task of Q1 waits on: that wakes Q1's pollers.
+    let mut w = World::new();
+    let holder = w.submit(spec(Q2, "holder", K));
+    let waiting = w.submit(spec(Q1, "waiting", K));
+    w.lease_only(W, holder);
+    assert!(
+        !w.state.queue.has_leasable(w.now, W2, &q1),
+        "the key is held"
+    );
+    w.advance(LEASE as u64);
+    assert!(w.state.queue.has_leasable(w.now, W2, &q1));
+    assert_eq!(ids(&w.lease_from(W2, &[Q1], 10)), vec![waiting]);
+
+    // An ended back-off of a Q1 task wakes them.
+    let mut w = World::new();
+    let retried = w.submit(spec(Q1, "retried", ""));
+    let a = w.lease_only(W, retried);
+    w.start(&a, W).unwrap();
+    w.fail(&a, W, true).unwrap();
+    assert!(!w.state.queue.has_leasable(w.now, W2, &q1), "backing off");
+    w.advance(FIRST_BACKOFF);
+    assert!(w.state.queue.has_leasable(w.now, W2, &q1));
+    assert_eq!(ids(&w.lease_from(W2, &[Q1], 10)), vec![retried]);
+}
+
 #[test]
 fn a_worker_without_concurrency_key_support_never_receives_keyed_tasks() {
     let mut w = World::new();

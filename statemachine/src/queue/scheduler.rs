@@ -743,7 +743,8 @@ impl TaskQueue {
     }
 
     /// Whether a lease by `worker` on `queues` at `clock_ms` could hand out something (read-only,
-    /// so an idle worker costs no log entry). Errs on the side of "yes" when expiries are due.
+    /// so an idle worker costs no log entry). Errs on the side of "yes" for the expiries the
+    /// lease would materialise first ([`TaskQueue::due_for`]).
     pub fn has_leasable(&self, clock_ms: u64, worker: &str, queues: &[String]) -> bool {
         let Some(capable) = self.workers.get(worker).map(|w| w.concurrency_keys) else {
             return false;
@@ -751,7 +752,7 @@ impl TaskQueue {
         let Ok(queues) = self.resolve_queues(queues) else {
             return false;
         };
-        if self.has_overdue(clock_ms) {
+        if self.due_for(clock_ms, &queues) {
             return true;
         }
         self.leasable.candidates(&queues, capable).any(|id| {
@@ -759,6 +760,31 @@ impl TaskQueue {
                 .get(&id)
                 .is_some_and(|task| permit_key(task).is_none_or(|key| !self.token_exhausted(&key)))
         })
+    }
+
+    /// Whether an expiry that a lease at `clock_ms` materialises before it looks for tasks (the
+    /// first [`MAX_LEASE_SWEEP`] due of each kind) may give it something in `queues` (sorted):
+    /// a lapsed lease or an ended back-off of their task, or any keyed task's expiry (its key
+    /// may be one their tasks wait on). Anything due behind those, or of other queues, the
+    /// leader's sweeper takes as soon as it is due (within its 50 ms spacing); waking every long
+    /// poll for any expiry due made each propose empty leases, a log entry per round trip, until
+    /// the sweep landed.
+    fn due_for(&self, clock_ms: u64, queues: &[String]) -> bool {
+        let task = |id: &u64| self.tasks.get(id);
+        let theirs =
+            |id: &u64| task(id).is_some_and(|t| queues.binary_search(&t.spec.queue).is_ok());
+        let keyed = |id: &u64| task(id).is_some_and(|t| permit_key(t).is_some());
+        self.due_leases(clock_ms)
+            .take(MAX_LEASE_SWEEP)
+            .any(|(_, id)| theirs(id) || keyed(id))
+            || self
+                .due_retries(clock_ms)
+                .take(MAX_LEASE_SWEEP)
+                .any(|(_, id)| theirs(id))
+            || self
+                .due_deadlines(clock_ms)
+                .take(MAX_LEASE_SWEEP)
+                .any(|(_, id)| keyed(id))
     }
 
     /// One task.
