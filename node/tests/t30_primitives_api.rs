@@ -664,6 +664,59 @@ async fn bad_wire_input_is_refused_with_the_field_it_broke() {
 /// A read naming a key no command could have written (empty, or over 512 bytes) is refused as
 /// invalid input, naming the field, rather than answered "not found" (contract §0, Validation):
 /// `seen_fence("")` must not say 0.
+/// A hold (board claim or renewal; side-effect acquire, renewal or reconcile) of more than a
+/// day and a ticket of more than 30 days are refused `Invalid` on `ttl` before the log (a TTL of
+/// years was a hold for good, or a handoff without a deadline), and the bound itself is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttls_past_their_bound_are_refused_before_the_log() {
+    const DAY: i64 = 24 * 3600 * 1000;
+    const TICKET_MAX: i64 = 30 * DAY;
+    let cluster = Cluster::start().await;
+    let c = &cluster.client;
+    let revision = || async { c.tasks().await.unwrap().revision };
+    // Refused on `ttl`, with nothing written.
+    macro_rules! refused_before_the_log {
+        ($call:expr) => {{
+            let before = revision().await;
+            assert_eq!(invalid_field($call.await), "ttl");
+            assert_eq!(revision().await, before, "refused before the log");
+        }};
+    }
+
+    c.seed(&[spec("long", &[])]).await.unwrap();
+    refused_before_the_log!(c.claim("long", "a", DAY + 1));
+    let held = c.claim("long", "a", DAY).await.unwrap();
+    let token = held.lease.unwrap().token;
+    refused_before_the_log!(c.renew_task("long", &token, DAY + 1));
+    c.renew_task("long", &token, DAY).await.unwrap();
+
+    let act = action("long-effect", "r", RetrySafety::Safe);
+    refused_before_the_log!(c.acquire(&act, DAY + 1));
+    let lease = granted(c.acquire(&act, DAY).await.unwrap());
+    refused_before_the_log!(c.renew_effect(&act, &lease, DAY + 1));
+    let lease = c.renew_effect(&act, &lease, DAY).await.unwrap();
+    c.mark_uncertain(&act, &lease, "crashed mid-call")
+        .await
+        .unwrap();
+    refused_before_the_log!(c.begin_reconcile(&act, DAY + 1));
+    c.begin_reconcile(&act, DAY).await.unwrap();
+
+    let offer = |ttl_ms| {
+        c.offer(OfferArgs {
+            key: "long-ticket".into(),
+            from: "src".into(),
+            to: "dst".into(),
+            payload: Vec::new(),
+            reply_to: "src".into(),
+            ttl_ms,
+        })
+    };
+    refused_before_the_log!(offer(TICKET_MAX + 1));
+    refused_before_the_log!(offer(i64::MAX));
+    offer(TICKET_MAX).await.unwrap();
+    cluster.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_of_malformed_keys_are_refused_with_the_field() {
     let cluster = Cluster::start().await;

@@ -11,7 +11,7 @@ use baton_statemachine::board::Command;
 use baton_statemachine::{Command as Cmd, Reply};
 use tonic::{Request, Response, Status};
 
-use super::{done, now_ms, origin, revision, unexpected};
+use super::{done, is_retry, now_ms, origin, revision, unexpected, HOLD_TTL};
 use crate::node::NodeRef;
 
 /// Serves the task board.
@@ -55,7 +55,9 @@ impl board_server::Board for BoardService {
         request: Request<ClaimTaskRequest>,
     ) -> Result<Response<ClaimTaskResponse>, Status> {
         let r = request.into_inner();
-        let retry = r.header.as_ref().is_some_and(|header| header.retry);
+        let retry = is_retry(&r.header);
+        let origin = origin(r.header)?;
+        HOLD_TTL.check(&self.node, &origin, retry, r.ttl_ms).await?;
         let command = Command::Claim {
             id: r.id,
             agent: r.agent,
@@ -63,7 +65,7 @@ impl board_server::Board for BoardService {
         };
         match self
             .node
-            .propose_attempt(Some(origin(r.header)?), retry, Cmd::Board(command))
+            .propose_attempt(Some(origin), retry, Cmd::Board(command))
             .await?
         {
             // The claimer is the one caller who sees the token.
@@ -116,16 +118,15 @@ impl board_server::Board for BoardService {
         request: Request<RenewTaskRequest>,
     ) -> Result<Response<RenewTaskResponse>, Status> {
         let r = request.into_inner();
+        let retry = is_retry(&r.header);
+        let origin = origin(r.header)?;
+        HOLD_TTL.check(&self.node, &origin, retry, r.ttl_ms).await?;
         let command = Command::Renew {
             id: r.id,
             token: r.token,
             ttl_ms: r.ttl_ms,
         };
-        match self
-            .node
-            .propose(Some(origin(r.header)?), Cmd::Board(command))
-            .await?
-        {
+        match self.node.propose(Some(origin), Cmd::Board(command)).await? {
             // The renewer presented the token, so it may see it again.
             Reply::Task(task) => Ok(Response::new(RenewTaskResponse {
                 task: Some(convert::task_to_proto(&task)),

@@ -14,7 +14,7 @@ use baton_statemachine::effect::{Action, Command, EffectLease};
 use baton_statemachine::{read_key, Command as Cmd, Refusal, Reply};
 use tonic::{Request, Response, Status};
 
-use super::{done, now_ms, origin, refused, revision, unexpected};
+use super::{done, is_retry, now_ms, origin, refused, revision, unexpected, HOLD_TTL};
 use crate::node::NodeRef;
 
 /// Serves the side-effect gate.
@@ -36,6 +36,20 @@ impl EffectService {
         self.node
             .propose(Some(origin(header)?), Cmd::Effect(command))
             .await
+    }
+
+    /// [`Self::propose`] for a command asking for a hold of `ttl_ms`, refused over
+    /// [`HOLD_TTL`].
+    async fn propose_hold(
+        &self,
+        header: Option<proto::RequestHeader>,
+        ttl_ms: i64,
+        command: Command,
+    ) -> Result<Reply, Status> {
+        let retry = is_retry(&header);
+        let origin = origin(header)?;
+        HOLD_TTL.check(&self.node, &origin, retry, ttl_ms).await?;
+        self.node.propose(Some(origin), Cmd::Effect(command)).await
     }
 }
 
@@ -59,7 +73,7 @@ impl effect_server::Effect for EffectService {
             action: action(r.action)?,
             ttl_ms: r.ttl_ms,
         };
-        match self.propose(r.header, command).await? {
+        match self.propose_hold(r.header, r.ttl_ms, command).await? {
             Reply::Outcome(outcome) => Ok(Response::new(AcquireResponse {
                 outcome: Some(convert::outcome_to_proto(&outcome)),
             })),
@@ -124,7 +138,7 @@ impl effect_server::Effect for EffectService {
             lease: lease(r.lease)?,
             ttl_ms: r.ttl_ms,
         };
-        match self.propose(r.header, command).await? {
+        match self.propose_hold(r.header, r.ttl_ms, command).await? {
             Reply::EffectLease(lease) => Ok(Response::new(RenewEffectResponse {
                 lease: Some(convert::effect_lease_to_proto(&lease)),
             })),
@@ -157,7 +171,7 @@ impl effect_server::Effect for EffectService {
             action: action(r.action)?,
             ttl_ms: r.ttl_ms,
         };
-        match self.propose(r.header, command).await? {
+        match self.propose_hold(r.header, r.ttl_ms, command).await? {
             Reply::Reconcile(reconcile) => Ok(Response::new(BeginReconcileResponse {
                 reconcile: Some(convert::reconcile_to_proto(&reconcile)),
             })),

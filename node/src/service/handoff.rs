@@ -12,7 +12,7 @@ use baton_statemachine::handoff::{Command, OfferArgs};
 use baton_statemachine::{read_key, Command as Cmd, Refusal, Reply};
 use tonic::{Request, Response, Status};
 
-use super::{done, now_ms, origin, revision, unexpected};
+use super::{done, is_retry, now_ms, origin, revision, unexpected, TICKET_TTL};
 use crate::node::NodeRef;
 
 /// Serves handoff tickets.
@@ -35,6 +35,11 @@ impl handoff_server::Handoff for HandoffService {
         request: Request<OfferRequest>,
     ) -> Result<Response<OfferResponse>, Status> {
         let r = request.into_inner();
+        let retry = is_retry(&r.header);
+        let origin = origin(r.header)?;
+        TICKET_TTL
+            .check(&self.node, &origin, retry, r.ttl_ms)
+            .await?;
         let command = Command::Offer(OfferArgs {
             key: r.key,
             from: r.from,
@@ -45,7 +50,7 @@ impl handoff_server::Handoff for HandoffService {
         });
         match self
             .node
-            .propose(Some(origin(r.header)?), Cmd::Handoff(command))
+            .propose(Some(origin), Cmd::Handoff(command))
             .await?
         {
             Reply::Ticket(ticket) => Ok(Response::new(OfferResponse {

@@ -20,14 +20,16 @@ use baton_rpc::proto::{
 };
 use baton_rpc::{convert, MAX_LEASE_WAIT};
 use baton_statemachine::queue::{
-    Command, Queue, Task, TaskFilter, Worker, MAX_LEASE_BATCH, MAX_LEASE_QUEUES, MAX_LEASE_TTL_MS,
-    MAX_LIST_PAGE, MAX_LIST_SCAN,
+    Command, Queue, Task, TaskFilter, Worker, MAX_LEASE_BATCH, MAX_LEASE_QUEUES, MAX_LIST_PAGE,
+    MAX_LIST_SCAN,
 };
 use baton_statemachine::{Command as Cmd, Origin, Refusal, Reply, SessionLookup};
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
-use super::{now_ms, origin, refused, revision, unexpected};
+use super::{
+    now_ms, origin, refuse_unless_answered, refused, revision, unexpected, QUEUE_LEASE_TTL,
+};
 use crate::admission::Admission;
 use crate::node::NodeRef;
 use crate::stamp::wall_clock_ms;
@@ -49,29 +51,6 @@ impl QueueService {
     /// Serves `node`; a waiting lease gives up when `admission`'s gate closes.
     pub fn new(node: NodeRef, admission: Admission) -> Self {
         Self { node, admission }
-    }
-
-    /// Refuses a request the edge judges bad (a limit the state machine does not know), unless
-    /// it is a retry the store has already answered: a node of an earlier version may have
-    /// applied it, and its answer, from the session table, is the only true one (a lease whose
-    /// answer was lost must learn what it leased).
-    async fn refuse_unless_answered(
-        &self,
-        origin: &Origin,
-        retry: bool,
-        refusal: Refusal,
-    ) -> Result<(), Status> {
-        let answered = retry
-            && self
-                .node
-                .read(|applied| {
-                    !matches!(applied.state.sessions.lookup(origin), SessionLookup::New)
-                })
-                .await?;
-        if answered {
-            return Ok(());
-        }
-        Err(refused(refusal))
     }
 
     async fn propose_task(&self, origin: Origin, command: Command) -> Result<Task, Status> {
@@ -135,16 +114,6 @@ impl QueueService {
             }
         }
     }
-}
-
-/// The refusal of a lease or renewal longer than [`MAX_LEASE_TTL_MS`], judged before the log.
-fn lease_ttl_over_a_day(lease_ttl_ms: i64) -> Option<Refusal> {
-    (lease_ttl_ms > MAX_LEASE_TTL_MS).then(|| {
-        Refusal::invalid(
-            "ttl",
-            "must be at most 86400000 ms (24h): renew a long handler's lease instead",
-        )
-    })
 }
 
 /// Whether a lease should be proposed now rather than wait.
@@ -389,8 +358,8 @@ impl queue_server::Queue for QueueService {
                 format!("at most {MAX_LEASE_QUEUES} names (none: every queue)"),
             )
         });
-        if let Some(refusal) = lease_ttl_over_a_day(r.lease_ttl_ms).or(too_many_queues) {
-            self.refuse_unless_answered(&origin, retry, refusal).await?;
+        if let Some(refusal) = QUEUE_LEASE_TTL.refusal(r.lease_ttl_ms).or(too_many_queues) {
+            refuse_unless_answered(&self.node, &origin, retry, refusal).await?;
         }
         // The wait is capped (MAX_LEASE_WAIT) so a request cannot pin a handler forever.
         let wait = Duration::from_millis(r.wait_ms).min(MAX_LEASE_WAIT);
@@ -446,9 +415,9 @@ impl queue_server::Queue for QueueService {
         let r = request.into_inner();
         let retry = r.header.as_ref().is_some_and(|header| header.retry);
         let origin = origin(r.header)?;
-        if let Some(refusal) = lease_ttl_over_a_day(r.lease_ttl_ms) {
-            self.refuse_unless_answered(&origin, retry, refusal).await?;
-        }
+        QUEUE_LEASE_TTL
+            .check(&self.node, &origin, retry, r.lease_ttl_ms)
+            .await?;
         let command = Command::Renew {
             task_id: r.task_id,
             attempt: r.attempt,
