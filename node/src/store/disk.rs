@@ -16,6 +16,13 @@
 //! after a power loss its checksum would fail, and sled's recovery would stop at it, dropping
 //! every later write.
 //!
+//! That flusher also moves pages while it cleans segments, into new blob files for large ones,
+//! and makes its pointers to them durable with its own `fsync` at once — never the files. Under
+//! load the next write's sync follows within milliseconds; on an idle node it could be a minute
+//! away, and a power loss meanwhile would leave a durable pointer to a blob never written, and
+//! the entries the moved page held, long acknowledged, lost. So a background thread also syncs
+//! new blob files every [`IDLE_BLOB_SYNC`].
+//!
 //! sled writes its configuration file (`<path>/conf`) when it creates a database and syncs
 //! neither it nor the directories it creates. Opening a database therefore syncs them once: a
 //! file system that may record an unsynced file's new length before its data (ext4 with
@@ -27,7 +34,11 @@ use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+/// How often new blob files are synced when no write syncs them (see the module's doc).
+const IDLE_BLOB_SYNC: Duration = Duration::from_millis(100);
 
 /// A node's sled database with a handle on the file its log-structured storage lives in.
 #[derive(Clone)]
@@ -54,14 +65,29 @@ impl Disk {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             sync_dir(parent)?;
         }
-        Ok(Self {
+        let disk = Self::without_idle_sync(db, file, path);
+        Blobs::sync_while_open(Arc::downgrade(&disk.blobs))?;
+        Ok(disk)
+    }
+
+    /// [`Disk::new`] without the thread that syncs new blob files while no write does (tests
+    /// of what a write's sync does).
+    fn without_idle_sync(db: sled::Db, file: File, path: &Path) -> Self {
+        Self {
             db,
             file: Arc::new(file),
             blobs: Arc::new(Blobs {
                 dir: path.join("blobs"),
                 synced: Mutex::default(),
             }),
-        })
+        }
+    }
+
+    /// [`Disk::new`] without the idle blob sync.
+    #[cfg(test)]
+    pub(super) fn new_without_idle_sync(db: sled::Db, path: &Path) -> io::Result<Self> {
+        let file = OpenOptions::new().write(true).open(path.join("db"))?;
+        Ok(Self::without_idle_sync(db, file, path))
     }
 
     pub(super) fn db(&self) -> &sled::Db {
@@ -102,6 +128,24 @@ pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {
 }
 
 impl Blobs {
+    /// Syncs new blob files every [`IDLE_BLOB_SYNC`] on a thread of its own, until the store
+    /// is dropped.
+    fn sync_while_open(blobs: Weak<Blobs>) -> io::Result<()> {
+        std::thread::Builder::new()
+            .name("baton-blob-sync".into())
+            .spawn(move || loop {
+                std::thread::sleep(IDLE_BLOB_SYNC);
+                let Some(blobs) = blobs.upgrade() else {
+                    return;
+                };
+                // Not fatal here: the next write's sync meets the same error and stops Raft.
+                if let Err(error) = blobs.sync_new() {
+                    tracing::warn!(%error, "could not sync sled's blob files");
+                }
+            })?;
+        Ok(())
+    }
+
     /// Syncs the blob files written to since the last call (new ones, and ones whose length
     /// changed: still being written then), then their directory entries. Blobs sled has since
     /// removed are forgotten.
@@ -213,6 +257,23 @@ mod tests {
         )
         .unwrap();
         disk.sync_blocking().unwrap();
+    }
+
+    /// A blob file no write of ours syncs (one sled's flusher wrote while moving a page) is
+    /// synced all the same, soon.
+    #[test]
+    fn a_blob_written_while_idle_is_synced_soon() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let disk = Disk::new(db, dir.path()).unwrap();
+        std::fs::write(dir.path().join("blobs").join("999"), [1u8; 100]).unwrap();
+        let synced = || disk.synced_blobs();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while synced() == 0 {
+            assert!(std::time::Instant::now() < deadline, "never synced");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(synced(), 1);
     }
 
     #[test]

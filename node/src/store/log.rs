@@ -411,7 +411,7 @@ mod tests {
     fn opening_the_log_makes_what_sled_read_back_durable() {
         let dir = tempfile::tempdir().unwrap();
         let db = sled::Config::new().path(dir.path()).open().unwrap();
-        let disk = Disk::new(db.clone(), dir.path()).unwrap();
+        let disk = Disk::new_without_idle_sync(db.clone(), dir.path()).unwrap();
         // An entry large enough for a blob file of its own, flushed by sled (which never syncs
         // blob files) and not synced: as a process killed inside an append leaves it.
         db.open_tree("log")
