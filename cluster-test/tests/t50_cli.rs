@@ -186,17 +186,66 @@ async fn t50_cli_contract_against_a_live_cluster() {
     let tasks = baton(&bin, e, &["board", "list", "--json"]).await;
     assert!(!tasks.stdout.contains("claimer-"), "{tasks}");
 
-    // A TTL past the year 9999 is legal (the deadline saturates); listing it must not crash the
-    // command for every operator.
+    // A ticket of years has no deadline in practice, which the contract forbids: refused, naming
+    // the ttl, and nothing offered. (One an older version took lists as `never`: `rfc3339`'s
+    // unit test.)
     let forever = offer(&bin, e, "cli-forever", "9000y").await;
-    assert_eq!(forever.code, Some(0), "{forever}");
-    for args in [&["ticket", "list"][..], &["ticket", "list", "--json"][..]] {
-        let list = baton(&bin, e, args).await;
-        assert_eq!(list.code, Some(0), "{list}");
-        assert!(list.stdout.contains("never"), "{list}");
-    }
+    assert_eq!(forever.code, Some(3), "{forever}");
+    assert!(forever.stderr.contains("ttl"), "{forever}");
+    let list = baton(&bin, e, &["ticket", "list"]).await;
+    assert!(!list.stdout.contains("cli-forever"), "{list}");
 
-    println!("t50: offer/take 0, second take 3 TAKEN, status/list JSON shapes ok, check 0, race winners=1 losers=7, far deadline prints never");
+    // `effect acquire` exits 0 only for a grant, so `acquire && perform` never performs an
+    // action in someone else's hands or already done.
+    let acquire = [
+        "effect",
+        "acquire",
+        "--key",
+        "cli-charge",
+        "--resource",
+        "cli-card",
+        "--ttl",
+        "1m",
+    ];
+    let granted = baton(&bin, e, &acquire).await;
+    assert_eq!(granted.code, Some(0), "{granted}");
+    assert!(granted.stdout.contains("outcome=granted"), "{granted}");
+    let holder = granted
+        .stdout
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix("holder="))
+        .unwrap()
+        .to_string();
+    let in_progress = baton(&bin, e, &acquire).await;
+    assert_eq!(in_progress.code, Some(3), "{in_progress}");
+    assert!(
+        in_progress.stdout.contains("outcome=in_progress"),
+        "{in_progress}"
+    );
+    let complete = [
+        "effect",
+        "complete",
+        "--key",
+        "cli-charge",
+        "--resource",
+        "cli-card",
+        "--fence",
+        "1",
+        "--holder",
+        &holder,
+        "--result",
+        "charged",
+    ];
+    let completed = baton(&bin, e, &complete).await;
+    assert_eq!(completed.code, Some(0), "{completed}");
+    let done = baton(&bin, e, &acquire).await;
+    assert_eq!(done.code, Some(3), "{done}");
+    assert!(
+        done.stdout.contains("outcome=completed result=charged"),
+        "{done}"
+    );
+
+    println!("t50: offer/take 0, second take 3 TAKEN, status/list JSON shapes ok, check 0, race winners=1 losers=7, ticket of years 3, effect acquire 0 only when granted");
 }
 
 #[tokio::test]

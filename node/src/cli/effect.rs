@@ -161,10 +161,15 @@ pub enum EffectCommand {
 
 pub async fn run(command: EffectCommand, client: &Client) -> u8 {
     let result = match command {
-        EffectCommand::Acquire { action, ttl } => client
-            .acquire(&action.action(), ttl_ms(ttl))
-            .await
-            .map(|outcome| print_outcome(&outcome)),
+        EffectCommand::Acquire { action, ttl } => {
+            return match client.acquire(&action.action(), ttl_ms(ttl)).await {
+                Ok(outcome) => {
+                    print_outcome(&outcome);
+                    granted_or_refused(&outcome)
+                }
+                Err(error) => exit::report(&error),
+            }
+        }
         EffectCommand::Complete {
             action,
             lease,
@@ -241,6 +246,18 @@ pub async fn run(command: EffectCommand, client: &Client) -> u8 {
     match result {
         Ok(()) => exit::OK,
         Err(error) => exit::report(&error),
+    }
+}
+
+/// Exit 0 only for a grant: `baton effect acquire ... && perform` must not perform an action
+/// that is done, in doubt or in someone else's hands. Every other outcome is the store's "no"
+/// (as a lost `board claim` is `TAKEN`).
+fn granted_or_refused(outcome: &Outcome) -> u8 {
+    match outcome {
+        Outcome::Granted(_) => exit::OK,
+        Outcome::Completed(_) | Outcome::Contended | Outcome::InProgress | Outcome::Uncertain => {
+            exit::REFUSED
+        }
     }
 }
 

@@ -8,7 +8,8 @@ pub const OK: u8 = 0;
 pub const FAILURE: u8 = 1;
 /// Bad usage (clap uses it for parse errors too).
 pub const USAGE: u8 = 2;
-/// The store refused the command (a contract refusal or an administrative one).
+/// The store refused the command (a contract refusal or an administrative one), or an effect
+/// `acquire` was answered with anything but a grant.
 pub const REFUSED: u8 = 3;
 /// The cluster could not be reached or gave no usable answer in time.
 pub const UNREACHABLE: u8 = 4;
