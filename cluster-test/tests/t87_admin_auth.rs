@@ -44,6 +44,16 @@ async fn only_clients_with_a_listed_token_reach_the_store() {
         tokens.display().to_string(),
     ];
     procs.form_cluster(3, &args).await.unwrap();
+    // Tokens without TLS protect the client API only, and the node says so.
+    for id in 1..=3 {
+        assert!(
+            procs
+                .log(id)
+                .contains("client tokens are set but TLS is not"),
+            "{}",
+            procs.log_tail(id)
+        );
+    }
 
     // Both listed tokens work.
     let client = procs.client(with_token(TOKEN)).await.unwrap();

@@ -228,6 +228,16 @@ async fn a_tls_cluster_serves_tls_clients_and_refuses_plaintext() {
         refused.is_err(),
         "a client certificate is not a node certificate: {refused:?}"
     );
+    // The node says why it refuses (a node with such a certificate could never join in).
+    baton_cluster_test::wait::until("the refusal logged", Duration::from_secs(10), || async {
+        if procs.log(1).contains("TLS handshake failed") {
+            Ok(())
+        } else {
+            Err("not in node 1's log".to_string())
+        }
+    })
+    .await
+    .unwrap();
     // A node certificate gets through: the body is garbage, and said to be.
     let (outcome, why) = raft_vote(&addr, header, &certs, Some("node"))
         .await
@@ -331,6 +341,10 @@ async fn a_cluster_configured_by_file_runs_tls_and_asks_for_tokens() {
     let mut procs = Procs::new(with_token(None)).unwrap();
     let args = ["--config".to_string(), file.display().to_string()];
     procs.form_cluster(3, &args).await.unwrap();
+    assert!(
+        !procs.log(1).contains("TLS is not"),
+        "warned of missing TLS on a TLS node"
+    );
 
     let client = procs.client(with_token(None)).await.unwrap();
     client.save_if_newer("job", 1, b"secret").await.unwrap();

@@ -36,5 +36,6 @@ pub mod stamp;
 pub mod store;
 pub mod sweeper;
 pub mod systemd;
+pub mod throttle;
 pub mod tls;
 pub mod types;

@@ -28,6 +28,7 @@ use crate::codec;
 use crate::handover::TimeoutNow;
 use crate::pre_vote::PreVote;
 use crate::raft_wire::{self, Header, Kind, Link, Outcome};
+use crate::throttle::Throttle;
 use crate::tls::PeerConnector;
 use crate::types::{NodeId, TypeConfig};
 
@@ -104,6 +105,8 @@ pub struct Network {
     peers: Arc<Mutex<HashMap<NodeId, Links>>>,
     /// The cluster named in every request ([`crate::cluster_id`]).
     cluster: OwnCluster,
+    /// Warnings of TLS handshakes that failed.
+    tls_warned: Throttle,
 }
 
 /// The connections kept to one peer.
@@ -141,6 +144,7 @@ impl Network {
             tls: None,
             peers: Arc::default(),
             cluster,
+            tls_warned: Throttle::default(),
         }
     }
 
@@ -256,7 +260,14 @@ impl Network {
             .map_err(|e| format!("cannot write to {addr}: {e}"))?;
         let stream: Box<dyn raft_wire::Stream> = match &self.tls {
             None => Box::new(stream),
-            Some(tls) => Box::new(tls.connect(addr, stream).await?),
+            // A certificate the peers refuse (another CA, missing usages, expired) keeps this
+            // node from following or leading, and openraft reports failed calls only at debug
+            // level: said here as a warning.
+            Some(tls) => Box::new(tls.connect(addr, stream).await.inspect_err(|why| {
+                if self.tls_warned.due() {
+                    tracing::warn!(%why, "cannot reach a peer over TLS");
+                }
+            })?),
         };
         Ok(raft_wire::link(stream))
     }

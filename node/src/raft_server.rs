@@ -6,7 +6,6 @@
 //! gRPC server unread. So peers and clients keep reaching a node at one address, and the
 //! membership, the configuration and firewalls name one port per node.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -27,7 +26,8 @@ use crate::node::{is_voter, is_voter_id};
 use crate::pre_vote::{self, Contact};
 use crate::raft_wire::{self, Header, Kind};
 use crate::snapshot_chunks::ChunkIntake;
-use crate::tls::PeerAcceptor;
+use crate::throttle::Throttle;
+use crate::tls::{PeerAcceptor, TLS_REFUSAL};
 use crate::types::{NodeId, Raft, TypeConfig};
 use crate::{codec, handover, newer_log_stands, stalled_leader};
 
@@ -78,8 +78,8 @@ pub struct Local {
     pub id: NodeId,
     /// This node's cluster: requests from another are refused.
     pub cluster: OwnCluster,
-    /// When a refused request was last logged as a warning.
-    pub warned: Arc<Mutex<Option<Instant>>>,
+    /// Warnings of refused requests and connections.
+    pub warned: Throttle,
     /// The local Raft instance.
     pub raft: Raft,
     /// Updated as leader messages are accepted; read by pre-votes and [`pre_vote::run`].
@@ -205,6 +205,12 @@ async fn serve_peer(
     };
     let stream = match opened {
         Ok(Ok(stream)) => stream,
+        // A node whose certificate the cluster's CA did not sign, or that lacks a node's
+        // usages, follows no leader and wins no election: its operator must hear why.
+        Ok(Err(why)) if tls.is_some() && why.starts_with(TLS_REFUSAL) && local.warned.due() => {
+            tracing::warn!(?peer, %why, "peer connection refused");
+            return;
+        }
         Ok(Err(why)) => {
             tracing::debug!(?peer, %why, "peer connection refused");
             return;
@@ -242,10 +248,6 @@ async fn serve_peer(
     }
 }
 
-/// How often at most a refused peer request is logged as a warning (a misplaced node's peers
-/// send again every half second or sooner).
-const WARN_EVERY: Duration = Duration::from_secs(10);
-
 impl Local {
     /// Where the sender of a request with `header` stands ([`crate::cluster_id`]); refuses one
     /// meant for another node or coming from another cluster: a misconfiguration an operator
@@ -266,13 +268,7 @@ impl Local {
                 Err(why) => format!("refused: {why}"),
             }
         };
-        let now = Instant::now();
-        let mut warned = self
-            .warned
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if warned.is_none_or(|at| now.duration_since(at) >= WARN_EVERY) {
-            *warned = Some(now);
+        if self.warned.due() {
             tracing::warn!(request = ?kind, %refused, "peer request refused");
         }
         Err(refused)

@@ -42,6 +42,7 @@ use crate::service::{
 };
 use crate::shutdown::{CLOSE_LIMIT, RAFT_STOP_LIMIT, STOP_LIMIT};
 use crate::store;
+use crate::throttle::Throttle;
 use crate::tls::NodeTls;
 use crate::types::Raft;
 use crate::{http, raft_server, snapshot_schedule, stalled_leader, sweeper, systemd};
@@ -87,6 +88,14 @@ pub async fn serve_secured(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let tls = security.tls.as_ref().map(NodeTls::load).transpose()?;
+    if tls.is_none() && security.tokens.is_some() {
+        // Said at every start: an operator who set tokens may believe the node closed.
+        tracing::warn!(
+            "client tokens are set but TLS is not: tokens cross the network in clear text, and the \
+             Raft side of the port (entries, votes, snapshots) is open to anyone who reaches it, \
+             tokens or not; turn on TLS (docs/security.md)"
+        );
+    }
     // Everything that can fail without side effects comes before Raft starts.
     let reflection = reflection_service()?;
     let http_listener = match config.http {
@@ -276,7 +285,7 @@ pub async fn serve_secured(
     let local = raft_server::Local {
         id: config.id,
         cluster,
-        warned: Default::default(),
+        warned: Throttle::default(),
         raft: raft.clone(),
         contact: contact.clone(),
         timing: config.raft.election_timing(),

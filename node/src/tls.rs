@@ -164,14 +164,16 @@ impl PeerAcceptor {
             .acceptor
             .accept(stream)
             .await
-            .map_err(|e| format!("TLS handshake failed: {e}"))?;
+            .map_err(|e| format!("{TLS_REFUSAL}: {e}"))?;
         let leaf = tls
             .get_ref()
             .1
             .peer_certificates()
             .and_then(|certs| certs.first());
         if !leaf.is_some_and(|leaf| allows_server_auth(leaf)) {
-            return Err("the peer did not present a node certificate".into());
+            return Err(format!(
+                "{TLS_REFUSAL}: the peer did not present a node certificate"
+            ));
         }
         Ok(tls)
     }
@@ -215,6 +217,9 @@ fn private_key(pem: &[u8]) -> anyhow::Result<PrivateKeyDer<'static>> {
 fn read(path: &Path, what: &str) -> anyhow::Result<Vec<u8>> {
     std::fs::read(path).with_context(|| format!("cannot read the TLS {what} {}", path.display()))
 }
+
+/// How a refused peer TLS connection's error begins.
+pub const TLS_REFUSAL: &str = "TLS handshake failed";
 
 #[cfg(test)]
 mod tests {

@@ -277,6 +277,11 @@ impl Procs {
         Ok(child.wait_with_output()?)
     }
 
+    /// Node `id`'s whole log.
+    pub fn log(&self, id: u64) -> String {
+        std::fs::read_to_string(&self.nodes[&id].log).unwrap_or_default()
+    }
+
     /// The end of node `id`'s log.
     pub fn log_tail(&self, id: u64) -> String {
         let text = std::fs::read_to_string(&self.nodes[&id].log).unwrap_or_default();
