@@ -264,19 +264,25 @@ pub async fn serve_secured(
             QueueServer::new(QueueService::new(node.clone(), admission.clone()))
                 .max_decoding_message_size(max_request),
         )
-        .add_service(ClusterServer::new(ClusterService::new(
-            node.clone(),
-            admission.clone(),
-            network.clone(),
-            restored_from,
-            cluster.clone(),
-        )))
-        .add_service(WatchServer::new(WatchService::new(
-            node.clone(),
-            contact.clone(),
-            config.watch.clone(),
-            closing,
-        )))
+        .add_service(
+            ClusterServer::new(ClusterService::new(
+                node.clone(),
+                admission.clone(),
+                network.clone(),
+                restored_from,
+                cluster.clone(),
+            ))
+            .max_decoding_message_size(max_request),
+        )
+        .add_service(
+            WatchServer::new(WatchService::new(
+                node.clone(),
+                contact.clone(),
+                config.watch.clone(),
+                closing,
+            ))
+            .max_decoding_message_size(max_request),
+        )
         .add_service(health_server)
         .add_service(reflection);
     // Peers' Raft connections are served until the gRPC server closes, so that a handover during
