@@ -210,12 +210,15 @@ async fn t50_cli_contract_against_a_live_cluster() {
     let granted = baton(&bin, e, &acquire).await;
     assert_eq!(granted.code, Some(0), "{granted}");
     assert!(granted.stdout.contains("outcome=granted"), "{granted}");
-    let holder = granted
-        .stdout
-        .split_whitespace()
-        .find_map(|field| field.strip_prefix("holder="))
-        .unwrap()
-        .to_string();
+    let field = |name: &str| {
+        granted
+            .stdout
+            .split_whitespace()
+            .find_map(|field| field.strip_prefix(name))
+            .unwrap()
+            .to_string()
+    };
+    let (fence, holder) = (field("fence="), field("holder="));
     let in_progress = baton(&bin, e, &acquire).await;
     assert_eq!(in_progress.code, Some(3), "{in_progress}");
     assert!(
@@ -230,7 +233,7 @@ async fn t50_cli_contract_against_a_live_cluster() {
         "--resource",
         "cli-card",
         "--fence",
-        "1",
+        &fence,
         "--holder",
         &holder,
         "--result",

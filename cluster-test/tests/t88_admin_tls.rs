@@ -230,7 +230,7 @@ async fn a_tls_cluster_serves_tls_clients_and_refuses_plaintext() {
     );
     // The node says why it refuses (a node with such a certificate could never join in).
     baton_cluster_test::wait::until("the refusal logged", Duration::from_secs(10), || async {
-        if procs.log(1).contains("TLS handshake failed") {
+        if procs.log(1).contains("TLS handshake refused") {
             Ok(())
         } else {
             Err("not in node 1's log".to_string())

@@ -29,7 +29,7 @@ use crate::handover::TimeoutNow;
 use crate::pre_vote::PreVote;
 use crate::raft_wire::{self, Header, Kind, Link, Outcome};
 use crate::throttle::Throttle;
-use crate::tls::PeerConnector;
+use crate::tls::{PeerConnector, TLS_REFUSAL};
 use crate::types::{NodeId, TypeConfig};
 
 /// How long `TimeoutNow` may take to be answered.
@@ -264,7 +264,7 @@ impl Network {
             // node from following or leading, and openraft reports failed calls only at debug
             // level: said here as a warning.
             Some(tls) => Box::new(tls.connect(addr, stream).await.inspect_err(|why| {
-                if self.tls_warned.due() {
+                if why.contains(TLS_REFUSAL) && self.tls_warned.due() {
                     tracing::warn!(%why, "cannot reach a peer over TLS");
                 }
             })?),

@@ -78,8 +78,11 @@ pub struct Local {
     pub id: NodeId,
     /// This node's cluster: requests from another are refused.
     pub cluster: OwnCluster,
-    /// Warnings of refused requests and connections.
+    /// Warnings of refused requests.
     pub warned: Throttle,
+    /// Warnings of refused TLS handshakes (apart, so that a misplaced node's requests do not
+    /// drown another peer's certificate trouble).
+    pub tls_warned: Throttle,
     /// The local Raft instance.
     pub raft: Raft,
     /// Updated as leader messages are accepted; read by pre-votes and [`pre_vote::run`].
@@ -207,7 +210,7 @@ async fn serve_peer(
         Ok(Ok(stream)) => stream,
         // A node whose certificate the cluster's CA did not sign, or that lacks a node's
         // usages, follows no leader and wins no election: its operator must hear why.
-        Ok(Err(why)) if tls.is_some() && why.starts_with(TLS_REFUSAL) && local.warned.due() => {
+        Ok(Err(why)) if tls.is_some() && why.starts_with(TLS_REFUSAL) && local.tls_warned.due() => {
             tracing::warn!(?peer, %why, "peer connection refused");
             return;
         }

@@ -292,6 +292,7 @@ pub async fn serve_secured(
         id: config.id,
         cluster,
         warned: Throttle::default(),
+        tls_warned: Throttle::default(),
         raft: raft.clone(),
         contact: contact.clone(),
         timing: config.raft.election_timing(),

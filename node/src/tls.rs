@@ -130,7 +130,7 @@ impl PeerConnector {
         self.connector
             .connect(name, stream)
             .await
-            .map_err(|e| format!("TLS handshake with {addr} failed: {e}"))
+            .map_err(|e| format!("with {addr}: {}", handshake_error(&e)))
     }
 }
 
@@ -164,7 +164,7 @@ impl PeerAcceptor {
             .acceptor
             .accept(stream)
             .await
-            .map_err(|e| format!("{TLS_REFUSAL}: {e}"))?;
+            .map_err(|e| handshake_error(&e))?;
         let leaf = tls
             .get_ref()
             .1
@@ -218,8 +218,20 @@ fn read(path: &Path, what: &str) -> anyhow::Result<Vec<u8>> {
     std::fs::read(path).with_context(|| format!("cannot read the TLS {what} {}", path.display()))
 }
 
-/// How a refused peer TLS connection's error begins.
-pub const TLS_REFUSAL: &str = "TLS handshake failed";
+/// How the error of a TLS handshake refused on either side (a certificate another CA signed,
+/// expired, without a node's usages; a protocol the other side does not speak) begins. A
+/// handshake that broke off (the peer restarting, a reset) says otherwise.
+pub const TLS_REFUSAL: &str = "TLS handshake refused";
+
+/// What a failed handshake's error says: rustls reports a refusal as invalid data, anything
+/// else is the connection's.
+fn handshake_error(error: &std::io::Error) -> String {
+    if error.kind() == std::io::ErrorKind::InvalidData {
+        format!("{TLS_REFUSAL}: {error}")
+    } else {
+        format!("TLS handshake broke off: {error}")
+    }
+}
 
 #[cfg(test)]
 mod tests {

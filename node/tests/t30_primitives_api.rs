@@ -661,9 +661,6 @@ async fn bad_wire_input_is_refused_with_the_field_it_broke() {
     cluster.stop().await;
 }
 
-/// A read naming a key no command could have written (empty, or over 512 bytes) is refused as
-/// invalid input, naming the field, rather than answered "not found" (contract §0, Validation):
-/// `seen_fence("")` must not say 0.
 /// A hold (board claim or renewal; side-effect acquire, renewal or reconcile) of more than a
 /// day and a ticket of more than 30 days are refused `Invalid` on `ttl` before the log (a TTL of
 /// years was a hold for good, or a handoff without a deadline), and the bound itself is taken.
@@ -717,6 +714,9 @@ async fn ttls_past_their_bound_are_refused_before_the_log() {
     cluster.stop().await;
 }
 
+/// A read naming a key no command could have written (empty, or over 512 bytes) is refused as
+/// invalid input, naming the field, rather than answered "not found" (contract §0, Validation):
+/// `seen_fence("")` must not say 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_of_malformed_keys_are_refused_with_the_field() {
     let cluster = Cluster::start().await;

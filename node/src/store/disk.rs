@@ -21,7 +21,9 @@
 //! load the next write's sync follows within milliseconds; on an idle node it could be a minute
 //! away, and a power loss meanwhile would leave a durable pointer to a blob never written, and
 //! the entries the moved page held, long acknowledged, lost. So a background thread also syncs
-//! new blob files every [`IDLE_BLOB_SYNC`].
+//! new blob files every [`IDLE_BLOB_SYNC`]. That narrows the window to about that long; it does
+//! not close it (only keeping values out of blob files, or sled's flusher under our control,
+//! would).
 //!
 //! sled writes its configuration file (`<path>/conf`) when it creates a database and syncs
 //! neither it nor the directories it creates. Opening a database therefore syncs them once: a
@@ -54,6 +56,10 @@ struct Blobs {
     dir: PathBuf,
     /// Each blob file synced, with its length when it was.
     synced: Mutex<HashMap<OsString, u64>>,
+    /// The first sync that failed, for good: after a failed `fsync` Linux may mark the pages
+    /// clean, and a later one on the same file reports success for data never written. So a
+    /// failure on the idle thread fails the next write's sync too, which stops Raft.
+    failed: Mutex<Option<String>>,
 }
 
 impl Disk {
@@ -79,6 +85,7 @@ impl Disk {
             blobs: Arc::new(Blobs {
                 dir: path.join("blobs"),
                 synced: Mutex::default(),
+                failed: Mutex::default(),
             }),
         }
     }
@@ -138,9 +145,10 @@ impl Blobs {
                 let Some(blobs) = blobs.upgrade() else {
                     return;
                 };
-                // Not fatal here: the next write's sync meets the same error and stops Raft.
+                // Not fatal here: the failure is kept, and the next write's sync returns it.
                 if let Err(error) = blobs.sync_new() {
-                    tracing::warn!(%error, "could not sync sled's blob files");
+                    tracing::error!(%error, "could not sync sled's blob files");
+                    return;
                 }
             })?;
         Ok(())
@@ -150,6 +158,21 @@ impl Blobs {
     /// changed: still being written then), then their directory entries. Blobs sled has since
     /// removed are forgotten.
     fn sync_new(&self) -> io::Result<()> {
+        let mut failed = self.failed.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(error) = failed.as_ref() {
+            return Err(io::Error::other(format!(
+                "an earlier sync of sled's blob files failed: {error}"
+            )));
+        }
+        let synced = self.sync_unsynced();
+        if let Err(error) = &synced {
+            *failed = Some(error.to_string());
+        }
+        synced
+    }
+
+    /// [`Blobs::sync_new`]'s work.
+    fn sync_unsynced(&self) -> io::Result<()> {
         let mut synced = self.synced.lock().unwrap_or_else(|e| e.into_inner());
         let mut present = HashMap::with_capacity(synced.len());
         let mut new = false;
@@ -274,6 +297,21 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert_eq!(synced(), 1);
+    }
+
+    /// A failed sync is not forgotten: a later `fsync` of the same file may report success for
+    /// data the failure lost.
+    #[test]
+    fn a_failed_blob_sync_fails_every_later_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let disk = Disk::new_without_idle_sync(db, dir.path()).unwrap();
+        let blobs = dir.path().join("blobs");
+        std::fs::rename(&blobs, dir.path().join("moved")).unwrap();
+        assert!(disk.sync_blocking().is_err(), "the blob directory is gone");
+        std::fs::rename(dir.path().join("moved"), &blobs).unwrap();
+        let again = disk.sync_blocking().unwrap_err().to_string();
+        assert!(again.contains("an earlier sync"), "{again}");
     }
 
     #[test]
