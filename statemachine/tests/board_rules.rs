@@ -941,6 +941,49 @@ fn check_reports_unknown_dependency() {
     );
 }
 
+/// Seeding refuses a task depending on itself, not a longer cycle: its tasks (and those waiting
+/// on them) can never be claimed, which the judge says. A done task breaks a cycle.
+#[test]
+fn check_reports_tasks_blocked_by_a_dependency_cycle() {
+    let tasks = vec![
+        open("a", &["b"]),
+        open("b", &["c"]),
+        open("c", &["a"]),
+        open("d", &["a"]),
+        open("e", &[]),
+        open("f", &["e", "ghost"]),
+    ];
+    let cycle = |tasks: &[Task]| -> Vec<(String, BoardProblemCode)> {
+        codes(tasks, T0)
+            .into_iter()
+            .filter(|(_, code)| *code == BoardProblemCode::DependencyCycle)
+            .collect()
+    };
+    assert_eq!(
+        cycle(&tasks),
+        ["a", "b", "c", "d"]
+            .map(|id| (id.to_string(), BoardProblemCode::DependencyCycle))
+            .to_vec()
+    );
+    let broken = vec![
+        open("a", &["b"]),
+        Task {
+            state: TaskState::Done,
+            ..open("b", &["a"])
+        },
+    ];
+    assert_eq!(cycle(&broken), Vec::new());
+    // Seeded through the store: the board accepts the cycle, the judge reports it.
+    let w = World::seeded(&[("x", &["y"]), ("y", &["x"])]);
+    assert_eq!(
+        codes(&w.tasks(), T0),
+        vec![
+            ("x".to_string(), BoardProblemCode::DependencyCycle),
+            ("y".to_string(), BoardProblemCode::DependencyCycle),
+        ]
+    );
+}
+
 #[test]
 fn check_output_is_sorted_by_id_then_code() {
     let tasks = vec![
@@ -1004,6 +1047,7 @@ fn check_codes_have_stable_names() {
         BoardProblemCode::FenceRegression,
         BoardProblemCode::OverdueLease,
         BoardProblemCode::DependencyNotDone,
+        BoardProblemCode::DependencyCycle,
         BoardProblemCode::UnknownDependency,
     ]
     .iter()
@@ -1020,6 +1064,7 @@ fn check_codes_have_stable_names() {
             "fence_regression",
             "overdue_lease",
             "dependency_not_done",
+            "dependency_cycle",
             "unknown_dependency",
         ]
     );

@@ -25,6 +25,8 @@ pub enum BoardProblemCode {
     OverdueLease,
     /// A task claimed or done while one of its dependencies is not done.
     DependencyNotDone,
+    /// A task whose dependencies lead round in a cycle (or to one): it can never be claimed.
+    DependencyCycle,
     /// A dependency that names no task.
     UnknownDependency,
 }
@@ -53,6 +55,7 @@ impl BoardProblemCode {
             BoardProblemCode::FenceRegression => "fence_regression",
             BoardProblemCode::OverdueLease => "overdue_lease",
             BoardProblemCode::DependencyNotDone => "dependency_not_done",
+            BoardProblemCode::DependencyCycle => "dependency_cycle",
             BoardProblemCode::UnknownDependency => "unknown_dependency",
         }
     }
@@ -171,6 +174,54 @@ pub fn check(tasks: &[Task], now_ms: u64) -> Vec<BoardProblem> {
             }
         }
     }
+    for id in blocked_for_good(&by_id) {
+        report(
+            id,
+            BoardProblemCode::DependencyCycle,
+            "its dependencies lead round in a cycle: it can never be claimed".into(),
+        );
+    }
     problems.sort_by(|a, b| (&a.id, a.code).cmp(&(&b.id, b.code)));
     problems
+}
+
+/// The tasks not done that wait, directly or through others, on a dependency cycle among tasks
+/// not done. Seeding refuses a task depending on itself, not a longer cycle (each seed sees only
+/// its own tasks and what is stored), and such tasks stay blocked until the host re-seeds one.
+/// Found by peeling: a task whose dependencies are all done, peeled or unknown (reported
+/// apart) can go ahead; what never peels waits on a cycle.
+fn blocked_for_good<'a>(by_id: &BTreeMap<&'a str, Vec<&'a Task>>) -> Vec<&'a str> {
+    let first = |id: &str| by_id.get(id).and_then(|same| same.first().copied());
+    let mut waiting_on: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut dependents: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    let mut free = Vec::new();
+    for (&id, same) in by_id {
+        let task = same[0];
+        let open_deps: std::collections::BTreeSet<&str> = task
+            .deps
+            .iter()
+            .map(String::as_str)
+            .filter(|dep| first(dep).is_some_and(|d| d.state != TaskState::Done))
+            .collect();
+        if task.state == TaskState::Done || open_deps.is_empty() {
+            free.push(id);
+            continue;
+        }
+        for dep in &open_deps {
+            dependents.entry(dep).or_default().push(id);
+        }
+        waiting_on.insert(id, open_deps.len());
+    }
+    while let Some(id) = free.pop() {
+        for &dependent in dependents.get(id).into_iter().flatten() {
+            if let Some(left) = waiting_on.get_mut(dependent) {
+                *left -= 1;
+                if *left == 0 {
+                    waiting_on.remove(dependent);
+                    free.push(dependent);
+                }
+            }
+        }
+    }
+    waiting_on.into_keys().collect()
 }
