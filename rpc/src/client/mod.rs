@@ -1121,12 +1121,18 @@ mod connection_tests {
 
     /// A [`Redirecting`] node naming `to`, or its own address when `to` is `None`.
     async fn redirecting_node(to: Option<String>) -> String {
+        sink_node(|addr| Redirecting(to.unwrap_or_else(|| addr.to_string()))).await
+    }
+
+    /// A node on a free local port serving the sink `service` makes, given that address.
+    async fn sink_node<S: crate::proto::sink_server::Sink>(
+        service: impl FnOnce(&str) -> S,
+    ) -> String {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        let service = Redirecting(to.unwrap_or_else(|| addr.clone()));
         tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(crate::proto::sink_server::SinkServer::new(service))
+                .add_service(crate::proto::sink_server::SinkServer::new(service(&addr)))
                 .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
         );
         addr
@@ -1156,14 +1162,7 @@ mod connection_tests {
     }
 
     async fn refusing_node(refusing: Refusing) -> String {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(crate::proto::sink_server::SinkServer::new(refusing))
-                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
-        );
-        addr
+        sink_node(|_| refusing).await
     }
 
     /// A node's refusal to take a write says nothing of an earlier attempt that went
