@@ -49,6 +49,15 @@ async fn t50_cli_contract_against_a_live_cluster() {
     let offered = offer(&bin, e, "cli-1", "5m").await;
     assert_eq!(offered.code, Some(0), "{offered}");
     assert!(offered.stdout.contains("generation=1"), "{offered}");
+    // The same offer again is its retry: the live ticket comes back, exit 0.
+    let again = offer(&bin, e, "cli-1", "5m").await;
+    assert_eq!(again.code, Some(0), "{again}");
+    assert!(again.stdout.contains("generation=1"), "{again}");
+    // Another offer on the live key was not made: the ticket it met is named, exit 3.
+    let other = offer(&bin, e, "cli-1", "10m").await;
+    assert_eq!(other.code, Some(3), "{other}");
+    assert!(other.stdout.contains("to=deployer"), "{other}");
+    assert!(other.stderr.contains("this offer was not made"), "{other}");
 
     let take = baton(
         &bin,
@@ -352,6 +361,27 @@ async fn t52_unreachable_cluster_exits_4_and_names_the_endpoint() {
         "--timeout bounds the wait: {:?}",
         started.elapsed()
     );
+    // A write that got no answer says its outcome is unknown, not that nothing happened.
+    let take = cli::run(
+        &bin,
+        &[
+            "--endpoints",
+            "127.0.0.1:1",
+            "--timeout",
+            "1s",
+            "ticket",
+            "take",
+            "--key",
+            "k",
+            "--to",
+            "mailer",
+        ],
+        LIMIT,
+    )
+    .await
+    .unwrap();
+    assert_eq!(take.code, Some(4), "{take}");
+    assert!(take.stderr.contains("outcome is unknown"), "{take}");
     // status --json still prints JSON on stdout for a script to parse.
     let status = cli::run(
         &bin,

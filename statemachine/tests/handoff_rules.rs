@@ -760,6 +760,19 @@ fn reply_with_a_wrong_token_is_lease_lost() {
 }
 
 #[test]
+fn reply_with_an_oversized_token_is_invalid_argument() {
+    // Bad input, refused before the token is compared and told as such, not `LEASE_LOST`.
+    let (mut w, handle) = accepted(500);
+    let huge = "0".repeat(MAX_KEY_BYTES + 1);
+    w.assert_refused_unchanged(
+        reply("k", &huge, done()),
+        Refusal::invalid("token", format!("must be at most {MAX_KEY_BYTES} bytes")),
+    );
+    w.reply(T0 + 20, "k", &handle.token, done())
+        .expect("the real token still works");
+}
+
+#[test]
 fn reply_to_an_untaken_ticket_is_lease_lost() {
     let mut w = offered(500);
     for token in ["", "00000000000000000000000000000000", "anything"] {

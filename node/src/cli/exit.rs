@@ -11,7 +11,8 @@ pub const USAGE: u8 = 2;
 /// The store refused the command (a contract refusal or an administrative one), or an effect
 /// `acquire` was answered with anything but a grant.
 pub const REFUSED: u8 = 3;
-/// The cluster could not be reached or gave no usable answer in time.
+/// The cluster could not be reached or gave no usable answer in time (for a write: the outcome is
+/// unknown).
 pub const UNREACHABLE: u8 = 4;
 /// A watch needs history no node retains any more: resync from a snapshot.
 pub const COMPACTED: u8 = 5;
@@ -29,6 +30,10 @@ pub fn report(error: &Error) -> u8 {
         }
         Error::Unavailable { .. } | Error::OutcomeUnknown(_) => {
             eprintln!("baton: {error}");
+            eprintln!(
+                "baton: if the command was a write, its outcome is unknown: it may have been \
+                 applied; read the state before sending it again"
+            );
             UNREACHABLE
         }
         Error::Config(_) => {

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
 use baton_rpc::judge;
 use baton_rpc::{Client, Error};
 use baton_statemachine::handoff::{OfferArgs, Receipt, ReceiptStatus, Ticket, TicketState};
@@ -122,25 +124,17 @@ pub async fn run(command: TicketCommand, client: &Client, wait: Duration) -> u8 
             reply_to,
             ttl,
             payload,
-        } => client
-            .offer(OfferArgs {
+        } => {
+            let args = OfferArgs {
                 key,
                 from,
                 to,
                 payload: payload.into_bytes(),
                 reply_to,
                 ttl_ms: ttl_ms(ttl),
-            })
-            .await
-            .map(|ticket| {
-                println!(
-                    "key={} generation={} state={} deadline={}",
-                    ticket.key,
-                    ticket.generation,
-                    ticket.state.as_str(),
-                    rfc3339(ticket.deadline_ms)
-                )
-            }),
+            };
+            return offer(client, args).await;
+        }
         TicketCommand::Take { key, to } => client.take(&key, &to).await.map(|handle| {
             println!(
                 "token={} fence={} until={}",
@@ -188,6 +182,45 @@ pub async fn run(command: TicketCommand, client: &Client, wait: Duration) -> u8 
     }
 }
 
+/// `ticket offer`. A live ticket on the key is returned unchanged (seed 000: an offer is
+/// idempotent), which for a retry of this very offer is success. A live ticket that differs from
+/// this offer means the offer was not made — the addressee it names is not the one asked for —
+/// so that is said, and the command exits as refused: `offer ... && tell-the-addressee` must
+/// not go on.
+async fn offer(client: &Client, args: OfferArgs) -> u8 {
+    let ticket = match client.offer(args.clone()).await {
+        Ok(ticket) => ticket,
+        Err(error) => return exit::report(&error),
+    };
+    println!(
+        "key={} generation={} state={} from={} to={} deadline={}",
+        ticket.key,
+        ticket.generation,
+        ticket.state.as_str(),
+        ticket.from,
+        ticket.to,
+        rfc3339(ticket.deadline_ms)
+    );
+    if is_this_offer(&ticket, &args) {
+        return exit::OK;
+    }
+    eprintln!(
+        "baton: key {} holds a live ticket (generation {}, from {} to {}) that differs from this \
+         offer; it was returned unchanged and this offer was not made",
+        ticket.key, ticket.generation, ticket.from, ticket.to
+    );
+    exit::REFUSED
+}
+
+/// Whether a ticket returned for an offer is that offer (made now or by an earlier sending).
+fn is_this_offer(ticket: &Ticket, args: &OfferArgs) -> bool {
+    ticket.from == args.from
+        && ticket.to == args.to
+        && ticket.reply_to == args.reply_to
+        && ticket.payload == args.payload
+        && ticket.ttl_ms == args.ttl_ms
+}
+
 fn print_table(tickets: &[Ticket]) {
     println!(
         "{:<24} {:<10} {:>4} {:<16} DEADLINE",
@@ -210,9 +243,14 @@ fn print_json(tickets: &[Ticket]) {
     println!("{}", serde_json::Value::Array(list));
 }
 
-/// A ticket as a JSON object (the payload as text, invalid UTF-8 replaced).
+/// A ticket as a JSON object. The payload is carried as it was offered: as text when it is
+/// UTF-8, otherwise `null` with the bytes in `payload_base64` (never silently altered).
 pub fn ticket_json(t: &Ticket) -> serde_json::Value {
-    json!({
+    let (payload, payload_base64) = match std::str::from_utf8(&t.payload) {
+        Ok(text) => (Some(text), None),
+        Err(_) => (None, Some(BASE64.encode(&t.payload))),
+    };
+    let mut value = json!({
         "key": t.key,
         "state": t.state.as_str(),
         "generation": t.generation,
@@ -223,7 +261,7 @@ pub fn ticket_json(t: &Ticket) -> serde_json::Value {
         "to": t.to,
         "reply_to": t.reply_to,
         "ttl_ms": t.ttl_ms,
-        "payload": String::from_utf8_lossy(&t.payload),
+        "payload": payload,
         "receipt_at_ms": t.receipt_at_ms,
         "receipt": t.receipt.as_ref().map(|r| json!({
             "status": r.status.as_str(),
@@ -231,7 +269,19 @@ pub fn ticket_json(t: &Ticket) -> serde_json::Value {
             "failure": r.failure,
             "artifacts": r.artifacts,
         })),
-    })
+    });
+    if let Some(bytes) = payload_base64 {
+        value["payload_base64"] = bytes.into();
+    }
+    value
+}
+
+/// A payload for a `key=value` line: as it is when UTF-8, else `payload_base64=...`.
+fn payload_field(payload: &[u8]) -> String {
+    match std::str::from_utf8(payload) {
+        Ok(text) => format!("payload={text}"),
+        Err(_) => format!("payload_base64={}", BASE64.encode(payload)),
+    }
 }
 
 /// `ticket wait`: a ticket already offered to `to` is printed at once; otherwise the tickets
@@ -245,13 +295,13 @@ async fn wait_for(client: &Client, to: &str, limit: Duration, json: bool) -> u8 
                 println!("{}", ticket_json(&ticket));
             } else {
                 println!(
-                    "key={} generation={} from={} reply_to={} deadline={} payload={}",
+                    "key={} generation={} from={} reply_to={} deadline={} {}",
                     ticket.key,
                     ticket.generation,
                     ticket.from,
                     ticket.reply_to,
                     rfc3339(ticket.deadline_ms),
-                    String::from_utf8_lossy(&ticket.payload)
+                    payload_field(&ticket.payload)
                 );
             }
             exit::OK
@@ -361,4 +411,62 @@ pub async fn check(client: &Client) -> u8 {
             .iter()
             .map(|p| (p.key.as_str(), p.code.as_str(), p.text.as_str())),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn ticket(payload: &[u8]) -> Ticket {
+        Ticket {
+            key: "k".into(),
+            from: "a".into(),
+            to: "b".into(),
+            payload: payload.to_vec(),
+            reply_to: "a".into(),
+            ttl_ms: 1_000,
+            generation: 1,
+            deadline_ms: 2_000,
+            state: TicketState::Offered,
+            holder: None,
+            receipt_at_ms: None,
+            receipt: None,
+        }
+    }
+
+    #[test]
+    fn a_payload_is_printed_unaltered() {
+        let text = ticket_json(&ticket(b"v1.2.3"));
+        assert_eq!(text["payload"], "v1.2.3");
+        assert!(text.get("payload_base64").is_none(), "{text}");
+        assert_eq!(payload_field(b"v1.2.3"), "payload=v1.2.3");
+
+        // Not UTF-8: the bytes themselves, never replacement characters.
+        let binary = ticket_json(&ticket(&[0xff, 0x00, 0xfe]));
+        assert!(binary["payload"].is_null(), "{binary}");
+        assert_eq!(binary["payload_base64"], "/wD+");
+        assert_eq!(payload_field(&[0xff, 0x00, 0xfe]), "payload_base64=/wD+");
+    }
+
+    #[test]
+    fn only_the_same_offer_is_taken_for_this_one() {
+        let args = OfferArgs {
+            key: "k".into(),
+            from: "a".into(),
+            to: "b".into(),
+            payload: b"p".to_vec(),
+            reply_to: "a".into(),
+            ttl_ms: 1_000,
+        };
+        assert!(is_this_offer(&ticket(b"p"), &args));
+        assert!(!is_this_offer(&ticket(b"q"), &args));
+        let mut other = ticket(b"p");
+        other.to = "c".into();
+        assert!(!is_this_offer(&other, &args));
+        other = ticket(b"p");
+        other.ttl_ms = 2_000;
+        assert!(!is_this_offer(&other, &args));
+    }
 }

@@ -187,6 +187,7 @@ impl Desk {
     /// decoded is still told these first (contract §1).
     pub fn judge_reply(&self, clock_ms: u64, key: &str, token: &str) -> Result<(), Refusal> {
         validate::key(key)?;
+        validate::token(token)?;
         let record = self.records.get(key).ok_or(Refusal::UnknownKey)?;
         if record.token.as_deref() != Some(token) {
             return Err(Refusal::LeaseLost);

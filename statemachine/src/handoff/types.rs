@@ -141,7 +141,8 @@ pub struct Handle {
     pub token: String,
     /// The generation taken (the fence).
     pub fence: u64,
-    /// The deadline by which the reply must arrive, in Unix milliseconds.
+    /// The deadline, in Unix milliseconds on the store clock: the first instant at which a reply
+    /// is refused (`EXPIRED`), so the reply must be applied before it.
     pub until_ms: u64,
 }
 

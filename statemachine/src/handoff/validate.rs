@@ -12,6 +12,11 @@ pub(super) fn key(value: &str) -> Result<(), Refusal> {
     required("key", value, MAX_KEY_BYTES)
 }
 
+/// A reply's token: bounded only (an empty one names no take: `LEASE_LOST`, judged later).
+pub(super) fn token(value: &str) -> Result<(), Refusal> {
+    bounded("token", value, MAX_KEY_BYTES)
+}
+
 pub(super) fn agent(field: &str, value: &str) -> Result<(), Refusal> {
     required(field, value, MAX_AGENT_BYTES)
 }
