@@ -2,6 +2,7 @@
 //! HTTP endpoint), sweep, and shut down cleanly.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -80,6 +81,18 @@ pub async fn serve(
     serve_secured(config, Security::default(), listener, shutdown).await
 }
 
+/// What to say at every start when a node reachable from other machines admits anyone: the
+/// shipped production example leaves TLS and tokens off until the operator adds them.
+fn open_door(listen: SocketAddr, tls: bool, tokens: bool) -> Option<String> {
+    (!tls && !tokens && !listen.ip().is_loopback()).then(|| {
+        format!(
+            "neither TLS nor client tokens are set and the node listens on {listen}, beyond \
+             loopback: anyone who reaches it can read every lease token (`snapshot save`), \
+             change the membership and write; turn on TLS and tokens (docs/security.md)"
+        )
+    })
+}
+
 /// [`run_secured`] on an already bound listener.
 pub async fn serve_secured(
     config: NodeConfig,
@@ -95,6 +108,9 @@ pub async fn serve_secured(
              Raft side of the port (entries, votes, snapshots) is open to anyone who reaches it, \
              tokens or not; turn on TLS (docs/security.md)"
         );
+    }
+    if let Some(warning) = open_door(config.listen, tls.is_some(), security.tokens.is_some()) {
+        tracing::warn!("{warning}");
     }
     // Everything that can fail without side effects comes before Raft starts.
     let reflection = reflection_service()?;
@@ -483,5 +499,24 @@ fn claim_identity(config: &NodeConfig) -> anyhow::Result<()> {
             record_identity(&config.data_dir, config.id)
         }
         Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_node_open_to_other_machines_without_tls_or_tokens_is_warned_about() {
+        let wide: SocketAddr = "0.0.0.0:7001".parse().unwrap();
+        let local: SocketAddr = "127.0.0.1:7001".parse().unwrap();
+        let said = open_door(wide, false, false).unwrap();
+        assert!(said.contains("0.0.0.0:7001"), "{said}");
+        assert_eq!(open_door(local, false, false), None);
+        assert_eq!(open_door("[::1]:7001".parse().unwrap(), false, false), None);
+        assert_eq!(open_door(wide, true, false), None);
+        assert_eq!(open_door(wide, false, true), None);
     }
 }

@@ -141,8 +141,8 @@ fn parse_peer_addr(value: &str) -> Result<(u64, String), String> {
     if addr.is_empty() {
         return Err("the address is empty".into());
     }
-    if !baton_node::config::is_dialable(addr) {
-        return Err(format!("{addr:?} is not host:port (e.g. 10.0.0.5:7001)"));
+    if let Some(why) = baton_node::config::undialable(addr) {
+        return Err(why);
     }
     Ok((id, addr.to_string()))
 }

@@ -277,21 +277,36 @@ fn nonzero(key: &str, value: Duration) -> Result<(), Invalid> {
 
 /// `addr` must be `host:port` with a port peers can dial.
 fn dialable(key: &str, addr: &str) -> Result<(), Invalid> {
-    if is_dialable(addr) {
-        return Ok(());
-    }
-    Err(invalid(
-        key,
-        format!("{addr:?} is not host:port (e.g. 10.0.0.5:7001)"),
-    ))
+    undialable(addr).map_or(Ok(()), |why| Err(invalid(key, why)))
 }
 
-/// Whether `addr` is `host:port` with a port other than 0: what a member's address must be for
-/// its peers to dial it.
+/// Whether `addr` is what a member's address must be for its peers to dial it.
 pub fn is_dialable(addr: &str) -> bool {
-    addr.rsplit_once(':').is_some_and(|(host, port)| {
-        !host.trim().is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
-    })
+    undialable(addr).is_none()
+}
+
+/// Why peers could not dial `addr`, if they could not: it must be `host:port` with a port other
+/// than 0 and a host other than an unspecified address (`0.0.0.0`, `[::]`: a listener's "every
+/// interface", which a peer dialling it reaches as its own loopback).
+pub fn undialable(addr: &str) -> Option<String> {
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return Some(format!("{addr:?} is not host:port (e.g. 10.0.0.5:7001)"));
+    };
+    let host = host.trim();
+    if host.is_empty() || !port.parse::<u16>().is_ok_and(|p| p > 0) {
+        return Some(format!("{addr:?} is not host:port (e.g. 10.0.0.5:7001)"));
+    }
+    let ip = host.trim_start_matches('[').trim_end_matches(']');
+    if ip
+        .parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_unspecified())
+    {
+        return Some(format!(
+            "{addr:?} is an unspecified address, which no peer can dial: give this node's own \
+             name or IP (e.g. 10.0.0.5:7001)"
+        ));
+    }
+    None
 }
 
 /// The smallest `limits.max_request_bytes`: room for a call carrying the largest payload
@@ -631,6 +646,29 @@ mod tests {
     }
 
     #[test]
+    fn a_dialable_address_names_a_host_and_a_port() {
+        for good in [
+            "10.0.0.5:7001",
+            "node-1.example:7001",
+            "[::1]:7001",
+            "127.0.0.1:1",
+        ] {
+            assert_eq!(undialable(good), None, "{good}");
+        }
+        for (bad, why) in [
+            ("10.0.0.5", "is not host:port"),
+            (":7001", "is not host:port"),
+            ("10.0.0.5:0", "is not host:port"),
+            ("10.0.0.5:x", "is not host:port"),
+            ("0.0.0.0:7001", "unspecified address"),
+            ("[::]:7001", "unspecified address"),
+        ] {
+            let said = undialable(bad).unwrap_or_else(|| panic!("{bad} passed"));
+            assert!(said.contains(why), "{bad}: {said}");
+        }
+    }
+
+    #[test]
     fn bad_values_name_their_key() {
         let base = Settings {
             id: Some(1),
@@ -642,6 +680,10 @@ mod tests {
             (
                 "advertise",
                 Box::new(|s| s.listen = "0.0.0.0:7001".parse().expect("addr")),
+            ),
+            (
+                "advertise",
+                Box::new(|s| s.advertise = Some("0.0.0.0:7001".into())),
             ),
             (
                 "raft.election_timeout",

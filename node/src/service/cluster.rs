@@ -23,7 +23,7 @@ use tonic::{Code, Request, Response, Status};
 use crate::admission::Admission;
 use crate::cluster_id::OwnCluster;
 use crate::codec;
-use crate::config::is_dialable;
+use crate::config::undialable;
 use crate::deposed::unless_deposed;
 use crate::handover;
 use crate::network::Network;
@@ -218,10 +218,10 @@ impl cluster_server::Cluster for ClusterService {
                     format!("node {id} has no address"),
                 )));
             }
-            if !is_dialable(&addr) {
+            if let Some(why) = undialable(&addr) {
                 return Err(refusal_status(&Refusal::invalid(
                     "members",
-                    format!("node {id}'s address {addr:?} is not host:port"),
+                    format!("node {id}'s address: {why}"),
                 )));
             }
             if nodes.insert(id, BasicNode { addr }).is_some() {
@@ -288,16 +288,13 @@ impl cluster_server::Cluster for ClusterService {
                 "must not be empty",
             )));
         }
-        if !is_dialable(&addr) {
-            return Err(refusal_status(&Refusal::invalid(
-                "addr",
-                format!("{addr:?} is not host:port (e.g. 10.0.0.4:7001)"),
-            )));
+        if let Some(why) = undialable(&addr) {
+            return Err(refusal_status(&Refusal::invalid("addr", why)));
         }
         // openraft adds a node only if its id is new: a member's id given again with another
         // address would be answered with the unchanged membership, as if the node were added.
-        // Judged on the committed membership, read linearizably (redirecting a follower); the
-        // member again at its own address goes on, so that a retry waits for it to catch up.
+        // Judged on the committed membership, read linearizably (redirecting a follower); a
+        // learner again at its own address goes on, so that a retry waits for it to catch up.
         let stored = self.node.read(|applied| applied.membership.clone()).await?;
         if let Some(conflict) = address_conflict(stored.membership(), id, &addr) {
             return Err(conflict);
@@ -513,6 +510,15 @@ fn address_conflict(
         .find(|(other, node)| **other != id && node.addr == addr)
     {
         return conflict(format!("{addr} is already the address of node {other}"));
+    }
+    // A voter added again would be answered as if it had joined. The usual reason to ask is a
+    // voter rebuilt with an empty data dir under its old id, which must not vote again: it may
+    // have acknowledged entries it no longer has, and could elect a leader that lacks them.
+    if membership.voter_ids().any(|voter| voter == id) {
+        return conflict(format!(
+            "node {id} is already a voter; if it lost its data dir, remove it (`baton members \
+             remove --id {id}`) and add the replacement under a new id"
+        ));
     }
     None
 }

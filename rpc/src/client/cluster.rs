@@ -26,7 +26,8 @@ pub struct SavedSnapshot {
 
 impl Client {
     /// Adds node `id` at `addr` as a learner and waits until it has caught up with the log.
-    /// Adding a learner that is already a member is harmless.
+    /// Adding a learner again at its own address is harmless (a retry); a voter's id is refused
+    /// (`MEMBERSHIP`), as is a member's id at another address or its address under another id.
     pub async fn add_learner(&self, id: u64, addr: &str) -> Result<MembershipResponse, Error> {
         self.call_patiently(|channel: Conn| {
             let request = proto::AddLearnerRequest {
