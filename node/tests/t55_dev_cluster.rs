@@ -45,6 +45,13 @@ impl Dev {
         Dev::start_with(Command::new(env!("CARGO_BIN_EXE_baton")), data_dir, port)
     }
 
+    /// [`Dev::start`] as systemd would run it (`NOTIFY_SOCKET` set; nothing listens there).
+    fn start_under_systemd(data_dir: &Path, port: u16) -> Dev {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_baton"));
+        command.env("NOTIFY_SOCKET", data_dir.join("no-notify-socket"));
+        Dev::start_with(command, data_dir, port)
+    }
+
     /// [`Dev::start`] under `nohup`: SIGHUP ignored from the start.
     fn start_under_nohup(data_dir: &Path, port: u16) -> Dev {
         let mut nohup = Command::new("nohup");
@@ -291,9 +298,9 @@ fn client_flags_given_to_dev_are_refused_and_exported_ones_ignored() {
 }
 
 /// SIGHUP (the terminal went away) ends `baton dev` as gracefully as Ctrl-C (before: killed by
-/// the signal); started under `nohup`, which ignores SIGHUP, it keeps running.
+/// the signal); started under `nohup`, which ignores SIGHUP, or by systemd, it keeps running.
 #[test]
-fn sighup_ends_baton_dev_gracefully_unless_nohup_ignores_it() {
+fn sighup_ends_baton_dev_gracefully_unless_nohup_or_systemd_run_it() {
     let dir = tempfile::tempdir().unwrap();
     let port = three_free_ports();
     let mut dev = Dev::start(dir.path(), port);
@@ -313,6 +320,21 @@ fn sighup_ends_baton_dev_gracefully_unless_nohup_ignores_it() {
     );
     let (code, _, log) = dev.interrupt();
     assert_eq!(code, Some(0), "{log}");
+
+    // Under systemd a HUP asks for a reload: said and ignored, not a stop for good.
+    let dir = tempfile::tempdir().unwrap();
+    let port = three_free_ports();
+    let mut dev = Dev::start_under_systemd(dir.path(), port);
+    dev.wait_ready();
+    dev.send("-HUP");
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        dev.child.try_wait().unwrap().is_none(),
+        "baton dev under systemd stopped on SIGHUP"
+    );
+    let (code, _, log) = dev.interrupt();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(log.contains("SIGHUP ignored"), "{log}");
 }
 
 /// Runs `baton dev` until it exits by itself (it is killed if it is still running after

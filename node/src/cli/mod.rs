@@ -494,7 +494,10 @@ pub(crate) async fn probe(
 /// Resolves on Ctrl-C, SIGTERM or SIGHUP (the terminal closed, the ssh session dropped): each
 /// asks for the graceful end — a node hands its leadership over, a worker drains — where the
 /// default action would kill the process on the spot. A process started with SIGHUP ignored
-/// (`nohup`) keeps ignoring it.
+/// (`nohup`) keeps ignoring it, and so does one run by systemd (`NOTIFY_SOCKET` set): there a
+/// HUP conventionally asks for a reload, and a clean exit is not restarted
+/// (`Restart=on-failure`), so a stray `systemctl kill -s HUP` would stop a node for good. It is
+/// logged and ignored.
 pub async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
@@ -514,6 +517,18 @@ pub async fn shutdown_signal() {
         // the ignore it was started with.
         let hangup = async {
             if hangup_ignored_at_start() {
+                std::future::pending::<()>().await;
+            }
+            if std::env::var_os("NOTIFY_SOCKET").is_some() {
+                if let Ok(mut hangups) = signal(SignalKind::hangup()) {
+                    while hangups.recv().await.is_some() {
+                        tracing::warn!(
+                            "SIGHUP ignored: under systemd it would stop the node for good \
+                             (there is no configuration to reload); stop it with SIGTERM \
+                             (`systemctl stop baton`)"
+                        );
+                    }
+                }
                 std::future::pending::<()>().await;
             }
             wait(SignalKind::hangup()).await;
