@@ -68,6 +68,9 @@ struct Situation {
     /// The time a sweep proposed now would be judged at: the wall clock, or the store clock when
     /// that is ahead (Unix ms).
     now_ms: u64,
+    /// This node's wall clock (Unix ms): what the store clock advances by while it leads, so a
+    /// deadline past `now_ms` cannot come due before the wall clock reaches it.
+    wall_ms: u64,
     /// Since the last sweep started.
     since_last: Duration,
     /// Whether the last sweep left expiries due (its budget or bound was reached).
@@ -99,7 +102,15 @@ fn next(situation: Situation, every: Duration) -> Next {
     let due_in = situation
         .next_due_ms
         .map_or(Duration::MAX, |due| {
-            Duration::from_millis(due.saturating_sub(situation.now_ms))
+            // Not due yet: only a stamp of this node's wall clock can make it so (the store
+            // clock stands still while it is ahead), so waiting for the store clock's distance
+            // would wake again and again for as long as the wall clock is behind.
+            let from = if due <= situation.now_ms {
+                situation.now_ms
+            } else {
+                situation.wall_ms
+            };
+            Duration::from_millis(due.saturating_sub(from))
         })
         .min(sessions_in);
     match due_in.max(spacing) {
@@ -132,10 +143,12 @@ pub async fn run(
                 let applied = node.state_machine.read();
                 (applied.state.next_due_ms(), applied.state.clock_ms)
             };
+            let wall_ms = wall_clock_ms();
             Situation {
                 leading,
                 next_due_ms,
-                now_ms: wall_clock_ms().max(clock_ms),
+                now_ms: wall_ms.max(clock_ms),
+                wall_ms,
                 since_last: last_sweep.elapsed(),
                 backlog,
             }
@@ -197,6 +210,7 @@ mod tests {
             leading: true,
             next_due_ms,
             now_ms: NOW,
+            wall_ms: NOW,
             since_last: Duration::from_millis(since_last_ms),
             backlog,
         }
@@ -217,6 +231,23 @@ mod tests {
             next(leader(Some(NOW - 10), 5_000, false), EVERY),
             Next::Sweep
         );
+    }
+
+    #[test]
+    fn a_leader_whose_wall_clock_is_behind_the_store_clock_waits_for_its_wall_clock() {
+        // The store clock (NOW) is 500 ms ahead of this leader's wall clock: a deadline 200 ms
+        // past the store clock comes due when the wall clock reaches it, 700 ms from now (not
+        // every 200 ms until then); one the store clock has passed is due at once.
+        let behind = Situation {
+            wall_ms: NOW - 500,
+            ..leader(Some(NOW + 200), 5_000, false)
+        };
+        assert_eq!(next(behind, EVERY), wait(700));
+        let due = Situation {
+            next_due_ms: Some(NOW - 10),
+            ..behind
+        };
+        assert_eq!(next(due, EVERY), Next::Sweep);
     }
 
     #[test]
