@@ -67,6 +67,8 @@ struct Moments {
     leader: Instant,
     /// Whether this node led when its role was last noted.
     leading: bool,
+    /// When this node was first noted leading in its current run as leader.
+    led_since: Option<Instant>,
     /// The last time a pre-vote was refused for the asker's older log (or its start).
     asked_to_stand: Instant,
 }
@@ -79,6 +81,7 @@ impl Default for Moments {
         Self {
             leader: now,
             leading: false,
+            led_since: None,
             asked_to_stand: now,
         }
     }
@@ -105,7 +108,15 @@ impl Contact {
         if moments.leading && !leading {
             moments.leader = Instant::now();
         }
+        if leading != moments.leading {
+            moments.led_since = leading.then(Instant::now);
+        }
         moments.leading = leading;
+    }
+
+    /// Since when this node leads, as last noted (`None` when it does not).
+    pub fn leading_since(&self) -> Option<Instant> {
+        self.moments().led_since
     }
 
     /// When this node last heard from a leader (or started).
@@ -651,7 +662,9 @@ mod tests {
         std::thread::sleep(Duration::from_millis(20));
         contact.note_role(true);
         assert_eq!(contact.leader_at(), elected, "leading on changes nothing");
+        assert!(contact.leading_since().is_some_and(|t| t >= elected));
         contact.note_role(false);
+        assert_eq!(contact.leading_since(), None);
         let stepped_down = contact.leader_at();
         assert!(stepped_down >= elected + Duration::from_millis(20));
         std::thread::sleep(Duration::from_millis(20));

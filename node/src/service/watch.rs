@@ -256,7 +256,9 @@ impl Pump {
                 Ok(batch) => batch,
                 Err(oldest) => return Some(compacted_status(self.next.revision, oldest)),
             };
-            for recorded in &batch.events {
+            // By value: each change is let go once handed over, so a stream blocked on a slow
+            // reader does not keep entries alive that the history has evicted (unaccounted).
+            for recorded in batch.events {
                 let position = recorded.position;
                 let after = WatchPosition {
                     revision: position.revision,
@@ -409,10 +411,19 @@ impl Freshness {
             (metrics.current_leader, metrics.millis_since_quorum_ack)
         };
         match leader {
-            // A leader just elected has no acknowledgement yet (fresh); one cut off from the
-            // others goes without acknowledgements from then on.
+            // One cut off from the others goes without acknowledgements from then on. A leader
+            // just elected has none yet: it counts from its election, so one cut off before
+            // the first acknowledgement ages too (openraft reports none until then).
             Some(leader) if leader == self.node.id => {
-                quorum_silence.is_some_and(|ms| Duration::from_millis(ms) >= self.cutoff)
+                let silence = quorum_silence.map_or_else(
+                    || {
+                        self.contact
+                            .leading_since()
+                            .map_or(Duration::ZERO, |since| since.elapsed())
+                    },
+                    Duration::from_millis,
+                );
+                silence >= self.cutoff
             }
             _ => self.contact.leader_at().elapsed() >= self.cutoff,
         }
