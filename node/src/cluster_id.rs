@@ -204,6 +204,12 @@ impl OwnCluster {
         })
     }
 
+    /// The cluster of the log this node holds: `None` while its log is empty (an id it took
+    /// meanwhile may still change) or when it holds a log without an id.
+    pub fn settled(&self) -> Option<ClusterId> {
+        self.inner.settled.get().copied()
+    }
+
     /// The cluster this node belongs to, if it knows.
     pub fn get(&self) -> Option<ClusterId> {
         // `fresh` first: once it reads false, the settled id (set before) is seen too.

@@ -294,6 +294,7 @@ pub async fn serve_secured(
             WatchServer::new(WatchService::new(
                 node.clone(),
                 contact.clone(),
+                cluster.clone(),
                 config.watch.clone(),
                 closing,
             ))

@@ -72,7 +72,8 @@ pub struct SnapshotHeader {
     pub last_log_term: u64,
     /// ...and the node that led that term.
     pub last_log_leader: NodeId,
-    /// The source cluster's membership (its identity: Baton clusters have no other id).
+    /// The source cluster's membership. (Its cluster id is not recorded: a restore takes the
+    /// backup's fingerprint as the new cluster's id.)
     pub members: Vec<SavedMember>,
     /// The leader that served the snapshot.
     pub served_by: NodeId,

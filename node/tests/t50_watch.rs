@@ -770,3 +770,56 @@ async fn streams_beyond_the_limit_are_refused_overloaded() {
     drop((admitted, second));
     cluster.stop().await;
 }
+
+/// A watch resumed on nodes of another cluster — one made anew at the same address (or restored
+/// from a backup) — is told its position is not in their history (`COMPACTED`, oldest 0), not
+/// served that cluster's changes from the same revision on as if they followed (before, the
+/// stream carried on there, skipping or mixing histories without a word). The resync that
+/// follows works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_resumed_on_another_cluster_at_the_same_address_is_told_to_resync() {
+    let first = Cluster::start().await;
+    let addr = first.addr.clone();
+    let client = baton_rpc::Client::new(
+        &[addr.as_str()],
+        baton_rpc::ClientConfig {
+            deadline: Duration::from_secs(5),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let everything = ChangeFilter::default();
+    let mut watch = client.watch(everything.clone(), None).await;
+    client.write_fenced("before", 1, b"a").await.unwrap();
+    let seen = next(&mut watch).await;
+    assert_eq!(seen.change.key, "before");
+    let resume = watch.resume_position().unwrap();
+    drop(watch);
+    first.stop().await;
+
+    // A new cluster at the same address, its history past the position already.
+    let second = Cluster::start_at(&addr).await;
+    write_values(&second.client, "after", 5, 8).await;
+    let head = second.client.node_info(&addr).await.unwrap().applied_index;
+    assert!(head > resume.revision, "{head} <= {resume:?}");
+
+    let mut resumed = client.watch_from(everything.clone(), Some(resume)).await;
+    let answer = tokio::time::timeout(Duration::from_secs(20), resumed.next())
+        .await
+        .expect("an answer within 20 s");
+    match answer {
+        Some(Err(Error::Compacted {
+            requested,
+            oldest_available: 0,
+        })) => assert_eq!(requested, resume.revision),
+        other => panic!("resumed in another cluster's history: {other:?}"),
+    }
+
+    // The resync: a position read from the new cluster is followed there.
+    let mut resynced = client
+        .watch_from(everything, Some(WatchPosition::at(head + 1)))
+        .await;
+    second.client.write_fenced("later", 1, b"b").await.unwrap();
+    assert_eq!(next(&mut resynced).await.change.key, "later");
+    second.stop().await;
+}

@@ -222,17 +222,17 @@ pub enum Error {
     /// The server answered something this client cannot understand.
     #[error("protocol error: {0}")]
     Protocol(String),
-    /// A watch cannot start where asked: no node retains the history from `requested` any more.
-    /// Nothing was skipped; resync by reading a snapshot (a `List` returns its revision R) and
-    /// watching from R + 1.
-    #[error(
-        "revision {requested} is compacted (the oldest available is {oldest_available}); resync: \
-         read a snapshot at a revision R, then watch from R + 1"
-    )]
+    /// A watch cannot start where asked: no node retains the history from `requested` any more,
+    /// or (`oldest_available` 0) the nodes now belong to another cluster than the one the
+    /// position was read from (restored from a backup, or made anew at the same addresses), whose
+    /// history is another. Nothing was skipped; resync by reading a snapshot (a `List` returns
+    /// its revision R) and watching from R + 1.
+    #[error("{}", compacted(*requested, *oldest_available))]
     Compacted {
         /// The revision the watch needed next.
         requested: u64,
-        /// The oldest revision the nodes that answered can still deliver from.
+        /// The oldest revision the nodes that answered can still deliver from (0: they belong to
+        /// another cluster).
         oldest_available: u64,
     },
     /// The client was configured wrongly (e.g. no endpoints).
@@ -264,6 +264,37 @@ impl Error {
     pub fn outcome_unknown(&self) -> bool {
         matches!(self, Error::Unavailable { .. } | Error::OutcomeUnknown(_))
     }
+}
+
+/// How [`Error::Compacted`] reads.
+fn compacted(requested: u64, oldest_available: u64) -> String {
+    let why = if oldest_available == 0 {
+        "is not in these nodes' history: they belong to another cluster than the one the \
+         position was read from (restored from a backup, or made anew)"
+            .to_string()
+    } else {
+        format!("is compacted (the oldest available is {oldest_available})")
+    };
+    format!(
+        "revision {requested} {why}; resync: read a snapshot at a revision R, then watch from R \
+         + 1"
+    )
+}
+
+/// `COMPACTED` from a node of another cluster than the one a watch's position counts in
+/// (`oldest_revision` 0 says so): its history is not the one the position belongs to.
+pub fn other_cluster_status(requested: u64, expected: &str, found: &str) -> Status {
+    let detail = ErrorDetail {
+        code: infra::COMPACTED.to_string(),
+        oldest_revision: 0,
+        ..Default::default()
+    };
+    let message = format!(
+        "revision {requested} counts in cluster {expected}'s history, and this node belongs to \
+         cluster {found}; resync: read a snapshot (a List returns its revision R), then watch \
+         from R + 1"
+    );
+    with_detail(Code::OutOfRange, message, &detail)
 }
 
 /// How [`Error::Unavailable`] reads: how long and where the client tried, when it did.

@@ -21,8 +21,8 @@ pub mod worker;
 
 pub use client::{
     AttemptHistory, Client, ClientConfig, ClientTls, Event, QueueTaskPage, SavedSnapshot, Security,
-    TaskSnapshot, TicketSnapshot, Watch, WatchPosition, HANDOVER_WAIT, MAX_LEASE_WAIT,
-    WATCH_SILENCE,
+    TaskSnapshot, TicketSnapshot, Watch, WatchPosition, CLUSTER_ID_HEADER, HANDOVER_WAIT,
+    MAX_LEASE_WAIT, WATCH_SILENCE,
 };
 pub use error::Error;
 

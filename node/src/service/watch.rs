@@ -26,7 +26,7 @@ use baton_rpc::error::{compacted_status, infra, infra_status, slow_consumer_stat
 use baton_rpc::proto::watch_response::Item;
 use baton_rpc::proto::watch_server;
 use baton_rpc::proto::{WatchRequest, WatchResponse};
-use baton_rpc::{convert, WatchPosition};
+use baton_rpc::{convert, WatchPosition, CLUSTER_ID_HEADER};
 use baton_statemachine::{ChangeFilter, Refusal};
 use futures::{Future, Stream};
 use prost::Message;
@@ -35,6 +35,7 @@ use tokio::time::Instant;
 use tonic::{Code, Request, Response, Status};
 
 use super::refused;
+use crate::cluster_id::OwnCluster;
 use crate::config::WatchTuning;
 use crate::history::{Backlog, History, StreamGuard};
 use crate::node::NodeRef;
@@ -56,22 +57,26 @@ type Buffered = (WatchResponse, Option<OwnedSemaphorePermit>);
 pub struct WatchService {
     node: NodeRef,
     contact: Contact,
+    cluster: OwnCluster,
     tuning: WatchTuning,
     closing: watch::Receiver<bool>,
 }
 
 impl WatchService {
-    /// Serves `node`'s history while `contact` says it hears from a leader; streams end when
-    /// `closing` turns true (the node shuts down).
+    /// Serves `node`'s history while `contact` says it hears from a leader, each stream naming
+    /// `cluster` (whose log the revisions count in); streams end when `closing` turns true (the
+    /// node shuts down).
     pub fn new(
         node: NodeRef,
         contact: Contact,
+        cluster: OwnCluster,
         tuning: WatchTuning,
         closing: watch::Receiver<bool>,
     ) -> Self {
         Self {
             node,
             contact,
+            cluster,
             tuning,
             closing,
         }
@@ -156,10 +161,19 @@ impl watch_server::Watch for WatchService {
                 let _ = end_tx.send(status);
             }
         });
-        Ok(Response::new(WatchOutput {
+        let mut response = Response::new(WatchOutput {
             buffered,
             end: Some(end),
-        }))
+        });
+        // The cluster whose log the positions count in: a client resuming a position on nodes
+        // of another cluster (a restore, or a cluster made anew at the same addresses) would
+        // otherwise start in a different history without a word.
+        if let Some(id) = self.cluster.settled() {
+            if let Ok(value) = id.to_string().parse() {
+                response.metadata_mut().insert(CLUSTER_ID_HEADER, value);
+            }
+        }
+        Ok(response)
     }
 }
 

@@ -158,8 +158,25 @@ impl Cluster {
         security: baton_node::security::Security,
         client: baton_rpc::Security,
     ) -> Cluster {
-        let dir = tempfile::tempdir().unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::start_on(listener, custom, security, client).await
+    }
+
+    /// [`Cluster::start`] at `addr` (e.g. where another cluster's node served before), a
+    /// cluster of its own.
+    #[allow(dead_code)] // not every test binary that shares this module uses it
+    pub async fn start_at(addr: &str) -> Cluster {
+        let listener = TcpListener::bind(addr).await.unwrap();
+        Self::start_on(listener, |_| {}, Default::default(), Default::default()).await
+    }
+
+    async fn start_on(
+        listener: TcpListener,
+        custom: impl FnOnce(&mut NodeConfig),
+        security: baton_node::security::Security,
+        client: baton_rpc::Security,
+    ) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
         let listen = listener.local_addr().unwrap();
         let addr = listen.to_string();
         let mut config = NodeConfig::new(1, listen, dir.path().join("node-1"));

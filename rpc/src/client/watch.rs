@@ -23,7 +23,7 @@ use tonic::{Status, Streaming};
 
 use super::{classify, Client, Grpc};
 use crate::convert;
-use crate::error::{detail_of, infra, Error};
+use crate::error::{detail_of, infra, other_cluster_status, Error};
 use crate::proto;
 use crate::proto::watch_client::WatchClient;
 use crate::proto::watch_response::Item;
@@ -35,6 +35,10 @@ pub const WATCH_SILENCE: Duration = Duration::from_secs(5);
 /// The largest watch message accepted: a change carries one value (at most a 1 MiB payload, or
 /// a board task with many dependencies) plus headroom.
 const MAX_EVENT_BYTES: usize = 16 << 20;
+
+/// The response header in which a node names the cluster whose history a watch stream's
+/// positions count in (its cluster id, 32 hex digits; absent from nodes that have none).
+pub const CLUSTER_ID_HEADER: &str = "baton-cluster-id";
 
 /// A position in the change history: the Raft log index of an entry, and a change's place among
 /// the changes that entry made.
@@ -144,6 +148,9 @@ impl Client {
             client: self.clone(),
             filter: convert::filter_to_proto(&filter),
             next: from,
+            // A position counts in one cluster's history: the one this client's last watch
+            // named, as far as it knows. (A watch "from now" takes whichever it meets.)
+            cluster: from.and_then(|_| super::lock(&self.inner.watch_cluster).clone()),
             resume: resume.clone(),
             stream: None,
             avoid: None,
@@ -213,6 +220,9 @@ struct Watcher {
     next: Option<WatchPosition>,
     /// `next`, for [`Watch::resume_position`].
     resume: Arc<Mutex<Option<WatchPosition>>>,
+    /// The cluster whose history `next` counts in, once known: a node of another answers as if
+    /// the position were compacted.
+    cluster: Option<String>,
     stream: Option<(String, Streaming<proto::WatchResponse>)>,
     /// The node that just failed, tried last on the next connect.
     avoid: Option<String>,
@@ -408,11 +418,12 @@ impl Watcher {
             start_revision: self.next.map_or(0, |p| p.revision),
             start_index: self.next.map_or(0, |p| p.index),
         };
-        let mut stream = WatchClient::new(channel)
+        let response = WatchClient::new(channel)
             .max_decoding_message_size(MAX_EVENT_BYTES)
             .watch(request)
-            .await?
-            .into_inner();
+            .await?;
+        self.same_cluster(response.metadata())?;
+        let mut stream = response.into_inner();
         if self.next.is_none() {
             match stream.message().await? {
                 Some(proto::WatchResponse {
@@ -426,6 +437,33 @@ impl Watcher {
             }
         }
         Ok(stream)
+    }
+
+    /// Holds a stream to the cluster the watch's position counts in. A node of another cluster
+    /// (the cluster was restored from a backup, or made anew at the same addresses) has another
+    /// history, where the position means other changes or none yet: it answers as if compacted,
+    /// so the caller resyncs instead of silently missing what lies between. Its id is kept for
+    /// that resync's watch.
+    fn same_cluster(&mut self, metadata: &tonic::metadata::MetadataMap) -> Result<(), Status> {
+        let Some(theirs) = metadata
+            .get(CLUSTER_ID_HEADER)
+            .and_then(|value| value.to_str().ok())
+        else {
+            return Ok(());
+        };
+        *super::lock(&self.client.inner.watch_cluster) = Some(theirs.to_string());
+        match &self.cluster {
+            Some(ours) if ours != theirs => Err(other_cluster_status(
+                self.next.map_or(0, |p| p.revision),
+                ours,
+                theirs,
+            )),
+            Some(_) => Ok(()),
+            None => {
+                self.cluster = Some(theirs.to_string());
+                Ok(())
+            }
+        }
     }
 
     fn compacted_error(&self, compacted: &BTreeMap<String, u64>) -> Error {
