@@ -521,6 +521,34 @@ fn a_node_that_cannot_start_says_why_whatever_the_log_filter() {
     }
 }
 
+/// A relative data dir is said to be one, with the directory it resolves to here: started from
+/// another working directory (a service manager starts in /), the same settings would name an
+/// empty data dir under the node's old id.
+#[test]
+fn a_relative_data_dir_is_warned_about_with_where_it_resolves() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let cwd = tempfile::tempdir().unwrap();
+    let output = Command::new(BATON)
+        .current_dir(cwd.path())
+        .args([
+            "node",
+            "--id",
+            "1",
+            "--listen",
+            &addr,
+            "--data-dir",
+            "rel-data",
+        ])
+        .env_clear()
+        .output()
+        .unwrap();
+    let said = stderr(&output);
+    let resolved = cwd.path().join("rel-data");
+    assert!(said.contains("is relative"), "{said}");
+    assert!(said.contains(resolved.to_str().unwrap()), "{said}");
+}
+
 /// `snapshot inspect` and `snapshot restore` work on files and a data dir only: a client flag
 /// given to them is refused rather than ignored (with --endpoints, a restore looked as if it
 /// went into the running cluster). Exported ones are no obstacle.

@@ -200,7 +200,21 @@ pub async fn run(args: NodeArgs, security: &SecurityArgs) -> u8 {
     for name in &loaded.ignored_env {
         tracing::warn!(variable = %name, "ignoring an environment variable that names no config key");
     }
-    match baton_node::server::run_secured(loaded.node, security, shutdown_signal()).await {
+    let mut node = loaded.node;
+    if node.data_dir.is_relative() {
+        // Resolved against the working directory: started from another one (by hand, or by a
+        // service manager that starts in /), the same settings name another, empty, data dir —
+        // a node under its old id that lost everything it had acknowledged.
+        if let Ok(absolute) = std::path::absolute(&node.data_dir) {
+            tracing::warn!(
+                data_dir = %absolute.display(),
+                "data_dir {} is relative to the working directory; give an absolute path",
+                node.data_dir.display()
+            );
+            node.data_dir = absolute;
+        }
+    }
+    match baton_node::server::run_secured(node, security, shutdown_signal()).await {
         Ok(()) => exit::OK,
         Err(e) => {
             // Said even when the log filter leaves errors out (`RUST_LOG=off`, a filter naming
