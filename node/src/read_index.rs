@@ -27,28 +27,50 @@ use crate::deposed::unless_deposed;
 use crate::node::not_leader;
 use crate::types::{Batch, Raft};
 
+/// What a round answers its reads: the log index they must see applied.
+type Confirmed = Result<u64, Status>;
+
 /// The queue of reads waiting for the next confirmation round; clones share it.
 #[derive(Clone)]
 pub struct ReadIndex {
-    queue: mpsc::UnboundedSender<oneshot::Sender<Result<(), Status>>>,
+    raft: Raft,
+    queue: mpsc::UnboundedSender<oneshot::Sender<Confirmed>>,
 }
 
 impl ReadIndex {
     /// Starts the task that runs confirmation rounds for `raft`, nudging it by `nudge`.
     pub fn start(raft: Raft, nudge: Nudge) -> Self {
         let (queue, waiting) = mpsc::unbounded_channel();
-        tokio::spawn(round_loop(raft, nudge, waiting));
-        Self { queue }
+        tokio::spawn(round_loop(raft.clone(), nudge, waiting));
+        Self { raft, queue }
     }
 
     /// Resolves once this node has confirmed with a quorum, in a round that began after this
     /// call, that it leads, and has applied everything committed when the round began.
+    ///
+    /// Each read waits for the apply itself, not the round: a round that waited would hold the
+    /// next one up (every read behind it paying for the slowest apply), and one whose index a
+    /// deposed leader never applies would hold every later read of the node.
     pub async fn confirm(&self) -> Result<(), Status> {
         let (done, confirmed) = oneshot::channel();
         if self.queue.send(done).is_err() {
             return Err(stopped());
         }
-        confirmed.await.unwrap_or_else(|_| Err(stopped()))
+        let read_index = confirmed.await.unwrap_or_else(|_| Err(stopped()))?;
+        let applied = self
+            .raft
+            .metrics()
+            .borrow()
+            .last_applied
+            .map_or(0, |id| id.index);
+        if read_index > applied {
+            self.raft
+                .wait(None)
+                .applied_index_at_least(Some(read_index), "read index")
+                .await
+                .map_err(|_| stopped())?;
+        }
+        Ok(())
     }
 }
 
@@ -63,7 +85,7 @@ fn stopped() -> Status {
 async fn round_loop(
     raft: Raft,
     mut nudge: Nudge,
-    mut waiting: mpsc::UnboundedReceiver<oneshot::Sender<Result<(), Status>>>,
+    mut waiting: mpsc::UnboundedReceiver<oneshot::Sender<Confirmed>>,
 ) {
     while let Some(first) = waiting.recv().await {
         let mut round = vec![first];
@@ -71,9 +93,9 @@ async fn round_loop(
             round.push(next);
         }
         let result = raft
-            .ensure_linearizable()
+            .get_read_log_id()
             .await
-            .map(|_| ())
+            .map(|(read_log_id, _applied)| read_log_id.map_or(0, |id| id.index))
             .map_err(|e| match e {
                 RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward)) => {
                     not_leader(forward)
