@@ -210,6 +210,7 @@ fn t71_fences_going_backwards_across_a_failover_are_reported() {
     let lease = |fence: u64, token: &str| Output::Lease {
         fence,
         token: token.into(),
+        until_ms: None,
     };
     let release = |fence: u64, token: &str| Input::ReleaseTask {
         task: "task-0".into(),
@@ -241,6 +242,7 @@ fn t71_a_release_with_a_superseded_claim_and_a_lost_fence_are_reported() {
     let lease = |fence: u64, token: &str| Output::Lease {
         fence,
         token: token.into(),
+        until_ms: None,
     };
     h.ok("a0", claim("a0"), 0, 10, lease(1, "x"));
     h.ok("a1", claim("a1"), 20, 30, lease(2, "y"));
@@ -352,6 +354,133 @@ fn t71_two_holders_at_once_are_reported_even_with_rising_fences() {
         rules(&violations).contains(&"exclusive-hold"),
         "one worker: {violations:?}"
     );
+}
+
+/// A claim applied long after it was sent (a retry across a failover) holds from its apply: with
+/// the deadlines the answers carry, a later grant before that lease's store deadline is two
+/// holders at once, though counted from the first claim's sending its TTL had run out (which
+/// the client-clock rule alone let pass). A renewal's deadline counts too; past the deadline, or
+/// after a release sent before, the later grant is legal.
+#[test]
+fn t71_two_holders_are_judged_on_the_store_clock_when_answers_carry_deadlines() {
+    let ttl = board::TTL_MS as u64;
+    let claimed = |fence: u64, until_ms: u64| Output::Lease {
+        fence,
+        token: format!("t{fence}"),
+        until_ms: Some(until_ms),
+    };
+    // The first claim, sent at 0 and answered at 3,050 ms; applied at store time 13,000 (so
+    // live until 13,000 + TTL). The second is sent at 5,000, past TTL after the first's sending.
+    let history = |second_applied_at: u64, renewed_until: Option<u64>, released: bool| {
+        let mut h = H::default();
+        h.ok("a0", claim_of("a0"), 0, 3_050, claimed(1, 13_000 + ttl));
+        if let Some(until) = renewed_until {
+            h.ok(
+                "a0",
+                Input::RenewTask {
+                    task: "task-0".into(),
+                    token: "t1".into(),
+                    fence: 1,
+                },
+                3_100,
+                3_110,
+                claimed(1, until),
+            );
+        }
+        if released {
+            h.ambiguous("a0", release_of_first(), 4_000);
+        }
+        h.ok(
+            "a1",
+            claim_of("a1"),
+            ttl + 1_000,
+            ttl + 1_010,
+            claimed(2, second_applied_at + ttl),
+        );
+        h.ok(
+            "final",
+            Input::ListTasks,
+            20_000,
+            20_010,
+            Output::Tasks(vec![("task-0".into(), "open".into(), 2)]),
+        );
+        board::check(&h.ops, 20_000_000)
+    };
+    // Applied at store time 15,000, within the first lease (13,000 + TTL).
+    let violations = history(15_000, None, false);
+    assert_eq!(rules(&violations), ["exclusive-hold"], "{violations:?}");
+    assert_eq!(violations[0].ops, vec![0, 1]);
+    // At or past the first lease's store deadline: legal.
+    assert!(history(13_000 + ttl, None, false).is_empty());
+    // A renewal that moved the first lease past the second's apply makes that a violation.
+    let renewed = history(13_000 + ttl + 500, Some(13_000 + ttl + 1_000), false);
+    assert_eq!(rules(&renewed), ["exclusive-hold"], "{renewed:?}");
+    // A release sent before explains it.
+    assert!(history(15_000, None, true).is_empty());
+}
+
+/// A token handed out twice — for another generation of one ticket, or a claim of another
+/// task — is reported: the older holder could act as the newer (a reply with it would close the
+/// new generation, which the ticket model accepts as the token matches). Distinct tokens pass.
+#[test]
+fn t71_a_token_handed_out_for_two_grants_is_reported() {
+    let takes = |second_token: &str| {
+        let mut h = H::default();
+        h.ok("c0", offer("k"), 0, 10, ticket(1, "offered", None));
+        h.ok("c1", take("k"), 20, 30, handle(1, "tok-a"));
+        h.ok(
+            "c1",
+            Input::Reply {
+                key: "k".into(),
+                token: "tok-a".into(),
+            },
+            40,
+            50,
+            Output::Done,
+        );
+        h.ok("c0", offer("k"), 60, 70, ticket(2, "offered", None));
+        h.ok("c1", take("k"), 80, 90, handle(2, second_token));
+        h.ok(
+            "final",
+            read("k"),
+            100,
+            110,
+            ticket(2, "accepted", Some("dst")),
+        );
+        handoff::check(&h.ops, 100_000)
+    };
+    let violations = takes("tok-a");
+    assert_eq!(rules(&violations), ["unique-token"], "{violations:?}");
+    assert_eq!(violations[0].ops, vec![1, 4]);
+    assert!(takes("tok-b").is_empty(), "{:?}", takes("tok-b"));
+
+    let claims = |second_token: &str| {
+        let mut h = H::default();
+        let lease = |fence: u64, token: &str| Output::Lease {
+            fence,
+            token: token.into(),
+            until_ms: None,
+        };
+        h.ok("a0", claim_of("a0"), 0, 10, lease(1, "tok-a"));
+        let other = Input::Claim {
+            task: "task-1".into(),
+            agent: "a1".into(),
+        };
+        h.ok("a1", other, 20, 30, lease(1, second_token));
+        h.ok(
+            "final",
+            Input::ListTasks,
+            100,
+            110,
+            Output::Tasks(vec![
+                ("task-0".into(), "claimed".into(), 1),
+                ("task-1".into(), "claimed".into(), 1),
+            ]),
+        );
+        board::check(&h.ops, 100_000)
+    };
+    assert_eq!(rules(&claims("tok-a")), ["unique-token"]);
+    assert!(claims("tok-b").is_empty(), "{:?}", claims("tok-b"));
 }
 
 /// Two claims racing (their calls overlap) both granted is two holders at once: fences are minted
@@ -522,6 +651,7 @@ async fn t71_recovery_needs_a_grant_not_just_answers() {
         Outcome::Ok(Output::Granted {
             fence: 1,
             holder: "h0/1".into(),
+            until_ms: None,
         }),
     );
     assert!(available_again(&rec, since, limit).await.is_empty());
@@ -688,6 +818,42 @@ fn t71_sink_refusals_counts_and_final_values_are_judged() {
     assert!(violations.is_empty(), "{violations:?}");
 }
 
+/// A `FENCE_STALE` refusal proves the sink held a higher fence, also when the write that raised
+/// it went unanswered: a lower write accepted after the refusal, and a final fence no higher
+/// than the refused one, are reported (only acknowledged writes were compared before, so this
+/// history passed).
+#[test]
+fn t71_a_refusal_is_evidence_of_the_unanswered_write_that_explains_it() {
+    let r = effect::sink_of("res-0");
+    let history = |late_fence: u64| {
+        let mut h = H::default();
+        h.ambiguous("h0", write(&r, 5, "e"), 0);
+        h.refused("h1", write(&r, 4, "d"), 12, 13, "FENCE_STALE");
+        h.ok(
+            "h2",
+            write(&r, late_fence, "x"),
+            14,
+            15,
+            sink(late_fence, 2, ""),
+        );
+        h.ok("final", sink_read(&r), 100, 110, sink(late_fence, 2, "x"));
+        effect::check(&h.ops, 100_000)
+    };
+    let violations = history(3);
+    assert_eq!(
+        rules(&violations),
+        ["lost-ack", "stale-write-applied"],
+        "{violations:?}"
+    );
+    assert!(
+        violations.iter().all(|v| v.ops.contains(&1)),
+        "{violations:?}"
+    );
+    // A higher fence after the refusal is what a correct store accepts.
+    let legal = history(6);
+    assert!(legal.is_empty(), "{legal:?}");
+}
+
 /// An acknowledged sink write whose answer names another fence than the one it presented: the
 /// write and "highest seen = presented" were not one step. Reported.
 #[test]
@@ -819,9 +985,12 @@ fn t71_an_unresolved_intent_granted_afresh_or_still_in_progress_late_is_reported
         resource: resource.into(),
         fence: 1,
     };
+    // No holder identities: the store mints one per grant, and one shared by these grants
+    // would be unique-token's to report.
     let granted = || Output::Granted {
         fence: 1,
-        holder: "h".into(),
+        holder: String::new(),
+        until_ms: None,
     };
     // a/1: its completion refused; a/2: never completed; a/3: its completion unanswered (it may
     // have been applied); a/4: granted just before the workloads stopped. All four unresolved.
@@ -862,6 +1031,7 @@ fn t71_an_unresolved_intent_granted_afresh_or_still_in_progress_late_is_reported
         Output::Granted {
             fence: 2,
             holder: "h2".into(),
+            until_ms: None,
         },
     );
     h.ok(
@@ -1062,6 +1232,7 @@ fn t71_a_lease_without_its_permit_and_a_renewal_changing_the_token_are_reported(
         Output::Lease {
             fence: 1,
             token: "z".into(),
+            until_ms: None,
         },
     );
     h.ok(
@@ -1113,6 +1284,7 @@ fn granted(fence: u64) -> Output {
     Output::Granted {
         fence,
         holder: String::new(),
+        until_ms: None,
     }
 }
 
@@ -1136,6 +1308,7 @@ fn lease_of(fence: u64) -> Output {
     Output::Lease {
         fence,
         token: format!("t{fence}"),
+        until_ms: None,
     }
 }
 

@@ -18,8 +18,8 @@ use rand::rngs::StdRng;
 use rand::Rng;
 
 use super::check::{
-    exclusive_holds, increasing_fences, no_stale_holder, unique_grants, Grant, Use, Violation,
-    CLOCK_SLACK_US,
+    exclusive_holds, increasing_fences, no_stale_holder, unique_grants, unique_tokens, Grant, Use,
+    Violation, CLOCK_SLACK_US,
 };
 use super::history::{Input, Op, Outcome, Output, Recorder};
 
@@ -59,10 +59,12 @@ fn lease_output(task: &Task) -> Output {
         Some(lease) => Output::Lease {
             fence: lease.fence,
             token: lease.token.clone(),
+            until_ms: Some(lease.until_ms),
         },
         None => Output::Lease {
             fence: 0,
             token: String::new(),
+            until_ms: None,
         },
     }
 }
@@ -166,10 +168,16 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
             });
         }
         match (&op.input, op.ok()) {
-            (Input::Claim { task, .. }, Some(Output::Lease { fence, .. })) => grants.push(Grant {
+            (
+                Input::Claim { task, .. },
+                Some(Output::Lease {
+                    fence, until_ms, ..
+                }),
+            ) => grants.push(Grant {
                 key: task.clone(),
                 fence: *fence,
                 op: op.index,
+                until_ms: *until_ms,
             }),
             (Input::ReleaseTask { task, fence, .. }, Some(_))
             | (Input::RenewTask { task, fence, .. }, Some(_)) => uses.push(Use {
@@ -181,6 +189,28 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
         }
     }
     let mut violations = unique_grants("claim", &grants, history);
+    violations.extend(unique_tokens(
+        "claim",
+        &grants,
+        |output| match output {
+            Output::Lease { token, .. } => Some(token.as_str()),
+            _ => None,
+        },
+        history,
+    ));
+    // An acknowledged renewal moves its lease's deadline on.
+    for op in history {
+        if let (Input::RenewTask { task, fence, .. }, Some(Output::Lease { until_ms, .. })) =
+            (&op.input, op.ok())
+        {
+            for grant in grants
+                .iter_mut()
+                .filter(|g| g.key == *task && g.fence == *fence)
+            {
+                grant.until_ms = grant.until_ms.max(*until_ms);
+            }
+        }
+    }
     violations.extend(exclusive_holds("claim", &grants, &ends, TTL_MS, history));
     violations.extend(increasing_fences("claim", &grants, history));
     violations.extend(no_stale_holder("release/renew", &grants, &uses, history));
@@ -190,6 +220,7 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
             Some(Output::Lease {
                 fence: got,
                 token: got_token,
+                ..
             }),
         ) = (&op.input, op.ok())
         {

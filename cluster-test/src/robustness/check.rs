@@ -95,6 +95,9 @@ pub struct Grant {
     pub fence: u64,
     /// The operation that got it.
     pub op: usize,
+    /// When it ends on the store clock (Unix ms), as its answer (or an acknowledged renewal)
+    /// said; `None` where the answer carries no deadline.
+    pub until_ms: Option<u64>,
 }
 
 /// At most one acknowledged grant per key and fence.
@@ -120,6 +123,48 @@ pub fn unique_grants(what: &str, grants: &[Grant], history: &[Op]) -> Vec<Violat
                 ),
                 ops,
             ));
+        }
+    }
+    violations
+}
+
+/// A credential the store minted for one grant names no other: the same token (or holder
+/// identity) acknowledged for two grants of different keys or fences would let the older holder
+/// act as the newer one (contract: tokens are never reused). `token_of` reads it from a grant's
+/// answer; empty ones are skipped.
+pub fn unique_tokens<'a>(
+    what: &str,
+    grants: &[Grant],
+    token_of: impl Fn(&'a Output) -> Option<&'a str>,
+    history: &'a [Op],
+) -> Vec<Violation> {
+    let mut first: BTreeMap<&str, &Grant> = BTreeMap::new();
+    let mut violations = Vec::new();
+    for grant in grants {
+        let Some(token) = history[grant.op]
+            .ok()
+            .and_then(&token_of)
+            .filter(|t| !t.is_empty())
+        else {
+            continue;
+        };
+        match first.get(token) {
+            Some(earlier) if (&earlier.key, earlier.fence) != (&grant.key, grant.fence) => {
+                violations.push(Violation::new(
+                    "unique-token",
+                    &grant.key,
+                    format!(
+                        "one {what} credential was handed out for {} at fence {} and for {} at \
+                         fence {}",
+                        earlier.key, earlier.fence, grant.key, grant.fence
+                    ),
+                    vec![earlier.op, grant.op],
+                ))
+            }
+            Some(_) => {}
+            None => {
+                first.insert(token, grant);
+            }
         }
     }
     violations
@@ -339,15 +384,18 @@ pub const CLOCK_SLACK_US: u64 = 250_000;
 /// Earlier means a lower fence: the store mints a key's fences in apply order, so `g1` (fence
 /// `f1`) was applied before `g2` (fence `f2 > f1`) even when the two calls overlapped — the
 /// common case of a race, which a rule asking for `g1` to have returned before `g2` was sent
-/// never judges. `g1` was then certainly live when `g2` was applied (at the latest when `g2`
-/// returned) if `g2` returned before `g1`'s TTL ran out counted from `g1`'s invocation (the
-/// store counts the TTL from its apply, which comes after the invocation; less
-/// [`CLOCK_SLACK_US`]), and no operation in `ends` (every call that could end a grant — a
+/// never judges. `g1` was then certainly live when `g2` was applied if, on the store's own
+/// clock, `g1`'s deadline (its answer's, or a later acknowledged renewal's) lies past the store
+/// time `g2` was applied at (its deadline less the TTL: a grant's deadline is the store clock at
+/// its apply plus the TTL) — when both answers carry deadlines; this needs no client clock, and
+/// holds however long a grant's call waited to be applied (a retried claim applied seconds after
+/// it was sent). Otherwise, if `g2` returned before `g1`'s TTL ran out counted from `g1`'s
+/// invocation (the store counts the TTL from its apply, which comes after the invocation; less
+/// [`CLOCK_SLACK_US`]). In both cases only if no operation in `ends` (every call that could end a grant — a
 /// release, a queue attempt's completion; not an effect's completion, which keeps its hold —,
 /// answered or not, but not refused: a refusal ends nothing; matched by key and fence) on `g1`
-/// was invoked before `g2` returned. Renewals only make a lease longer and are
-/// ignored. Pairs with equal fences are [`unique_grants`]'s, and pairs whose fences contradict
-/// real-time order [`increasing_fences`]'.
+/// was invoked before `g2` returned. Pairs with equal fences are [`unique_grants`]'s, and pairs
+/// whose fences contradict real-time order [`increasing_fences`]'.
 pub fn exclusive_holds(
     what: &str,
     grants: &[Grant],
@@ -390,7 +438,14 @@ pub fn exclusive_holds(
                 let ended = first_end
                     .get(&(key, first.fence))
                     .is_some_and(|ended| *ended <= ret2);
-                if !ended && ret2 + CLOCK_SLACK_US < op1.call + ttl_us {
+                let certainly_live = match (first.until_ms, second.until_ms) {
+                    // Live at the store time `g2` was applied at (expired from its deadline on).
+                    (Some(until1), Some(until2)) => {
+                        until1 > until2.saturating_sub(u64::try_from(ttl_ms).unwrap_or(0))
+                    }
+                    _ => ret2 + CLOCK_SLACK_US < op1.call + ttl_us,
+                };
+                if !ended && certainly_live {
                     live = Some(first);
                     break;
                 }
@@ -431,7 +486,9 @@ pub fn exclusive_holds(
 /// - an acknowledged write's fence is at least every fence acknowledged before it was invoked
 ///   (a stale write is never applied), and the answer's seen fence is its own;
 /// - a `FENCE_STALE` refusal is explained by a higher-fence write (acknowledged or ambiguous)
-///   invoked before the refusal came back;
+///   invoked before the refusal came back, and is evidence of it: no write of a fence at most
+///   the refused one, invoked after the refusal came back, is acknowledged, and the sink ends
+///   above the refused fence;
 /// - after recovery the resource holds the highest acknowledged fence or a higher ambiguous one,
 ///   with the value of a write at that fence, and counts between the acknowledged writes and
 ///   those plus the ambiguous ones; a resource no write was sent to is not found.
@@ -467,6 +524,7 @@ pub fn sink(history: &[Op], mine: impl Fn(&str) -> bool) -> Vec<Violation> {
                 key: resource.to_string(),
                 fence: fence_of(op),
                 op: op.index,
+                until_ms: None,
             });
             if let Some(Output::Sink { seen_fence, .. }) = op.ok() {
                 if *seen_fence != fence_of(op) {
@@ -498,6 +556,34 @@ pub fn sink(history: &[Op], mine: impl Fn(&str) -> bool) -> Vec<Violation> {
                         fence_of(newer)
                     ),
                     vec![newer.index, write.index],
+                ));
+            }
+        }
+        // A refusal is evidence too: refused `FENCE_STALE`, a write proves the sink held a
+        // higher fence when it was applied (before it returned), so a write invoked after that
+        // with a fence no higher must be refused, and the sink ends above it — also when the
+        // write that raised it went unanswered, which the rules on acknowledged writes miss.
+        let stale: Vec<&Op> = ops
+            .iter()
+            .copied()
+            .filter(|op| op.refused() == Some("FENCE_STALE") && op.ret.is_some())
+            .collect();
+        for refused in &stale {
+            let shown = refused.ret.unwrap_or(u64::MAX);
+            if let Some(write) = acked
+                .iter()
+                .find(|o| fence_of(o) <= fence_of(refused) && o.call > shown)
+            {
+                violations.push(Violation::new(
+                    "stale-write-applied",
+                    resource,
+                    format!(
+                        "a write with fence {} was accepted after a write with fence {} had been \
+                         refused FENCE_STALE (the sink held a higher fence)",
+                        fence_of(write),
+                        fence_of(refused)
+                    ),
+                    vec![refused.index, write.index],
                 ));
             }
         }
@@ -546,6 +632,20 @@ pub fn sink(history: &[Op], mine: impl Fn(&str) -> bool) -> Vec<Violation> {
         };
         let mut slice: Vec<usize> = highest_acked.map(|o| vec![o.index]).unwrap_or_default();
         slice.push(read.index);
+        if let Some(refused) = stale.iter().max_by_key(|o| fence_of(o)) {
+            if *seen_fence <= fence_of(refused) {
+                violations.push(Violation::new(
+                    "lost-ack",
+                    resource,
+                    format!(
+                        "a write with fence {} was refused FENCE_STALE (the sink held a higher \
+                         fence), the sink holds fence {seen_fence} after recovery",
+                        fence_of(refused)
+                    ),
+                    vec![refused.index, read.index],
+                ));
+            }
+        }
         if let Some(top) = highest_acked {
             if *seen_fence < fence_of(top) {
                 violations.push(Violation::new(

@@ -23,7 +23,8 @@ use rand::rngs::StdRng;
 use rand::Rng;
 
 use super::check::{
-    exclusive_holds, increasing_fences, no_stale_holder, sink, unique_grants, Grant, Use, Violation,
+    exclusive_holds, increasing_fences, no_stale_holder, sink, unique_grants, unique_tokens, Grant,
+    Use, Violation,
 };
 use super::history::{Input, Op, Output, Recorder};
 
@@ -49,6 +50,7 @@ fn outcome_output(outcome: &Outcome) -> Output {
         Outcome::Granted(lease) => Output::Granted {
             fence: lease.fence,
             holder: lease.holder.clone(),
+            until_ms: Some(lease.until_ms),
         },
         other => Output::NotGranted(other.name().to_string()),
     }
@@ -239,11 +241,12 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
             }
         }
         match (&op.input, op.ok()) {
-            (Input::Acquire { resource, .. }, Some(Output::Granted { fence, .. })) => {
+            (Input::Acquire { resource, .. }, Some(Output::Granted { fence, until_ms, .. })) => {
                 grants.push(Grant {
                     key: resource.clone(),
                     fence: *fence,
                     op: op.index,
+                    until_ms: *until_ms,
                 })
             }
             (Input::Acquire { key, .. }, Some(Output::NotGranted(outcome)))
@@ -268,6 +271,15 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
         }
     }
     violations.extend(unique_grants("acquire", &grants, history));
+    violations.extend(unique_tokens(
+        "acquire",
+        &grants,
+        |output| match output {
+            Output::Granted { holder, .. } => Some(holder.as_str()),
+            _ => None,
+        },
+        history,
+    ));
     violations.extend(exclusive_holds("acquire", &grants, &ends, TTL_MS, history));
     violations.extend(increasing_fences("acquire", &grants, history));
     violations.extend(no_stale_holder("complete/release", &grants, &uses, history));

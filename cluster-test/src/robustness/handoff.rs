@@ -13,7 +13,8 @@ use rand::rngs::StdRng;
 use rand::Rng;
 
 use super::check::{
-    by_key, increasing_fences, linearizable, operation, unique_grants, Grant, Violation,
+    by_key, increasing_fences, linearizable, operation, unique_grants, unique_tokens, Grant,
+    Violation,
 };
 use super::history::{Input, Op, Outcome, Output, Recorder};
 use crate::linearizability::{Operation, TicketInput, TicketModel, TicketOutput};
@@ -231,12 +232,22 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
                     key: key.to_string(),
                     fence: *fence,
                     op: op.index,
+                    until_ms: None,
                 });
             }
         }
         violations.extend(durable(key, ops, final_from));
     }
     violations.extend(unique_grants("take", &grants, history));
+    violations.extend(unique_tokens(
+        "take",
+        &grants,
+        |output| match output {
+            Output::Handle { token, .. } => Some(token.as_str()),
+            _ => None,
+        },
+        history,
+    ));
     violations.extend(increasing_fences("take", &grants, history));
     violations
 }

@@ -227,6 +227,8 @@ pub enum Output {
         fence: u64,
         /// Token.
         token: String,
+        /// The lease's deadline on the store clock (Unix ms), when the answer carried one.
+        until_ms: Option<u64>,
     },
     /// Every board task: `(id, state, max_fence)`.
     Tasks(Vec<(String, String, u64)>),
@@ -236,6 +238,8 @@ pub enum Output {
         fence: u64,
         /// Holder identity.
         holder: String,
+        /// The hold's deadline on the store clock (Unix ms), when the answer carried one.
+        until_ms: Option<u64>,
     },
     /// `acquire` answered another outcome (`contended`, `in_progress`, ...).
     NotGranted(String),
@@ -437,7 +441,9 @@ impl fmt::Display for Output {
             } => write!(f, "gen={generation} state={state} holder={holder:?}"),
             Output::Handle { fence, token } => write!(f, "fence={fence} token={}", short(token)),
             Output::Done => write!(f, "done"),
-            Output::Lease { fence, token } => write!(f, "fence={fence} token={}", short(token)),
+            Output::Lease { fence, token, .. } => {
+                write!(f, "fence={fence} token={}", short(token))
+            }
             Output::Tasks(tasks) => {
                 let tasks: Vec<String> = tasks
                     .iter()
@@ -445,7 +451,7 @@ impl fmt::Display for Output {
                     .collect();
                 write!(f, "[{}]", tasks.join(" "))
             }
-            Output::Granted { fence, holder } => {
+            Output::Granted { fence, holder, .. } => {
                 write!(f, "granted fence={fence} holder={}", short(holder))
             }
             Output::NotGranted(outcome) => write!(f, "{outcome}"),

@@ -437,6 +437,7 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
                             key: key.clone(),
                             fence: *token,
                             op: op.index,
+                            until_ms: None,
                         });
                     }
                 }
