@@ -83,6 +83,13 @@ struct Slot {
 /// How much sooner than openraft's limit a call gives up on its own.
 const CALL_MARGIN: Duration = Duration::from_millis(3);
 
+/// The least time a call must have left once its turn comes to use a connection: with less, it
+/// gives up as busy (openraft retries it without backing off) rather than write its request and
+/// miss the answer — which drops a healthy connection with the answer unread and reports the
+/// peer unreachable — or start a dial that cannot finish, which pauses every dial to a peer that
+/// is only busy.
+const LEAST_TURN: Duration = Duration::from_millis(2);
+
 /// How long after a failed dial, a fresh connection left unanswered, or a refusal that closed the
 /// connection, no new connection to that peer is tried: calls meanwhile fail at once. Without it
 /// every call to an unreachable peer (openraft retries replication every 20–500 ms and makes a
@@ -323,6 +330,11 @@ impl Network {
         let unanswered =
             || CallFailure::sent(format!("node {target} at {addr}: no answer in time"));
         let slot = self.slot(target, addr, traffic, deadline).await?;
+        if deadline.saturating_duration_since(Instant::now()) < LEAST_TURN {
+            return Err(CallFailure::busy(format!(
+                "node {target} at {addr}: a connection came free too late to use"
+            )));
+        }
         if let Some(link) = self.take_idle(target, addr) {
             match exchange(link, frame.clone(), deadline).await {
                 Ok((link, answer)) => return self.answered(target, addr, link, answer),
@@ -938,6 +950,30 @@ mod tests {
             }
         }
         assert_eq!(busy, 3 * MAX_LINKS - MAX_HEARTBEAT_LINKS);
+    }
+
+    /// A call whose turn comes with too little time left gives up as busy: it used to send
+    /// anyway and miss the answer, dropping a healthy kept connection (with its answer unread)
+    /// and reporting the peer unreachable.
+    #[tokio::test]
+    async fn a_call_without_time_left_to_be_answered_leaves_the_connection_alone() {
+        let peer = StandIn::start().await;
+        let mut network = Network::default();
+        assert!(vote_through_new_client(&mut network, &peer.addr).await);
+        peer.delay_ms.store(50, SeqCst);
+        let late = append_in_background(&network, &peer.addr, 1, CALL_MARGIN + LEAST_TURN / 2);
+        match late.await.unwrap() {
+            Err(RPCError::Network(e)) => assert!(e.to_string().contains("too late"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        {
+            let peers = network.peers.lock().unwrap();
+            assert_eq!(peers[&2].idle.len(), 1, "the kept connection stays");
+            assert_eq!(peers[&2].quiet_until, None, "no pause");
+        }
+        peer.delay_ms.store(0, SeqCst);
+        assert!(vote_through_new_client(&mut network, &peer.addr).await);
+        assert_eq!(peer.accepted.load(SeqCst), 1, "no new dial");
     }
 
     #[tokio::test]
