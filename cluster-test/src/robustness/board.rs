@@ -121,7 +121,27 @@ pub async fn run(
             // Walk away: the lease runs out.
             continue;
         }
-        if roll < 25 {
+        if roll < 8 {
+            // Hold past the claim's own deadline on a renewal: a renewal the store acknowledged
+            // but did not keep shows as another agent's claim while this one still holds.
+            tokio::time::sleep(Duration::from_millis(TTL_MS as u64 * 3 / 5)).await;
+            let input = Input::RenewTask {
+                task: task.clone(),
+                token: lease.token.clone(),
+                fence: lease.fence,
+            };
+            let renewed = rec
+                .record(
+                    &name,
+                    input,
+                    client.renew_task(&task, &lease.token, TTL_MS),
+                    lease_output,
+                )
+                .await;
+            if renewed.is_ok() && !stop.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(TTL_MS as u64 * 3 / 5)).await;
+            }
+        } else if roll < 25 {
             let input = Input::RenewTask {
                 task: task.clone(),
                 token: lease.token.clone(),
