@@ -21,6 +21,9 @@ use crate::{Client, Error};
 /// The outcome of one race; `W` is what a winner gets.
 #[derive(Debug)]
 pub struct Race<W> {
+    /// How many contenders were started: every one of them ends up in exactly one of the tallies
+    /// below.
+    pub contenders: usize,
     /// What the contenders that won got (exactly one when the store is correct).
     pub winners: Vec<W>,
     /// Contenders refused `TAKEN`.
@@ -35,6 +38,7 @@ pub struct Race<W> {
 impl<W> Default for Race<W> {
     fn default() -> Self {
         Self {
+            contenders: 0,
             winners: Vec::new(),
             losers: 0,
             misses: Vec::new(),
@@ -51,7 +55,8 @@ pub type TakeRace = Race<Handle>;
 pub type ClaimRace = Race<Task>;
 
 impl<W> Race<W> {
-    /// `Ok` when exactly one contender won and every other one lost with `TAKEN`.
+    /// `Ok` when exactly one contender won and every other one lost with `TAKEN`: the tallies
+    /// must also account for every contender started, none lost nor counted twice.
     pub fn verdict(&self) -> Result<(), String> {
         if !self.infra_errors.is_empty() {
             return Err(format!(
@@ -65,6 +70,14 @@ impl<W> Race<W> {
                 "{} contenders never reached the race (first refusal: {})",
                 self.misses.len(),
                 self.misses[0].code()
+            ));
+        }
+        let tallied =
+            self.winners.len() + self.losers + self.misses.len() + self.infra_errors.len();
+        if tallied != self.contenders {
+            return Err(format!(
+                "{tallied} outcomes tallied for {} contenders",
+                self.contenders
             ));
         }
         if self.winners.len() != 1 {
@@ -92,7 +105,10 @@ where
             attempt.await
         });
     }
-    let mut race = Race::default();
+    let mut race = Race {
+        contenders: contenders.len(),
+        ..Race::default()
+    };
     let deadline = crate::client::instant_after(limit);
     loop {
         match tokio::time::timeout_at(deadline, running.join_next()).await {
@@ -179,8 +195,21 @@ mod tests {
     use super::*;
     use crate::ClientConfig;
 
+    /// A race of as many contenders as it tallies.
     fn race(winners: usize, losers: usize, misses: Vec<Refusal>, infra: usize) -> Race<()> {
+        let contenders = winners + losers + misses.len() + infra;
+        race_of(contenders, winners, losers, misses, infra)
+    }
+
+    fn race_of(
+        contenders: usize,
+        winners: usize,
+        losers: usize,
+        misses: Vec<Refusal>,
+        infra: usize,
+    ) -> Race<()> {
         Race {
+            contenders,
             winners: vec![(); winners],
             losers,
             misses,
@@ -203,6 +232,68 @@ mod tests {
         ] {
             assert!(failing.verdict().is_err(), "{failing:?} passed");
         }
+    }
+
+    /// The tallies must account for every contender started: a race that lost a contender's
+    /// outcome (or counted one twice) cannot pass, even with one winner and only `TAKEN` losers.
+    #[test]
+    fn a_tally_that_does_not_add_up_to_the_contenders_fails() {
+        assert_eq!(race_of(5, 1, 4, vec![], 0).verdict(), Ok(()));
+        assert_eq!(race_of(1, 1, 0, vec![], 0).verdict(), Ok(()));
+        for (contenders, losers) in [(5, 0), (5, 3), (5, 5), (0, 0), (2, 0)] {
+            let failing = race_of(contenders, 1, losers, vec![], 0);
+            let verdict = failing.verdict();
+            assert!(
+                verdict.as_ref().is_err_and(|why| why.contains("tallied")),
+                "{failing:?}: {verdict:?}"
+            );
+        }
+    }
+
+    /// The contenders run at the same time (a barrier, not a loop): none starts before every
+    /// one has been made, and all of them are in flight together.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_contenders_of_a_race_run_at_the_same_time() {
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+        const CONTENDERS: usize = 8;
+        let client = Client::new(&["127.0.0.1:1"], ClientConfig::default()).unwrap();
+        let names: Vec<String> = (0..CONTENDERS).map(|i| format!("c-{i}")).collect();
+        let made = Arc::new(AtomicUsize::new(0));
+        let fewest_made_at_start = Arc::new(AtomicUsize::new(usize::MAX));
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let most_in_flight = Arc::new(AtomicUsize::new(0));
+        let outcome: Race<()> = super::race(&client, &names, Duration::from_secs(10), |_, _| {
+            let made = made.clone();
+            let fewest_made_at_start = fewest_made_at_start.clone();
+            let in_flight = in_flight.clone();
+            let most_in_flight = most_in_flight.clone();
+            made.fetch_add(1, SeqCst);
+            // A contender that takes a moment to make: one let go at once would be running
+            // (on another worker) before the next ones exist.
+            std::thread::sleep(Duration::from_millis(5));
+            async move {
+                fewest_made_at_start.fetch_min(made.load(SeqCst), SeqCst);
+                let now = in_flight.fetch_add(1, SeqCst) + 1;
+                most_in_flight.fetch_max(now, SeqCst);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                in_flight.fetch_sub(1, SeqCst);
+                Ok(())
+            }
+        })
+        .await;
+        assert_eq!(outcome.contenders, CONTENDERS, "{outcome:?}");
+        assert_eq!(outcome.winners.len(), CONTENDERS, "{outcome:?}");
+        assert_eq!(
+            most_in_flight.load(SeqCst),
+            CONTENDERS,
+            "not all in flight at once"
+        );
+        assert_eq!(
+            fewest_made_at_start.load(SeqCst),
+            CONTENDERS,
+            "a contender started before all were made"
+        );
     }
 
     fn impatient(addr: &str) -> Client {

@@ -827,14 +827,24 @@ fn abandon_withdraws_the_intent_and_frees_the_resource() {
     w.assert_refused_unchanged(complete(&a, &la, "x"), &Refusal::FenceStale);
 }
 
+/// A release frees the resource and leaves the intent; abandoning it afterwards withdraws the
+/// intent and leaves no hold behind, so the key can be granted again at once. (A newer hold on
+/// the resource cannot exist here: a newer grant would make this lease's fence stale.)
 #[test]
-fn abandon_after_release_withdraws_the_intent_and_leaves_a_newer_hold_alone() {
+fn abandon_after_release_withdraws_the_intent_and_leaves_no_hold() {
     let mut w = World::new();
     let a = action("a", "r");
     let la = w.grant(T0, &a, TTL);
     w.release(T0, &a, &la).unwrap();
+    assert_eq!(w.state.effects.holds(), 0, "the release freed the resource");
+    assert_eq!(
+        w.status("a"),
+        KeyStatus::InProgress,
+        "the intent outlives the release"
+    );
     w.abandon(T0 + 1, &a, &la).unwrap();
     assert_eq!(w.status("a"), KeyStatus::Idle);
+    assert_eq!(w.state.effects.holds(), 0, "the abandon left a hold behind");
     assert_eq!(w.grant(T0 + 2, &a, TTL).fence, 2);
 }
 

@@ -95,31 +95,44 @@ impl World {
         apply(&mut self.state, &envelope)
     }
 
-    /// Expects `command` to be refused with `expected` and the queue to be unchanged.
+    /// Expects `command` to be refused with `expected` and nothing else to change (see
+    /// [`World::assert_only_answered`]).
     fn refused(&mut self, command: queue::Command, expected: Refusal) {
-        let before = self.state.queue.clone();
+        let before = self.state.clone();
         let name = command.name();
-        assert_eq!(self.send(command), Err(expected), "{name}");
-        assert_eq!(
-            self.state.queue, before,
-            "a refused {name} must change nothing"
-        );
+        assert_eq!(self.send(command), Err(expected.clone()), "{name}");
+        self.assert_only_answered(before, Err(expected), name);
     }
 
-    /// Expects `command` to be refused as invalid, naming `field`, with the queue unchanged.
+    /// Expects `command` to be refused as invalid, naming `field`, and nothing else to change.
     fn invalid(&mut self, command: queue::Command, field: &str) {
-        let before = self.state.queue.clone();
+        let before = self.state.clone();
         let name = command.name();
-        match self.send(command) {
+        let answer = self.send(command);
+        match &answer {
             Err(Refusal::Invalid { field: f, rule }) => {
                 assert_eq!(f, field, "{name}: wrong field (rule {rule:?})");
                 assert!(!rule.is_empty());
             }
             other => panic!("{name}: expected invalid {field}, got {other:?}"),
         }
+        self.assert_only_answered(before, answer, name);
+    }
+
+    /// Compares the whole state after the last request with `before`: it may differ only by what
+    /// executing any request does (contract §0), the store clock moved up to the request's stamp
+    /// and the session table remembering `answer` for a retry.
+    fn assert_only_answered(&self, mut before: State, answer: Result<Reply, Refusal>, name: &str) {
+        let envelope = self.last.as_ref().unwrap();
+        let origin = envelope.origin.as_ref().unwrap();
+        before.clock_ms = before.clock_ms.max(envelope.stamp.now_ms);
+        let clock_ms = before.clock_ms;
+        before
+            .sessions
+            .record(origin, Response::Answer(answer), clock_ms);
         assert_eq!(
-            self.state.queue, before,
-            "a refused {name} must change nothing"
+            self.state, before,
+            "a refused {name} must change nothing but the store clock and the session table"
         );
     }
 

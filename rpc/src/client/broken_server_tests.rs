@@ -1,5 +1,6 @@
 //! The client against a broken server: answers a Baton node never gives (an empty credential,
-//! more than was asked for, a listing that goes back) are protocol errors, never results.
+//! more than was asked for, a listing that goes back) are protocol errors, never results. And
+//! the snapshot judges against a canned listing: they judge what was listed at the listing's "now".
 #![allow(clippy::unwrap_used)]
 
 use std::convert::Infallible;
@@ -207,4 +208,83 @@ async fn a_lease_answering_more_than_its_limit_is_a_protocol_error() {
         client.lease("w", &queues, 1, 1_000, Duration::ZERO).await,
         "at most 1",
     );
+}
+
+/// A ticket listing at `now_ms` of one offered ticket whose deadline is 5,000.
+fn offered_ticket_listed_at(now_ms: u64) -> proto::ListTicketsResponse {
+    proto::ListTicketsResponse {
+        tickets: vec![proto::Ticket {
+            key: "late".into(),
+            from: "alice".into(),
+            to: "bob".into(),
+            ttl_ms: 1_000,
+            generation: 1,
+            deadline_ms: 5_000,
+            state: "offered".into(),
+            ..Default::default()
+        }],
+        now_ms,
+        revision: 7,
+    }
+}
+
+/// The ticket judge judges what the store listed at the store's own "now": an offered ticket
+/// listed past its deadline (a sweep not run yet, or a store that never expires) is reported
+/// overdue, and the same ticket listed before its deadline is not.
+#[tokio::test]
+async fn the_ticket_judge_reports_an_offered_ticket_listed_past_its_deadline() {
+    use baton_statemachine::handoff::ProblemCode;
+
+    for now_ms in [10_000, 5_000] {
+        let client = client_of::<_, Handoff>(offered_ticket_listed_at(now_ms)).await;
+        let problems = crate::judge::check(&client).await.unwrap();
+        let found: Vec<_> = problems.iter().map(|p| (p.key.as_str(), p.code)).collect();
+        assert_eq!(
+            found,
+            [("late", ProblemCode::OverdueHolder)],
+            "listed at {now_ms}: {problems:?}"
+        );
+    }
+    let client = client_of::<_, Handoff>(offered_ticket_listed_at(4_999)).await;
+    assert_eq!(crate::judge::check(&client).await.unwrap(), vec![]);
+}
+
+/// A board listing at `now_ms` of one claimed task whose lease ends at 5,000.
+fn claimed_task_listed_at(now_ms: u64) -> proto::ListTasksResponse {
+    proto::ListTasksResponse {
+        tasks: vec![proto::Task {
+            id: "late".into(),
+            deps: vec![],
+            state: "claimed".into(),
+            lease: Some(proto::TaskLease {
+                agent: "agent".into(),
+                token: String::new(),
+                fence: 1,
+                until_ms: 5_000,
+            }),
+            max_fence: 1,
+        }],
+        now_ms,
+        revision: 7,
+    }
+}
+
+/// The board judge likewise: a claimed task listed past its lease's end is reported overdue,
+/// and the same task listed before it is not.
+#[tokio::test]
+async fn the_board_judge_reports_a_lease_listed_past_its_end() {
+    use baton_statemachine::board::BoardProblemCode;
+
+    for now_ms in [10_000, 5_000] {
+        let client = client_of::<_, Board>(claimed_task_listed_at(now_ms)).await;
+        let problems = crate::judge::check_board(&client).await.unwrap();
+        let found: Vec<_> = problems.iter().map(|p| (p.id.as_str(), p.code)).collect();
+        assert_eq!(
+            found,
+            [("late", BoardProblemCode::OverdueLease)],
+            "listed at {now_ms}: {problems:?}"
+        );
+    }
+    let client = client_of::<_, Board>(claimed_task_listed_at(4_999)).await;
+    assert_eq!(crate::judge::check_board(&client).await.unwrap(), vec![]);
 }

@@ -973,6 +973,41 @@ mod classify_tests {
         }
     }
 
+    /// A refusal is the store's answer only when a Baton detail says so: a status without one
+    /// (from a proxy, a load balancer, something else at the address), whatever its gRPC code
+    /// and however much its text looks like a refusal, is never taken for a contract refusal.
+    #[test]
+    fn a_status_without_a_baton_detail_is_never_a_refusal() {
+        let texts: Vec<String> = ["TAKEN".to_string()]
+            .into_iter()
+            .chain(Refusal::all().map(|refusal| refusal.code().to_string()))
+            .chain(Refusal::all().map(|refusal| Error::Refused(refusal).to_string()))
+            .collect();
+        for code in [
+            Code::Aborted,
+            Code::NotFound,
+            Code::FailedPrecondition,
+            Code::AlreadyExists,
+            Code::InvalidArgument,
+            Code::Internal,
+            Code::DeadlineExceeded,
+            Code::Cancelled,
+        ] {
+            for text in &texts {
+                let status = Status::new(code, text.clone());
+                assert!(detail_of(&status).is_none());
+                if let Verdict::Fail(Error::Refused(refusal)) = classify(&status) {
+                    panic!("{code:?} {text:?} without a detail was read as {refusal:?}");
+                }
+                let error = final_error(&status);
+                assert!(
+                    error.refusal().is_none(),
+                    "{code:?} {text:?} without a detail ended as {error:?}"
+                );
+            }
+        }
+    }
+
     /// A request older than the store's session window is neither refused nor retried: its
     /// first attempt may or may not have taken effect, so the host hears "outcome unknown" (an
     /// infrastructure error, never a contract refusal) and reconciles.
