@@ -34,6 +34,42 @@ const MAX_STEPS: u64 = 20_000_000;
 /// present stale tokens.
 pub type Tokens = Arc<Mutex<BTreeMap<String, String>>>;
 
+/// The ticket keys the clients work on, shared. A key whose take went unanswered is retired for
+/// a fresh one: that take may have won, and then nobody has the token to reply, so for the
+/// ticket's hour-long TTL every later call on the key would be a replay or a refusal — takes,
+/// replies and new generations would go untested under the faults that follow. (Retired keys
+/// stay in the history and are read back and judged like the others.)
+#[derive(Clone)]
+pub struct Keys {
+    live: Arc<Mutex<Vec<String>>>,
+    retired: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Keys {
+    /// Clients start on `keys`.
+    pub fn new(keys: &[String]) -> Self {
+        Keys {
+            live: Arc::new(Mutex::new(keys.to_vec())),
+            retired: Arc::default(),
+        }
+    }
+
+    fn pick(&self, rng: &mut StdRng) -> String {
+        let live = lock(&self.live);
+        live[rng.random_range(0..live.len())].clone()
+    }
+
+    /// Replaces `key` (if still live) by a fresh one.
+    fn retire(&self, key: &str) {
+        let mut live = lock(&self.live);
+        if let Some(slot) = live.iter_mut().find(|k| *k == key) {
+            let n = self.retired.fetch_add(1, Ordering::Relaxed) + 1;
+            let base = key.split('~').next().unwrap_or(key);
+            *slot = format!("{base}~{n}");
+        }
+    }
+}
+
 fn ticket_output(ticket: &Ticket) -> Output {
     Output::Ticket {
         generation: ticket.generation,
@@ -93,13 +129,13 @@ pub async fn run(
     client: Client,
     name: String,
     rec: Recorder,
-    keys: Arc<Vec<String>>,
+    keys: Keys,
     tokens: Tokens,
     mut rng: StdRng,
     stop: Arc<AtomicBool>,
 ) {
     while !stop.load(Ordering::Relaxed) {
-        let key = keys[rng.random_range(0..keys.len())].clone();
+        let key = keys.pick(&mut rng);
         match rng.random_range(0..100) {
             0..25 => {
                 offer(&rec, &client, &name, &key).await;
@@ -110,11 +146,15 @@ pub async fn run(
                     key: key.clone(),
                     to: to.into(),
                 };
-                if let Ok(handle) = rec
+                match rec
                     .record(&name, input, client.take(&key, to), handle_output)
                     .await
                 {
-                    lock(&tokens).insert(key.clone(), handle.token);
+                    Ok(handle) => {
+                        lock(&tokens).insert(key.clone(), handle.token);
+                    }
+                    Err(error) if error.outcome_unknown() => keys.retire(&key),
+                    Err(_) => {}
                 }
             }
             50..70 => {

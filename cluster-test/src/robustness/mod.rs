@@ -375,7 +375,7 @@ impl Workloads {
             n += 1;
             StdRng::seed_from_u64(client_seed(seed, n))
         };
-        let tickets = Arc::new(tickets.to_vec());
+        let tickets = handoff::Keys::new(tickets);
         let tokens = handoff::Tokens::default();
         for i in 0..mix.handoff {
             tasks.push(tokio::spawn(handoff::run(
@@ -796,7 +796,10 @@ async fn read_back(
     let client: Client = Client::connect_with(endpoints, client_config()).await?;
     let snapshot = rec.finish();
     let name = "final";
-    for key in tickets {
+    // Every ticket key used, those retired for fresh ones included.
+    let mut keys: BTreeSet<&str> = tickets.iter().map(String::as_str).collect();
+    keys.extend(snapshot.iter().filter_map(|op| handoff::key_of(&op.input)));
+    for key in keys {
         handoff::read(rec, &client, name, key).await;
     }
     board::list(rec, &client, name).await;
