@@ -417,6 +417,30 @@ fn t71_two_holders_are_judged_on_the_store_clock_when_answers_carry_deadlines() 
     assert_eq!(rules(&renewed), ["exclusive-hold"], "{renewed:?}");
     // A release sent before explains it.
     assert!(history(15_000, None, true).is_empty());
+    // The later grant's own renewal says nothing of when it was granted: still two holders.
+    let mut h = H::default();
+    h.ok("a0", claim_of("a0"), 0, 3_050, claimed(1, 13_000 + ttl));
+    h.ok("a1", claim_of("a1"), 5_000, 5_010, claimed(2, 15_000 + ttl));
+    h.ok(
+        "a1",
+        Input::RenewTask {
+            task: "task-0".into(),
+            token: "t2".into(),
+            fence: 2,
+        },
+        7_000,
+        7_010,
+        claimed(2, 30_000 + ttl),
+    );
+    h.ok(
+        "final",
+        Input::ListTasks,
+        20_000,
+        20_010,
+        Output::Tasks(vec![("task-0".into(), "claimed".into(), 2)]),
+    );
+    let violations = board::check(&h.ops, 20_000_000);
+    assert_eq!(rules(&violations), ["exclusive-hold"], "{violations:?}");
 }
 
 /// A token handed out twice — for another generation of one ticket, or a claim of another

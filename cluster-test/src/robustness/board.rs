@@ -198,6 +198,7 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
                 fence: *fence,
                 op: op.index,
                 until_ms: *until_ms,
+                renewed_until_ms: *until_ms,
             }),
             (Input::ReleaseTask { task, fence, .. }, Some(_))
             | (Input::RenewTask { task, fence, .. }, Some(_)) => uses.push(Use {
@@ -227,7 +228,7 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
                 .iter_mut()
                 .filter(|g| g.key == *task && g.fence == *fence)
             {
-                grant.until_ms = grant.until_ms.max(*until_ms);
+                grant.renewed_until_ms = grant.renewed_until_ms.max(*until_ms);
             }
         }
     }

@@ -95,9 +95,11 @@ pub struct Grant {
     pub fence: u64,
     /// The operation that got it.
     pub op: usize,
-    /// When it ends on the store clock (Unix ms), as its answer (or an acknowledged renewal)
-    /// said; `None` where the answer carries no deadline.
+    /// When it ends on the store clock (Unix ms), as its answer said: the store clock at its
+    /// apply plus the TTL. `None` where the answer carries no deadline.
     pub until_ms: Option<u64>,
+    /// When it ends at the latest, counting acknowledged renewals (at least `until_ms`).
+    pub renewed_until_ms: Option<u64>,
 }
 
 /// At most one acknowledged grant per key and fence.
@@ -438,7 +440,9 @@ pub fn exclusive_holds(
                 let ended = first_end
                     .get(&(key, first.fence))
                     .is_some_and(|ended| *ended <= ret2);
-                let certainly_live = match (first.until_ms, second.until_ms) {
+                // The earlier grant's end with its renewals; the later one's own answer, which
+                // dates its apply (a renewal of it says nothing of when it was granted).
+                let certainly_live = match (first.renewed_until_ms, second.until_ms) {
                     // Live at the store time `g2` was applied at (expired from its deadline on).
                     (Some(until1), Some(until2)) => {
                         until1 > until2.saturating_sub(u64::try_from(ttl_ms).unwrap_or(0))
@@ -525,6 +529,7 @@ pub fn sink(history: &[Op], mine: impl Fn(&str) -> bool) -> Vec<Violation> {
                 fence: fence_of(op),
                 op: op.index,
                 until_ms: None,
+                renewed_until_ms: None,
             });
             if let Some(Output::Sink { seen_fence, .. }) = op.ok() {
                 if *seen_fence != fence_of(op) {

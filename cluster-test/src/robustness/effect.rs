@@ -247,6 +247,7 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
                     fence: *fence,
                     op: op.index,
                     until_ms: *until_ms,
+                    renewed_until_ms: *until_ms,
                 })
             }
             (Input::Acquire { key, .. }, Some(Output::NotGranted(outcome)))

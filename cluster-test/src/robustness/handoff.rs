@@ -273,6 +273,7 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
                     fence: *fence,
                     op: op.index,
                     until_ms: None,
+                    renewed_until_ms: None,
                 });
             }
         }

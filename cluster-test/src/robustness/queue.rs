@@ -438,6 +438,7 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
                             fence: *token,
                             op: op.index,
                             until_ms: None,
+                            renewed_until_ms: None,
                         });
                     }
                 }
