@@ -415,13 +415,6 @@ pub async fn on_timeout_now(
             tracing::info!("this node started leaving; not campaigning");
             return;
         }
-        // A leader handing over appends nothing, so an entry that reached this node since the
-        // request means the leader gave the handover up (its caller went away, or its time
-        // ran out) and serves again: campaigning now would depose it for nothing.
-        if raft.data_metrics().borrow().last_log != mine {
-            tracing::info!("the leader wrote again after asking; not campaigning");
-            return;
-        }
         tracing::info!("starting the handover election");
         if let Err(error) = raft.trigger().elect().await {
             tracing::warn!(%error, "could not start the handover election");
