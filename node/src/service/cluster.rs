@@ -296,7 +296,9 @@ impl cluster_server::Cluster for ClusterService {
         // Judged on the committed membership, read linearizably (redirecting a follower); a
         // learner again at its own address goes on, so that a retry waits for it to catch up.
         let stored = self.node.read(|applied| applied.membership.clone()).await?;
-        if let Some(conflict) = address_conflict(stored.membership(), id, &addr) {
+        if let Some(conflict) = address_conflict(stored.membership(), id, &addr)
+            .or_else(|| already_voter(stored.membership(), id))
+        {
             return Err(conflict);
         }
         tracing::info!(id, %addr, "adding learner");
@@ -511,16 +513,28 @@ fn address_conflict(
     {
         return conflict(format!("{addr} is already the address of node {other}"));
     }
-    // A voter added again would be answered as if it had joined. The usual reason to ask is a
-    // voter rebuilt with an empty data dir under its old id, which must not vote again: it may
-    // have acknowledged entries it no longer has, and could elect a leader that lacks them.
-    if membership.voter_ids().any(|voter| voter == id) {
-        return conflict(format!(
-            "node {id} is already a voter; if it lost its data dir, remove it (`baton members \
-             remove --id {id}`) and add the replacement under a new id"
-        ));
-    }
     None
+}
+
+/// Why node `id` must not be added as a learner to `membership` because it is a voter, if it is
+/// one: it would be answered as if it had joined. The usual reason to ask is a voter rebuilt
+/// with an empty data dir under its old id, which must not vote again: it may have acknowledged
+/// entries it no longer has, and could elect a leader that lacks them. (Judged before the
+/// addition only: a promotion committed meanwhile does not make a granted addition fail.)
+fn already_voter(
+    membership: &openraft::Membership<NodeId, BasicNode>,
+    id: NodeId,
+) -> Option<Status> {
+    membership.voter_ids().any(|voter| voter == id).then(|| {
+        infra_status(
+            Code::FailedPrecondition,
+            infra::MEMBERSHIP,
+            format!(
+                "node {id} is already a voter; if it lost its data dir, remove it (`baton \
+                 members remove --id {id}`) and add the replacement under a new id"
+            ),
+        )
+    })
 }
 
 fn membership_response(

@@ -469,7 +469,14 @@ impl Watcher {
     fn compacted_error(&self, compacted: &BTreeMap<String, u64>) -> Error {
         Error::Compacted {
             requested: self.next.map_or(0, |p| p.revision),
-            oldest_available: compacted.values().copied().min().unwrap_or(0),
+            // A node of another cluster says 0; a real compaction elsewhere is the likelier
+            // cause to name when there is one.
+            oldest_available: compacted
+                .values()
+                .copied()
+                .filter(|oldest| *oldest > 0)
+                .min()
+                .unwrap_or(0),
         }
     }
 }
