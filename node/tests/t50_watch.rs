@@ -771,11 +771,11 @@ async fn streams_beyond_the_limit_are_refused_overloaded() {
     cluster.stop().await;
 }
 
-/// A watch resumed on nodes of another cluster — one made anew at the same address (or restored
-/// from a backup) — is told its position is not in their history (`COMPACTED`, oldest 0), not
-/// served that cluster's changes from the same revision on as if they followed (before, the
-/// stream carried on there, skipping or mixing histories without a word). The resync that
-/// follows works.
+/// A watch resumed (`resume_watch`) on nodes of another cluster — one made anew at the same
+/// address (or restored from a backup) — is told its position is not in their history
+/// (`COMPACTED`, oldest 0), not served that cluster's changes from the same revision on as if
+/// they followed (before, the stream carried on there, skipping or mixing histories without a
+/// word). The resync that follows works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_resumed_on_another_cluster_at_the_same_address_is_told_to_resync() {
     let first = Cluster::start().await;
@@ -794,7 +794,6 @@ async fn a_watch_resumed_on_another_cluster_at_the_same_address_is_told_to_resyn
     let seen = next(&mut watch).await;
     assert_eq!(seen.change.key, "before");
     let resume = watch.resume_position().unwrap();
-    drop(watch);
     first.stop().await;
 
     // A new cluster at the same address, its history past the position already.
@@ -803,7 +802,7 @@ async fn a_watch_resumed_on_another_cluster_at_the_same_address_is_told_to_resyn
     let head = second.client.node_info(&addr).await.unwrap().applied_index;
     assert!(head > resume.revision, "{head} <= {resume:?}");
 
-    let mut resumed = client.watch_from(everything.clone(), Some(resume)).await;
+    let mut resumed = client.resume_watch(&watch).await;
     let answer = tokio::time::timeout(Duration::from_secs(20), resumed.next())
         .await
         .expect("an answer within 20 s");

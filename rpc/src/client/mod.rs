@@ -125,9 +125,6 @@ struct Inner {
     /// design, and in the writes' session it would hold every write up. It has the same window
     /// (a lease attempt lost in a failover must still be remembered when it is retried).
     poll_session: Session,
-    /// The cluster the last watch stream named ([`watch::CLUSTER_ID_HEADER`]): a watch resumed
-    /// from a position is held to it.
-    watch_cluster: Mutex<Option<String>>,
 }
 
 /// How far the newest write may run ahead of the oldest one still unanswered. Half of what the
@@ -338,7 +335,6 @@ impl Client {
                 cursor: AtomicU64::new(0),
                 session: Session::new(SEQ_WINDOW),
                 poll_session: Session::new(SEQ_WINDOW),
-                watch_cluster: Mutex::new(None),
             }),
         })
     }

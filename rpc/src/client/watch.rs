@@ -90,6 +90,10 @@ impl Event {
 pub struct Watch {
     events: BoxStream<'static, Result<Event, Error>>,
     resume: Arc<Mutex<Option<WatchPosition>>>,
+    /// Its filter, for [`Client::resume_watch`].
+    filter: ChangeFilter,
+    /// The cluster its positions count in, once a stream named it.
+    cluster: Arc<Mutex<Option<String>>>,
 }
 
 impl Watch {
@@ -97,9 +101,10 @@ impl Watch {
     /// last progress its node reported (changes that did not match), whichever is later. `None`
     /// only for a watch from now that never reached a node (it has no "now" yet).
     ///
-    /// After the stream ended with [`Error::Unavailable`], `Client::watch_from(filter,
-    /// watch.resume_position())` continues it with neither a gap nor a duplicate, also when it
-    /// had delivered no event.
+    /// After the stream ended with [`Error::Unavailable`], [`Client::resume_watch`] continues
+    /// it with neither a gap nor a duplicate, also when it had delivered no event; so does
+    /// `Client::watch_from(filter, watch.resume_position())`, except that it cannot tell a
+    /// cluster restored or made anew at the same addresses meanwhile (whose history is another).
     pub fn resume_position(&self) -> Option<WatchPosition> {
         *super::lock(&self.resume)
     }
@@ -133,8 +138,8 @@ impl Client {
     /// [`Error::Server`] with [`crate::error::infra::UNAUTHENTICATED`] (no or a wrong token),
     /// [`Error::Protocol`] (an event over the size limit), or [`Error::Unavailable`] (no node
     /// answered within the client's deadline). After such an
-    /// error the stream yields nothing more; [`Client::watch_from`] at
-    /// [`Watch::resume_position`] goes on from where it stopped.
+    /// error the stream yields nothing more; [`Client::resume_watch`] goes on from where it
+    /// stopped.
     pub async fn watch(&self, filter: ChangeFilter, from_revision: Option<u64>) -> Watch {
         self.watch_from(filter, from_revision.map(|r| WatchPosition::at(r.max(1))))
             .await
@@ -143,14 +148,34 @@ impl Client {
     /// [`Client::watch`] from an exact position (e.g. [`Event::next_position`] of the last event
     /// a previous watch delivered).
     pub async fn watch_from(&self, filter: ChangeFilter, from: Option<WatchPosition>) -> Watch {
+        self.start_watch(filter, from, None).await
+    }
+
+    /// Continues `ended` (a watch whose stream ended, e.g. with [`Error::Unavailable`]) where it
+    /// stopped, with its filter, held to the cluster it followed: a node of another cluster —
+    /// restored from a backup, or made anew at the same addresses — has another history, and
+    /// ends the new watch with [`Error::Compacted`] (`oldest_available` 0: resync) instead of
+    /// serving that history from the same revision on.
+    pub async fn resume_watch(&self, ended: &Watch) -> Watch {
+        let cluster = super::lock(&ended.cluster).clone();
+        self.start_watch(ended.filter.clone(), ended.resume_position(), cluster)
+            .await
+    }
+
+    async fn start_watch(
+        &self,
+        filter: ChangeFilter,
+        from: Option<WatchPosition>,
+        cluster: Option<String>,
+    ) -> Watch {
         let resume = Arc::new(Mutex::new(from));
+        let shared_cluster = Arc::new(Mutex::new(cluster.clone()));
         let mut watcher = Watcher {
             client: self.clone(),
             filter: convert::filter_to_proto(&filter),
             next: from,
-            // A position counts in one cluster's history: the one this client's last watch
-            // named, as far as it knows. (A watch "from now" takes whichever it meets.)
-            cluster: from.and_then(|_| super::lock(&self.inner.watch_cluster).clone()),
+            cluster,
+            shared_cluster: shared_cluster.clone(),
             resume: resume.clone(),
             stream: None,
             avoid: None,
@@ -163,13 +188,20 @@ impl Client {
             return Watch {
                 events: futures::stream::once(async { Err(error) }).boxed(),
                 resume,
+                filter,
+                cluster: shared_cluster,
             };
         }
         let events = futures::stream::unfold(watcher, |mut watcher| async move {
             watcher.next_event().await.map(|item| (item, watcher))
         })
         .boxed();
-        Watch { events, resume }
+        Watch {
+            events,
+            resume,
+            filter,
+            cluster: shared_cluster,
+        }
     }
 }
 
@@ -223,6 +255,8 @@ struct Watcher {
     /// The cluster whose history `next` counts in, once known: a node of another answers as if
     /// the position were compacted.
     cluster: Option<String>,
+    /// `cluster`, for [`Client::resume_watch`].
+    shared_cluster: Arc<Mutex<Option<String>>>,
     stream: Option<(String, Streaming<proto::WatchResponse>)>,
     /// The node that just failed, tried last on the next connect.
     avoid: Option<String>,
@@ -442,8 +476,7 @@ impl Watcher {
     /// Holds a stream to the cluster the watch's position counts in. A node of another cluster
     /// (the cluster was restored from a backup, or made anew at the same addresses) has another
     /// history, where the position means other changes or none yet: it answers as if compacted,
-    /// so the caller resyncs instead of silently missing what lies between. Its id is kept for
-    /// that resync's watch.
+    /// so the caller resyncs instead of silently missing what lies between.
     fn same_cluster(&mut self, metadata: &tonic::metadata::MetadataMap) -> Result<(), Status> {
         let Some(theirs) = metadata
             .get(CLUSTER_ID_HEADER)
@@ -451,7 +484,6 @@ impl Watcher {
         else {
             return Ok(());
         };
-        *super::lock(&self.client.inner.watch_cluster) = Some(theirs.to_string());
         match &self.cluster {
             Some(ours) if ours != theirs => Err(other_cluster_status(
                 self.next.map_or(0, |p| p.revision),
@@ -461,6 +493,7 @@ impl Watcher {
             Some(_) => Ok(()),
             None => {
                 self.cluster = Some(theirs.to_string());
+                *super::lock(&self.shared_cluster) = self.cluster.clone();
                 Ok(())
             }
         }
