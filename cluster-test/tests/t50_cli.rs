@@ -500,6 +500,27 @@ async fn t55_members_promote_refuses_a_change_most_voters_cannot_answer() {
         members.iter().any(|m| m.id == 2 && !m.voter),
         "{add}\n{members:?}"
     );
+    // The learner again at its own address is a retry (it waits for the catch-up again); the
+    // voter's id is refused: a node rebuilt under its old id must not vote again.
+    let again = baton(
+        &bin,
+        e,
+        &[
+            "--timeout",
+            "2s",
+            "members",
+            "add",
+            "--id",
+            "2",
+            "--addr",
+            "127.0.0.1:1",
+        ],
+    )
+    .await;
+    assert!(!again.stderr.contains("MEMBERSHIP"), "{again}");
+    let voter = baton(&bin, e, &["members", "add", "--id", "1", "--addr", e]).await;
+    assert_eq!(voter.code, Some(3), "{voter}");
+    assert!(voter.stderr.contains("already a voter"), "{voter}");
 
     let promote = baton(
         &bin,
