@@ -125,36 +125,11 @@ pub async fn run(
             // Hold past the claim's own deadline on a renewal: a renewal the store acknowledged
             // but did not keep shows as another agent's claim while this one still holds.
             tokio::time::sleep(Duration::from_millis(TTL_MS as u64 * 3 / 5)).await;
-            let input = Input::RenewTask {
-                task: task.clone(),
-                token: lease.token.clone(),
-                fence: lease.fence,
-            };
-            let renewed = rec
-                .record(
-                    &name,
-                    input,
-                    client.renew_task(&task, &lease.token, TTL_MS),
-                    lease_output,
-                )
-                .await;
-            if renewed.is_ok() && !stop.load(Ordering::Relaxed) {
+            if renew(&rec, &client, &name, &task, &lease).await && !stop.load(Ordering::Relaxed) {
                 tokio::time::sleep(Duration::from_millis(TTL_MS as u64 * 3 / 5)).await;
             }
         } else if roll < 25 {
-            let input = Input::RenewTask {
-                task: task.clone(),
-                token: lease.token.clone(),
-                fence: lease.fence,
-            };
-            let _ = rec
-                .record(
-                    &name,
-                    input,
-                    client.renew_task(&task, &lease.token, TTL_MS),
-                    lease_output,
-                )
-                .await;
+            renew(&rec, &client, &name, &task, &lease).await;
         }
         let input = Input::ReleaseTask {
             task: task.clone(),
@@ -170,6 +145,29 @@ pub async fn run(
             )
             .await;
     }
+}
+
+/// Renews `lease` of `task` for another TTL, recorded; whether it was renewed.
+async fn renew(
+    rec: &Recorder,
+    client: &Client,
+    name: &str,
+    task: &str,
+    lease: &baton_statemachine::board::Lease,
+) -> bool {
+    let input = Input::RenewTask {
+        task: task.to_string(),
+        token: lease.token.clone(),
+        fence: lease.fence,
+    };
+    rec.record(
+        name,
+        input,
+        client.renew_task(task, &lease.token, TTL_MS),
+        lease_output,
+    )
+    .await
+    .is_ok()
 }
 
 /// Every board checker. `final_from`: when the reads after recovery began (µs).
