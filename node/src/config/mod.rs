@@ -8,7 +8,7 @@ mod layers;
 mod settings;
 
 pub use layers::{load, ConfigError, Loaded, Origin, Override};
-pub use settings::{is_dialable, undialable, Invalid, LogFormat, Settings, DEFAULT_CONFIG_TOML};
+pub use settings::{undialable, Invalid, LogFormat, Settings, DEFAULT_CONFIG_TOML};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

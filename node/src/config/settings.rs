@@ -280,11 +280,6 @@ fn dialable(key: &str, addr: &str) -> Result<(), Invalid> {
     undialable(addr).map_or(Ok(()), |why| Err(invalid(key, why)))
 }
 
-/// Whether `addr` is what a member's address must be for its peers to dial it.
-pub fn is_dialable(addr: &str) -> bool {
-    undialable(addr).is_none()
-}
-
 /// Why peers could not dial `addr`, if they could not: it must be `host:port` with a port other
 /// than 0 and a host other than an unspecified address (`0.0.0.0`, `[::]`: a listener's "every
 /// interface", which a peer dialling it reaches as its own loopback).
