@@ -12,6 +12,7 @@ use axum::routing::get;
 use axum::Router;
 use tokio::net::TcpListener;
 
+use crate::http_listener::GuardedListener;
 use crate::metrics::{self, StoreStats};
 use crate::node::NodeRef;
 use crate::readiness::Readiness;
@@ -26,7 +27,8 @@ pub struct Endpoint {
     pub readiness: Readiness,
 }
 
-/// Serves the endpoint on `listener` until `shutdown` resolves.
+/// Serves the endpoint on `listener` until `shutdown` resolves, within the connection limits
+/// of [`crate::http_listener`].
 pub async fn serve(
     listener: TcpListener,
     endpoint: Arc<Endpoint>,
@@ -37,7 +39,7 @@ pub async fn serve(
         .route("/livez", get(live))
         .route("/readyz", get(ready))
         .with_state(endpoint);
-    axum::serve(listener, app)
+    axum::serve(GuardedListener::new(listener), app)
         .with_graceful_shutdown(shutdown)
         .await
 }

@@ -12,6 +12,7 @@ pub mod handover;
 pub mod health;
 pub mod history;
 pub mod http;
+pub mod http_listener;
 pub mod limits;
 pub mod metered;
 pub mod metrics;

@@ -1,0 +1,301 @@
+//! The operator endpoint's listener: a bounded number of connections, each closed once it
+//! moves no byte for a while.
+//!
+//! The HTTP server underneath keeps a connection for as long as its peer likes: one that sends
+//! half a request line, or nothing, is held for good, and nothing caps how many are accepted. A
+//! peer that can reach the port could then use up the process's file descriptors, which the
+//! gRPC and Raft ports and the store need too. Here a connection waits for a place among
+//! [`MAX_CONNECTIONS`] before it is accepted (the rest wait in the kernel's backlog, costing the
+//! node no descriptor), and one that neither delivers nor takes a byte for [`IDLE_LIMIT`] while
+//! the server waits on it is closed. A peer trickling bytes can still hold its place; it holds
+//! no more than the cap, and a scraper or probe needs one or two.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::serve::Listener;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
+
+/// How many connections the endpoint serves at once.
+pub const MAX_CONNECTIONS: usize = 128;
+
+/// How long a connection may move no byte while the server waits on it.
+pub const IDLE_LIMIT: Duration = Duration::from_secs(30);
+
+/// A [`TcpListener`] that accepts at most `max` connections at a time, each closed after `idle`
+/// without progress.
+pub struct GuardedListener {
+    listener: TcpListener,
+    places: Arc<Semaphore>,
+    idle: Duration,
+}
+
+impl GuardedListener {
+    /// Guards `listener` with the production limits.
+    pub fn new(listener: TcpListener) -> Self {
+        Self::with_limits(listener, MAX_CONNECTIONS, IDLE_LIMIT)
+    }
+
+    /// Guards `listener` with the given limits.
+    pub fn with_limits(listener: TcpListener, max: usize, idle: Duration) -> Self {
+        Self {
+            listener,
+            places: Arc::new(Semaphore::new(max)),
+            idle,
+        }
+    }
+}
+
+impl Listener for GuardedListener {
+    type Io = Guarded;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Guarded, SocketAddr) {
+        // Never closed: the listener owns the semaphore.
+        let place = match self.places.clone().acquire_owned().await {
+            Ok(place) => place,
+            Err(_) => unreachable!("the endpoint's connection places are never closed"),
+        };
+        loop {
+            match self.listener.accept().await {
+                Ok((stream, addr)) => {
+                    return (Guarded::new(stream, place, self.idle), addr);
+                }
+                Err(error) => accept_failed(error).await,
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+}
+
+/// A failed accept: one peer's connection gone before it was taken is nothing; anything else
+/// (out of descriptors, say) is logged and waited out briefly rather than retried hot.
+async fn accept_failed(error: io::Error) {
+    use io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
+    if matches!(
+        error.kind(),
+        ConnectionAborted | ConnectionRefused | ConnectionReset
+    ) {
+        return;
+    }
+    tracing::warn!(%error, "the HTTP endpoint cannot accept a connection; retrying in 1 s");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+}
+
+/// An accepted connection: holds its place until dropped, and fails a read or write that makes
+/// no progress for the idle limit.
+pub struct Guarded {
+    stream: TcpStream,
+    _place: OwnedSemaphorePermit,
+    idle: Duration,
+    deadline: Pin<Box<Sleep>>,
+}
+
+impl Guarded {
+    fn new(stream: TcpStream, place: OwnedSemaphorePermit, idle: Duration) -> Self {
+        Self {
+            stream,
+            _place: place,
+            idle,
+            deadline: Box::pin(tokio::time::sleep(idle)),
+        }
+    }
+
+    fn progressed(&mut self) {
+        let next = Instant::now() + self.idle;
+        self.deadline.as_mut().reset(next);
+    }
+
+    /// `Pending` turned into an error once the connection has been idle too long.
+    fn unless_idle<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+        match self.deadline.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no byte moved for {:?}", self.idle),
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl AsyncRead for Guarded {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        match Pin::new(&mut this.stream).poll_read(cx, buf) {
+            Poll::Ready(result) => {
+                if buf.filled().len() > before {
+                    this.progressed();
+                }
+                Poll::Ready(result)
+            }
+            Poll::Pending => this.unless_idle(cx),
+        }
+    }
+}
+
+impl AsyncWrite for Guarded {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.stream).poll_write(cx, buf) {
+            Poll::Ready(result) => {
+                if matches!(result, Ok(written) if written > 0) {
+                    this.progressed();
+                }
+                Poll::Ready(result)
+            }
+            Poll::Pending => this.unless_idle(cx),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.stream).poll_flush(cx) {
+            Poll::Pending => this.unless_idle(cx),
+            ready => ready,
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.stream).poll_write_vectored(cx, bufs) {
+            Poll::Ready(result) => {
+                if matches!(result, Ok(written) if written > 0) {
+                    this.progressed();
+                }
+                Poll::Ready(result)
+            }
+            Poll::Pending => this.unless_idle(cx),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// An endpoint answering `/` with "ok", on a guarded listener with the given limits.
+    async fn endpoint(max: usize, idle: Duration) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let guarded = GuardedListener::with_limits(listener, max, idle);
+        tokio::spawn(async move { axum::serve(guarded, app).await });
+        addr
+    }
+
+    /// Sends one keep-alive request on `stream` and reads its answer's first bytes.
+    async fn ask(stream: &mut TcpStream) -> String {
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = vec![0; 512];
+        let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut answer))
+            .await
+            .expect("an answer")
+            .unwrap();
+        String::from_utf8_lossy(&answer[..n]).into_owned()
+    }
+
+    /// Reads until the peer closes; how long that took (panics after `limit`).
+    async fn closed_within(stream: &mut TcpStream, limit: Duration) -> Duration {
+        let started = Instant::now();
+        let mut sink = vec![0; 512];
+        loop {
+            match tokio::time::timeout_at(started + limit, stream.read(&mut sink)).await {
+                Err(_) => panic!("the connection was still open after {limit:?}"),
+                Ok(Ok(0)) | Ok(Err(_)) => return started.elapsed(),
+                Ok(Ok(_)) => {}
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_sends_half_a_request_is_closed_once_idle() {
+        let addr = endpoint(8, Duration::from_millis(300)).await;
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        closed_within(&mut stream, Duration::from_secs(5)).await;
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_sends_nothing_is_closed_once_idle() {
+        let addr = endpoint(8, Duration::from_millis(300)).await;
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        closed_within(&mut stream, Duration::from_secs(5)).await;
+    }
+
+    #[tokio::test]
+    async fn a_connection_in_use_stays_open() {
+        let addr = endpoint(8, Duration::from_millis(400)).await;
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        // Requests 200 ms apart for 1.2 s: never idle for the limit, always answered on the
+        // same connection.
+        for _ in 0..6 {
+            assert!(ask(&mut stream).await.contains("200 OK"));
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn connections_past_the_cap_wait_for_a_place() {
+        let addr = endpoint(2, Duration::from_secs(30)).await;
+        let mut first = TcpStream::connect(addr).await.unwrap();
+        let mut second = TcpStream::connect(addr).await.unwrap();
+        assert!(ask(&mut first).await.contains("200 OK"));
+        assert!(ask(&mut second).await.contains("200 OK"));
+        // The kernel completes the third connection, but nobody takes it while two are held.
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        third
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = vec![0; 512];
+        let early = tokio::time::timeout(Duration::from_millis(500), third.read(&mut answer)).await;
+        assert!(early.is_err(), "a third connection was served past the cap");
+        drop(first);
+        let n = tokio::time::timeout(Duration::from_secs(5), third.read(&mut answer))
+            .await
+            .expect("served once a place is free")
+            .unwrap();
+        assert!(String::from_utf8_lossy(&answer[..n]).contains("200 OK"));
+    }
+}
