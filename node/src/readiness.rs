@@ -102,6 +102,17 @@ impl Readiness {
         {
             return Err("not part of an initialised cluster".into());
         }
+        if raft
+            .membership_config
+            .membership()
+            .get_node(&self.node.id)
+            .is_none()
+        {
+            return Err(format!(
+                "node {} is not a member of the cluster (removed)",
+                self.node.id
+            ));
+        }
         let Some(leader) = raft.current_leader else {
             return Err("no leader is known".into());
         };
@@ -161,7 +172,13 @@ impl Readiness {
                 Ok(Ok(info)) => {
                     self.accepted
                         .store(which, std::sync::atomic::Ordering::Relaxed);
-                    return judge_leader(leader, term, &info.into_inner(), self.max_quorum_silence);
+                    return judge_leader(
+                        self.node.id,
+                        leader,
+                        term,
+                        &info.into_inner(),
+                        self.max_quorum_silence,
+                    );
                 }
                 Ok(Err(status)) => {
                     last = format!(
@@ -213,12 +230,15 @@ impl Readiness {
     }
 }
 
-/// The applied index in `info`, the answer of the node this follower takes for the leader of
-/// `term`, if that node says it still leads that term (or a later one) and a quorum
-/// acknowledged it within `max_quorum_silence`. A follower cut off from the rest of the cluster
-/// can go on naming a leader that has been deposed, or that is cut off from a quorum with it;
-/// neither can serve the clients this follower would take.
+/// The applied index in `info`, the answer of the node this follower (`me`) takes for the
+/// leader of `term`, if that node says it still leads that term (or a later one), counts `me`
+/// among its members, and a quorum acknowledged it within `max_quorum_silence`. A follower cut
+/// off from the rest of the cluster can go on naming a leader that has been deposed, or that is
+/// cut off from a quorum with it; neither can serve the clients this follower would take. A node
+/// removed from the cluster may never hear of its removal (the leader stops sending to it), so
+/// it learns it here, before its lag would show it after many writes.
 fn judge_leader(
+    me: u64,
     leader: u64,
     term: u64,
     info: &NodeInfoResponse,
@@ -228,6 +248,11 @@ fn judge_leader(
         return Err(format!(
             "node {leader} no longer leads: it is {} in term {} (this node is in term {term})",
             info.role, info.term
+        ));
+    }
+    if !info.members.iter().any(|member| member.id == me) {
+        return Err(format!(
+            "node {me} is not a member of the cluster (leader {leader} does not list it)"
         ));
     }
     // Absent from a leader that has not been acknowledged yet, and from older versions.
@@ -253,21 +278,31 @@ mod tests {
             leader_id: leader,
             applied_index: 42,
             quorum_ack_age_ms: ack,
+            members: [1, 2, 3]
+                .map(|id| baton_rpc::proto::Member {
+                    id,
+                    addr: format!("10.0.0.{id}:7001"),
+                    voter: true,
+                })
+                .to_vec(),
             ..Default::default()
         }
     }
 
     const SILENCE: Duration = Duration::from_millis(600);
 
+    /// The follower judging.
+    const ME: u64 = 2;
+
     #[test]
     fn a_leader_that_still_leads_gives_its_applied_index() {
         assert_eq!(
-            judge_leader(1, 5, &info("leader", 5, Some(1), Some(50)), SILENCE),
+            judge_leader(ME, 1, 5, &info("leader", 5, Some(1), Some(50)), SILENCE),
             Ok(42)
         );
         // Not yet acknowledged, or a version that does not say.
         assert_eq!(
-            judge_leader(1, 5, &info("leader", 5, Some(1), None), SILENCE),
+            judge_leader(ME, 1, 5, &info("leader", 5, Some(1), None), SILENCE),
             Ok(42)
         );
     }
@@ -281,7 +316,15 @@ mod tests {
             ("names another leader", info("leader", 5, Some(2), Some(50))),
             ("no quorum", info("leader", 5, Some(1), Some(5_000))),
         ] {
-            assert!(judge_leader(1, 5, &answer, SILENCE).is_err(), "{why}");
+            assert!(judge_leader(ME, 1, 5, &answer, SILENCE).is_err(), "{why}");
         }
+    }
+
+    #[test]
+    fn a_leader_that_does_not_list_this_node_makes_it_not_ready() {
+        let mut answer = info("leader", 5, Some(1), Some(50));
+        answer.members.retain(|member| member.id != ME);
+        let why = judge_leader(ME, 1, 5, &answer, SILENCE).expect_err("not a member");
+        assert!(why.contains("not a member"), "{why}");
     }
 }

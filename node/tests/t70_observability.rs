@@ -161,6 +161,8 @@ async fn reflected_services(addr: &str) -> Vec<String> {
 
 /// Three nodes in this process, each with its HTTP endpoint.
 struct Three {
+    /// The nodes' gRPC addresses, by node id less one.
+    endpoints: Vec<String>,
     http: Vec<std::net::SocketAddr>,
     stops: Vec<Option<tokio::sync::oneshot::Sender<()>>>,
     servers: Vec<Option<tokio::task::JoinHandle<anyhow::Result<()>>>>,
@@ -184,6 +186,7 @@ impl Three {
             listeners.push(listener);
         }
         let mut three = Three {
+            endpoints: members.iter().map(|(_, addr)| addr.clone()).collect(),
             http: Vec::new(),
             stops: Vec::new(),
             servers: Vec::new(),
@@ -300,6 +303,38 @@ async fn followers_are_ready_until_cut_off(mut three: Three) {
     assert_eq!(status, 503, "{body}");
     assert!(body.starts_with("not ready: "), "{body}");
     three.stop(2).await;
+}
+
+/// A node removed from the cluster stops being ready at once. Before: it asked the leader only
+/// how far it had got, and the leader it still named (its term never moves: its pre-votes are
+/// refused) answered, so it stayed ready, and got traffic it could only bounce, until the
+/// cluster had written `ready_max_lag` entries past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_removed_from_the_cluster_is_not_ready() {
+    let mut three = Three::start().await;
+    for http in three.http.clone() {
+        let (status, body) = readyz_until(http, |status| status == 200).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let endpoints: Vec<&str> = three.endpoints.iter().map(String::as_str).collect();
+    let client = Client::new(&endpoints, ClientConfig::default()).unwrap();
+    let leader_addr = client.discover_leader().await.unwrap();
+    let leader = client.node_info(&leader_addr).await.unwrap().id;
+    let removed = (1..=3u64).find(|id| *id != leader).unwrap();
+    client.remove_member(removed).await.unwrap();
+    let http = three.http[removed as usize - 1];
+    let (status, body) = readyz_until(http, |status| status == 503).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("not a member"), "{body}");
+    // The two left are ready on.
+    for id in (1..=3u64).filter(|id| *id != removed) {
+        let (status, body) =
+            readyz_until(three.http[id as usize - 1], |status| status == 200).await;
+        assert_eq!(status, 200, "node {id}: {body}");
+    }
+    for node in 0..3 {
+        three.stop(node).await;
+    }
 }
 
 /// A node that is shutting down is not ready from the moment it refuses new requests, although
