@@ -39,8 +39,10 @@ enum Door {
     Client,
     /// Cluster administration: counted, never refused.
     Admin,
-    /// A watch: neither limited nor counted (a stream lasts as long as its watcher wants), but a
-    /// request it cannot read is refused in Baton's terms, like any call's.
+    /// A watch: not limited here (a stream lasts as long as its watcher wants; the watch service
+    /// caps streams itself), but counted, with the refusal it opens with (`OVERLOADED`,
+    /// `COMPACTED`, ...), and a request it cannot read is refused in Baton's terms, like any
+    /// call's.
     Watch,
     /// Everything else: passed through untouched.
     Open,
@@ -61,7 +63,7 @@ fn door(path: &str) -> Door {
 /// Counts a request the outer gate ([`crate::admission`]) refused before it reached this layer
 /// (a missing token, a closed gate), so those refusals show in the metrics like any other.
 pub(crate) fn count_refusal(path: &str, status: &Status) {
-    if matches!(door(path), Door::Open | Door::Watch) {
+    if door(path) == Door::Open {
         return;
     }
     let method = path.trim_start_matches('/');
@@ -358,12 +360,17 @@ where
             return Box::pin(inner.call(request));
         }
         let limits = self.gate.limits;
-        if door == Door::Watch {
-            let answer = inner.call(request);
-            return Box::pin(async move { Ok(explained(answer.await?, &limits, None)) });
-        }
         let method = path.trim_start_matches('/').to_string();
         let in_flight = metrics().request_started(&method);
+        if door == Door::Watch {
+            // In flight until its stream opens (or is refused), like any call until its answer.
+            let answer = inner.call(request);
+            return Box::pin(async move {
+                let answered = explained(answer.await?, &limits, Some(&method));
+                drop(in_flight);
+                Ok(answered)
+            });
+        }
         let ticket = match door {
             Door::Client => {
                 let remote = request

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use baton_rpc::error::detail_of;
@@ -59,12 +59,42 @@ pub fn metrics() -> &'static Metrics {
 }
 
 /// Times a proposal of `command` (a [`baton_statemachine::Command::name`]) until dropped, and
-/// counts it.
-pub fn time_proposal(command: &'static str) -> Timer {
+/// then counts it, unless [`ProposalTimer::never_proposed`] says it never was.
+pub fn time_proposal(command: &'static str) -> ProposalTimer {
     let metrics = metrics();
     let labels = CommandLabels { command };
-    metrics.commands.get_or_create(&labels).inc();
-    Timer::start(metrics.proposal_seconds.get_or_create(&labels).clone())
+    ProposalTimer {
+        started: Instant::now(),
+        histogram: metrics.proposal_seconds.get_or_create(&labels).clone(),
+        counter: metrics.commands.get_or_create(&labels).clone(),
+        proposed: true,
+    }
+}
+
+/// A proposal being timed: observed and counted when dropped.
+pub struct ProposalTimer {
+    started: Instant,
+    histogram: Histogram,
+    counter: Counter,
+    proposed: bool,
+}
+
+impl ProposalTimer {
+    /// Forgets the proposal: it was turned away before it reached the log (this node does not
+    /// lead, or is stopping), so it is neither a proposal nor its latency one (a follower's
+    /// instant refusals would pull the latency down just when leadership moves).
+    pub fn never_proposed(mut self) {
+        self.proposed = false;
+    }
+}
+
+impl Drop for ProposalTimer {
+    fn drop(&mut self) {
+        if self.proposed {
+            self.counter.inc();
+            self.histogram.observe(self.started.elapsed().as_secs_f64());
+        }
+    }
 }
 
 /// Times a linearizable read until dropped.
@@ -149,6 +179,9 @@ pub struct Metrics {
     snapshots_built: Counter,
     snapshots_installed: Counter,
     node: NodeGauges,
+    /// Held while a scrape sets the node gauges and encodes them: the gauges are shared, and a
+    /// second scrape clearing the lag series in between would drop them from the first's text.
+    rendering: Mutex<()>,
 }
 
 /// Gauges set from one node's state when it is scraped.
@@ -205,6 +238,7 @@ impl Metrics {
             snapshots_built: Counter::default(),
             snapshots_installed: Counter::default(),
             node: NodeGauges::default(),
+            rendering: Mutex::new(()),
         };
         let r = &mut registry;
         r.register(
@@ -338,6 +372,10 @@ impl Metrics {
 
     /// Every metric in the text exposition format, with the state gauges read from `node`.
     pub fn render(&self, node: &Node, stats: &StoreStats) -> String {
+        let _one_at_a_time = self
+            .rendering
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         self.node.update(node, stats);
         let mut text = String::new();
         match prometheus_client::encoding::text::encode(&mut text, &self.registry) {

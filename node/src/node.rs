@@ -82,11 +82,15 @@ impl Node {
         command: Command,
     ) -> Result<Reply, Status> {
         let name = command.name();
-        let _timer = crate::metrics::time_proposal(name);
         let (response, index) = match self.prejudged(origin.as_ref(), retry, &command).await? {
             Some(response) => (response, None),
             None => {
-                let (response, index) = self.proposer.propose(origin, command).await?;
+                let timer = crate::metrics::time_proposal(name);
+                let proposed = self.proposer.propose(origin, command).await;
+                if proposed.as_ref().is_err_and(never_proposed) {
+                    timer.never_proposed();
+                }
+                let (response, index) = proposed?;
                 (response, Some(index))
             }
         };
@@ -243,6 +247,17 @@ pub(crate) fn member_addr(raft: &Raft, id: NodeId) -> Option<String> {
         .membership()
         .get_node(&id)
         .map(|node| node.addr.clone())
+}
+
+/// Whether a proposal's failure says it was turned away before the log: this node does not lead
+/// (it knows so before writing) or is stopping. (A leader deposed while writing answers
+/// `NOT_LEADER` too, rarely; that proposal goes uncounted.)
+fn never_proposed(status: &Status) -> bool {
+    let code = baton_rpc::error::detail_of(status).map(|detail| detail.code);
+    matches!(
+        code.as_deref(),
+        Some(infra::NOT_LEADER | infra::NO_LEADER | infra::SHUTTING_DOWN)
+    )
 }
 
 pub(crate) fn not_leader(forward: ForwardToLeader<NodeId, BasicNode>) -> Status {
