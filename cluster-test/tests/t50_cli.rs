@@ -257,7 +257,9 @@ async fn t50_cli_contract_against_a_live_cluster() {
         "{done}"
     );
 
-    println!("t50: offer/take 0, second take 3 TAKEN, status/list JSON shapes ok, check 0, race winners=1 losers=7, ticket of years 3, effect acquire 0 only when granted");
+    binary_data_and_closed_pipes(&cluster, &bin, e).await;
+
+    println!("t50: offer/take 0, second take 3 TAKEN, status/list JSON shapes ok, check 0, race winners=1 losers=7, ticket of years 3, effect acquire 0 only when granted, binary data unaltered, a closed pipe ends a listing with 0");
 }
 
 #[tokio::test]
@@ -632,4 +634,89 @@ async fn t54_members_remove_takes_out_learners_and_voters_and_refuses_strangers(
     let again = client.remove_member(follower).await.unwrap();
     assert_eq!(again.members.len(), 2, "{again:?}");
     println!("t54: learner 4 removed, stranger refused exit 2, voter {follower} removed, repeat answered");
+}
+
+/// Data that is not UTF-8 comes out unaltered (before: printed lossily, exit 0); a listing whose
+/// reader went away ends quietly with exit 0 (before: a panic, exit 101); a board race whose TTL
+/// no claim may have is refused before it seeds its task (before: the task was seeded, every
+/// claim refused, and a second run refused for the task it left).
+async fn binary_data_and_closed_pipes(cluster: &Cluster, bin: &Path, e: &str) {
+    let client = cluster.client().await.unwrap();
+    let bytes = [0xff, 0x00, 0x80, b'\n', 0xfe];
+    client.save_if_newer("cli-binary", 1, &bytes).await.unwrap();
+    let loaded = std::process::Command::new(bin)
+        .args([
+            "--endpoints",
+            e,
+            "checkpoint",
+            "load",
+            "--run",
+            "cli-binary",
+        ])
+        .env_remove("BATON_ENDPOINTS")
+        .output()
+        .unwrap();
+    assert_eq!(loaded.status.code(), Some(0), "{loaded:?}");
+    assert_eq!(loaded.stdout, bytes, "{loaded:?}");
+    let as_json = baton(
+        bin,
+        e,
+        &["checkpoint", "load", "--run", "cli-binary", "--json"],
+    )
+    .await;
+    assert_eq!(as_json.code, Some(0), "{as_json}");
+    let value: serde_json::Value = serde_json::from_str(as_json.stdout.trim()).unwrap();
+    assert_eq!(value["seq"], 1, "{value}");
+    assert!(value["data"].is_null(), "{value}");
+    assert_eq!(value["data_base64"], "/wCACv4=", "{value}");
+
+    client
+        .write_fenced("cli-binary-sink", 1, &bytes)
+        .await
+        .unwrap();
+    let read = baton(bin, e, &["sink", "read", "--resource", "cli-binary-sink"]).await;
+    assert_eq!(read.code, Some(0), "{read}");
+    assert_eq!(
+        read.stdout.trim(),
+        "fence=1 value_base64=/wCACv4=",
+        "{read}"
+    );
+
+    // More than a pipe holds (64 KiB), so the listing is still writing when its reader goes.
+    let tasks: Vec<baton_statemachine::board::TaskSpec> = (0..3_000)
+        .map(|i| baton_statemachine::board::TaskSpec {
+            id: format!("cli-pipe-task-with-a-longish-name-{i:05}"),
+            deps: vec![],
+        })
+        .collect();
+    client.seed(&tasks).await.unwrap();
+    let mut listing = std::process::Command::new(bin)
+        .args(["--endpoints", e, "board", "list"])
+        .env_remove("BATON_ENDPOINTS")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(listing.stdout.take().unwrap());
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut first).unwrap();
+    assert!(!first.is_empty());
+    drop(stdout);
+    let ended = listing.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&ended.stderr);
+    assert_eq!(ended.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    let race = baton(
+        bin,
+        e,
+        &["board", "race", "--task", "cli-long-race", "--ttl", "48h"],
+    )
+    .await;
+    assert_eq!(race.code, Some(2), "{race}");
+    let snapshot = client.tasks().await.unwrap();
+    assert!(
+        !snapshot.tasks.iter().any(|task| task.id == "cli-long-race"),
+        "the race seeded its task before being refused"
+    );
 }

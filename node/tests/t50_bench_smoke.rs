@@ -7,14 +7,17 @@ use std::process::Command;
 
 /// Runs a smoke bench with `BATON_ENDPOINTS` naming a cluster nobody answers for, as a shell
 /// that exported a production cluster's address would: the bench must start and measure its own
-/// cluster (never seed and load the exported one) and say that it ignored the variable. Answers
-/// whether it succeeded, its JSON object and its stderr.
+/// cluster (never seed and load the exported one) and say that it ignored the variable. The
+/// shell also exports node settings its own cluster must not take (before: an election timeout
+/// under three heartbeats stopped every node, and the bench failed). Answers whether it
+/// succeeded, its JSON object and its stderr.
 fn run_bench(workload: &str, extra: &[&str]) -> (bool, serde_json::Value, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_baton"))
         .args(["bench", "--workload", workload, "--clients", "4"])
         .args(["--duration", "2s", "--warmup", "0s", "--json"])
         .args(extra)
         .env("BATON_ENDPOINTS", "127.0.0.1:9")
+        .env("BATON_RAFT_ELECTION_TIMEOUT", "1ms")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);

@@ -84,7 +84,7 @@ pub async fn run(command: BoardCommand, client: &Client) -> u8 {
                 deps: deps.clone(),
             }])
             .await
-            .map(|_| println!("seeded {task} deps={}", deps.join(","))),
+            .map(|_| out!("seeded {task} deps={}", deps.join(","))),
         BoardCommand::Claim { task, agent, ttl } => client
             .claim(&task, &agent, ttl_ms(ttl))
             .await
@@ -96,11 +96,11 @@ pub async fn run(command: BoardCommand, client: &Client) -> u8 {
         BoardCommand::Release { task, token } => client
             .release_task(&task, &token)
             .await
-            .map(|()| println!("released {task}")),
+            .map(|()| out!("released {task}")),
         BoardCommand::Complete { task, token } => client
             .complete_task(&task, &token)
             .await
-            .map(|()| println!("done {task}")),
+            .map(|()| out!("done {task}")),
         BoardCommand::List { json } => client.tasks().await.map(|snapshot| {
             if json {
                 print_json(&snapshot.tasks)
@@ -123,25 +123,29 @@ pub async fn run(command: BoardCommand, client: &Client) -> u8 {
 
 fn print_lease(task: &Task) {
     match &task.lease {
-        Some(lease) => println!(
+        Some(lease) => out!(
             "token={} fence={} until={}",
             lease.token,
             lease.fence,
             rfc3339(lease.until_ms)
         ),
         // A claim or renew always answers with a lease; say so rather than print nothing.
-        None => println!("task={} state={} (no lease)", task.id, task.state.as_str()),
+        None => out!("task={} state={} (no lease)", task.id, task.state.as_str()),
     }
 }
 
 fn print_table(tasks: &[Task]) {
-    println!(
+    out!(
         "{:<24} {:<8} {:>5} {:<16} {:<26} DEPS",
-        "ID", "STATE", "FENCE", "AGENT", "UNTIL"
+        "ID",
+        "STATE",
+        "FENCE",
+        "AGENT",
+        "UNTIL"
     );
     for t in tasks {
         let lease = t.lease.as_ref();
-        println!(
+        out!(
             "{:<24} {:<8} {:>5} {:<16} {:<26} {}",
             t.id,
             t.state.as_str(),
@@ -174,12 +178,18 @@ fn print_json(tasks: &[Task]) {
             })
         })
         .collect();
-    println!("{}", serde_json::Value::Array(list));
+    out!("{}", serde_json::Value::Array(list));
 }
 
 async fn race(client: &Client, task: String, claimers: usize, ttl: Duration) -> u8 {
     if claimers == 0 {
         eprintln!("baton: --claimers must be at least 1");
+        return exit::USAGE;
+    }
+    // Refused at every claim, but only after the seed: judged here, nothing is left behind.
+    let max = Duration::from_millis(baton_statemachine::queue::MAX_LEASE_TTL_MS.unsigned_abs());
+    if ttl > max {
+        eprintln!("baton: --ttl must be at most {max:?} (a claim's longest hold)");
         return exit::USAGE;
     }
     let known = match client.tasks().await {

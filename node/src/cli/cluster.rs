@@ -67,7 +67,7 @@ async fn init(endpoints: &[String], config: ClientConfig, security: Security) ->
                 .iter()
                 .map(|(id, addr)| format!("{id}={addr}"))
                 .collect();
-            println!("initialized cluster {}; leader at {leader}", list.join(","));
+            out!("initialized cluster {}; leader at {leader}", list.join(","));
             exit::OK
         }
         Err(error) => exit::report(&error),
@@ -156,14 +156,19 @@ pub async fn status(
     }
     let Some(source) = membership_source(&answered) else {
         let tried = client.endpoints().join(", ");
+        // Nodes that answered with an error (a token refused, say) are not a cluster that is
+        // down: say which it was.
+        let error = match &last_error {
+            Some(error) if !error.outcome_unknown() => {
+                format!("no node gave a usable answer: {error}")
+            }
+            _ => "no node answered".to_string(),
+        };
         if as_json {
             // A script reading stdout gets an answer it can parse, not an empty string.
-            println!(
-                "{}",
-                json!({ "error": "no node answered", "tried": client.endpoints() })
-            );
+            out!("{}", json!({ "error": error, "tried": client.endpoints() }));
         }
-        eprintln!("baton: no node answered (tried {tried})");
+        eprintln!("baton: {error} (tried {tried})");
         return last_error
             .map(|e| exit::report(&e))
             .unwrap_or(exit::UNREACHABLE);
@@ -301,7 +306,7 @@ pub async fn status(
             })
             .collect();
         let stale: Vec<u64> = stale.iter().map(|(_, id)| *id).collect();
-        println!(
+        out!(
             "{}",
             json!({
                 "leader": leader,
@@ -313,9 +318,14 @@ pub async fn status(
             })
         );
     } else {
-        println!(
+        out!(
             "{:<4} {:<22} {:<12} {:>6} {:>10} {:>10}  VERSION",
-            "ID", "ADDR", "ROLE", "TERM", "LAST_LOG", "APPLIED"
+            "ID",
+            "ADDR",
+            "ROLE",
+            "TERM",
+            "LAST_LOG",
+            "APPLIED"
         );
         for (id, addr, role, info) in &rows {
             let (term, last, applied, version) = info
@@ -334,30 +344,30 @@ pub async fn status(
                     )
                 })
                 .unwrap_or_else(|| ("-".into(), "-".into(), "-".into(), "-".into()));
-            println!("{id:<4} {addr:<22} {role:<12} {term:>6} {last:>10} {applied:>10}  {version}");
+            out!("{id:<4} {addr:<22} {role:<12} {term:>6} {last:>10} {applied:>10}  {version}");
         }
         match leader {
-            Some(id) => println!("leader: node {id}"),
-            None => println!("leader: none"),
+            Some(id) => out!("leader: node {id}"),
+            None => out!("leader: none"),
         }
         if !initialized {
-            println!(
+            out!(
                 "node {source_id} is not in a cluster yet: form a new one with `baton cluster \
                  init --endpoints <every node's host:port>`, or, to add it to a running cluster, \
                  `baton members add` at that cluster"
             );
         }
         for (term, id) in stale {
-            println!(
+            out!(
                 "stale leader: node {id} still claims term {term}'s leadership (cut off from the \
                  others?)"
             );
         }
         for (fingerprint, ids) in &restores {
-            println!("restored: fingerprint {fingerprint} on nodes {ids:?}");
+            out!("restored: fingerprint {fingerprint} on nodes {ids:?}");
         }
         if let [(id, _)] = clusters.iter().collect::<Vec<_>>()[..] {
-            println!("cluster: {id}");
+            out!("cluster: {id}");
         }
     }
     if cluster_mismatch {

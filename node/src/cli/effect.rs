@@ -177,11 +177,11 @@ pub async fn run(command: EffectCommand, client: &Client) -> u8 {
         } => client
             .complete_effect(&action.action(), &lease.lease(&action), &result)
             .await
-            .map(|recorded| println!("result={recorded}")),
+            .map(|recorded| out!("result={recorded}")),
         EffectCommand::Release { action, lease } => client
             .release_effect(&action.action(), &lease.lease(&action))
             .await
-            .map(|()| println!("released {}", action.resource)),
+            .map(|()| out!("released {}", action.resource)),
         EffectCommand::Abandon {
             action,
             lease,
@@ -189,12 +189,12 @@ pub async fn run(command: EffectCommand, client: &Client) -> u8 {
         } => client
             .abandon(&action.action(), &lease.lease(&action), &reason)
             .await
-            .map(|()| println!("abandoned {}", action.key)),
+            .map(|()| out!("abandoned {}", action.key)),
         EffectCommand::Renew { action, lease, ttl } => client
             .renew_effect(&action.action(), &lease.lease(&action), ttl_ms(ttl))
             .await
             .map(|lease| {
-                println!(
+                out!(
                     "fence={} holder={} until={}",
                     lease.fence,
                     lease.holder,
@@ -208,11 +208,11 @@ pub async fn run(command: EffectCommand, client: &Client) -> u8 {
         } => client
             .mark_uncertain(&action.action(), &lease.lease(&action), &reason)
             .await
-            .map(|()| println!("uncertain {}", action.key)),
+            .map(|()| out!("uncertain {}", action.key)),
         EffectCommand::Reconcile { action, ttl } => client
             .begin_reconcile(&action.action(), ttl_ms(ttl))
             .await
-            .map(|slot| println!("token={} until={}", slot.token, rfc3339(slot.until_ms))),
+            .map(|slot| out!("token={} until={}", slot.token, rfc3339(slot.until_ms))),
         EffectCommand::Resolve {
             action,
             happened,
@@ -230,9 +230,9 @@ pub async fn run(command: EffectCommand, client: &Client) -> u8 {
                 .await
                 .map(|resolved| match resolved {
                     Resolved::Completed(result) => {
-                        println!("resolved=completed result={result}")
+                        out!("resolved=completed result={result}")
                     }
-                    Resolved::Retryable => println!("resolved=retryable"),
+                    Resolved::Retryable => out!("resolved=retryable"),
                 })
         }
         EffectCommand::Show { key, json } => client.show_action(&key).await.map(|view| {
@@ -263,15 +263,15 @@ fn granted_or_refused(outcome: &Outcome) -> u8 {
 
 fn print_outcome(outcome: &Outcome) {
     match outcome {
-        Outcome::Granted(lease) => println!(
+        Outcome::Granted(lease) => out!(
             "outcome=granted fence={} holder={} until={}",
             lease.fence,
             lease.holder,
             rfc3339(lease.until_ms)
         ),
-        Outcome::Completed(result) => println!("outcome=completed result={result}"),
+        Outcome::Completed(result) => out!("outcome=completed result={result}"),
         Outcome::Contended | Outcome::InProgress | Outcome::Uncertain => {
-            println!("outcome={}", outcome.name())
+            out!("outcome={}", outcome.name())
         }
     }
 }
@@ -297,7 +297,7 @@ fn print_view(view: &ActionView) {
     if let Some(result) = &view.result {
         line.push_str(&format!(" result={result}"));
     }
-    println!("{line}");
+    out!("{line}");
 }
 
 fn print_json(view: &ActionView) {
@@ -314,5 +314,5 @@ fn print_json(view: &ActionView) {
         "reconcile_until": view.reconcile_until_ms.map(rfc3339),
         "reconcile_until_ms": view.reconcile_until_ms,
     });
-    println!("{value}");
+    out!("{value}");
 }

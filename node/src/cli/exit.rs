@@ -1,5 +1,6 @@
 //! Exit codes, so scripts can tell a refusal from an outage.
 
+use baton_rpc::error::infra;
 use baton_rpc::Error;
 
 /// Success.
@@ -24,6 +25,14 @@ pub fn report(error: &Error) -> u8 {
             eprintln!("{}: {refusal}", refusal.code());
             REFUSED
         }
+        Error::Server { code, message } if not_now(code) => {
+            eprintln!("{code}: {message}");
+            eprintln!(
+                "baton: the cluster could not serve this now (no leader, overloaded, stopping or \
+                 not initialised); try again"
+            );
+            UNREACHABLE
+        }
         Error::Server { code, message } => {
             eprintln!("{code}: {message}");
             REFUSED
@@ -42,11 +51,53 @@ pub fn report(error: &Error) -> u8 {
         }
         Error::Protocol(_) => {
             eprintln!("baton: {error}");
+            eprintln!(
+                "baton: if the command was a write, it may have been applied (this client cannot \
+                 read the answer): read the state before sending it again"
+            );
             FAILURE
         }
         Error::Compacted { .. } => {
             eprintln!("COMPACTED: {error}");
             COMPACTED
+        }
+    }
+}
+
+/// Whether a server's code says it could not serve the call now, not that it refused it: an
+/// administrative call is not retried by the client, so these reach the command as they came (a
+/// leader transfer asked of a node that just stepped down answers `NOT_LEADER`). Scripts retry on
+/// exit 4; exit 3 would tell them the store said no.
+fn not_now(code: &str) -> bool {
+    [
+        infra::NOT_LEADER,
+        infra::NO_LEADER,
+        infra::OVERLOADED,
+        infra::SHUTTING_DOWN,
+        infra::NOT_INITIALIZED,
+        infra::INTERNAL,
+    ]
+    .contains(&code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(code: &str) -> Error {
+        Error::Server {
+            code: code.into(),
+            message: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_node_that_cannot_serve_now_is_an_outage_not_a_refusal() {
+        for code in ["NOT_LEADER", "NO_LEADER", "OVERLOADED", "SHUTTING_DOWN"] {
+            assert_eq!(report(&server(code)), UNREACHABLE, "{code}");
+        }
+        for code in ["ALREADY_INITIALIZED", "MEMBERSHIP", "HANDOVER_FAILED"] {
+            assert_eq!(report(&server(code)), REFUSED, "{code}");
         }
     }
 }

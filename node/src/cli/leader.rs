@@ -23,9 +23,12 @@ pub async fn run(command: LeaderCommand, client: &Client) -> u8 {
     match command {
         LeaderCommand::Transfer { to } => match client.transfer_leader(to).await {
             Ok(done) => {
-                println!(
+                out!(
                     "leader: node {} at {} (term {}); handover took {} ms",
-                    done.leader_id, done.leader_addr, done.term, done.took_ms
+                    done.leader_id,
+                    done.leader_addr,
+                    done.term,
+                    done.took_ms
                 );
                 exit::OK
             }

@@ -107,7 +107,7 @@ pub async fn run(command: MembersCommand, client: &Client, within: Duration) -> 
     match result {
         Ok(MembershipResponse { members, log_index }) => {
             print_members(&members, false);
-            println!("membership committed at log index {log_index}");
+            out!("membership committed at log index {log_index}");
             exit::OK
         }
         Err(error) => {
@@ -184,12 +184,12 @@ fn print_members(members: &[Member], as_json: bool) {
             .iter()
             .map(|m| json!({ "id": m.id, "addr": m.addr, "voter": m.voter }))
             .collect();
-        println!("{}", serde_json::Value::Array(list));
+        out!("{}", serde_json::Value::Array(list));
         return;
     }
-    println!("{:<4} {:<22} ROLE", "ID", "ADDR");
+    out!("{:<4} {:<22} ROLE", "ID", "ADDR");
     for m in members {
         let role = if m.voter { "voter" } else { "learner" };
-        println!("{:<4} {:<22} {role}", m.id, m.addr);
+        out!("{:<4} {:<22} {role}", m.id, m.addr);
     }
 }

@@ -1,5 +1,14 @@
 //! The command line: argument types and dispatch.
 
+/// `println!` for a client command's output. A reader that went away (`baton board list | head
+/// -1`) ends the command at once, with exit 0, like any filter; `println!` would panic (exit 101)
+/// on the closed pipe.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::cli::print_line(format_args!($($arg)*))
+    };
+}
+
 mod bench;
 mod board;
 mod certs;
@@ -19,6 +28,19 @@ mod snapshot;
 mod task_command;
 mod ticket;
 mod watch;
+
+/// Writes one line of output for [`out!`]: on a closed pipe the process ends (exit 0), on
+/// another failure to write it ends with exit 1.
+pub(crate) fn print_line(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    if let Err(error) = writeln!(std::io::stdout().lock(), "{line}") {
+        if error.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(i32::from(exit::OK));
+        }
+        eprintln!("baton: cannot print: {error}");
+        std::process::exit(i32::from(exit::FAILURE));
+    }
+}
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -59,7 +81,8 @@ pub struct Cli {
 
     /// How long a client command keeps retrying before it gives up [default: 15s]; no single
     /// attempt waits longer (`status` probes each node once). For `ticket wait`: how long to wait
-    /// for a ticket [default: 60s].
+    /// for a ticket [default: 60s]. `leader transfer` bounds finding the leader by it, then waits
+    /// for the handover itself up to 30 s (the leader gives up after 25 s).
     #[arg(long, global = true, value_parser = timeout)]
     timeout: Option<Duration>,
 
@@ -605,7 +628,7 @@ pub fn rfc3339(ms: u64) -> String {
 
 /// Prints a race's tally (`winners= losers= infra_errors=`) and exits 1 when the verdict fails.
 fn report_race<W>(outcome: &baton_rpc::judge::Race<W>) -> u8 {
-    println!(
+    out!(
         "winners={} losers={} infra_errors={}",
         outcome.winners.len(),
         outcome.losers,
@@ -629,13 +652,13 @@ fn report_problems<'a>(
 ) -> u8 {
     let count = problems.len();
     if count == 0 {
-        println!("ok: {judged} {noun}, no problems (revision {revision})");
+        out!("ok: {judged} {noun}, no problems (revision {revision})");
         return exit::OK;
     }
     for (key, code, text) in problems {
-        println!("{key}\t{code}\t{text}");
+        out!("{key}\t{code}\t{text}");
     }
-    println!("{count} problems");
+    out!("{count} problems");
     exit::FAILURE
 }
 

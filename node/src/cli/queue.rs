@@ -154,18 +154,18 @@ pub async fn run_queue(command: QueueCommand, client: &Client) -> u8 {
         QueueCommand::Create { name, namespace } => client
             .create_queue(&name, &namespace)
             .await
-            .map(|q| println!("queue={} namespace={}", q.name, q.namespace)),
+            .map(|q| out!("queue={} namespace={}", q.name, q.namespace)),
         QueueCommand::List { json } => client.queues().await.map(|queues| {
             if json {
                 let list: Vec<_> = queues
                     .iter()
                     .map(|q| json!({"name": q.name, "namespace": q.namespace}))
                     .collect();
-                println!("{}", Value::Array(list));
+                out!("{}", Value::Array(list));
             } else {
-                println!("{:<32} NAMESPACE", "NAME");
+                out!("{:<32} NAMESPACE", "NAME");
                 for q in &queues {
-                    println!("{:<32} {}", q.name, q.namespace);
+                    out!("{:<32} {}", q.name, q.namespace);
                 }
             }
         }),
@@ -207,7 +207,7 @@ pub async fn run_task(command: TaskCommand, client: &Client) -> u8 {
                 ttl_ms: ttl_ms(ttl),
             };
             client.submit(&spec).await.map(|receipt| {
-                println!(
+                out!(
                     "task={} state={} replayed={}",
                     receipt.task.id,
                     receipt.task.state.as_str(),
@@ -217,7 +217,7 @@ pub async fn run_task(command: TaskCommand, client: &Client) -> u8 {
         }
         TaskCommand::Get { id, json } => client.queue_task(id).await.map(|task| {
             if json {
-                println!("{}", task_json(&task, true));
+                out!("{}", task_json(&task, true));
             } else {
                 print_task(&task);
             }
@@ -236,7 +236,7 @@ pub async fn run_task(command: TaskCommand, client: &Client) -> u8 {
             client.queue_tasks(&filter).await.map(|tasks| {
                 if json {
                     let list = tasks.iter().map(|t| task_json(t, false)).collect();
-                    println!("{}", Value::Array(list));
+                    out!("{}", Value::Array(list));
                 } else {
                     print_tasks(&tasks);
                 }
@@ -245,11 +245,11 @@ pub async fn run_task(command: TaskCommand, client: &Client) -> u8 {
         TaskCommand::Cancel { id } => client
             .cancel_task(id)
             .await
-            .map(|task| println!("task={} state={}", task.id, task.state.as_str())),
+            .map(|task| out!("task={} state={}", task.id, task.state.as_str())),
         TaskCommand::Attempts { id, json } => client.attempts(id).await.map(|history| {
             if json {
                 let list = history.attempts.iter().map(attempt_json).collect();
-                println!("{}", Value::Array(list));
+                out!("{}", Value::Array(list));
             } else {
                 print_attempts(&history.attempts);
             }
@@ -322,48 +322,52 @@ fn or_dash(text: &str) -> &str {
 }
 
 fn print_task(t: &Task) {
-    println!("task={}", t.id);
-    println!("state={}", t.state.as_str());
-    println!("queue={} namespace={}", t.spec.queue, t.namespace);
-    println!(
+    out!("task={}", t.id);
+    out!("state={}", t.state.as_str());
+    out!("queue={} namespace={}", t.spec.queue, t.namespace);
+    out!(
         "handler={} handler_version={} payload_version={}",
         t.spec.handler,
         or_dash(&t.spec.handler_version),
         or_dash(&t.spec.payload_version)
     );
-    println!("idempotency_key={}", t.spec.idempotency_key);
-    println!("concurrency_key={}", or_dash(&t.spec.concurrency_key));
-    println!("business_key={}", or_dash(&t.spec.business_key));
-    println!(
+    out!("idempotency_key={}", t.spec.idempotency_key);
+    out!("concurrency_key={}", or_dash(&t.spec.concurrency_key));
+    out!("business_key={}", or_dash(&t.spec.business_key));
+    out!(
         "attempts={} started={} max_attempts={}",
         t.attempts.len(),
         t.started_attempts(),
         t.spec.max_attempts
     );
-    println!(
+    out!(
         "submitted={} deadline={}",
         rfc3339(t.submitted_at_ms),
         rfc3339(t.deadline_ms)
     );
     if let Some(at) = t.retry_at_ms {
-        println!("retry_at={}", rfc3339(at));
+        out!("retry_at={}", rfc3339(at));
     }
-    println!("payload={}", String::from_utf8_lossy(&t.spec.payload));
+    out!("payload={}", String::from_utf8_lossy(&t.spec.payload));
     if t.state == TaskState::Succeeded {
-        println!("result={}", String::from_utf8_lossy(&t.result));
+        out!("result={}", String::from_utf8_lossy(&t.result));
     }
     if !t.last_error.is_empty() {
-        println!("last_error={}", t.last_error);
+        out!("last_error={}", t.last_error);
     }
 }
 
 fn print_tasks(tasks: &[Task]) {
-    println!(
+    out!(
         "{:>6} {:<12} {:<20} {:<24} {:>8} HANDLER",
-        "ID", "STATE", "QUEUE", "CONCURRENCY_KEY", "ATTEMPTS"
+        "ID",
+        "STATE",
+        "QUEUE",
+        "CONCURRENCY_KEY",
+        "ATTEMPTS"
     );
     for t in tasks {
-        println!(
+        out!(
             "{:>6} {:<12} {:<20} {:<24} {:>8} {}",
             t.id,
             t.state.as_str(),
@@ -376,12 +380,16 @@ fn print_tasks(tasks: &[Task]) {
 }
 
 fn print_attempts(attempts: &[Attempt]) {
-    println!(
+    out!(
         "{:>3} {:<24} {:>20} {:<10} {:<26} NOTE",
-        "#", "WORKER", "TOKEN", "OUTCOME", "LEASED"
+        "#",
+        "WORKER",
+        "TOKEN",
+        "OUTCOME",
+        "LEASED"
     );
     for a in attempts {
-        println!(
+        out!(
             "{:>3} {:<24} {:>20} {:<10} {:<26} {}",
             a.number,
             a.worker,
@@ -498,12 +506,18 @@ fn print_finished(f: &Finished) {
     if !f.detail.is_empty() {
         line.push_str(&format!(" detail={:?}", f.detail));
     }
-    println!("{line}");
+    out!("{line}");
 }
 
 fn print_summary(s: &WorkerSummary) {
-    println!(
+    out!(
         "completed={} failed={} unknown={} lost={} protocol_errors={} handed_back={} drained={}",
-        s.completed, s.failed, s.unknown, s.lost, s.protocol_errors, s.handed_back, s.drained
+        s.completed,
+        s.failed,
+        s.unknown,
+        s.lost,
+        s.protocol_errors,
+        s.handed_back,
+        s.drained
     );
 }

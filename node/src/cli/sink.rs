@@ -1,5 +1,7 @@
 //! `baton sink ...`: the fenced sink.
 
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
 use baton_rpc::Client;
 use clap::Subcommand;
 
@@ -33,17 +35,33 @@ pub async fn run(command: SinkCommand, client: &Client) -> u8 {
         } => client
             .write_fenced(&resource, fence, value.as_bytes())
             .await
-            .map(|written| println!("fence={} writes={}", written.seen_fence, written.writes)),
-        SinkCommand::Read { resource } => client.read_sink(&resource).await.map(|value| {
-            println!(
-                "fence={} value={}",
-                value.seen_fence,
-                String::from_utf8_lossy(&value.value)
-            )
-        }),
+            .map(|written| out!("fence={} writes={}", written.seen_fence, written.writes)),
+        SinkCommand::Read { resource } => client
+            .read_sink(&resource)
+            .await
+            .map(|value| out!("fence={} {}", value.seen_fence, value_field(&value.value))),
     };
     match result {
         Ok(()) => exit::OK,
         Err(error) => exit::report(&error),
+    }
+}
+
+/// A value for a `key=value` line: as it is when UTF-8, else `value_base64=...` (never altered).
+fn value_field(value: &[u8]) -> String {
+    match std::str::from_utf8(value) {
+        Ok(text) => format!("value={text}"),
+        Err(_) => format!("value_base64={}", BASE64.encode(value)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_value_is_printed_unaltered() {
+        assert_eq!(value_field(b"charged 42.00"), "value=charged 42.00");
+        assert_eq!(value_field(&[0xff, 0x00, 0xfe]), "value_base64=/wD+");
     }
 }

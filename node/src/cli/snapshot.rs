@@ -136,7 +136,7 @@ pub async fn run(command: SnapshotCommand, client: &Client) -> u8 {
     };
     match snapshot.write(&file) {
         Ok(()) => {
-            println!(
+            out!(
                 "saved snapshot at index {} (term {}), {} bytes of state, to {}",
                 meta.last_log_index,
                 meta.last_log_term,
@@ -156,17 +156,19 @@ fn inspect(file: &std::path::Path) -> u8 {
     match SnapshotFile::read(file) {
         Ok(snapshot) => {
             let h = &snapshot.header;
-            println!(
+            out!(
                 "file: {} (format {}, checksum ok)",
                 file.display(),
                 h.format
             );
-            println!(
+            out!(
                 "last log: index {} term {} (leader {})",
-                h.last_log_index, h.last_log_term, h.last_log_leader
+                h.last_log_index,
+                h.last_log_term,
+                h.last_log_leader
             );
-            println!("state: {} bytes, format {}", h.state_bytes, h.state_format);
-            println!(
+            out!("state: {} bytes, format {}", h.state_bytes, h.state_format);
+            out!(
                 "saved: {} by node {} (baton {})",
                 super::rfc3339(h.saved_at_ms),
                 h.served_by,
@@ -180,7 +182,7 @@ fn inspect(file: &std::path::Path) -> u8 {
                     format!("{}={} ({role})", m.id, m.addr)
                 })
                 .collect();
-            println!("source members: {}", members.join(", "));
+            out!("source members: {}", members.join(", "));
             exit::OK
         }
         Err(error) => {
@@ -213,7 +215,7 @@ async fn restore(
     };
     match snapshot_file::restore(&snapshot, data_dir, id, &members, raise_fences).await {
         Ok(fingerprint) => {
-            println!(
+            out!(
                 "restored node {id} in {} from index {} (term {}); members {}; fences raised by \
                  {raise_fences}; fingerprint {fingerprint} (every member must show the same)",
                 data_dir.display(),

@@ -136,7 +136,7 @@ pub async fn run(command: TicketCommand, client: &Client, wait: Duration) -> u8 
             return offer(client, args).await;
         }
         TicketCommand::Take { key, to } => client.take(&key, &to).await.map(|handle| {
-            println!(
+            out!(
                 "token={} fence={} until={}",
                 handle.token,
                 handle.fence,
@@ -160,12 +160,12 @@ pub async fn run(command: TicketCommand, client: &Client, wait: Duration) -> u8 
             client
                 .reply(&key, &token, &receipt)
                 .await
-                .map(|()| println!("closed {key}"))
+                .map(|()| out!("closed {key}"))
         }
         TicketCommand::Cancel { key, by } => client
             .cancel(&key, &by)
             .await
-            .map(|()| println!("withdrawn {key}")),
+            .map(|()| out!("withdrawn {key}")),
         TicketCommand::List { json } => client.tickets().await.map(|snapshot| {
             if json {
                 print_json(&snapshot.tickets)
@@ -192,7 +192,7 @@ async fn offer(client: &Client, args: OfferArgs) -> u8 {
         Ok(ticket) => ticket,
         Err(error) => return exit::report(&error),
     };
-    println!(
+    out!(
         "key={} generation={} state={} from={} to={} deadline={}",
         ticket.key,
         ticket.generation,
@@ -222,12 +222,15 @@ fn is_this_offer(ticket: &Ticket, args: &OfferArgs) -> bool {
 }
 
 fn print_table(tickets: &[Ticket]) {
-    println!(
+    out!(
         "{:<24} {:<10} {:>4} {:<16} DEADLINE",
-        "KEY", "STATE", "GEN", "HOLDER"
+        "KEY",
+        "STATE",
+        "GEN",
+        "HOLDER"
     );
     for t in tickets {
-        println!(
+        out!(
             "{:<24} {:<10} {:>4} {:<16} {}",
             t.key,
             t.state.as_str(),
@@ -240,7 +243,7 @@ fn print_table(tickets: &[Ticket]) {
 
 fn print_json(tickets: &[Ticket]) {
     let list: Vec<_> = tickets.iter().map(ticket_json).collect();
-    println!("{}", serde_json::Value::Array(list));
+    out!("{}", serde_json::Value::Array(list));
 }
 
 /// A ticket as a JSON object. The payload is carried as it was offered: as text when it is
@@ -292,9 +295,9 @@ async fn wait_for(client: &Client, to: &str, limit: Duration, json: bool) -> u8 
     match found {
         Ok(Ok(ticket)) => {
             if json {
-                println!("{}", ticket_json(&ticket));
+                out!("{}", ticket_json(&ticket));
             } else {
-                println!(
+                out!(
                     "key={} generation={} from={} reply_to={} deadline={} {}",
                     ticket.key,
                     ticket.generation,

@@ -92,7 +92,17 @@ impl OwnCluster {
             Client::new(&self.endpoints, ClientConfig::default()).map_err(|e| e.to_string())?;
         let mut members = Vec::new();
         for endpoint in &self.endpoints {
-            Self::wait_until_up(&client, endpoint).await?;
+            if let Err(why) = Self::wait_until_up(&client, endpoint).await {
+                // Its log goes with the temporary directory: say what it said.
+                let said = self
+                    .members
+                    .iter()
+                    .find(|member| &member.addr == endpoint)
+                    .and_then(|member| std::fs::read_to_string(self.log_path(member.id)).ok())
+                    .map(|log| last_lines(&log, 5))
+                    .unwrap_or_default();
+                return Err(format!("{why}; its log ends:\n{said}"));
+            }
             let info = client
                 .node_info(endpoint)
                 .await
@@ -213,7 +223,16 @@ fn spawn_node(
     log_filter: &str,
 ) -> std::io::Result<Child> {
     let err = log.try_clone()?;
-    Command::new(bin)
+    let mut command = Command::new(bin);
+    // `baton node` reads every `BATON_*` variable as configuration: the caller's (a client's
+    // `BATON_TLS_CA`, a production `BATON_RAFT_*`) would make the bench's own plaintext, default
+    // cluster fail to start, or measure another configuration than the one it reports.
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("BATON_") {
+            command.env_remove(name);
+        }
+    }
+    command
         .args([
             "node",
             "--id",
@@ -229,6 +248,12 @@ fn spawn_node(
         .stdout(log)
         .stderr(err)
         .spawn()
+}
+
+/// The last `count` lines of `text`.
+fn last_lines(text: &str, count: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(count)..].join("\n")
 }
 
 fn free_port() -> std::io::Result<u16> {
