@@ -1,0 +1,45 @@
+//! The Rust examples of the README and `docs/`, compiled: `build.rs` lifts each Markdown file's
+//! examples into a function here, so an example that no longer compiles (a renamed method, a
+//! closure that must be `move`) fails this test's build. They are not run: they need a cluster,
+//! and what they do is tested elsewhere.
+#![allow(
+    unused,
+    clippy::all,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::pedantic
+)]
+
+mod lifted {
+    include!(concat!(env!("OUT_DIR"), "/doc_examples.rs"));
+}
+
+/// Every Markdown file with a Rust example is lifted (counted here again, independently), so a
+/// change of fence or directory cannot leave examples silently unchecked.
+#[test]
+fn every_file_with_a_rust_example_is_compiled() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace root");
+    let mut with_examples = Vec::new();
+    let mut files = vec![root.join("README.md")];
+    for entry in std::fs::read_dir(root.join("docs")).expect("docs/") {
+        files.push(entry.expect("a docs entry").path());
+    }
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        if text.lines().any(|line| line.trim_start() == "```rust") {
+            let name = file.strip_prefix(root).expect("under the root");
+            with_examples.push(name.display().to_string());
+        }
+    }
+    with_examples.sort();
+    let mut lifted: Vec<String> = lifted::EXAMPLES.iter().map(|s| s.to_string()).collect();
+    lifted.sort();
+    assert_eq!(lifted, with_examples);
+    assert!(lifted.len() >= 8, "{lifted:?}");
+    assert!(
+        lifted.contains(&"docs/task-queue.md".to_string()),
+        "{lifted:?}"
+    );
+}
