@@ -484,6 +484,90 @@ async fn t46_a_start_whose_answer_is_lost_is_failed_harmlessly() {
         .unwrap();
 }
 
+/// A start applied whose answer is lost, and the harmless failure sent into the same outage: the
+/// failure is sent again once the link is back, while the lease lasts, so the task (on its last
+/// attempt) ends FAILED ("did not run") soon after — not RUNNING until its 20 s lease ends and
+/// then NEEDS_REVIEW for an effect that never happened, as when the failure was sent once and its
+/// loss ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t46_a_harmless_failure_lost_to_an_outage_is_sent_again() {
+    let Setup {
+        _cluster,
+        direct,
+        proxy,
+        proxied: _,
+    } = Setup::start().await;
+    let impatient = one_attempt_in_two_seconds(&proxy);
+    let (finished_tx, mut finished_rx) = mpsc::unbounded_channel::<Finished>();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let worker = Worker::builder(impatient, "t46-fail-resent")
+        .queue(QUEUE)
+        .lease_ttl(Duration::from_secs(20))
+        .poll_wait(Duration::from_secs(5))
+        .on_finish(move |finished| {
+            let _ = finished_tx.send(finished.clone());
+        })
+        .build()
+        .unwrap();
+    let ran: Arc<Mutex<u32>> = Arc::default();
+    let handler_ran = ran.clone();
+    let running = tokio::spawn(worker.run(
+        move |_ctx| {
+            *handler_ran.lock().unwrap() += 1;
+            async { Ok(b"done".to_vec()) }
+        },
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.slow_answers(Duration::from_millis(2_500));
+    let id = direct.submit(&spec("fail-resent")).await.unwrap().task.id;
+    // Once the start is applied (its answer still held by the proxy), the link goes down: the
+    // answer is lost, and so is the first sending of the failure that follows.
+    wait::until("the start applied", Duration::from_secs(10), || async {
+        let task = direct.queue_task(id).await.map_err(|e| e.to_string())?;
+        match task.attempts.first().and_then(|a| a.started_at_ms) {
+            Some(_) => Ok(()),
+            None => Err(format!("{task:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    proxy.cut();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let task = direct.queue_task(id).await.unwrap();
+    assert_eq!(task.state, TaskState::Running, "{task:?}");
+    proxy.slow_answers(Duration::ZERO);
+    proxy.heal();
+    let healed = std::time::Instant::now();
+    reaches(&direct, id, TaskState::Failed, Duration::from_secs(10)).await;
+    let task = direct.queue_task(id).await.unwrap();
+    let first = task.attempts.first().unwrap();
+    assert!(first.note.contains("did not run"), "{first:?}");
+    let finished = tokio::time::timeout(Duration::from_secs(10), finished_rx.recv())
+        .await
+        .expect("the attempt never finished")
+        .unwrap();
+    assert_eq!(
+        finished.end,
+        AttemptEnd::Failed { retryable: true },
+        "{finished:?}"
+    );
+    println!("failed {:?} after the link was healed", healed.elapsed());
+    assert_eq!(
+        *ran.lock().unwrap(),
+        0,
+        "the handler ran on an unconfirmed start"
+    );
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(30), running)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
 /// Claim: a worker never runs more than `slots` handlers at once, also when a lease is lost
 /// under a handler that blocks its thread: the handler is stopped at its next await, and its
 /// slot is free only then. Before, the slot was freed at once, and after an outage the worker

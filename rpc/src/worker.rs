@@ -302,7 +302,9 @@ pub fn check_assignment(
 pub enum AttemptEnd {
     /// The handler succeeded and the completion was recorded.
     Completed,
-    /// The handler failed and the failure was recorded.
+    /// The handler failed and the failure was recorded; or the attempt's start was not
+    /// confirmed, the handler did not run, and that was recorded as a retryable failure
+    /// ([`Finished::detail`] says "start not confirmed").
     Failed {
         /// Whether it was reported retryable.
         retryable: bool,
@@ -525,7 +527,11 @@ impl WorkerBuilder {
                 queues: self.queues,
                 concurrency_keys: self.concurrency_keys,
                 slots: self.slots,
-                lease_ttl: self.lease_ttl,
+                // The store is sent whole milliseconds: the local estimate of a lease's end must
+                // not count the fraction the store never granted.
+                lease_ttl: Duration::from_millis(
+                    u64::try_from(self.lease_ttl.as_millis()).unwrap_or(u64::MAX),
+                ),
                 poll_wait: self.poll_wait.min(crate::MAX_LEASE_WAIT),
                 drain_timeout: self.drain_timeout,
             }),
@@ -618,10 +624,23 @@ impl Worker {
         S: Future<Output = ()>,
     {
         let settings = self.settings.clone();
-        settings
-            .client
-            .register_worker(&settings.id, settings.concurrency_keys)
-            .await?;
+        tokio::pin!(shutdown);
+        // A stop while registering (a cluster that does not answer holds it for the client's
+        // whole deadline) ends the run at once: nothing was leased, and registering again is
+        // harmless.
+        tokio::select! {
+            registered = settings
+                .client
+                .register_worker(&settings.id, settings.concurrency_keys) => {
+                registered?;
+            }
+            () = &mut shutdown => {
+                return Ok(WorkerSummary {
+                    drained: true,
+                    ..WorkerSummary::default()
+                });
+            }
+        }
         let handler = Arc::new(handler);
         let running: RunningMap = Arc::default();
         let mut in_flight: JoinSet<Finished> = JoinSet::new();
@@ -630,7 +649,6 @@ impl Worker {
         let mut pause = Duration::from_millis(100);
         // A lease request the stop cut short: what it leased is handed back.
         let mut unsettled = None;
-        tokio::pin!(shutdown);
 
         loop {
             while let Some(joined) = in_flight.try_join_next() {
@@ -994,10 +1012,12 @@ where
                 // failed rather than needing review for an effect that never happened. Refused
                 // when the start was not applied or the lease has ended, which changes nothing.
                 let detail = "start not confirmed (the handler did not run)";
-                let _ = client
-                    .fail_attempt(task_id, attempt, worker, detail, true)
-                    .await;
-                AttemptEnd::Unreported
+                // Sent again through an outage while the lease lasts: given up, the attempt
+                // would stay RUNNING to the lease's end and, on its last attempt, need review.
+                match fail_unrun(client, task_id, attempt, worker, detail, lease_end).await {
+                    true => AttemptEnd::Failed { retryable: true },
+                    false => AttemptEnd::Unreported,
+                }
             } else {
                 AttemptEnd::LeaseLost
             };
@@ -1021,9 +1041,7 @@ where
         // now rather than when the lease runs out (and, on its last attempt, ends failed rather
         // than needing review for an effect that never happened). Refused when the store's lease
         // has ended already, which changes nothing.
-        let _ = client
-            .fail_attempt(task_id, attempt, worker, detail, true)
-            .await;
+        fail_unrun(client, task_id, attempt, worker, detail, Instant::now()).await;
         return finished(&assignment, AttemptEnd::LeaseLost, detail.into());
     }
 
@@ -1139,6 +1157,48 @@ fn lease_end_after_start(started: &QueueTask, attempt: u32, sent: Instant) -> Op
         .find(|a| a.number == attempt)?;
     let left = record.lease_until_ms.saturating_sub(record.started_at_ms?);
     Some(sent + Duration::from_millis(left))
+}
+
+/// Tells the store that `attempt`, which it may count as started, failed harmlessly (its handler
+/// did not run), so the task retries now, or on its last attempt ends failed rather than needing
+/// review for an effect that never happened. Sent again, with growing pauses, while its outcome
+/// is unknown and before `until`. Whether it was recorded; a refusal (the start was not applied,
+/// or the lease has ended) changes nothing.
+async fn fail_unrun(
+    client: &Client,
+    task_id: u64,
+    attempt: u32,
+    worker: &str,
+    detail: &str,
+    until: Instant,
+) -> bool {
+    let mut pause = FIRST_REPORT_PAUSE;
+    loop {
+        match client
+            .fail_attempt(task_id, attempt, worker, detail, true)
+            .await
+        {
+            Ok(_) => return true,
+            Err(error) if worth_sending_again(&error) && Instant::now() + pause < until => {
+                tracing::debug!(task = task_id, attempt, %error, "sending the harmless failure again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(MAX_REPORT_PAUSE);
+            }
+            Err(error) if worth_sending_again(&error) => {
+                tracing::warn!(
+                    task = task_id,
+                    attempt,
+                    %error,
+                    "could not say the handler did not run; the attempt ends with its lease"
+                );
+                return false;
+            }
+            Err(error) => {
+                tracing::debug!(task = task_id, attempt, %error, "harmless failure refused");
+                return false;
+            }
+        }
+    }
 }
 
 /// Whether a failed call (a lease, a report) may succeed if simply sent again: its outcome is
@@ -1476,6 +1536,49 @@ mod tests {
         // Applied after the lease's end (cannot be, but must not wrap): nothing left.
         let late = task(vec![record(1, Some(1_003_000))]);
         assert_eq!(lease_end_after_start(&late, 1, sent), Some(sent));
+        // A broken answer's deadline of u64::MAX ms does not overflow the clock (the caller
+        // takes the earlier of this and the lease's own estimate).
+        let mut broken = record(1, Some(0));
+        broken.lease_until_ms = u64::MAX;
+        assert!(lease_end_after_start(&task(vec![broken]), 1, sent).is_some());
+    }
+
+    /// The store is sent whole milliseconds; the local lease clock must not count the fraction
+    /// it never granted (it would end the lease up to a millisecond late).
+    #[test]
+    fn a_lease_ttl_is_whole_milliseconds() {
+        let client = crate::Client::new(&["127.0.0.1:1"], crate::ClientConfig::default()).unwrap();
+        let worker = Worker::builder(client, "w")
+            .queue("q")
+            .lease_ttl(Duration::from_micros(30_900))
+            .build()
+            .unwrap();
+        assert_eq!(worker.settings.lease_ttl, Duration::from_millis(30));
+    }
+
+    /// A stop while the worker registers ends the run at once (before: it waited out the
+    /// client's deadline against a cluster that never answers, 30 s here).
+    #[tokio::test]
+    async fn a_stop_while_registering_ends_the_run_at_once() {
+        let (worker, _silent) = worker_facing_silence(Duration::from_secs(3));
+        let stopped = tokio::time::timeout(
+            Duration::from_secs(5),
+            worker.run(
+                |_task: TaskContext| async { Ok(Vec::new()) },
+                tokio::time::sleep(Duration::from_millis(200)),
+            ),
+        )
+        .await
+        .expect("the run ended soon after the stop")
+        .unwrap();
+        assert!(stopped.drained);
+        assert_eq!(
+            stopped,
+            WorkerSummary {
+                drained: true,
+                ..WorkerSummary::default()
+            }
+        );
     }
 
     fn assignment(key: &str, token: Option<u64>) -> Assignment {
