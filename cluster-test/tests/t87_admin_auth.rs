@@ -129,6 +129,15 @@ async fn only_clients_with_a_listed_token_reach_the_store() {
     let refused = procs.cli(&args).unwrap();
     assert_eq!(refused.status.code(), Some(3), "{}", show(&refused));
     assert!(String::from_utf8_lossy(&refused.stderr).contains("UNAUTHENTICATED"));
+    // Nodes that answer, refusing the missing token, are not a cluster that is down: `status`
+    // says what they answered (before: "no node answered", also in its JSON).
+    let status = procs
+        .cli(&["--endpoints", joined.as_str(), "status", "--json"])
+        .unwrap();
+    assert_eq!(status.status.code(), Some(3), "{}", show(&status));
+    let said = String::from_utf8_lossy(&status.stdout);
+    assert!(said.contains("UNAUTHENTICATED"), "{}", show(&status));
+    assert!(!said.contains("no node answered"), "{}", show(&status));
     let allowed = std::process::Command::new(procs.bin())
         .args(args)
         .env("BATON_TOKEN", TOKEN)
