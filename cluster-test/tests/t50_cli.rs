@@ -259,7 +259,7 @@ async fn t50_cli_contract_against_a_live_cluster() {
 
     binary_data_and_closed_pipes(&cluster, &bin, e).await;
 
-    println!("t50: offer/take 0, second take 3 TAKEN, status/list JSON shapes ok, check 0, race winners=1 losers=7, ticket of years 3, effect acquire 0 only when granted, binary data unaltered, a closed pipe ends a listing with 0");
+    println!("t50: offer/take 0, second take 3 TAKEN, status/list JSON shapes ok, check 0, race winners=1 losers=7, ticket of years 3, effect acquire 0 only when granted, binary data unaltered, a closed pipe ends a listing with 141");
 }
 
 #[tokio::test]
@@ -637,7 +637,7 @@ async fn t54_members_remove_takes_out_learners_and_voters_and_refuses_strangers(
 }
 
 /// Data that is not UTF-8 comes out unaltered (before: printed lossily, exit 0); a listing whose
-/// reader went away ends quietly with exit 0 (before: a panic, exit 101); a board race whose TTL
+/// reader went away ends quietly with exit 141 (before: a panic, exit 101); a board race whose TTL
 /// no claim may have is refused before it seeds its task (before: the task was seeded, every
 /// claim refused, and a second run refused for the task it left).
 async fn binary_data_and_closed_pipes(cluster: &Cluster, bin: &Path, e: &str) {
@@ -704,7 +704,8 @@ async fn binary_data_and_closed_pipes(cluster: &Cluster, bin: &Path, e: &str) {
     drop(stdout);
     let ended = listing.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&ended.stderr);
-    assert_eq!(ended.status.code(), Some(0), "{stderr}");
+    // 141, as a filter killed by SIGPIPE: never a success that could hide a verdict.
+    assert_eq!(ended.status.code(), Some(141), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 
     let race = baton(

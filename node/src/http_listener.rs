@@ -27,8 +27,10 @@ use tokio::time::{Instant, Sleep};
 /// How many connections the endpoint serves at once.
 pub const MAX_CONNECTIONS: usize = 128;
 
-/// How long a connection may move no byte while the server waits on it.
-pub const IDLE_LIMIT: Duration = Duration::from_secs(30);
+/// How long a connection may move no byte while the server waits on it: longer than the usual
+/// scrape intervals (15 s to 60 s), so a scraper's kept-alive connection is not closed just as
+/// its next scrape goes out.
+pub const IDLE_LIMIT: Duration = Duration::from_secs(90);
 
 /// A [`TcpListener`] that accepts at most `max` connections at a time, each closed after `idle`
 /// without progress.

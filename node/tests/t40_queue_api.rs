@@ -1151,7 +1151,7 @@ async fn a_worker_stopped_mid_lease_leaves_nothing_leased_to_it() {
     while handed_back == 0 && rounds < 40 {
         let id = format!("w{rounds}");
         let stop_after = Duration::from_millis(20 + (rounds * 17) % 60);
-        // The timer starts when the worker first looks at it, after registering.
+        // The timer starts when the worker first looks at it, as it registers.
         let stop = async move { tokio::time::sleep(stop_after).await };
         let summary = worker(&id)
             .run(|_ctx| async { Ok(Vec::new()) }, stop)
@@ -1253,9 +1253,13 @@ async fn a_drain_that_times_out_says_so_and_a_conflicting_registration_fails_the
         .concurrency_keys(true)
         .build()
         .unwrap();
-    let result = conflicting
-        .run(|_ctx| async { Ok(Vec::new()) }, async {})
-        .await;
+    // Never told to stop: a stop while registering would end the run before the refusal.
+    let result = tokio::time::timeout(
+        Duration::from_secs(30),
+        conflicting.run(|_ctx| async { Ok(Vec::new()) }, std::future::pending()),
+    )
+    .await
+    .expect("the refused registration ends the run");
     assert_eq!(refusal(result), Refusal::StateConflict);
     assert!(Worker::builder(c.clone(), "w").slots(0).build().is_err());
     // A near-zero long poll would make an idle worker a stream of log entries; a lease of years

@@ -1041,7 +1041,9 @@ where
         // now rather than when the lease runs out (and, on its last attempt, ends failed rather
         // than needing review for an effect that never happened). Refused when the store's lease
         // has ended already, which changes nothing.
-        fail_unrun(client, task_id, attempt, worker, detail, Instant::now()).await;
+        let _ = client
+            .fail_attempt(task_id, attempt, worker, detail, true)
+            .await;
         return finished(&assignment, AttemptEnd::LeaseLost, detail.into());
     }
 
@@ -1162,8 +1164,9 @@ fn lease_end_after_start(started: &QueueTask, attempt: u32, sent: Instant) -> Op
 /// Tells the store that `attempt`, which it may count as started, failed harmlessly (its handler
 /// did not run), so the task retries now, or on its last attempt ends failed rather than needing
 /// review for an effect that never happened. Sent again, with growing pauses, while its outcome
-/// is unknown and before `until`. Whether it was recorded; a refusal (the start was not applied,
-/// or the lease has ended) changes nothing.
+/// is unknown, and never past `until` (the lease's end: then the store recovers the attempt
+/// itself, and a drain is not held longer). Whether it was recorded; a refusal (the start was
+/// not applied, or the lease has ended) changes nothing.
 async fn fail_unrun(
     client: &Client,
     task_id: u64,
@@ -1174,10 +1177,16 @@ async fn fail_unrun(
 ) -> bool {
     let mut pause = FIRST_REPORT_PAUSE;
     loop {
-        match client
-            .fail_attempt(task_id, attempt, worker, detail, true)
-            .await
-        {
+        let sent = client.fail_attempt(task_id, attempt, worker, detail, true);
+        let Ok(answer) = tokio::time::timeout_at(until, sent).await else {
+            tracing::warn!(
+                task = task_id,
+                attempt,
+                "could not say the handler did not run; the attempt ends with its lease"
+            );
+            return false;
+        };
+        match answer {
             Ok(_) => return true,
             Err(error) if worth_sending_again(&error) && Instant::now() + pause < until => {
                 tracing::debug!(task = task_id, attempt, %error, "sending the harmless failure again");

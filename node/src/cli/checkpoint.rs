@@ -69,15 +69,7 @@ fn as_json(run: &str, saved: &Checkpoint) -> serde_json::Value {
 fn print_data(data: &[u8]) {
     match std::str::from_utf8(data) {
         Ok(text) => out!("{text}"),
-        Err(_) => {
-            use std::io::Write;
-            let mut stdout = std::io::stdout().lock();
-            if let Err(error) = stdout.write_all(data).and_then(|()| stdout.flush()) {
-                if error.kind() != std::io::ErrorKind::BrokenPipe {
-                    eprintln!("baton: cannot print: {error}");
-                }
-            }
-        }
+        Err(_) => super::write_out(data),
     }
 }
 

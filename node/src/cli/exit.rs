@@ -17,6 +17,10 @@ pub const REFUSED: u8 = 3;
 pub const UNREACHABLE: u8 = 4;
 /// A watch needs history no node retains any more: resync from a snapshot.
 pub const COMPACTED: u8 = 5;
+/// The reader of the command's output went away before it was all written (`| head`): what a
+/// shell reports for a process killed by SIGPIPE (128 + 13), so `set -o pipefail` sees the same
+/// as with any filter, and a verdict (exit 1 or 3) is never turned into a success.
+pub const CLOSED_PIPE: u8 = 141;
 
 /// Prints a client error the way scripts and people both read it, and returns its exit code.
 pub fn report(error: &Error) -> u8 {
@@ -28,8 +32,8 @@ pub fn report(error: &Error) -> u8 {
         Error::Server { code, message } if not_now(code) => {
             eprintln!("{code}: {message}");
             eprintln!(
-                "baton: the cluster could not serve this now (no leader, overloaded, stopping or \
-                 not initialised); try again"
+                "baton: the cluster could not serve this now (no leader, overloaded or \
+                 stopping); try again"
             );
             UNREACHABLE
         }
@@ -74,8 +78,6 @@ fn not_now(code: &str) -> bool {
         infra::NO_LEADER,
         infra::OVERLOADED,
         infra::SHUTTING_DOWN,
-        infra::NOT_INITIALIZED,
-        infra::INTERNAL,
     ]
     .contains(&code)
 }
@@ -96,7 +98,14 @@ mod tests {
         for code in ["NOT_LEADER", "NO_LEADER", "OVERLOADED", "SHUTTING_DOWN"] {
             assert_eq!(report(&server(code)), UNREACHABLE, "{code}");
         }
-        for code in ["ALREADY_INITIALIZED", "MEMBERSHIP", "HANDOVER_FAILED"] {
+        // INTERNAL (raft stopped) and NOT_INITIALIZED may last: retrying would loop.
+        for code in [
+            "ALREADY_INITIALIZED",
+            "MEMBERSHIP",
+            "HANDOVER_FAILED",
+            "INTERNAL",
+            "NOT_INITIALIZED",
+        ] {
             assert_eq!(report(&server(code)), REFUSED, "{code}");
         }
     }

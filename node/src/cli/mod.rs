@@ -1,8 +1,9 @@
 //! The command line: argument types and dispatch.
 
 /// `println!` for a client command's output. A reader that went away (`baton board list | head
-/// -1`) ends the command at once, with exit 0, like any filter; `println!` would panic (exit 101)
-/// on the closed pipe.
+/// -1`) ends the command at once with [`exit::CLOSED_PIPE`], as a filter killed by SIGPIPE ends;
+/// `println!` would panic (exit 101) on the closed pipe. Not for commands that must finish what
+/// they started whatever happens to their output (`worker run`).
 macro_rules! out {
     ($($arg:tt)*) => {
         $crate::cli::print_line(format_args!($($arg)*))
@@ -29,13 +30,33 @@ mod task_command;
 mod ticket;
 mod watch;
 
-/// Writes one line of output for [`out!`]: on a closed pipe the process ends (exit 0), on
-/// another failure to write it ends with exit 1.
+/// Bytes for a `name=value` line: as they are when UTF-8, else `name_base64=...` (never
+/// printed altered, as a lossy conversion would).
+pub(crate) fn bytes_field(name: &str, bytes: &[u8]) -> String {
+    use base64::Engine;
+    match std::str::from_utf8(bytes) {
+        Ok(text) => format!("{name}={text}"),
+        Err(_) => format!(
+            "{name}_base64={}",
+            base64::engine::general_purpose::STANDARD.encode(bytes)
+        ),
+    }
+}
+
+/// Writes one line of output for [`out!`].
 pub(crate) fn print_line(line: std::fmt::Arguments<'_>) {
+    write_out(format!("{line}\n").as_bytes());
+}
+
+/// Writes `bytes` to stdout, or ends the process: with [`exit::CLOSED_PIPE`] when the reader
+/// went away, with exit 1 on another failure (a full disk under `> file` must not look like a
+/// complete copy).
+pub(crate) fn write_out(bytes: &[u8]) {
     use std::io::Write;
-    if let Err(error) = writeln!(std::io::stdout().lock(), "{line}") {
+    let mut stdout = std::io::stdout().lock();
+    if let Err(error) = stdout.write_all(bytes).and_then(|()| stdout.flush()) {
         if error.kind() == std::io::ErrorKind::BrokenPipe {
-            std::process::exit(i32::from(exit::OK));
+            std::process::exit(i32::from(exit::CLOSED_PIPE));
         }
         eprintln!("baton: cannot print: {error}");
         std::process::exit(i32::from(exit::FAILURE));

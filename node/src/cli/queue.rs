@@ -348,9 +348,9 @@ fn print_task(t: &Task) {
     if let Some(at) = t.retry_at_ms {
         out!("retry_at={}", rfc3339(at));
     }
-    out!("payload={}", String::from_utf8_lossy(&t.spec.payload));
+    out!("{}", super::bytes_field("payload", &t.spec.payload));
     if t.state == TaskState::Succeeded {
-        out!("result={}", String::from_utf8_lossy(&t.result));
+        out!("{}", super::bytes_field("result", &t.result));
     }
     if !t.last_error.is_empty() {
         out!("last_error={}", t.last_error);
@@ -506,18 +506,28 @@ fn print_finished(f: &Finished) {
     if !f.detail.is_empty() {
         line.push_str(&format!(" detail={:?}", f.detail));
     }
-    out!("{line}");
+    print_on(&line);
 }
 
 fn print_summary(s: &WorkerSummary) {
-    out!(
+    print_on(&format!(
         "completed={} failed={} unknown={} lost={} protocol_errors={} handed_back={} drained={}",
-        s.completed,
-        s.failed,
-        s.unknown,
-        s.lost,
-        s.protocol_errors,
-        s.handed_back,
-        s.drained
-    );
+        s.completed, s.failed, s.unknown, s.lost, s.protocol_errors, s.handed_back, s.drained
+    ));
+}
+
+/// Prints a line of `worker run`'s output, whose reader may go away without stopping the worker:
+/// it drains, hands back and reports whatever happens to its output (ending the process there
+/// would orphan its running commands, their leases unrenewed). The first failure is said on
+/// stderr; later lines are dropped.
+fn print_on(line: &str) {
+    use std::io::Write;
+    static FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if FAILED.load(std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    if let Err(error) = writeln!(std::io::stdout().lock(), "{line}") {
+        FAILED.store(true, std::sync::atomic::Ordering::Relaxed);
+        eprintln!("baton worker: cannot print ({error}); working on without printing");
+    }
 }

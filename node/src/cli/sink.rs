@@ -1,7 +1,5 @@
 //! `baton sink ...`: the fenced sink.
 
-use base64::engine::general_purpose::STANDARD as BASE64;
-use base64::Engine;
 use baton_rpc::Client;
 use clap::Subcommand;
 
@@ -47,12 +45,9 @@ pub async fn run(command: SinkCommand, client: &Client) -> u8 {
     }
 }
 
-/// A value for a `key=value` line: as it is when UTF-8, else `value_base64=...` (never altered).
+/// A value for a `key=value` line, never altered.
 fn value_field(value: &[u8]) -> String {
-    match std::str::from_utf8(value) {
-        Ok(text) => format!("value={text}"),
-        Err(_) => format!("value_base64={}", BASE64.encode(value)),
-    }
+    super::bytes_field("value", value)
 }
 
 #[cfg(test)]

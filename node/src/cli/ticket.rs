@@ -281,10 +281,7 @@ pub fn ticket_json(t: &Ticket) -> serde_json::Value {
 
 /// A payload for a `key=value` line: as it is when UTF-8, else `payload_base64=...`.
 fn payload_field(payload: &[u8]) -> String {
-    match std::str::from_utf8(payload) {
-        Ok(text) => format!("payload={text}"),
-        Err(_) => format!("payload_base64={}", BASE64.encode(payload)),
-    }
+    super::bytes_field("payload", payload)
 }
 
 /// `ticket wait`: a ticket already offered to `to` is printed at once; otherwise the tickets
