@@ -448,6 +448,13 @@ async fn t53_cluster_init_forms_the_cluster_once() {
         status.stdout.contains("not in a cluster yet") && status.stdout.contains("cluster init"),
         "{status}"
     );
+    // A script that needs a leader asks for one: exit 1 until the cluster is formed.
+    let leaderless = baton(&bin, &endpoints, &["status", "--require-leader"]).await;
+    assert_eq!(leaderless.code, Some(1), "{leaderless}");
+    assert!(
+        leaderless.stderr.contains("no member leads"),
+        "{leaderless}"
+    );
 
     let init = baton(&bin, &endpoints, &["cluster", "init"]).await;
     assert_eq!(init.code, Some(0), "{init}");
@@ -465,6 +472,9 @@ async fn t53_cluster_init_forms_the_cluster_once() {
             "node {id}: every member votes: {members:?}"
         );
     }
+
+    let led = baton(&bin, &endpoints, &["status", "--require-leader"]).await;
+    assert_eq!(led.code, Some(0), "{led}");
 
     let again = baton(&bin, &endpoints, &["cluster", "init"]).await;
     assert_eq!(again.code, Some(3), "{again}");

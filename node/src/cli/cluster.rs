@@ -120,12 +120,21 @@ fn on_nodes(groups: &BTreeMap<&str, Vec<u64>>) -> String {
 /// How `status` names the group of initialized nodes that have no cluster id.
 const NO_CLUSTER_ID: &str = "(no cluster id)";
 
+/// What `baton status` was asked for.
+pub struct StatusOptions {
+    /// One JSON object instead of a table.
+    pub json: bool,
+    /// Exit 1 when no member leads.
+    pub require_leader: bool,
+}
+
 pub async fn status(
     endpoints: &[String],
     config: ClientConfig,
     security: Security,
-    as_json: bool,
+    options: StatusOptions,
 ) -> u8 {
+    let as_json = options.json;
     let within = config.deadline;
     let client = match Client::new_with_security(endpoints, config, security) {
         Ok(client) => client,
@@ -389,6 +398,13 @@ pub async fn status(
              position. Stop them and restore every member from one file with the same options \
              (docs/backup.md)",
             on_nodes(&restores)
+        );
+        return exit::FAILURE;
+    }
+    if options.require_leader && leader.is_none() {
+        eprintln!(
+            "baton: no member leads (an election is on, no quorum is reachable, or the cluster is \
+             not formed yet)"
         );
         return exit::FAILURE;
     }

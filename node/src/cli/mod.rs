@@ -133,6 +133,10 @@ enum Command {
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
+        /// Exit 1 when no member leads (by default `status` exits 0 without a leader: it is
+        /// also the containers' health check, which must pass before a cluster is formed).
+        #[arg(long)]
+        require_leader: bool,
     },
     /// Handoff tickets.
     #[command(subcommand)]
@@ -434,8 +438,15 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Cluster(command) => {
             return ExitCode::from(cluster::run(command, &endpoints, config, security).await)
         }
-        Command::Status { json } => {
-            return ExitCode::from(cluster::status(&endpoints, config, security, json).await)
+        Command::Status {
+            json,
+            require_leader,
+        } => {
+            let wanted = cluster::StatusOptions {
+                json,
+                require_leader,
+            };
+            return ExitCode::from(cluster::status(&endpoints, config, security, wanted).await);
         }
         other => other,
     };
