@@ -43,16 +43,20 @@ trap 'rm -f "$results" "$output"' EXIT
 trap '[[ -z $running ]] || kill -TERM -- "-$running" 2>/dev/null || true; exit 130' INT TERM
 
 run() { # side clients
-    local bin=$old out line
+    local bin=$old out line status=0
     [[ $1 == new ]] && bin=$new
     setsid timeout -k 10 300 "$bin" bench --workload "$workload" --clients "$2" \
         --duration "$duration" --warmup "$warmup" >"$output" 2>&1 &
     running=$!
-    wait "$running" || true
+    wait "$running" || status=$?
     running=
     out=$(<"$output")
     line=$(grep '^workload=' <<<"$out" || true)
-    [[ -n $line ]] || line="failed: $(tail -n 1 <<<"$out")"
+    # A bench that exits non-zero may still print its figures (ops/s=0 when nothing succeeded):
+    # never a measurement.
+    if [[ -z $line || $status != 0 ]]; then
+        line="failed (exit $status): $(tail -n 1 <<<"$out")"
+    fi
     echo "$1 clients=$2 $line"
     echo "$1 $2 $line" >>"$results"
 }
@@ -70,7 +74,8 @@ for n in $clients; do
     for side in old new; do
         grep "^$side $n " "$results" | python3 -c '
 import re, statistics, sys
-runs = [dict(re.findall(r"([\w/]+)=([0-9.]+)", l)) for l in sys.stdin if "ops/s=" in l]
+runs = [dict(re.findall(r"([\w/]+)=([0-9.]+)", l)) for l in sys.stdin
+        if "ops/s=" in l and l.split()[2] != "failed"]
 def med(key):
     vals = [float(r[key]) for r in runs if key in r]
     return statistics.median(vals) if vals else float("nan")

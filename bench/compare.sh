@@ -56,7 +56,9 @@ POSTGRES_PORT=${COMPARE_POSTGRES_PORT:-15432}
 ETCD_CLIENT_PORTS=(12379 22379 32379)
 ETCD_PEER_PORTS=(12380 22380 32380)
 
-log() { printf '[compare %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+# Never fails: a closed stderr (`| tee` killed by Ctrl-C, a hung-up terminal) must not stop the
+# clean-up below before it has stopped the servers.
+log() { { printf '[compare %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; } 2>/dev/null || true; }
 die() { log "error: $*"; exit 1; }
 
 has() { [[ " $SYSTEMS " == *" $1 "* ]]; }
@@ -96,11 +98,19 @@ stop_pid() { # pid seconds: TERM, wait up to `seconds`, then KILL
 
 cleanup() {
     local status=$?
-    trap - EXIT INT TERM
+    trap - EXIT INT TERM HUP
+    # Everything below runs whatever fails: the servers must stop.
+    set +e
+    trap '' PIPE
     if [[ -n "$CURRENT_RUN" ]]; then
         # A run in flight: `timeout` leads its own process group (Baton's nodes included).
         kill -TERM -- "-$CURRENT_RUN" 2>/dev/null || true
-        sleep 1
+        # A bench stops and removes its own cluster on TERM: give it the time to.
+        local waited=0
+        while kill -0 -- "-$CURRENT_RUN" 2>/dev/null && ((waited < 100)); do
+            sleep 0.1
+            waited=$((waited + 1))
+        done
         kill -KILL -- "-$CURRENT_RUN" 2>/dev/null || true
     fi
     if [[ -n "$MARIADB_PID" ]]; then
@@ -116,13 +126,14 @@ cleanup() {
         log "stopping etcd"
         for pid in "${ETCD_PIDS[@]}"; do stop_pid "$pid" 30; done
     fi
-    if ((POLICY_RC_CREATED)); then rm -f /usr/sbin/policy-rc.d; fi
+    if ((POLICY_RC_CREATED)); then as_root rm -f /usr/sbin/policy-rc.d; fi
     if [[ -n "$WORK" && -d "$WORK" ]]; then rm -rf "$WORK"; fi
     exit "$status"
 }
 trap cleanup EXIT
 trap 'log "interrupted"; exit 130' INT
 trap 'log "terminated"; exit 143' TERM
+trap 'log "hung up"; exit 129' HUP
 
 # ---------------------------------------------------------------------------------------------
 # Packages (Debian's), installed only when missing, without starting their system services.
@@ -158,14 +169,14 @@ install_missing() {
     ((${#missing[@]})) || return 0
     log "installing from Debian's packages: ${missing[*]}"
     # Package scripts must not start the system services: we run private instances.
-    if ((ROOT_USER)) && [[ ! -e /usr/sbin/policy-rc.d ]]; then
-        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
-        chmod +x /usr/sbin/policy-rc.d
+    # Also under sudo: the policy file is written as root either way.
+    if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+        as_root sh -c "printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d"
         POLICY_RC_CREATED=1
     fi
     as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
-    if ((POLICY_RC_CREATED)); then rm -f /usr/sbin/policy-rc.d; POLICY_RC_CREATED=0; fi
+    if ((POLICY_RC_CREATED)); then as_root rm -f /usr/sbin/policy-rc.d; POLICY_RC_CREATED=0; fi
 }
 
 # Database servers refuse to run as root: as root, run them as their packages' own users.
@@ -322,7 +333,8 @@ record_run() { # system workload clients
     local common=(--workload "$workload" --clients "$clients" --duration "$DURATION" --warmup "$WARMUP" --queue-tasks "$QUEUE_TASKS" --json)
     log "$system $workload clients=$clients"
     case "$system" in
-    baton) run_bounded "$limit" "$out" "$err" "$BATON" bench "${common[@]}" || status=$? ;;
+    # Its own cluster's data under $WORK, so the clean-up removes it even after a KILL.
+    baton) TMPDIR=$WORK run_bounded "$limit" "$out" "$err" "$BATON" bench "${common[@]}" || status=$? ;;
     mariadb) run_bounded "$limit" "$out" "$err" "$PEERS" --target mariadb --mariadb-url "mysql://bench:bench@127.0.0.1:$MARIADB_PORT/bench" "${common[@]}" || status=$? ;;
     postgres) run_bounded "$limit" "$out" "$err" "$PEERS" --target postgres --postgres "host=127.0.0.1 port=$POSTGRES_PORT user=bench dbname=bench" "${common[@]}" || status=$? ;;
     etcd) run_bounded "$limit" "$out" "$err" "$PEERS" --target etcd --etcd-endpoints "$ETCD_ENDPOINTS" "${common[@]}" || status=$? ;;
@@ -355,7 +367,11 @@ main() {
     install_missing
 
     log "building Baton and the peer driver (release)"
-    local target=${CARGO_TARGET_DIR:-$ROOT/target}
+    # Where cargo builds, as cargo resolves it (environment, config files): never an older
+    # binary left at the usual place.
+    local target
+    target=$(cargo metadata --no-deps --format-version 1 | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+    [[ -n $target ]] || die "cannot find cargo's target directory"
     if has baton; then cargo build --release -p baton-node --bin baton >&2; fi
     BATON=$target/release/baton
     # Named now, as built: the tree may change while the run goes on.

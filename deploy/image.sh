@@ -11,6 +11,9 @@
 # `strip` is installed. A statically linked binary gets no
 # libraries at all. Used by up.sh and by the cluster tests (cluster-test/src/docker.rs).
 set -euo pipefail
+# COPY keeps the context's modes, everything owned by root: under a strict umask (027) the binary
+# and libraries would be unreadable to the node's own user (uid 10001), which could not start.
+umask 022
 
 if [[ $# -lt 1 || $# -gt 2 ]]; then
     echo "usage: $0 BINARY [TAG]" >&2

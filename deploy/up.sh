@@ -11,7 +11,7 @@
 #   BATON_PORT_1..3       host ports of node1..node3               [7001, 7002, 7003]
 #   BATON_BIND            host address the ports are published on [127.0.0.1]
 #   BATON_ADVERTISE_HOST  host part of the addresses nodes advertise to clients [127.0.0.1]
-#   CARGO_TARGET_DIR      where cargo builds                        [<repo>/target]
+#   CARGO_TARGET_DIR      where cargo builds (as cargo resolves it)  [<repo>/target]
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(dirname "$here")
@@ -23,7 +23,12 @@ endpoints="$advertise:${BATON_PORT_1:-7001},$advertise:${BATON_PORT_2:-7002},$ad
 
 echo "up.sh: building the release binary"
 (cd "$root" && cargo build --release --bin baton)
-baton="${CARGO_TARGET_DIR:-$root/target}/release/baton"
+# Where cargo put it, as cargo says (CARGO_TARGET_DIR, CARGO_BUILD_TARGET_DIR or a config file's
+# build.target-dir, relative to the workspace): never an older binary left at the usual place.
+target=$(cd "$root" && cargo metadata --no-deps --format-version 1 |
+    sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+[[ -n $target ]] || { echo "up.sh: cannot find cargo's target directory" >&2; exit 1; }
+baton="$target/release/baton"
 "$here/image.sh" "$baton" "$BATON_IMAGE"
 
 echo "up.sh: starting compose project $project (${compose_command[*]})"
