@@ -113,6 +113,75 @@ async fn handed_back(direct: &Client, id: u64, limit: Duration) -> Task {
     .unwrap()
 }
 
+/// A worker through `proxy` (one attempt per call, in 2 s) on [`QUEUE`], with a 20 s lease and a
+/// 5 s long poll, whose handler only counts its runs; registered and polling once started.
+struct Counting {
+    finished: mpsc::UnboundedReceiver<Finished>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    ran: Arc<Mutex<u32>>,
+    running: tokio::task::JoinHandle<Result<baton_rpc::worker::WorkerSummary, baton_rpc::Error>>,
+}
+
+impl Counting {
+    async fn start(proxy: &Proxy, id: &str) -> Counting {
+        let (finished_tx, finished) = mpsc::unbounded_channel::<Finished>();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        // A long poll gets its wait on top of the deadline: one answered at once (a task already
+        // there when it arrives, or submitted just after) arrives in time; a start's late answer
+        // does not.
+        let worker = Worker::builder(one_attempt_in_two_seconds(proxy), id)
+            .queue(QUEUE)
+            .lease_ttl(Duration::from_secs(20))
+            .poll_wait(Duration::from_secs(5))
+            .on_finish(move |finished| {
+                let _ = finished_tx.send(finished.clone());
+            })
+            .build()
+            .unwrap();
+        let ran: Arc<Mutex<u32>> = Arc::default();
+        let handler_ran = ran.clone();
+        let running = tokio::spawn(worker.run(
+            move |_ctx| {
+                *handler_ran.lock().unwrap() += 1;
+                async { Ok(b"done".to_vec()) }
+            },
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        // Registered (its answer must not be late) and polling.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        Counting {
+            finished,
+            stop,
+            ran,
+            running,
+        }
+    }
+
+    /// The next finished attempt (at most 30 s away).
+    async fn finished(&mut self) -> Finished {
+        tokio::time::timeout(Duration::from_secs(30), self.finished.recv())
+            .await
+            .expect("the attempt never finished")
+            .unwrap()
+    }
+
+    /// How many times the handler ran.
+    fn runs(&self) -> u32 {
+        *self.ran.lock().unwrap()
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        tokio::time::timeout(Duration::from_secs(30), self.running)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t46_a_start_confirmed_after_the_lease_ended_does_not_run_the_handler() {
     let Setup {
@@ -424,39 +493,10 @@ async fn t46_a_start_whose_answer_is_lost_is_failed_harmlessly() {
         proxy,
         proxied: _,
     } = Setup::start().await;
-    let impatient = one_attempt_in_two_seconds(&proxy);
-    let (finished_tx, mut finished_rx) = mpsc::unbounded_channel::<Finished>();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    // A long poll gets its wait on top of the deadline: one answered at once (a task already
-    // there when it arrives, or submitted just after) arrives in time; the start's answer not.
-    let worker = Worker::builder(impatient, "t46-unconfirmed")
-        .queue(QUEUE)
-        .lease_ttl(Duration::from_secs(20))
-        .poll_wait(Duration::from_secs(5))
-        .on_finish(move |finished| {
-            let _ = finished_tx.send(finished.clone());
-        })
-        .build()
-        .unwrap();
-    let ran: Arc<Mutex<u32>> = Arc::default();
-    let handler_ran = ran.clone();
-    let running = tokio::spawn(worker.run(
-        move |_ctx| {
-            *handler_ran.lock().unwrap() += 1;
-            async { Ok(b"done".to_vec()) }
-        },
-        async {
-            let _ = stop_rx.await;
-        },
-    ));
-    // Registered (its answer must not be late) and polling.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut worker = Counting::start(&proxy, "t46-unconfirmed").await;
     proxy.slow_answers(Duration::from_millis(2_500));
     let id = direct.submit(&spec("unconfirmed")).await.unwrap().task.id;
-    let finished = tokio::time::timeout(Duration::from_secs(30), finished_rx.recv())
-        .await
-        .expect("the attempt never finished")
-        .unwrap();
+    let finished = worker.finished().await;
     assert_eq!(finished.end, AttemptEnd::Unreported, "{finished:?}");
     assert!(
         finished.detail.contains("start not confirmed"),
@@ -470,18 +510,9 @@ async fn t46_a_start_whose_answer_is_lost_is_failed_harmlessly() {
     );
     assert_eq!(task.state, TaskState::Failed, "{task:?}");
     assert!(first.note.contains("did not run"), "{first:?}");
-    assert_eq!(
-        *ran.lock().unwrap(),
-        0,
-        "the handler ran on an unconfirmed start"
-    );
+    assert_eq!(worker.runs(), 0, "the handler ran on an unconfirmed start");
     proxy.slow_answers(Duration::ZERO);
-    let _ = stop_tx.send(());
-    tokio::time::timeout(Duration::from_secs(30), running)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    worker.stop().await;
 }
 
 /// A start applied whose answer is lost, and the harmless failure sent into the same outage: the
@@ -497,30 +528,7 @@ async fn t46_a_harmless_failure_lost_to_an_outage_is_sent_again() {
         proxy,
         proxied: _,
     } = Setup::start().await;
-    let impatient = one_attempt_in_two_seconds(&proxy);
-    let (finished_tx, mut finished_rx) = mpsc::unbounded_channel::<Finished>();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let worker = Worker::builder(impatient, "t46-fail-resent")
-        .queue(QUEUE)
-        .lease_ttl(Duration::from_secs(20))
-        .poll_wait(Duration::from_secs(5))
-        .on_finish(move |finished| {
-            let _ = finished_tx.send(finished.clone());
-        })
-        .build()
-        .unwrap();
-    let ran: Arc<Mutex<u32>> = Arc::default();
-    let handler_ran = ran.clone();
-    let running = tokio::spawn(worker.run(
-        move |_ctx| {
-            *handler_ran.lock().unwrap() += 1;
-            async { Ok(b"done".to_vec()) }
-        },
-        async {
-            let _ = stop_rx.await;
-        },
-    ));
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut worker = Counting::start(&proxy, "t46-fail-resent").await;
     proxy.slow_answers(Duration::from_millis(2_500));
     let id = direct.submit(&spec("fail-resent")).await.unwrap().task.id;
     // Once the start is applied (its answer still held by the proxy), the link goes down: the
@@ -545,27 +553,15 @@ async fn t46_a_harmless_failure_lost_to_an_outage_is_sent_again() {
     let task = direct.queue_task(id).await.unwrap();
     let first = task.attempts.first().unwrap();
     assert!(first.note.contains("did not run"), "{first:?}");
-    let finished = tokio::time::timeout(Duration::from_secs(10), finished_rx.recv())
-        .await
-        .expect("the attempt never finished")
-        .unwrap();
+    let finished = worker.finished().await;
     assert_eq!(
         finished.end,
         AttemptEnd::Failed { retryable: true },
         "{finished:?}"
     );
     println!("failed {:?} after the link was healed", healed.elapsed());
-    assert_eq!(
-        *ran.lock().unwrap(),
-        0,
-        "the handler ran on an unconfirmed start"
-    );
-    let _ = stop_tx.send(());
-    tokio::time::timeout(Duration::from_secs(30), running)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    assert_eq!(worker.runs(), 0, "the handler ran on an unconfirmed start");
+    worker.stop().await;
 }
 
 /// Claim: a worker never runs more than `slots` handlers at once, also when a lease is lost
