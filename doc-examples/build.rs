@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-changed=fence.rs");
     doc_examples()
 }
 
@@ -80,12 +81,4 @@ fn rust_blocks(text: &str) -> Vec<String> {
     blocks
 }
 
-/// Whether `line` opens a Rust example: ```` ```rust ````, also with attributes (```` ```rust,no_run
-/// ````); not one marked `ignore` (a fragment on purpose). The test's own count uses the same rule.
-fn is_rust_fence(line: &str) -> bool {
-    let Some(info) = line.trim_start().strip_prefix("```") else {
-        return false;
-    };
-    let mut words = info.split([',', ' ']).filter(|word| !word.is_empty());
-    words.next() == Some("rust") && !words.any(|word| word == "ignore")
-}
+include!("fence.rs");

@@ -14,8 +14,8 @@ mod lifted {
     include!(concat!(env!("OUT_DIR"), "/doc_examples.rs"));
 }
 
-/// Every Markdown file with a Rust example is lifted (counted here again, independently), so a
-/// change of fence or directory cannot leave examples silently unchecked.
+/// Every Markdown file with a Rust example is lifted (counted here again from the files), so a
+/// change of directory or a failed read cannot leave examples silently unchecked.
 #[test]
 fn every_file_with_a_rust_example_is_compiled() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -44,11 +44,4 @@ fn every_file_with_a_rust_example_is_compiled() {
     );
 }
 
-/// The build script's rule for a Rust example's opening fence, again.
-fn is_rust_fence(line: &str) -> bool {
-    let Some(info) = line.trim_start().strip_prefix("```") else {
-        return false;
-    };
-    let mut words = info.split([',', ' ']).filter(|word| !word.is_empty());
-    words.next() == Some("rust") && !words.any(|word| word == "ignore")
-}
+include!("../fence.rs");

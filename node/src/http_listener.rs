@@ -119,6 +119,23 @@ impl Guarded {
         self.deadline.as_mut().reset(next);
     }
 
+    /// A write's outcome: bytes taken are progress; `Pending` is judged by [`Self::unless_idle`].
+    fn wrote(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
+        match polled {
+            Poll::Ready(result) => {
+                if matches!(result, Ok(written) if written > 0) {
+                    self.progressed();
+                }
+                Poll::Ready(result)
+            }
+            Poll::Pending => self.unless_idle(cx),
+        }
+    }
+
     /// `Pending` turned into an error once the connection has been idle too long.
     fn unless_idle<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
         match self.deadline.as_mut().poll(cx) {
@@ -158,15 +175,8 @@ impl AsyncWrite for Guarded {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.stream).poll_write(cx, buf) {
-            Poll::Ready(result) => {
-                if matches!(result, Ok(written) if written > 0) {
-                    this.progressed();
-                }
-                Poll::Ready(result)
-            }
-            Poll::Pending => this.unless_idle(cx),
-        }
+        let polled = Pin::new(&mut this.stream).poll_write(cx, buf);
+        this.wrote(cx, polled)
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -187,15 +197,8 @@ impl AsyncWrite for Guarded {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.stream).poll_write_vectored(cx, bufs) {
-            Poll::Ready(result) => {
-                if matches!(result, Ok(written) if written > 0) {
-                    this.progressed();
-                }
-                Poll::Ready(result)
-            }
-            Poll::Pending => this.unless_idle(cx),
-        }
+        let polled = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
+        this.wrote(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
