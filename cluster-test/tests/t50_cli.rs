@@ -492,21 +492,18 @@ async fn t55_members_promote_refuses_a_change_most_voters_cannot_answer() {
     let bin = cluster.bin().to_path_buf();
     let endpoints = cluster.endpoints().join(",");
     let e = endpoints.as_str();
-    let add = baton(
-        &bin,
-        e,
-        &[
-            "--timeout",
-            "2s",
-            "members",
-            "add",
-            "--id",
-            "2",
-            "--addr",
-            "127.0.0.1:1",
-        ],
-    )
-    .await;
+    // A learner at an address nobody answers: its catch-up never ends, within 2 s.
+    let add_learner = [
+        "--timeout",
+        "2s",
+        "members",
+        "add",
+        "--id",
+        "2",
+        "--addr",
+        "127.0.0.1:1",
+    ];
+    let add = baton(&bin, e, &add_learner).await;
     let members = cluster.node_info(1).await.unwrap().members;
     assert!(
         members.iter().any(|m| m.id == 2 && !m.voter),
@@ -514,21 +511,7 @@ async fn t55_members_promote_refuses_a_change_most_voters_cannot_answer() {
     );
     // The learner again at its own address is a retry (it waits for the catch-up again); the
     // voter's id is refused: a node rebuilt under its old id must not vote again.
-    let again = baton(
-        &bin,
-        e,
-        &[
-            "--timeout",
-            "2s",
-            "members",
-            "add",
-            "--id",
-            "2",
-            "--addr",
-            "127.0.0.1:1",
-        ],
-    )
-    .await;
+    let again = baton(&bin, e, &add_learner).await;
     assert!(!again.stderr.contains("MEMBERSHIP"), "{again}");
     let voter = baton(&bin, e, &["members", "add", "--id", "1", "--addr", e]).await;
     assert_eq!(voter.code, Some(3), "{voter}");
