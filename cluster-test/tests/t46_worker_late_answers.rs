@@ -330,6 +330,76 @@ async fn t46_a_timed_out_drain_lets_a_finished_handler_s_answer_be_recorded() {
     assert_eq!(task.state, TaskState::Succeeded);
 }
 
+/// An attempt the drain has to abort (here: its completion cannot reach the cluster within the
+/// drain and the grace after it) still reaches `on_finish`, as lost, with a detail that says why:
+/// before, it was only counted, and a hook keeping its own books never heard of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t46_an_attempt_aborted_at_the_drain_s_end_reaches_on_finish() {
+    let Setup {
+        _cluster,
+        direct,
+        proxy,
+        proxied,
+    } = Setup::start().await;
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<u64>();
+    let (finished_tx, mut finished_rx) = mpsc::unbounded_channel::<Finished>();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let cut = Arc::new(tokio::sync::Notify::new());
+    let worker = Worker::builder(proxied, "t46-aborted")
+        .queue(QUEUE)
+        .lease_ttl(Duration::from_secs(20))
+        .poll_wait(Duration::from_secs(2))
+        .drain_timeout(Duration::from_millis(300))
+        .on_finish(move |finished| {
+            let _ = finished_tx.send(finished.clone());
+        })
+        .build()
+        .unwrap();
+    let link_cut = cut.clone();
+    let running = tokio::spawn(worker.run(
+        move |ctx| {
+            let (done, link_cut) = (done_tx.clone(), link_cut.clone());
+            async move {
+                let _ = done.send(ctx.task_id);
+                // Finishes only once the link is cut: its completion is sent into the outage.
+                link_cut.notified().await;
+                Ok(b"done".to_vec())
+            }
+        },
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+    let id = direct.submit(&spec("aborted")).await.unwrap().task.id;
+    let handled = tokio::time::timeout(Duration::from_secs(30), done_rx.recv())
+        .await
+        .expect("the handler never ran")
+        .unwrap();
+    assert_eq!(handled, id);
+    proxy.cut();
+    cut.notify_one();
+    // The completion is resent while the lease lasts (20 s), past the 300 ms drain and the
+    // grace after it, so the drain aborts the attempt.
+    let _ = stop_tx.send(());
+    let summary = tokio::time::timeout(Duration::from_secs(60), running)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(!summary.drained, "{summary:?}");
+    assert_eq!((summary.completed, summary.lost), (0, 1), "{summary:?}");
+    let finished = finished_rx
+        .try_recv()
+        .expect("on_finish never heard of the aborted attempt");
+    assert_eq!(
+        (finished.task_id, finished.end),
+        (id, AttemptEnd::LeaseLost),
+        "{finished:?}"
+    );
+    assert!(finished.detail.contains("timed-out drain"), "{finished:?}");
+    assert!(finished_rx.try_recv().is_err(), "one attempt, one end");
+}
+
 /// An attempt stopped while its start is on its way (here: a drain that timed out) does not run
 /// its handler once the start is confirmed, and says so to the store, which counts the attempt
 /// as started: the attempt fails retryably at once ("did not run") instead of staying RUNNING

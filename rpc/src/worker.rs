@@ -396,6 +396,11 @@ impl WorkerSummary {
 
 type FinishHook = Arc<dyn Fn(&Finished) + Send + Sync>;
 
+/// The detail of an attempt the drain stopped before it ended on its own: its handler did not
+/// yield, or its answer was not recorded, within the drain's grace.
+const STOPPED_AT_DRAIN_END: &str =
+    "stopped at the end of a timed-out drain before its answer was recorded; its lease will run out";
+
 /// The lease an attempt handed back unstarted at shutdown is renewed to (milliseconds): it ends
 /// at once, and the store's expiry puts the task back to waiting.
 const HAND_BACK_TTL_MS: i64 = 1;
@@ -482,8 +487,9 @@ impl WorkerBuilder {
         self
     }
 
-    /// Called (on the worker's own task) once for every finished attempt. A panic in it is
-    /// logged and the worker goes on.
+    /// Called (on the worker's own task) once for every finished attempt, also one a timed-out
+    /// drain had to abort (as [`AttemptEnd::LeaseLost`]). A panic in it is logged and the worker
+    /// goes on.
     pub fn on_finish(mut self, hook: impl Fn(&Finished) + Send + Sync + 'static) -> Self {
         self.on_finish = Some(Arc::new(hook));
         self
@@ -588,6 +594,83 @@ impl<T> Drop for AbortOnDrop<T> {
     }
 }
 
+/// The attempts in flight on this worker. Each is known by what it would report had it been
+/// stopped before ending on its own, so an attempt the drain has to abort (a handler that never
+/// yields) still reaches the summary and the `on_finish` hook.
+#[derive(Default)]
+struct InFlight {
+    set: JoinSet<Finished>,
+    if_stopped: HashMap<tokio::task::Id, Finished>,
+}
+
+impl InFlight {
+    fn spawn(
+        &mut self,
+        if_stopped: Finished,
+        attempt: impl Future<Output = Finished> + Send + 'static,
+    ) {
+        let id = self.set.spawn(attempt).id();
+        self.if_stopped.insert(id, if_stopped);
+    }
+
+    fn len(&self) -> usize {
+        self.set.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.set.is_empty()
+    }
+
+    /// The next attempt to end; `None` when none is in flight.
+    async fn next(&mut self) -> Option<Finished> {
+        loop {
+            let joined = self.set.join_next_with_id().await?;
+            if let Some(finished) = self.ended(joined) {
+                return Some(finished);
+            }
+        }
+    }
+
+    /// An attempt that has already ended, if any.
+    fn try_next(&mut self) -> Option<Finished> {
+        loop {
+            let joined = self.set.try_join_next_with_id()?;
+            if let Some(finished) = self.ended(joined) {
+                return Some(finished);
+            }
+        }
+    }
+
+    /// Stops every attempt at its next await (see [`Worker::run`]'s drain).
+    fn abort_all(&mut self) {
+        self.set.abort_all();
+    }
+
+    fn ended(
+        &mut self,
+        joined: Result<(tokio::task::Id, Finished), tokio::task::JoinError>,
+    ) -> Option<Finished> {
+        match joined {
+            Ok((id, finished)) => {
+                self.if_stopped.remove(&id);
+                Some(finished)
+            }
+            Err(error) => {
+                // Only the drain aborts; an attempt's own task never panics (the handler runs in
+                // a task of its own), but if it did, the attempt would end the same way.
+                let mut stopped = self.if_stopped.remove(&error.id());
+                if !error.is_cancelled() {
+                    tracing::error!(%error, "attempt task failed");
+                    if let Some(stopped) = &mut stopped {
+                        stopped.detail = format!("the attempt's task failed: {error}");
+                    }
+                }
+                stopped
+            }
+        }
+    }
+}
+
 impl Worker {
     /// Starts building a worker with identity `id` that talks through `client`.
     pub fn builder(client: Client, id: impl Into<String>) -> WorkerBuilder {
@@ -643,7 +726,7 @@ impl Worker {
         }
         let handler = Arc::new(handler);
         let running: RunningMap = Arc::default();
-        let mut in_flight: JoinSet<Finished> = JoinSet::new();
+        let mut in_flight = InFlight::default();
         let mut summary = WorkerSummary::default();
         let mut fatal = None;
         let mut pause = Duration::from_millis(100);
@@ -651,15 +734,15 @@ impl Worker {
         let mut unsettled = None;
 
         loop {
-            while let Some(joined) = in_flight.try_join_next() {
-                self.tally(&mut summary, joined);
+            while let Some(finished) = in_flight.try_next() {
+                self.tally(&mut summary, finished);
             }
             let free = settings.slots.saturating_sub(in_flight.len());
             if free == 0 {
                 tokio::select! {
                     biased;
                     _ = &mut shutdown => break,
-                    Some(joined) = in_flight.join_next() => self.tally(&mut summary, joined),
+                    Some(finished) = in_flight.next() => self.tally(&mut summary, finished),
                 }
                 continue;
             }
@@ -756,8 +839,8 @@ impl Worker {
         }
         let mut drained = true;
         while !in_flight.is_empty() {
-            match tokio::time::timeout_at(drain_until, in_flight.join_next()).await {
-                Ok(Some(joined)) => self.tally(&mut summary, joined),
+            match tokio::time::timeout_at(drain_until, in_flight.next()).await {
+                Ok(Some(finished)) => self.tally(&mut summary, finished),
                 Ok(None) => break,
                 Err(_) => {
                     drained = false;
@@ -778,19 +861,16 @@ impl Worker {
                 entry.lost.send_replace(true);
             }
             let grace_until = Instant::now() + REPORT_GRACE;
-            while let Ok(Some(joined)) =
-                tokio::time::timeout_at(grace_until, in_flight.join_next()).await
+            while let Ok(Some(finished)) =
+                tokio::time::timeout_at(grace_until, in_flight.next()).await
             {
-                self.tally(&mut summary, joined);
+                self.tally(&mut summary, finished);
             }
             // What is left is a report not recorded in time, or a handler that never reached an
             // await: lost either way.
             in_flight.abort_all();
-            while let Some(joined) = in_flight.join_next().await {
-                match joined {
-                    Err(e) if e.is_cancelled() => summary.lost += 1,
-                    joined => self.tally(&mut summary, joined),
-                }
+            while let Some(finished) = in_flight.next().await {
+                self.tally(&mut summary, finished);
             }
         }
         summary.drained = drained;
@@ -851,29 +931,22 @@ impl Worker {
         handed_back
     }
 
-    fn tally(&self, summary: &mut WorkerSummary, joined: Result<Finished, tokio::task::JoinError>) {
-        match joined {
-            Ok(finished) => {
-                summary.count(finished.end);
-                tracing::debug!(
-                    task = finished.task_id,
-                    attempt = finished.attempt,
-                    end = finished.end.as_str(),
-                    detail = %finished.detail,
-                    "attempt finished"
-                );
-                if let Some(hook) = &self.on_finish {
-                    // A panicking hook must not unwind `run`: that would abort every attempt
-                    // still running here, unreported.
-                    let hooked = std::panic::catch_unwind(AssertUnwindSafe(|| hook(&finished)));
-                    if hooked.is_err() {
-                        tracing::error!(task = finished.task_id, "the on_finish hook panicked");
-                    }
-                }
+    fn tally(&self, summary: &mut WorkerSummary, finished: Finished) {
+        summary.count(finished.end);
+        tracing::debug!(
+            task = finished.task_id,
+            attempt = finished.attempt,
+            end = finished.end.as_str(),
+            detail = %finished.detail,
+            "attempt finished"
+        );
+        if let Some(hook) = &self.on_finish {
+            // A panicking hook must not unwind `run`: that would abort every attempt
+            // still running here, unreported.
+            let hooked = std::panic::catch_unwind(AssertUnwindSafe(|| hook(&finished)));
+            if hooked.is_err() {
+                tracing::error!(task = finished.task_id, "the on_finish hook panicked");
             }
-            // The attempt's own task never panics (the handler is called and run in a task of
-            // its own); a cancellation only happens when draining gives up.
-            Err(error) => tracing::error!(%error, "attempt task failed"),
         }
     }
 
@@ -884,7 +957,7 @@ impl Worker {
         lease_end: Instant,
         handler: &Arc<H>,
         running: &RunningMap,
-        in_flight: &mut JoinSet<Finished>,
+        in_flight: &mut InFlight,
     ) where
         H: Fn(TaskContext) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Vec<u8>, TaskError>> + Send + 'static,
@@ -925,7 +998,12 @@ impl Worker {
                 drop(map);
                 let running = running.clone();
                 let handler = handler.clone();
-                in_flight.spawn(async move {
+                let if_stopped = finished(
+                    &assignment,
+                    AttemptEnd::LeaseLost,
+                    STOPPED_AT_DRAIN_END.into(),
+                );
+                in_flight.spawn(if_stopped, async move {
                     let task_id = assignment.task_id;
                     let attempt = assignment.attempt;
                     let finished =
@@ -950,7 +1028,8 @@ impl Worker {
                     attempt = assignment.attempt,
                     "{detail}; failing the attempt without running the handler"
                 );
-                in_flight.spawn(async move {
+                let if_stopped = finished(&assignment, AttemptEnd::ProtocolError, detail.clone());
+                in_flight.spawn(if_stopped, async move {
                     let reported = settings
                         .client
                         .fail_attempt(
