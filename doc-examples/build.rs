@@ -1,5 +1,6 @@
-//! Lifts the Rust examples of the README and `docs/` into the test that compiles them
-//! (`tests/doc_examples.rs`). A crate of its own, so that editing the docs rebuilds only it.
+//! Lifts the Rust examples of the README, `docs/` and the libraries' doc comments into the test
+//! that compiles them (`tests/doc_examples.rs`). A crate of its own, so that editing the docs
+//! rebuilds only it.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -58,6 +59,49 @@ fn doc_examples() -> Result<(), Box<dyn std::error::Error>> {
     }
     writeln!(out, "/// The files whose examples are lifted above.")?;
     writeln!(out, "pub const EXAMPLES: &[&str] = &{lifted:?};")?;
+    let mut sources = Vec::new();
+    for dir in LIBRARY_SOURCES {
+        let dir = root.join(dir);
+        println!("cargo:rerun-if-changed={}", dir.display());
+        rust_files(&dir, &mut sources)?;
+    }
+    sources.sort();
+    let mut lifted = Vec::new();
+    for file in &sources {
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+        let name = file.strip_prefix(&root)?.display().to_string();
+        let function: String = name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        for (number, block) in doc_comment_blocks(&text).iter().enumerate() {
+            // Each doc example stands alone, as rustdoc compiles it.
+            writeln!(
+                out,
+                "/// Example {} of `{name}`'s doc comments.",
+                number + 1
+            )?;
+            writeln!(
+                out,
+                "pub async fn {}_{}() -> Result<(), Box<dyn std::error::Error>> {{",
+                function.to_lowercase(),
+                number + 1
+            )?;
+            out.push_str(block);
+            out.push_str("    #[allow(unreachable_code)]\n    Ok(())\n}\n\n");
+            lifted.push(name.clone());
+        }
+    }
+    lifted.dedup();
+    writeln!(
+        out,
+        "/// The library sources whose doc examples are lifted above."
+    )?;
+    writeln!(
+        out,
+        "pub const DOC_COMMENT_EXAMPLES: &[&str] = &{lifted:?};"
+    )?;
     let path = Path::new(&std::env::var("OUT_DIR")?).join("doc_examples.rs");
     std::fs::write(path, out)?;
     Ok(())
@@ -79,6 +123,24 @@ fn rust_blocks(text: &str) -> Vec<String> {
         }
     }
     blocks
+}
+
+/// The Rust files under `dir`, recursively.
+fn rust_files(
+    dir: &Path,
+    files: &mut Vec<std::path::PathBuf>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    for entry in
+        std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+    {
+        let path = entry?.path();
+        if path.is_dir() {
+            rust_files(&path, files)?;
+        } else if path.extension().is_some_and(|ext| ext == "rs") {
+            files.push(path);
+        }
+    }
+    Ok(())
 }
 
 include!("fence.rs");

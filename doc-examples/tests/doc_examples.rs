@@ -44,4 +44,39 @@ fn every_file_with_a_rust_example_is_compiled() {
     );
 }
 
+/// Every library source with a Rust example in its doc comments is lifted too.
+#[test]
+fn every_library_doc_example_is_compiled() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace root");
+    let mut with_examples = Vec::new();
+    let mut dirs: Vec<_> = LIBRARY_SOURCES.iter().map(|dir| root.join(dir)).collect();
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("a source directory") {
+            let path = entry.expect("a source entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            if !doc_comment_blocks(&text).is_empty() {
+                let name = path.strip_prefix(root).expect("under the root");
+                with_examples.push(name.display().to_string());
+            }
+        }
+    }
+    with_examples.sort();
+    let mut lifted: Vec<String> = lifted::DOC_COMMENT_EXAMPLES
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    lifted.sort();
+    assert_eq!(lifted, with_examples);
+    assert!(
+        lifted.contains(&"rpc/src/worker.rs".to_string()),
+        "{lifted:?}"
+    );
+}
+
 include!("../fence.rs");
