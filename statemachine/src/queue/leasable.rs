@@ -12,12 +12,35 @@
 //! It is derived state: never written into snapshots, rebuilt from the tasks and permits when a
 //! queue is read back (see [`Leasable::insert`] for the rule that keeps it equal to a rebuild).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use super::types::Task;
 
 /// `(namespace, concurrency key)`: what a permit is for.
 pub(crate) type PermitKey = (String, String);
+
+/// The queues a lease draws from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Queues {
+    /// Every queue: only those with waiting tasks are looked at, so a lease's cost does not
+    /// grow with the number of idle queues.
+    All,
+    /// These queues, sorted and without repeats.
+    Named(Vec<String>),
+}
+
+impl Queues {
+    /// Whether `queue` is one of them.
+    pub(crate) fn contains(&self, queue: &str) -> bool {
+        match self {
+            Queues::All => true,
+            Queues::Named(names) => names
+                .binary_search_by(|name| name.as_str().cmp(queue))
+                .is_ok(),
+        }
+    }
+}
 
 /// The waiting tasks a lease considers, per queue.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -115,30 +138,38 @@ impl Leasable {
     }
 
     /// The tasks a lease on `queues` considers, oldest first across the queues: the unkeyed
-    /// ones, and with `keyed` the oldest waiting task of each key without a holder.
+    /// ones, and with `keyed` the oldest waiting task of each key without a holder. A heap
+    /// merges the queues, so each task costs a logarithm of their number (a linear scan per
+    /// task made a lease over many queues, each with a head of one key, quadratic).
     pub(crate) fn candidates<'a>(
         &'a self,
-        queues: &[String],
+        queues: &Queues,
         keyed: bool,
-    ) -> impl Iterator<Item = u64> + 'a {
-        let mut sets: Vec<&'a BTreeSet<u64>> = queues
-            .iter()
-            .filter_map(|queue| self.unkeyed.get(queue))
-            .collect();
+    ) -> impl Iterator<Item = u64> + use<'a> {
+        let sets = |index: &'a BTreeMap<String, BTreeSet<u64>>| -> Vec<&'a BTreeSet<u64>> {
+            match queues {
+                Queues::All => index.values().collect(),
+                Queues::Named(names) => names.iter().filter_map(|queue| index.get(queue)).collect(),
+            }
+        };
+        let mut sources = sets(&self.unkeyed);
         if keyed {
-            sets.extend(queues.iter().filter_map(|queue| self.heads.get(queue)));
+            sources.extend(sets(&self.heads));
         }
-        let mut heads: Vec<_> = sets
-            .into_iter()
-            .map(|set| set.iter().copied().peekable())
+        let mut sources: Vec<_> = sources.into_iter().map(|set| set.iter().copied()).collect();
+        // Each task is in one set only (its queue's unkeyed tasks, or its key's head there), so
+        // the heap never holds one id twice.
+        let mut next: BinaryHeap<Reverse<(u64, usize)>> = sources
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(source, ids)| ids.next().map(|id| Reverse((id, source))))
             .collect();
         std::iter::from_fn(move || {
-            let (index, _) = heads
-                .iter_mut()
-                .enumerate()
-                .filter_map(|(i, it)| it.peek().map(|id| (i, *id)))
-                .min_by_key(|(_, id)| *id)?;
-            heads[index].next()
+            let Reverse((id, source)) = next.pop()?;
+            if let Some(after) = sources.get_mut(source).and_then(Iterator::next) {
+                next.push(Reverse((after, source)));
+            }
+            Some(id)
         })
     }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::key;
-use super::leasable::{permit_key, Leasable, PermitKey};
+use super::leasable::{permit_key, Leasable, PermitKey, Queues};
 use super::types::{
     Assignment, Attempt, AttemptOutcome, Queue, SubmitReceipt, Task, TaskSpec, TaskState, Worker,
 };
@@ -332,7 +332,8 @@ impl TaskQueue {
         let mut bytes = 0;
         let mut exhausted = Vec::new();
         let mut past_deadline = Vec::new();
-        let mut keys_taken: BTreeSet<PermitKey> = BTreeSet::new();
+        // Borrowed: a key's heads in other queues are passed over at no allocation.
+        let mut keys_taken: BTreeSet<(&str, &str)> = BTreeSet::new();
         for id in self.leasable.candidates(&queues, capable) {
             if chosen.len() as u32 >= limit {
                 break;
@@ -350,13 +351,15 @@ impl TaskQueue {
                 continue;
             }
             // A keyed candidate's key has no holder (the index holds no other).
-            let key = permit_key(task);
-            if let Some(key) = &key {
-                if keys_taken.contains(key) {
+            let key = (!task.spec.concurrency_key.is_empty())
+                .then(|| (task.namespace.as_str(), task.spec.concurrency_key.as_str()));
+            if let Some(key) = key {
+                if keys_taken.contains(&key) {
                     continue;
                 }
-                if self.token_exhausted(key) {
-                    exhausted.extend(self.leasable.waiting_on(key, &task.spec.queue));
+                let owned = (key.0.to_string(), key.1.to_string());
+                if self.token_exhausted(&owned) {
+                    exhausted.extend(self.leasable.waiting_on(&owned, &task.spec.queue));
                     continue;
                 }
             }
@@ -769,10 +772,9 @@ impl TaskQueue {
     /// leader's sweeper takes as soon as it is due (within its 50 ms spacing); waking every long
     /// poll for any expiry due made each propose empty leases, a log entry per round trip, until
     /// the sweep landed.
-    fn due_for(&self, clock_ms: u64, queues: &[String]) -> bool {
+    fn due_for(&self, clock_ms: u64, queues: &Queues) -> bool {
         let task = |id: &u64| self.tasks.get(id);
-        let theirs =
-            |id: &u64| task(id).is_some_and(|t| queues.binary_search(&t.spec.queue).is_ok());
+        let theirs = |id: &u64| task(id).is_some_and(|t| queues.contains(&t.spec.queue));
         let keyed = |id: &u64| task(id).is_some_and(|t| permit_key(t).is_some());
         self.due_leases(clock_ms)
             .take(MAX_LEASE_SWEEP)
@@ -887,9 +889,9 @@ impl TaskQueue {
             .highest_token = token;
     }
 
-    fn resolve_queues(&self, queues: &[String]) -> Result<Vec<String>, Refusal> {
+    fn resolve_queues(&self, queues: &[String]) -> Result<Queues, Refusal> {
         if queues.is_empty() {
-            return Ok(self.queues.keys().cloned().collect());
+            return Ok(Queues::All);
         }
         let mut resolved = Vec::new();
         for name in queues {
@@ -900,7 +902,7 @@ impl TaskQueue {
         }
         resolved.sort();
         resolved.dedup();
-        Ok(resolved)
+        Ok(Queues::Named(resolved))
     }
 
     /// Whether `key`'s permit has handed out its last token.
