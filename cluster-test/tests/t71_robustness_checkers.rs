@@ -6,7 +6,7 @@
 
 use baton_cluster_test::robustness::check::{self, Violation};
 use baton_cluster_test::robustness::history::{
-    AttemptRecord, Clock, Input, Op, Outcome, Output, Recorder,
+    AttemptRecord, Clock, Input, LeasedTask, Op, Outcome, Output, Recorder,
 };
 use baton_cluster_test::robustness::{
     available_again, board, checkpoint, effect, handoff, progress, queue,
@@ -122,6 +122,17 @@ fn legal_handoff() -> H {
         ticket(1, "accepted", Some("dst")),
     );
     h
+}
+
+/// A lease's answer handing out one task (attempt 1).
+fn leased(task: u64, key: &str, token: Option<u64>, until_ms: Option<u64>) -> Output {
+    Output::Leased(vec![LeasedTask {
+        task,
+        attempt: 1,
+        key: key.into(),
+        token,
+        until_ms,
+    }])
 }
 
 #[test]
@@ -321,20 +332,8 @@ fn t71_two_holders_at_once_are_reported_even_with_rising_fences() {
     let lease = |worker: &str| Input::Lease {
         worker: worker.into(),
     };
-    h.ok(
-        "w0",
-        lease("w0"),
-        10,
-        20,
-        Output::Leased(vec![(1, 1, "key-0".into(), Some(7))]),
-    );
-    h.ok(
-        "w1",
-        lease("w1"),
-        30,
-        40,
-        Output::Leased(vec![(2, 1, "key-0".into(), Some(8))]),
-    );
+    h.ok("w0", lease("w0"), 10, 20, leased(1, "key-0", Some(7), None));
+    h.ok("w1", lease("w1"), 30, 40, leased(2, "key-0", Some(8), None));
     let violations = queue::check(&h.ops, 100_000);
     assert_reported(&violations, "exclusive-hold", true);
     // Both to one worker (its start failed, it leased again while its own permit was live):
@@ -346,7 +345,7 @@ fn t71_two_holders_at_once_are_reported_even_with_rising_fences() {
             lease("w0"),
             call,
             call + 10,
-            Output::Leased(vec![(task, 1, "key-0".into(), Some(token))]),
+            leased(task, "key-0", Some(token), None),
         );
     }
     let violations = queue::check(&h.ops, 100_000);
@@ -441,6 +440,49 @@ fn t71_two_holders_are_judged_on_the_store_clock_when_answers_carry_deadlines() 
     );
     let violations = board::check(&h.ops, 20_000_000);
     assert_eq!(rules(&violations), ["exclusive-hold"], "{violations:?}");
+}
+
+/// A queue permit is judged on the store clock too: a lease applied long after it was sent (a
+/// retry across a failover) holds from its apply, so another worker's lease of the same key
+/// before that lease's store deadline is two holders at once, though counted from the first
+/// lease's sending its TTL had run out (which the client-clock rule alone let pass).
+#[test]
+fn t71_queue_permits_are_judged_on_the_store_clock() {
+    let ttl = queue::LEASE_TTL_MS as u64;
+    let lease = |worker: &str| Input::Lease {
+        worker: worker.into(),
+    };
+    let history = |deadlines: bool, second_applied_at: u64| {
+        let until = |applied_at: u64| deadlines.then_some(applied_at + ttl);
+        let mut h = H::default();
+        // Sent at 0, applied at store time 5,000, answered at 5,010.
+        h.ok(
+            "w0",
+            lease("w0"),
+            0,
+            5_010,
+            leased(1, "key-0", Some(7), until(5_000)),
+        );
+        h.ok(
+            "w1",
+            lease("w1"),
+            5_100,
+            5_200,
+            leased(2, "key-0", Some(8), until(second_applied_at)),
+        );
+        queue::check(&h.ops, 100_000_000)
+    };
+    let holds = |violations: Vec<Violation>| {
+        violations
+            .iter()
+            .filter(|v| v.rule == "exclusive-hold")
+            .map(|v| v.ops.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(holds(history(true, 5_150)), [vec![0, 1]]);
+    assert!(holds(history(true, 5_000 + ttl)).is_empty());
+    // Without the deadlines, the same history passes.
+    assert!(holds(history(false, 5_150)).is_empty());
 }
 
 /// A token handed out twice — for another generation of one ticket, or a claim of another
@@ -642,7 +684,7 @@ async fn t71_recovery_needs_a_grant_not_just_answers() {
             Input::Lease {
                 worker: "w0".into(),
             },
-            Outcome::Ok(Output::Leased(vec![(1, 1, "key-0".into(), Some(1))])),
+            Outcome::Ok(leased(1, "key-0", Some(1), None)),
         ),
         (
             Input::SaveCheckpoint {
@@ -1117,20 +1159,8 @@ fn t71_a_permit_token_granted_twice_and_a_lost_submission_are_reported() {
             replayed: false,
         },
     );
-    h.ok(
-        "w0",
-        lease("w0"),
-        10,
-        20,
-        Output::Leased(vec![(1, 1, "key-0".into(), Some(7))]),
-    );
-    h.ok(
-        "w1",
-        lease("w1"),
-        30,
-        40,
-        Output::Leased(vec![(2, 1, "key-0".into(), Some(7))]),
-    );
+    h.ok("w0", lease("w0"), 10, 20, leased(1, "key-0", Some(7), None));
+    h.ok("w1", lease("w1"), 30, 40, leased(2, "key-0", Some(7), None));
     h.ok(
         "final",
         Input::Attempts { task: 2 },
@@ -1231,7 +1261,7 @@ fn t71_a_lease_without_its_permit_and_a_renewal_changing_the_token_are_reported(
             },
             10 * task,
             10 * task + 5,
-            Output::Leased(vec![(task, 1, key.into(), token)]),
+            leased(task, key, token, None),
         );
     }
     let violations = queue::check(&h.ops, 100_000);

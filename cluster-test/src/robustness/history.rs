@@ -200,6 +200,21 @@ pub struct AttemptRecord {
     pub outcome: String,
 }
 
+/// One task a lease handed out, as its answer said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeasedTask {
+    /// Task id.
+    pub task: u64,
+    /// Attempt number.
+    pub attempt: u32,
+    /// Concurrency key (empty: none).
+    pub key: String,
+    /// Permit token (present exactly when the key is).
+    pub token: Option<u64>,
+    /// The lease's deadline on the store clock (Unix ms), when the answer carried one.
+    pub until_ms: Option<u64>,
+}
+
 /// What came back from a successful operation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Output {
@@ -270,8 +285,8 @@ pub enum Output {
         /// Whether it was a replay.
         replayed: bool,
     },
-    /// Leased assignments: `(task, attempt, concurrency key, token)`.
-    Leased(Vec<(u64, u32, String, Option<u64>)>),
+    /// Leased assignments.
+    Leased(Vec<LeasedTask>),
     /// A queue task's state after start / complete.
     TaskState(String),
     /// A queue task's attempts and state.
@@ -470,8 +485,11 @@ impl fmt::Display for Output {
             Output::Leased(assignments) => {
                 let shown: Vec<String> = assignments
                     .iter()
-                    .map(|(task, attempt, key, token)| {
-                        format!("task={task}/{attempt} key={key} token={token:?}")
+                    .map(|a| {
+                        format!(
+                            "task={}/{} key={} token={:?} until={:?}",
+                            a.task, a.attempt, a.key, a.token, a.until_ms
+                        )
                     })
                     .collect();
                 write!(f, "[{}]", shown.join(", "))

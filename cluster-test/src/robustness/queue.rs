@@ -6,9 +6,9 @@
 //! another concurrency key.
 //!
 //! Checked: every keyed lease carries a non-zero permit token (an unkeyed one none), one
-//! acknowledged permit per key and token, no permit while another worker's was
-//! certainly still live, tokens increasing per key in real time, no
-//! start or completion acknowledged for an attempt whose permit had moved on, the fenced sink's
+//! acknowledged permit per key and token, no permit granted before the store-clock deadline of
+//! an earlier one not completed (each lease's answer carries it), tokens increasing per key in
+//! real time, no start or completion acknowledged for an attempt whose permit had moved on, the fenced sink's
 //! rules, a submission sent again answered with the original task or `IDEMPOTENCY_CONFLICT`, and
 //! after recovery: every acknowledged submission, lease and completion is there, no token appears
 //! twice on a key, and at most one attempt per key is active.
@@ -26,7 +26,7 @@ use rand::Rng;
 use super::check::{
     exclusive_holds, increasing_fences, no_stale_holder, sink, unique_grants, Grant, Use, Violation,
 };
-use super::history::{AttemptRecord, Input, Op, Output, Recorder};
+use super::history::{AttemptRecord, Input, LeasedTask, Op, Output, Recorder};
 
 /// The queue every task goes to.
 pub const QUEUE: &str = "robust-queue";
@@ -266,7 +266,13 @@ fn leased_output(assignments: &[Assignment]) -> Output {
     Output::Leased(
         assignments
             .iter()
-            .map(|a| (a.task_id, a.attempt, a.concurrency_key.clone(), a.token))
+            .map(|a| LeasedTask {
+                task: a.task_id,
+                attempt: a.attempt,
+                key: a.concurrency_key.clone(),
+                token: a.token,
+                until_ms: Some(a.lease_until_ms),
+            })
             .collect(),
     )
 }
@@ -390,7 +396,7 @@ pub fn task_ids(history: &[Op]) -> Vec<u64> {
             Some(Output::Submitted { task, .. }) => {
                 ids.insert(*task);
             }
-            Some(Output::Leased(assignments)) => ids.extend(assignments.iter().map(|a| a.0)),
+            Some(Output::Leased(assignments)) => ids.extend(assignments.iter().map(|a| a.task)),
             _ => {}
         }
     }
@@ -421,7 +427,14 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
         }
         match (&op.input, op.ok()) {
             (Input::Lease { .. }, Some(Output::Leased(assignments))) => {
-                for (task, _, key, token) in assignments {
+                for LeasedTask {
+                    task,
+                    key,
+                    token,
+                    until_ms,
+                    ..
+                } in assignments
+                {
                     // A keyed task comes with its permit, a non-zero token; an unkeyed one with
                     // none (seed 004 §2).
                     if key.is_empty() != token.is_none() || *token == Some(0) {
@@ -437,8 +450,9 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
                             key: key.clone(),
                             fence: *token,
                             op: op.index,
-                            until_ms: None,
-                            renewed_until_ms: None,
+                            // Not renewed by this workload: the lease's own deadline is its end.
+                            until_ms: *until_ms,
+                            renewed_until_ms: *until_ms,
                         });
                     }
                 }
@@ -513,7 +527,14 @@ fn durable(history: &[Op], final_from: u64) -> Vec<Violation> {
                 ));
             }
             (Input::Lease { .. }, Some(Output::Leased(assignments))) => {
-                for (task, attempt, key, token) in assignments {
+                for LeasedTask {
+                    task,
+                    attempt,
+                    key,
+                    token,
+                    ..
+                } in assignments
+                {
                     let found = attempts_of(*task).is_some_and(|(_, attempts)| {
                         attempts
                             .iter()
@@ -624,8 +645,8 @@ fn key_of_task(history: &[Op], task: u64) -> Option<String> {
         ) if *t == task => Some(concurrency_key.clone()),
         (_, Some(Output::Leased(assignments))) => assignments
             .iter()
-            .find(|a| a.0 == task)
-            .map(|a| a.2.clone()),
+            .find(|a| a.task == task)
+            .map(|a| a.key.clone()),
         _ => None,
     })
 }
