@@ -25,13 +25,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use baton_cluster_test::power_cut::{available_or_skip, CutReport};
-use baton_cluster_test::{client_config, Cluster, Options};
+use baton_cluster_test::{client_config, wait, Cluster, Options};
 use baton_rpc::{Client, ClientConfig};
 
 /// Concurrent writers, each saving its own run with seq 1, 2, 3...
 const WRITERS: u64 = 6;
 /// How long the writers run before the power goes.
 const LOAD: Duration = Duration::from_millis(1500);
+/// The most saves a writer makes (it is stopped at the power loss long before).
+const MAX_SAVES: u64 = 1_000_000;
 /// Every this many saves of writer 0 is a large one: its log entry is over sled's blob threshold
 /// (~128 KiB), so it lands in a blob file of its own. One writer only, so that no entry holds
 /// several: the test's debug build ships a megabyte entry too slowly for the 50 ms AppendEntries
@@ -56,7 +58,9 @@ fn run_name(round: usize, writer: u64) -> String {
 /// The highest seq each writer has had acknowledged, updated as they go.
 type Acked = Arc<Mutex<BTreeMap<u64, u64>>>;
 
-/// Starts the writers and leaves them running.
+/// Starts the writers and leaves them running. A save that fails is not counted and the writer
+/// goes on with the next seq (a failed save may still have been applied: the read-back allows a
+/// higher seq than acknowledged), at most [`MAX_SAVES`] each.
 fn start_writers(client: &Client, round: usize) -> (Acked, Vec<tokio::task::JoinHandle<()>>) {
     let acked = Arc::new(Mutex::new(BTreeMap::new()));
     let tasks = (0..WRITERS)
@@ -64,15 +68,13 @@ fn start_writers(client: &Client, round: usize) -> (Acked, Vec<tokio::task::Join
             let (client, acked) = (client.clone(), acked.clone());
             tokio::spawn(async move {
                 let run = run_name(round, writer);
-                for seq in 1.. {
-                    if client
-                        .save_if_newer(&run, seq, &data(writer, seq))
-                        .await
-                        .is_err()
-                    {
-                        return;
+                for seq in 1..=MAX_SAVES {
+                    match client.save_if_newer(&run, seq, &data(writer, seq)).await {
+                        Ok(_) => {
+                            acked.lock().unwrap().insert(writer, seq);
+                        }
+                        Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
                     }
-                    acked.lock().unwrap().insert(writer, seq);
                 }
             })
         })
@@ -126,6 +128,20 @@ async fn t35_acknowledged_writes_survive_a_power_loss_of_every_node() {
             .await
             .unwrap();
         let (acked, writers) = start_writers(&client, round);
+        // Every writer has a save acknowledged before the power goes (a cluster just restarted
+        // on a busy machine may take a while for the first), and then keeps writing a while.
+        wait::until(
+            "every writer acknowledged",
+            Duration::from_secs(60),
+            || async {
+                match acked.lock().unwrap().len() as u64 {
+                    WRITERS => Ok(()),
+                    some => Err(format!("{some} of {WRITERS} writers acknowledged")),
+                }
+            },
+        )
+        .await
+        .unwrap();
         tokio::time::sleep(LOAD).await;
 
         // The power goes while the writers are still writing.

@@ -20,7 +20,10 @@ async fn t37_a_node_whose_raft_stops_on_a_storage_error_exits() {
     let mut cluster = Cluster::start(3, options).await.unwrap();
     let client = cluster.client().await.unwrap();
     let mut n = 0;
+    let mut tries = 0;
     let leader = loop {
+        tries += 1;
+        assert!(tries <= 10, "leadership kept moving: no leader to damage");
         let leader = cluster.leader().await.unwrap();
         let image = cluster
             .data_dir(leader)

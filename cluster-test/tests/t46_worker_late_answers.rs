@@ -114,7 +114,7 @@ async fn handed_back(direct: &Client, id: u64, limit: Duration) -> Task {
 }
 
 /// A worker through `proxy` (one attempt per call, in 2 s) on [`QUEUE`], with a 20 s lease and a
-/// 5 s long poll, whose handler only counts its runs; registered and polling once started.
+/// 5 s long poll, whose handler only counts its runs; registered once started.
 struct Counting {
     finished: mpsc::UnboundedReceiver<Finished>,
     stop: tokio::sync::oneshot::Sender<()>,
@@ -123,7 +123,7 @@ struct Counting {
 }
 
 impl Counting {
-    async fn start(proxy: &Proxy, id: &str) -> Counting {
+    async fn start(direct: &Client, proxy: &Proxy, id: &str) -> Counting {
         let (finished_tx, finished) = mpsc::unbounded_channel::<Finished>();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         // A long poll gets its wait on top of the deadline: one answered at once (a task already
@@ -149,8 +149,19 @@ impl Counting {
                 let _ = stopped.await;
             },
         ));
-        // Registered (its answer must not be late) and polling.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // Registered (its answer must not be late): until then a lease under its id is refused
+        // `UNKNOWN_WORKER`; after, it finds nothing (no task is submitted yet).
+        wait::until("the worker registered", Duration::from_secs(20), || async {
+            match direct
+                .lease(id, &[QUEUE.to_string()], 1, 1_000, Duration::ZERO)
+                .await
+            {
+                Ok(leased) if leased.is_empty() => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await
+        .unwrap();
         Counting {
             finished,
             stop,
@@ -563,7 +574,7 @@ async fn t46_a_start_whose_answer_is_lost_is_failed_harmlessly() {
         proxy,
         proxied: _,
     } = Setup::start().await;
-    let mut worker = Counting::start(&proxy, "t46-unconfirmed").await;
+    let mut worker = Counting::start(&direct, &proxy, "t46-unconfirmed").await;
     proxy.slow_answers(Duration::from_millis(2_500));
     let id = direct.submit(&spec("unconfirmed")).await.unwrap().task.id;
     let finished = worker.finished().await;
@@ -598,7 +609,7 @@ async fn t46_a_harmless_failure_lost_to_an_outage_is_sent_again() {
         proxy,
         proxied: _,
     } = Setup::start().await;
-    let mut worker = Counting::start(&proxy, "t46-fail-resent").await;
+    let mut worker = Counting::start(&direct, &proxy, "t46-fail-resent").await;
     proxy.slow_answers(Duration::from_millis(2_500));
     let id = direct.submit(&spec("fail-resent")).await.unwrap().task.id;
     // Once the start is applied (its answer still held by the proxy), the link goes down: the

@@ -352,4 +352,10 @@ async fn sigterm_ends_a_leader_that_lost_its_quorum() {
         "the leader without a quorum exited {status} {:?} after SIGTERM",
         asked.elapsed()
     );
+    // A clean stop, not one that gave up (or panicked) on the proposal no quorum commits.
+    assert!(
+        status.success(),
+        "exit status {status}\n{}",
+        procs.log_tail(leader)
+    );
 }

@@ -53,20 +53,46 @@ fn an_unreachable_cluster_is_reported_before_the_run() {
     );
 }
 
+/// A bench process that is stopped as a user would stop it (SIGTERM, so it stops its nodes too)
+/// if the test fails before it does; SIGKILL after 20 s.
+struct Stopped(std::process::Child);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let asked = Instant::now();
+        while asked.elapsed() < Duration::from_secs(20) {
+            if !matches!(self.0.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A bench stopped by a signal (Ctrl-C, or SIGTERM to it alone) stops its own cluster's nodes
 /// and removes their temporary data (before: both stayed behind, three nodes serving on).
 #[test]
 fn an_interrupted_bench_leaves_no_nodes_or_data_behind() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut bench = Command::new(env!("CARGO_BIN_EXE_baton"))
-        .args(["bench", "--workload", "handoff", "--clients", "2"])
-        .args(["--warmup", "0s", "--duration", "60s"])
-        .env("TMPDIR", tmp.path())
-        .env_remove("BATON_ENDPOINTS")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut bench = Stopped(
+        Command::new(env!("CARGO_BIN_EXE_baton"))
+            .args(["bench", "--workload", "handoff", "--clients", "2"])
+            .args(["--warmup", "0s", "--duration", "60s"])
+            .env("TMPDIR", tmp.path())
+            .env_remove("BATON_ENDPOINTS")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     // Its cluster is up once a node's data directory exists under the temporary directory.
     let started = Instant::now();
     let data_of = |dir: &std::path::Path| -> Vec<std::path::PathBuf> {
@@ -86,13 +112,13 @@ fn an_interrupted_bench_leaves_no_nodes_or_data_behind() {
     }
     std::thread::sleep(Duration::from_secs(2));
     let kill = Command::new("kill")
-        .args(["-TERM", &bench.id().to_string()])
+        .args(["-TERM", &bench.0.id().to_string()])
         .status()
         .unwrap();
     assert!(kill.success());
-    let status = bench.wait().unwrap();
+    let status = bench.0.wait().unwrap();
     let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut bench.stderr.take().unwrap(), &mut stderr).unwrap();
+    std::io::Read::read_to_string(&mut bench.0.stderr.take().unwrap(), &mut stderr).unwrap();
     assert_eq!(status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("interrupted"), "{stderr}");
     assert!(
