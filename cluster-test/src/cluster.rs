@@ -316,6 +316,14 @@ impl Cluster {
         self.admin.node_info(self.addr(id)).await
     }
 
+    /// Node `id`'s applied index and the digest of its state there (one attempt).
+    pub async fn state_digest(
+        &self,
+        id: u64,
+    ) -> Result<baton_rpc::proto::StateDigestResponse, baton_rpc::Error> {
+        self.admin.state_digest(self.addr(id)).await
+    }
+
     /// Waits until the running nodes agree on one leader: it says it leads, and every other
     /// running node names it at the same term. Returns its id.
     pub async fn leader(&self) -> anyhow::Result<u64> {

@@ -414,6 +414,13 @@ impl Target for DockerCluster {
         self.admin.node_info(&self.addr(id)).await
     }
 
+    async fn state_digest(
+        &self,
+        id: u64,
+    ) -> Result<baton_rpc::proto::StateDigestResponse, baton_rpc::Error> {
+        self.admin.state_digest(&self.addr(id)).await
+    }
+
     /// `docker kill` (SIGKILL), then waits until the container has stopped.
     async fn kill(&mut self, id: u64) -> anyhow::Result<()> {
         let container = self.container(id)?.to_string();

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use baton_cluster_test::history::{lock, verify_live, SharedHistory};
+use baton_cluster_test::robustness::replicas_agree;
 use baton_cluster_test::workload::{self, Workload};
 use baton_cluster_test::{offer_a_to_b, wait, Cluster, Options};
 
@@ -165,6 +166,18 @@ async fn t31_follower_behind_a_purged_log_catches_up_by_snapshot() {
         "the restarted follower logged no snapshot install:\n{}",
         cluster.log_tail(follower, 20)
     );
+    // The follower that installed a snapshot holds the state of those that applied every
+    // entry: their digests at one applied index are equal. And a digest is of the state: a
+    // write changes it.
+    let disagree = replicas_agree(&cluster, Duration::from_secs(30)).await;
+    assert!(disagree.is_empty(), "{disagree:?}");
+    let digest = cluster.state_digest(follower).await.unwrap();
+    assert_eq!(digest.digest.len(), 32, "{digest:?}");
+    let client = cluster.client().await.unwrap();
+    client.offer(offer_a_to_b("t31-digested")).await.unwrap();
+    let after = cluster.state_digest(leader).await.unwrap();
+    assert!(after.applied_index > digest.applied_index, "{after:?}");
+    assert_ne!(after.digest, digest.digest);
 
     // Kill the original leader: the restarted follower must now be part of the quorum.
     cluster.kill(leader).unwrap();

@@ -63,6 +63,12 @@ impl Cluster for SlowLeader {
     ) -> Result<Response<proto::MembershipResponse>, Status> {
         Err(Status::unimplemented("not in this test"))
     }
+    async fn state_digest(
+        &self,
+        _: Request<proto::StateDigestRequest>,
+    ) -> Result<Response<proto::StateDigestResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
     async fn remove_member(
         &self,
         _: Request<proto::RemoveMemberRequest>,

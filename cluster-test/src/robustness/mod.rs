@@ -11,8 +11,8 @@
 //!    [`history::Recorder`];
 //! 3. inject the scenario's faults for a while ([`faults::Nemesis`]), then undo them all and
 //!    wait for the cluster to converge;
-//! 4. require that every workload gets a grant again after recovery, stop the workloads, and read
-//!    back everything that was acknowledged;
+//! 4. require that every workload gets a grant again after recovery, stop the workloads, read
+//!    back everything that was acknowledged, and compare the members' states ([`replicas_agree`]);
 //! 5. run every checker over the finished history.
 //!
 //! Choices (keys, operations, timings, victims) come from one seed, so a failing seed can be
@@ -626,6 +626,8 @@ async fn drive<T: Target>(
             keys.extend(nemesis.probe_keys.iter().cloned());
             read_back(&endpoints, &rec, &keys, mix).await?;
             phase("read-back");
+            violations.extend(replicas_agree(cluster, settings.recovery_limit).await);
+            phase("replicas compared");
             (violations, Some(final_from))
         }
     };
@@ -682,6 +684,70 @@ async fn drive<T: Target>(
         report.history_file = write_history(&report, &report.summary(), settings).ok();
     }
     Ok(report)
+}
+
+/// After recovery every member holds the same state: once they all stand at one applied index
+/// (polled, up to `limit`: the leader's sweeps settle after the workloads stop), their state
+/// digests there must be equal. A member that installed a snapshot, a restarted one that
+/// replayed its log and one that applied every entry as it came must agree; a difference is a
+/// non-deterministic apply rule or a snapshot that loses or adds state, which no read through
+/// the leader shows until that member leads. Rule `replicas-agree`.
+pub async fn replicas_agree<T: Target>(cluster: &T, limit: Duration) -> Vec<Violation> {
+    let started = Instant::now();
+    let mut seen;
+    loop {
+        match member_digests(cluster).await {
+            Ok(digests) => {
+                let indexes: BTreeSet<u64> = digests.iter().map(|(_, d)| d.applied_index).collect();
+                let shown: Vec<String> = digests
+                    .iter()
+                    .map(|(id, d)| {
+                        format!("node {id}: index {} digest {}", d.applied_index, d.digest)
+                    })
+                    .collect();
+                seen = shown.join("; ");
+                if let [index] = indexes.into_iter().collect::<Vec<_>>()[..] {
+                    let distinct: BTreeSet<&str> =
+                        digests.iter().map(|(_, d)| d.digest.as_str()).collect();
+                    if distinct.len() == 1 {
+                        return Vec::new();
+                    }
+                    return vec![Violation::new(
+                        "replicas-agree",
+                        "state",
+                        format!("at applied index {index} the members' states differ: {seen}"),
+                        Vec::new(),
+                    )];
+                }
+            }
+            Err(error) => seen = format!("{error:#}"),
+        }
+        if started.elapsed() > limit {
+            return vec![Violation::new(
+                "replicas-agree",
+                "state",
+                format!(
+                    "the members never stood at one applied index within {limit:?}, so their \
+                     states could not be compared: {seen}"
+                ),
+                Vec::new(),
+            )];
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Every member's applied index and state digest, as the leader names the members.
+async fn member_digests<T: Target>(
+    cluster: &T,
+) -> anyhow::Result<Vec<(u64, baton_rpc::proto::StateDigestResponse)>> {
+    let leader = cluster.leader().await?;
+    let members = cluster.node_info(leader).await?.members;
+    let mut digests = Vec::new();
+    for member in members {
+        digests.push((member.id, cluster.state_digest(member.id).await?));
+    }
+    Ok(digests)
 }
 
 /// Every workload's rules over `history`; `final_from`: when the reads after recovery began (µs;

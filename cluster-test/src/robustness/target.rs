@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use baton_rpc::proto::NodeInfoResponse;
+use baton_rpc::proto::{NodeInfoResponse, StateDigestResponse};
 
 use super::faults::LeaderFault;
 use crate::cluster::Cluster;
@@ -32,6 +32,8 @@ pub trait Target {
     fn timeout(&self) -> Duration;
     /// Node `id`'s own view of itself (one attempt, no retries).
     async fn node_info(&self, id: u64) -> Result<NodeInfoResponse, baton_rpc::Error>;
+    /// Node `id`'s applied index and the digest of its state there (one attempt).
+    async fn state_digest(&self, id: u64) -> Result<StateDigestResponse, baton_rpc::Error>;
     /// Kills node `id` without a graceful shutdown (SIGKILL).
     async fn kill(&mut self, id: u64) -> anyhow::Result<()>;
     /// Restarts a killed node from its data and waits until it answers.
@@ -159,6 +161,10 @@ impl Target for Cluster {
 
     async fn node_info(&self, id: u64) -> Result<NodeInfoResponse, baton_rpc::Error> {
         Cluster::node_info(self, id).await
+    }
+
+    async fn state_digest(&self, id: u64) -> Result<StateDigestResponse, baton_rpc::Error> {
+        Cluster::state_digest(self, id).await
     }
 
     /// A power loss of the node where its data dir can lose power ([`Cluster::lose_power_of`]),

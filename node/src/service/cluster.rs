@@ -10,13 +10,14 @@ use baton_rpc::proto::cluster_server;
 use baton_rpc::proto::{
     snapshot_part, AddLearnerRequest, ChangeMembershipRequest, InitializeRequest,
     InitializeResponse, Member, MembershipResponse, NodeInfoRequest, NodeInfoResponse,
-    RemoveMemberRequest, SaveSnapshotRequest, SnapshotMeta, SnapshotPart, TransferLeaderRequest,
-    TransferLeaderResponse,
+    RemoveMemberRequest, SaveSnapshotRequest, SnapshotMeta, SnapshotPart, StateDigestRequest,
+    StateDigestResponse, TransferLeaderRequest, TransferLeaderResponse,
 };
 use baton_statemachine::Refusal;
 use futures::StreamExt;
 use openraft::error::{InitializeError, RaftError};
 use openraft::{BasicNode, ChangeMembers, ServerState, StoredMembership};
+use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 use tonic::{Code, Request, Response, Status};
 
@@ -137,6 +138,41 @@ pub fn role_name(state: ServerState) -> &'static str {
         ServerState::Learner => "learner",
         ServerState::Shutdown => "shutdown",
     }
+}
+
+impl ClusterService {
+    /// The one slot for encoding the whole state on this node's request (a snapshot save, a
+    /// digest): it costs as much memory as the state again, so a second waits its turn.
+    fn one_encode_at_a_time(&self) -> Result<tokio::sync::OwnedSemaphorePermit, Status> {
+        self.saving.clone().try_acquire_owned().map_err(|_| {
+            infra_status(
+                Code::ResourceExhausted,
+                infra::OVERLOADED,
+                "a snapshot save or state digest is already running on this node; retry when it \
+                 ends",
+            )
+        })
+    }
+}
+
+/// Encodes `state` as a snapshot image holds it, on a blocking thread (it can take seconds).
+async fn encode_off_runtime(state: baton_statemachine::State) -> Result<Vec<u8>, Status> {
+    tokio::task::spawn_blocking(move || codec::encode_state(&state))
+        .await
+        .map_err(|e| {
+            infra_status(
+                Code::Internal,
+                infra::INTERNAL,
+                format!("the state encoder stopped: {e}"),
+            )
+        })?
+        .map_err(|e| {
+            infra_status(
+                Code::Internal,
+                infra::INTERNAL,
+                format!("cannot encode the state: {e}"),
+            )
+        })
 }
 
 type SnapshotStream =
@@ -398,17 +434,30 @@ impl cluster_server::Cluster for ClusterService {
         }))
     }
 
+    async fn state_digest(
+        &self,
+        _request: Request<StateDigestRequest>,
+    ) -> Result<Response<StateDigestResponse>, Status> {
+        let _saving = self.one_encode_at_a_time()?;
+        // This node's own state, not a linearizable read: what is compared is what each replica
+        // applied, at the index it says.
+        let (state, last_applied) = self
+            .node
+            .state_machine
+            .copy(|applied| (applied.state.clone(), applied.last_applied));
+        let state = encode_off_runtime(state).await?;
+        let digest = Sha256::digest(&state);
+        Ok(Response::new(StateDigestResponse {
+            applied_index: last_applied.map(|id| id.index).unwrap_or(0),
+            digest: hex::encode(&digest[..16]),
+        }))
+    }
+
     async fn save_snapshot(
         &self,
         _request: Request<SaveSnapshotRequest>,
     ) -> Result<Response<SnapshotStream>, Status> {
-        let Ok(saving) = self.saving.clone().try_acquire_owned() else {
-            return Err(infra_status(
-                Code::ResourceExhausted,
-                infra::OVERLOADED,
-                "a snapshot save is already running on this node; retry when it ends",
-            ));
-        };
+        let saving = self.one_encode_at_a_time()?;
         // A linearizable read: the state includes every write acknowledged before this call.
         // Only a copy is taken under the lock (its tasks, tickets and keys are shared, not
         // copied); the encode runs after the lock is released, off the runtime.
@@ -427,22 +476,7 @@ impl cluster_server::Cluster for ClusterService {
                 )
             })
             .await?;
-        let state = tokio::task::spawn_blocking(move || codec::encode_state(&state))
-            .await
-            .map_err(|e| {
-                infra_status(
-                    Code::Internal,
-                    infra::INTERNAL,
-                    format!("the state encoder stopped: {e}"),
-                )
-            })?;
-        let state = state.map_err(|e| {
-            infra_status(
-                Code::Internal,
-                infra::INTERNAL,
-                format!("cannot encode the state: {e}"),
-            )
-        })?;
+        let state = encode_off_runtime(state).await?;
         let last = last_applied.ok_or_else(|| {
             infra_status(
                 Code::FailedPrecondition,

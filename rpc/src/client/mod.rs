@@ -356,7 +356,26 @@ impl Client {
     pub async fn node_info(&self, addr: &str) -> Result<proto::NodeInfoResponse, Error> {
         let channel = self.channel(&normalize(addr))?;
         let mut cluster = ClusterClient::new(channel);
-        let attempt = cluster.node_info(proto::NodeInfoRequest {});
+        self.ask_node(addr, cluster.node_info(proto::NodeInfoRequest {}))
+            .await
+    }
+
+    /// One node's applied index and a digest of its own state there (no retries, no
+    /// redirects): members at the same applied index must show the same digest.
+    pub async fn state_digest(&self, addr: &str) -> Result<proto::StateDigestResponse, Error> {
+        let channel = self.channel(&normalize(addr))?;
+        let mut cluster = ClusterClient::new(channel);
+        self.ask_node(addr, cluster.state_digest(proto::StateDigestRequest {}))
+            .await
+    }
+
+    /// One attempt of a call to the node at `addr`, bounded by the attempt timeout; an outage
+    /// names that node.
+    async fn ask_node<T>(
+        &self,
+        addr: &str,
+        attempt: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, Error> {
         match tokio::time::timeout(self.inner.config.attempt_timeout, attempt).await {
             Ok(Ok(reply)) => Ok(reply.into_inner()),
             Ok(Err(status)) => Err(match final_error(&status) {
