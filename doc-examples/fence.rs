@@ -13,10 +13,15 @@ fn is_rust_fence(line: &str) -> bool {
 /// doctests).
 const LIBRARY_SOURCES: &[&str] = &["rpc/src", "statemachine/src"];
 
-/// The text of a doc comment line (`///` or `//!`, one space after it dropped), or `None`.
+/// The text of a doc comment line (`///` or `//!`, one space after it dropped), or `None` (also
+/// for `////...`, a plain comment).
 fn doc_line(line: &str) -> Option<&str> {
     let line = line.trim_start();
-    let doc = line.strip_prefix("///").or_else(|| line.strip_prefix("//!"))?;
+    let doc = match line.strip_prefix("///") {
+        Some(rest) if rest.starts_with('/') => return None,
+        Some(rest) => rest,
+        None => line.strip_prefix("//!")?,
+    };
     Some(doc.strip_prefix(' ').unwrap_or(doc))
 }
 

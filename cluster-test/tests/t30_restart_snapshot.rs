@@ -171,7 +171,7 @@ async fn t31_follower_behind_a_purged_log_catches_up_by_snapshot() {
     // write changes it.
     let disagree = replicas_agree(&cluster, Duration::from_secs(30)).await;
     assert!(disagree.is_empty(), "{disagree:?}");
-    let digest = cluster.state_digest(follower).await.unwrap();
+    let digest = cluster.state_digest(leader).await.unwrap();
     assert_eq!(digest.digest.len(), 32, "{digest:?}");
     let client = cluster.client().await.unwrap();
     client.offer(offer_a_to_b("t31-digested")).await.unwrap();

@@ -9,7 +9,7 @@ use baton_cluster_test::robustness::history::{
     AttemptRecord, Clock, Input, LeasedTask, Op, Outcome, Output, Recorder,
 };
 use baton_cluster_test::robustness::{
-    available_again, board, checkpoint, effect, handoff, progress, queue,
+    self, available_again, board, checkpoint, effect, handoff, progress, queue,
 };
 use baton_rpc::Error;
 use std::time::Duration;
@@ -483,6 +483,27 @@ fn t71_queue_permits_are_judged_on_the_store_clock() {
     assert!(holds(history(true, 5_000 + ttl)).is_empty());
     // Without the deadlines, the same history passes.
     assert!(holds(history(false, 5_150)).is_empty());
+}
+
+/// Replicas agree: members seen at one applied index with different state digests are
+/// reported, naming them; members seen only at different indexes, or agreeing, are not.
+#[test]
+fn t71_members_with_different_states_at_one_index_are_reported() {
+    let seen = |entries: &[(u64, u64, &str)]| {
+        let mut seen = robustness::Digests::new();
+        for (index, node, digest) in entries {
+            seen.entry(*index)
+                .or_default()
+                .insert(*node, digest.to_string());
+        }
+        robustness::digests_disagree(&seen)
+    };
+    let differ = seen(&[(7, 1, "aa"), (7, 2, "aa"), (7, 3, "bb"), (8, 1, "cc")]);
+    assert_eq!(rules(&differ), ["replicas-agree"], "{differ:?}");
+    assert!(differ[0].detail.contains("index 7"), "{differ:?}");
+    assert!(differ[0].detail.contains("node 3: bb"), "{differ:?}");
+    assert!(seen(&[(7, 1, "aa"), (7, 2, "aa"), (7, 3, "aa")]).is_empty());
+    assert!(seen(&[(7, 1, "aa"), (8, 2, "bb"), (9, 3, "cc")]).is_empty());
 }
 
 /// A token handed out twice — for another generation of one ticket, or a claim of another

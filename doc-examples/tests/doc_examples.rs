@@ -79,4 +79,40 @@ fn every_library_doc_example_is_compiled() {
     );
 }
 
+/// The doc-comment reading, on a made-up source: a bare fence and `rust,no_run` are Rust (hidden
+/// `# ` lines shown), `text` and `ignore` are not, a `////` line is a plain comment, and a
+/// block ends where the doc comment does.
+#[test]
+fn doc_comment_blocks_are_read_as_rustdoc_reads_them() {
+    let source = [
+        "//! ```",
+        "//! # let hidden = 1;",
+        "//! let shown = hidden;",
+        "//! ```",
+        "//! ```text",
+        "//! not rust",
+        "//! ```",
+        "/// ```rust,no_run",
+        "/// second();",
+        "/// ```",
+        "/// ```ignore",
+        "/// ignored();",
+        "/// ```",
+        "//// ```",
+        "//// plain();",
+        "//// ```",
+        "/// ```",
+        "/// cut_short();",
+        "fn item() {}",
+    ]
+    .join("\n");
+    assert_eq!(
+        doc_comment_blocks(&source),
+        [
+            "let hidden = 1;\nlet shown = hidden;\n".to_string(),
+            "second();\n".to_string(),
+        ]
+    );
+}
+
 include!("../fence.rs");

@@ -40,11 +40,21 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::error::De
 /// every other state keeps the layout it always had. (A build from before the floor refuses an
 /// image that has one — "trailing bytes" — rather than lose it and hand out fences again.)
 pub fn encode_state(state: &State) -> Result<Vec<u8>, bincode::error::EncodeError> {
-    let mut bytes = encode(state)?;
-    if state.fence_floor > 0 {
-        bytes.extend(encode(&state.fence_floor)?);
-    }
+    let mut bytes = Vec::new();
+    encode_state_into(state, &mut bytes)?;
     Ok(bytes)
+}
+
+/// Writes a state's image ([`encode_state`]) to `writer` (a hasher needs no copy of it).
+pub fn encode_state_into(
+    state: &State,
+    writer: &mut impl std::io::Write,
+) -> Result<(), bincode::error::EncodeError> {
+    encode_into(state, writer)?;
+    if state.fence_floor > 0 {
+        encode_into(&state.fence_floor, writer)?;
+    }
+    Ok(())
 }
 
 /// Decodes a state's image ([`encode_state`]) with a limit that grows with the image

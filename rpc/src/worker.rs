@@ -398,8 +398,8 @@ type FinishHook = Arc<dyn Fn(&Finished) + Send + Sync>;
 
 /// The detail of an attempt the drain stopped before it ended on its own: its handler did not
 /// yield, or its answer was not recorded, within the drain's grace.
-const STOPPED_AT_DRAIN_END: &str =
-    "stopped at the end of a timed-out drain before its answer was recorded; its lease will run out";
+const STOPPED_AT_DRAIN_END: &str = "stopped at the end of a timed-out drain before its answer was \
+     confirmed (a report sent may still be recorded); its lease will run out";
 
 /// The lease an attempt handed back unstarted at shutdown is renewed to (milliseconds): it ends
 /// at once, and the store's expiry puts the task back to waiting.
@@ -488,7 +488,8 @@ impl WorkerBuilder {
     }
 
     /// Called (on the worker's own task) once for every finished attempt, also one a timed-out
-    /// drain had to abort (as [`AttemptEnd::LeaseLost`]). A panic in it is logged and the worker
+    /// drain had to abort (as [`AttemptEnd::LeaseLost`]; an assignment refused as a protocol
+    /// error stays [`AttemptEnd::ProtocolError`]). A panic in it is logged and the worker
     /// goes on.
     pub fn on_finish(mut self, hook: impl Fn(&Finished) + Send + Sync + 'static) -> Self {
         self.on_finish = Some(Arc::new(hook));

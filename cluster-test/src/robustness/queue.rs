@@ -271,7 +271,8 @@ fn leased_output(assignments: &[Assignment]) -> Output {
                 attempt: a.attempt,
                 key: a.concurrency_key.clone(),
                 token: a.token,
-                until_ms: Some(a.lease_until_ms),
+                // 0 would be no deadline at all: judged on the client clock, not vacuously.
+                until_ms: (a.lease_until_ms > 0).then_some(a.lease_until_ms),
             })
             .collect(),
     )

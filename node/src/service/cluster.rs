@@ -157,7 +157,14 @@ impl ClusterService {
 
 /// Encodes `state` as a snapshot image holds it, on a blocking thread (it can take seconds).
 async fn encode_off_runtime(state: baton_statemachine::State) -> Result<Vec<u8>, Status> {
-    tokio::task::spawn_blocking(move || codec::encode_state(&state))
+    off_runtime(move || codec::encode_state(&state)).await
+}
+
+/// Runs an encoding of the whole state on a blocking thread.
+async fn off_runtime<T: Send + 'static>(
+    encode: impl FnOnce() -> Result<T, bincode::error::EncodeError> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::task::spawn_blocking(encode)
         .await
         .map_err(|e| {
             infra_status(
@@ -438,15 +445,21 @@ impl cluster_server::Cluster for ClusterService {
         &self,
         _request: Request<StateDigestRequest>,
     ) -> Result<Response<StateDigestResponse>, Status> {
-        let _saving = self.one_encode_at_a_time()?;
+        let saving = self.one_encode_at_a_time()?;
         // This node's own state, not a linearizable read: what is compared is what each replica
         // applied, at the index it says.
         let (state, last_applied) = self
             .node
             .state_machine
             .copy(|applied| (applied.state.clone(), applied.last_applied));
-        let state = encode_off_runtime(state).await?;
-        let digest = Sha256::digest(&state);
+        // Encoded straight into the hash (no image in memory), off the runtime; the slot is
+        // held until that ends, also when the caller gives up first.
+        let digest = off_runtime(move || {
+            let _saving = saving;
+            let mut hash = Sha256::new();
+            codec::encode_state_into(&state, &mut hash).map(|()| hash.finalize())
+        })
+        .await?;
         Ok(Response::new(StateDigestResponse {
             applied_index: last_applied.map(|id| id.index).unwrap_or(0),
             digest: hex::encode(&digest[..16]),
