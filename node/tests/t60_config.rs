@@ -210,6 +210,13 @@ fn unworkable_values_are_refused_by_the_check() {
             vec![],
             "limits.max_request_bytes",
         ),
+        // So large that its log entry could claim more than a node decodes: the leader would
+        // append an entry no member (itself included, at its next start) could read back.
+        (
+            vec!["--max-request-bytes", "67108864"],
+            vec![],
+            "limits.max_request_bytes",
+        ),
         // A slow stream would be cut only after its resume point left the history.
         (
             vec![

@@ -309,6 +309,13 @@ pub fn undialable(addr: &str) -> Option<String> {
 /// or one call alone).
 const MIN_REQUEST_BYTES: usize = 2 << 20;
 
+/// The largest `limits.max_request_bytes`. A request becomes a log entry, and reading an entry
+/// back is bounded by what it may claim in memory (`codec::DECODE_LIMIT`, 256 MiB), where a
+/// value counts at its width in memory: an empty string costs 2 bytes on the wire and 8 there.
+/// At an eighth of that bound no accepted request can make an entry its own node, or any
+/// member, refuses to read.
+const MAX_REQUEST_BYTES: usize = 32 << 20;
+
 /// How many heartbeats an election timeout must span at least, so that one late heartbeat
 /// (the heartbeat is also the AppendEntries deadline) does not start an election.
 const MIN_HEARTBEATS_PER_ELECTION: u32 = 3;
@@ -575,6 +582,15 @@ impl LimitSettings {
                 format!(
                     "must be at least {MIN_REQUEST_BYTES} (2 MiB): room for the largest payload \
                      (1 MiB) with its request, and for the client library's batches"
+                ),
+            ));
+        }
+        if self.max_request_bytes > MAX_REQUEST_BYTES {
+            return Err(invalid(
+                "limits.max_request_bytes",
+                format!(
+                    "must be at most {MAX_REQUEST_BYTES} (32 MiB): a larger request could become a \
+                     log entry the members cannot read back"
                 ),
             ));
         }
