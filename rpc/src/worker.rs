@@ -397,7 +397,7 @@ impl WorkerSummary {
 type FinishHook = Arc<dyn Fn(&Finished) + Send + Sync>;
 
 /// The detail of an attempt the drain stopped before it ended on its own: its handler did not
-/// yield, or its answer was not recorded, within the drain's grace.
+/// yield, or its answer was not confirmed, within the drain's grace.
 const STOPPED_AT_DRAIN_END: &str = "stopped at the end of a timed-out drain before its answer was \
      confirmed (a report sent may still be recorded); its lease will run out";
 

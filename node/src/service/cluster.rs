@@ -155,12 +155,7 @@ impl ClusterService {
     }
 }
 
-/// Encodes `state` as a snapshot image holds it, on a blocking thread (it can take seconds).
-async fn encode_off_runtime(state: baton_statemachine::State) -> Result<Vec<u8>, Status> {
-    off_runtime(move || codec::encode_state(&state)).await
-}
-
-/// Runs an encoding of the whole state on a blocking thread.
+/// Runs an encoding of the whole state on a blocking thread (it can take seconds).
 async fn off_runtime<T: Send + 'static>(
     encode: impl FnOnce() -> Result<T, bincode::error::EncodeError> + Send + 'static,
 ) -> Result<T, Status> {
@@ -489,7 +484,7 @@ impl cluster_server::Cluster for ClusterService {
                 )
             })
             .await?;
-        let state = encode_off_runtime(state).await?;
+        let state = off_runtime(move || codec::encode_state(&state)).await?;
         let last = last_applied.ok_or_else(|| {
             infra_status(
                 Code::FailedPrecondition,
