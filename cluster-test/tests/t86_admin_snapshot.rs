@@ -107,6 +107,14 @@ async fn a_saved_snapshot_restores_into_a_new_cluster_that_continues_above_it() 
         "{}",
         show(&status)
     );
+    // The members restored from one file and then written to hold one state.
+    let verify = verify_of(&procs);
+    assert!(verify.status.success(), "{}", show(&verify));
+    assert!(
+        String::from_utf8_lossy(&verify.stdout).contains("ok: 3 members agree at applied index"),
+        "{}",
+        show(&verify)
+    );
     procs.kill_all();
 
     // Node 3 restored with another raise: the same log position, another state. Raft compares
@@ -122,9 +130,21 @@ async fn a_saved_snapshot_restores_into_a_new_cluster_that_continues_above_it() 
     let usual = restore(&mixed, &file, &mixed.data_dir(1), 1, &members, None);
     restore(&mixed, &file, &mixed.data_dir(2), 2, &members, None);
     assert_ne!(odd, usual);
-    for id in 1..=2 {
-        mixed.start(id).await.unwrap();
-    }
+    // Nodes 1 and 3 alone refuse each other (their cluster ids differ): no quorum, no new
+    // entry, so both stand at the restore's log position, with different states there.
+    mixed.start(1).await.unwrap();
+    mixed.start(3).await.unwrap();
+    let verify = verify_of(&mixed);
+    assert_eq!(verify.status.code(), Some(1), "{}", show(&verify));
+    assert!(
+        String::from_utf8_lossy(&verify.stderr).contains("STATE MISMATCH"),
+        "{}",
+        show(&verify)
+    );
+    // Node 3 joins again once nodes 1 and 2 lead (the leader search wants every running node
+    // to name it, which node 3 never will).
+    tokio::task::block_in_place(|| mixed.terminate(3, Duration::from_secs(30))).unwrap();
+    mixed.start(2).await.unwrap();
     let leader = mixed.leader().await.unwrap();
     mixed.start(3).await.unwrap();
     let client = mixed.client(Security::default()).await.unwrap();
@@ -307,6 +327,20 @@ fn restore_command(
 }
 
 /// `baton status` of `procs`' nodes.
+/// `baton cluster verify` against every node of `procs`, given 5 s.
+fn verify_of(procs: &Procs) -> std::process::Output {
+    procs
+        .cli(&[
+            "--endpoints",
+            &procs.endpoints().join(","),
+            "cluster",
+            "verify",
+            "--timeout",
+            "5s",
+        ])
+        .unwrap()
+}
+
 fn status_of(procs: &Procs) -> std::process::Output {
     procs
         .cli(&["--endpoints", &procs.endpoints().join(","), "status"])

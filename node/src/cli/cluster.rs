@@ -1,4 +1,4 @@
-//! `baton cluster init` and `baton status`.
+//! `baton cluster init` and `baton status` (`baton cluster verify` is in [`super::verify`]).
 
 use std::collections::BTreeMap;
 
@@ -16,6 +16,14 @@ use super::exit;
 pub enum ClusterCommand {
     /// Form one cluster from the running nodes named by --endpoints (each reports its own id).
     Init,
+    /// Check that the members hold the same state: each reports a digest of its state at its
+    /// applied index, and members at one index must agree (exit 1 when two differ, 4 when they
+    /// were never all seen at one index).
+    Verify {
+        /// How long to keep asking while writes keep the members' applied indexes apart.
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+    },
 }
 
 pub async fn run(
@@ -26,6 +34,9 @@ pub async fn run(
 ) -> u8 {
     match command {
         ClusterCommand::Init => init(endpoints, config, security).await,
+        ClusterCommand::Verify { timeout } => {
+            super::verify::verify(endpoints, config, security, timeout).await
+        }
     }
 }
 

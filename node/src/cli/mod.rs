@@ -28,6 +28,7 @@ mod sink;
 mod snapshot;
 mod task_command;
 mod ticket;
+mod verify;
 mod watch;
 
 /// Bytes for a `name=value` line: as they are when UTF-8, else `name_base64=...` (never

@@ -1,0 +1,106 @@
+//! `baton cluster verify`: do the members hold the same state? Raft applies one log on every
+//! member, so members at one applied index must hold one state; a difference (a bug in an apply
+//! rule, a damaged snapshot, members restored from different files) stays invisible to clients,
+//! whose reads go through the leader, until the odd member leads. Each member reports its
+//! applied index and a digest of its state there (`Cluster/StateDigest`); members that stand at
+//! different indexes (writes going on) are asked again until they meet or the time is up.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use baton_rpc::{Client, ClientConfig, Security};
+
+use super::exit;
+
+/// Asks the members for their digests until all were seen at one applied index, or `within`
+/// passes. Exit 0: they agree; 1: two differ at one index; 4: no common index was seen (a
+/// member did not answer, or writes kept the indexes apart).
+pub async fn verify(
+    endpoints: &[String],
+    config: ClientConfig,
+    security: Security,
+    within: Duration,
+) -> u8 {
+    let client = match Client::new_with_security(endpoints, config, security) {
+        Ok(client) => client,
+        Err(error) => return exit::report(&error),
+    };
+    let mut members = None;
+    for endpoint in client.endpoints() {
+        if let Ok(info) = client.node_info(endpoint).await {
+            if info.initialized {
+                members = Some(info.members);
+                break;
+            }
+        }
+    }
+    let Some(members) = members else {
+        eprintln!("baton: no node at {endpoints:?} answered as a member of a cluster");
+        return exit::UNREACHABLE;
+    };
+    let started = Instant::now();
+    // Per applied index, per member: the digest seen there.
+    let mut seen: BTreeMap<u64, BTreeMap<u64, String>> = BTreeMap::new();
+    let mut last_error = BTreeMap::new();
+    loop {
+        for member in &members {
+            match client.state_digest(&member.addr).await {
+                Ok(digest) => {
+                    last_error.remove(&member.id);
+                    seen.entry(digest.applied_index)
+                        .or_default()
+                        .insert(member.id, digest.digest);
+                }
+                Err(error) => {
+                    last_error.insert(member.id, error.to_string());
+                }
+            }
+        }
+        if let Some((index, at)) = seen
+            .iter()
+            .find(|(_, at)| at.values().collect::<std::collections::BTreeSet<_>>().len() > 1)
+        {
+            for (id, digest) in at {
+                out!("node {id}: applied {index} digest {digest}");
+            }
+            eprintln!(
+                "baton: STATE MISMATCH: the members hold different states at applied index \
+                 {index}. Clients read through the leader and see one of them; the others would \
+                 answer differently once they lead. Keep their data dirs for a bug report, then \
+                 replace the odd ones out as dead nodes (`baton members remove`, then `members \
+                 add` under a new id with an empty data dir)"
+            );
+            return exit::FAILURE;
+        }
+        if let Some((index, at)) = seen
+            .iter()
+            .rev()
+            .find(|(_, at)| members.iter().all(|m| at.contains_key(&m.id)))
+        {
+            let digest = at.values().next().cloned().unwrap_or_default();
+            out!(
+                "ok: {} members agree at applied index {index} (digest {digest})",
+                members.len()
+            );
+            return exit::OK;
+        }
+        if started.elapsed() >= within {
+            let missing: Vec<String> = last_error
+                .iter()
+                .map(|(id, error)| format!("node {id}: {error}"))
+                .collect();
+            eprintln!(
+                "baton: the members were never all seen at one applied index within {within:?} \
+                 (writes going on, or a member not answering{}); no difference was seen where two \
+                 were",
+                if missing.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", missing.join("; "))
+                }
+            );
+            return exit::UNREACHABLE;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
