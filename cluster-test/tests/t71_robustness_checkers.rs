@@ -11,6 +11,8 @@ use baton_cluster_test::robustness::history::{
 use baton_cluster_test::robustness::{
     self, available_again, board, checkpoint, effect, handoff, progress, queue,
 };
+use baton_rpc::proto::StateDigestResponse;
+use baton_rpc::replicas::SeenDigests;
 use baton_rpc::Error;
 use std::time::Duration;
 
@@ -489,12 +491,14 @@ fn t71_queue_permits_are_judged_on_the_store_clock() {
 /// reported, naming them; members seen only at different indexes, or agreeing, are not.
 #[test]
 fn t71_members_with_different_states_at_one_index_are_reported() {
-    let seen = |entries: &[(u64, u64, &str)]| {
-        let mut seen = robustness::Digests::new();
-        for (index, node, digest) in entries {
-            seen.entry(*index)
-                .or_default()
-                .insert(*node, digest.to_string());
+    let seen = |answers: &[(u64, u64, &str)]| {
+        let mut seen = SeenDigests::default();
+        for (index, node, digest) in answers {
+            let answer = StateDigestResponse {
+                applied_index: *index,
+                digest: digest.to_string(),
+            };
+            seen.record(*node, &answer);
         }
         robustness::digests_disagree(&seen)
     };

@@ -17,6 +17,7 @@ mod client;
 pub mod convert;
 pub mod error;
 pub mod judge;
+pub mod replicas;
 pub mod worker;
 
 pub use client::{

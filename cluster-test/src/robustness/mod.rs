@@ -32,7 +32,7 @@ pub mod history;
 pub mod queue;
 pub mod target;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,6 +40,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use baton_rpc::replicas::SeenDigests;
 use baton_rpc::{Client, ClientConfig};
 use futures::StreamExt;
 use rand::rngs::StdRng;
@@ -696,9 +697,9 @@ async fn drive<T: Target>(
 /// index within `limit` are not a violation (nothing was seen to differ); that is printed.
 pub async fn replicas_agree<T: Target>(cluster: &T, limit: Duration) -> Vec<Violation> {
     let started = Instant::now();
-    let mut seen = Digests::new();
+    let mut seen = SeenDigests::default();
     loop {
-        let members = match cluster.leader().await {
+        let members: Vec<u64> = match cluster.leader().await {
             Ok(leader) => match cluster.node_info(leader).await {
                 Ok(info) => info.members.iter().map(|m| m.id).collect(),
                 Err(_) => Vec::new(),
@@ -706,18 +707,12 @@ pub async fn replicas_agree<T: Target>(cluster: &T, limit: Duration) -> Vec<Viol
             Err(_) => Vec::new(),
         };
         for id in &members {
-            if let Ok(digest) = cluster.state_digest(*id).await {
-                seen.entry(digest.applied_index)
-                    .or_default()
-                    .insert(*id, digest.digest);
+            if let Ok(answer) = cluster.state_digest(*id).await {
+                seen.record(*id, &answer);
             }
         }
         let violations = digests_disagree(&seen);
-        let compared = !members.is_empty()
-            && seen
-                .values()
-                .any(|at| members.iter().all(|id| at.contains_key(id)));
-        if !violations.is_empty() || compared {
+        if !violations.is_empty() || seen.common(&members).is_some() {
             return violations;
         }
         if started.elapsed() > limit {
@@ -731,13 +726,9 @@ pub async fn replicas_agree<T: Target>(cluster: &T, limit: Duration) -> Vec<Viol
     }
 }
 
-/// Members' state digests as seen: per applied index, per member.
-pub type Digests = BTreeMap<u64, BTreeMap<u64, String>>;
-
 /// Two members seen with different state digests at one applied index.
-pub fn digests_disagree(seen: &Digests) -> Vec<Violation> {
-    seen.iter()
-        .filter(|(_, at)| at.values().collect::<BTreeSet<_>>().len() > 1)
+pub fn digests_disagree(seen: &SeenDigests) -> Vec<Violation> {
+    seen.disagreement()
         .map(|(index, at)| {
             let shown: Vec<String> = at
                 .iter()
@@ -753,6 +744,7 @@ pub fn digests_disagree(seen: &Digests) -> Vec<Violation> {
                 Vec::new(),
             )
         })
+        .into_iter()
         .collect()
 }
 

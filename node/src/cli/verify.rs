@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use baton_rpc::replicas::SeenDigests;
 use baton_rpc::{Client, ClientConfig, Security};
 
 use super::exit;
@@ -39,27 +40,22 @@ pub async fn verify(
         return exit::UNREACHABLE;
     };
     let started = Instant::now();
-    // Per applied index, per member: the digest seen there.
-    let mut seen: BTreeMap<u64, BTreeMap<u64, String>> = BTreeMap::new();
+    let ids: Vec<u64> = members.iter().map(|m| m.id).collect();
+    let mut seen = SeenDigests::default();
     let mut last_error = BTreeMap::new();
     loop {
         for member in &members {
             match client.state_digest(&member.addr).await {
-                Ok(digest) => {
+                Ok(answer) => {
                     last_error.remove(&member.id);
-                    seen.entry(digest.applied_index)
-                        .or_default()
-                        .insert(member.id, digest.digest);
+                    seen.record(member.id, &answer);
                 }
                 Err(error) => {
                     last_error.insert(member.id, error.to_string());
                 }
             }
         }
-        if let Some((index, at)) = seen
-            .iter()
-            .find(|(_, at)| at.values().collect::<std::collections::BTreeSet<_>>().len() > 1)
-        {
+        if let Some((index, at)) = seen.disagreement() {
             for (id, digest) in at {
                 out!("node {id}: applied {index} digest {digest}");
             }
@@ -72,12 +68,7 @@ pub async fn verify(
             );
             return exit::FAILURE;
         }
-        if let Some((index, at)) = seen
-            .iter()
-            .rev()
-            .find(|(_, at)| members.iter().all(|m| at.contains_key(&m.id)))
-        {
-            let digest = at.values().next().cloned().unwrap_or_default();
+        if let Some((index, digest)) = seen.common(&ids) {
             out!(
                 "ok: {} members agree at applied index {index} (digest {digest})",
                 members.len()
