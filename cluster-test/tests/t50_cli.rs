@@ -324,6 +324,22 @@ async fn t51_bad_usage_exits_2() {
             "--ttl",
             "500us",
         ],
+        // A payload that is not JSON, also with no cluster to reach (before: exit 4 after the
+        // leader search).
+        vec![
+            "--endpoints",
+            "127.0.0.1:1",
+            "task",
+            "submit",
+            "--queue",
+            "q",
+            "--idempotency-key",
+            "k",
+            "--handler",
+            "h",
+            "--payload",
+            "{not json",
+        ],
     ] {
         let run = cli::run(&bin, &args, LIMIT).await.unwrap();
         assert_eq!(run.code, Some(2), "baton {}: {run}", args.join(" "));
@@ -333,7 +349,7 @@ async fn t51_bad_usage_exits_2() {
             args.join(" ")
         );
     }
-    println!("t51: eight kinds of bad usage exit 2");
+    println!("t51: nine kinds of bad usage exit 2");
 }
 
 #[tokio::test]

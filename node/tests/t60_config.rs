@@ -67,6 +67,47 @@ fn the_printed_default_config_is_accepted_as_a_config_file() {
     );
 }
 
+/// Output into a pipe whose reader has gone (`baton node --print-default-config | head -1`)
+/// ends the command with exit 141, as a filter killed by SIGPIPE ends, and no panic (before:
+/// exit 101 and a panic message).
+#[test]
+fn printing_into_a_closed_pipe_exits_141() {
+    let certs = tempfile::tempdir().unwrap();
+    let out_dir = certs.path().to_str().unwrap();
+    for args in [
+        vec!["node", "--print-default-config"],
+        vec!["node", "--check-config", "--id", "1"],
+        vec![
+            "certs",
+            "generate",
+            "--out",
+            out_dir,
+            "--hosts",
+            "127.0.0.1",
+        ],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let ended = Command::new(BATON)
+            .args(&args)
+            .env_clear()
+            .stdout(writer)
+            .output()
+            .unwrap();
+        assert_eq!(
+            ended.status.code(),
+            Some(141),
+            "{args:?}: {}",
+            stderr(&ended)
+        );
+        assert!(
+            !stderr(&ended).contains("panicked"),
+            "{args:?}: {}",
+            stderr(&ended)
+        );
+    }
+}
+
 #[test]
 fn flags_beat_the_environment_which_beats_the_file() {
     let dir = tempfile::tempdir().unwrap();

@@ -56,7 +56,7 @@ pub fn run(command: CertsCommand) -> u8 {
     match generate(&out, &name, &hosts, client) {
         Ok(written) => {
             for path in written {
-                println!("wrote {}", path.display());
+                out!("wrote {}", path.display());
             }
             exit::OK
         }

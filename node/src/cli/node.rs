@@ -174,7 +174,7 @@ impl NodeArgs {
 /// Runs `baton node` and returns its exit code.
 pub async fn run(args: NodeArgs, security: &SecurityArgs) -> u8 {
     if args.print_default_config {
-        print!("{DEFAULT_CONFIG_TOML}");
+        super::write_out(DEFAULT_CONFIG_TOML.as_bytes());
         return exit::OK;
     }
     let overrides = args.overrides(security);
@@ -261,10 +261,10 @@ fn check(loaded: &Loaded) -> u8 {
     for name in &loaded.ignored_env {
         eprintln!("baton node: warning: {name} names no config key; it is ignored");
     }
-    println!("# The configuration is valid. Effective settings:");
+    out!("# The configuration is valid. Effective settings:");
     for (key, origin) in &loaded.overridden {
-        println!("# {key} is set by {origin}");
+        out!("# {key} is set by {origin}");
     }
-    print!("{text}");
+    super::write_out(text.as_bytes());
     exit::OK
 }

@@ -43,8 +43,8 @@ pub enum TaskCommand {
         /// The handler name a worker dispatches on (`BATON_HANDLER` for `baton worker run`).
         #[arg(long)]
         handler: String,
-        /// The payload, a JSON document (anything else is refused before anything is sent).
-        #[arg(long)]
+        /// The payload, a JSON document (anything else is refused before the cluster is reached).
+        #[arg(long, value_parser = json_document)]
         payload: String,
         /// The resource key: one active attempt per (namespace, key) across all queues.
         #[arg(long, default_value = "")]
@@ -190,10 +190,6 @@ pub async fn run_task(command: TaskCommand, client: &Client) -> u8 {
             handler_version,
             payload_version,
         } => {
-            if let Err(error) = serde_json::from_str::<Value>(&payload) {
-                eprintln!("baton: --payload must be a JSON document: {error}");
-                return exit::USAGE;
-            }
             let spec = TaskSpec {
                 queue,
                 idempotency_key,
@@ -402,6 +398,13 @@ fn print_attempts(attempts: &[Attempt]) {
 }
 
 // ---------------------------------------------------------------- worker run
+
+/// A `--payload` argument: kept as given once it parses as JSON, refused (exit 2) otherwise.
+fn json_document(text: &str) -> Result<String, String> {
+    serde_json::from_str::<Value>(text)
+        .map(|_| text.to_string())
+        .map_err(|error| format!("must be a JSON document: {error}"))
+}
 
 /// A worker ready to run `command`'s program, checked before anything is leased or the cluster
 /// is even reached: its settings (the builder's limits) and its program (see [`check_program`]).
