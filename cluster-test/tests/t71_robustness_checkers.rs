@@ -6,10 +6,10 @@
 
 use baton_cluster_test::robustness::check::{self, Violation};
 use baton_cluster_test::robustness::history::{
-    AttemptRecord, Clock, Input, LeasedTask, Op, Outcome, Output, Recorder,
+    AttemptEnd, AttemptRecord, Clock, Input, LeasedTask, Op, Outcome, Output, Recorder,
 };
 use baton_cluster_test::robustness::{
-    self, available_again, board, checkpoint, effect, handoff, progress, queue,
+    self, available_again, board, chain, checkpoint, effect, handoff, progress, queue,
 };
 use baton_rpc::proto::StateDigestResponse;
 use baton_rpc::replicas::SeenDigests;
@@ -1526,6 +1526,30 @@ fn t71_stale_and_phantom_listings_are_reported() {
         h.ok("r", Input::ListTasks, 5, 15, listing(seen));
         assert!(board_rules(h, 100, 1).is_empty(), "saw {seen}");
     }
+    // A chain step's claims count for its listed fence as a task's do (a listing shows every
+    // task): claimed once, fence 1 is no phantom; fence 2 is, and fence 0 after the claim's
+    // answer is stale.
+    for (seen, expected) in [
+        (1, vec![]),
+        (2, vec!["phantom-fence"]),
+        (0, vec!["stale-read"]),
+    ] {
+        let mut h = H::default();
+        h.ok("c0", claim_step("chain-0-0", "c0"), 0, 10, lease_of(1));
+        h.ok(
+            "r",
+            Input::ListTasks,
+            20,
+            30,
+            Output::Tasks(vec![("chain-0-0".into(), "claimed".into(), seen)]),
+        );
+        let violations = board::check(&h.ops, 100_000_000);
+        let found: Vec<&str> = rules(&violations)
+            .into_iter()
+            .filter(|rule| *rule != "lost-ack")
+            .collect();
+        assert_eq!(found, expected, "saw {seen}: {violations:?}");
+    }
 }
 
 fn save(seq: u64, data: &str) -> Input {
@@ -1713,4 +1737,436 @@ fn t71_a_resubmission_gets_the_original_task_or_idempotency_conflict() {
         assert_eq!(flagged.len(), 1, "{what}: {flagged:?}");
         assert!(flagged[0].ops.contains(&5), "{what}: {flagged:?}");
     }
+}
+
+fn attempt_list(state: &str, outcome: &str, token: u64) -> Output {
+    Output::AttemptList {
+        state: state.into(),
+        attempts: vec![AttemptRecord {
+            number: 1,
+            worker: "w0".into(),
+            token: Some(token),
+            outcome: outcome.into(),
+        }],
+    }
+}
+
+fn end_attempt(task: u64, token: u64, end: AttemptEnd) -> Input {
+    Input::EndAttempt {
+        task,
+        attempt: 1,
+        worker: "w0".into(),
+        concurrency_key: "key-0".into(),
+        token,
+        end,
+    }
+}
+
+fn cancel_task(task: u64) -> Input {
+    Input::CancelTask {
+        task,
+        concurrency_key: "key-0".into(),
+    }
+}
+
+/// A worker's failure, an unknown outcome and a cancel free the key's permit: the next lease of
+/// the key within the first's TTL is legal after one of them was sent (answered or not), and
+/// two holders at once after a refused one, or after a cancel whose answer shows it cancelled
+/// no leased attempt.
+#[test]
+fn t71_a_failure_unknown_or_cancel_ends_a_queue_permit() {
+    let history = |end: &dyn Fn(&mut H)| {
+        let mut h = H::default();
+        let lease = |worker: &str| Input::Lease {
+            worker: worker.into(),
+        };
+        h.ok("w0", lease("w0"), 0, 10, leased(1, "key-0", Some(7), None));
+        end(&mut h);
+        h.ok(
+            "w1",
+            lease("w1"),
+            1_000,
+            1_010,
+            leased(2, "key-0", Some(8), None),
+        );
+        queue::check(&h.ops, 100_000)
+    };
+    for end in [
+        AttemptEnd::Fail { retryable: true },
+        AttemptEnd::Fail { retryable: false },
+        AttemptEnd::Unknown,
+    ] {
+        let ok = history(&|h| {
+            h.ok(
+                "w0",
+                end_attempt(1, 7, end),
+                500,
+                510,
+                Output::TaskState("X".into()),
+            )
+        });
+        assert_reported(&ok, "exclusive-hold", false);
+        let unanswered = history(&|h| h.ambiguous("w0", end_attempt(1, 7, end), 500));
+        assert_reported(&unanswered, "exclusive-hold", false);
+        let refused = history(&|h| h.refused("w0", end_attempt(1, 7, end), 500, 510, "LEASE_LOST"));
+        assert_reported(&refused, "exclusive-hold", true);
+    }
+    let cancelled = history(&|h| {
+        h.ok(
+            "s",
+            cancel_task(1),
+            500,
+            510,
+            attempt_list("CANCELLED", "CANCELLED", 7),
+        )
+    });
+    assert_reported(&cancelled, "exclusive-hold", false);
+    let unanswered = history(&|h| h.ambiguous("s", cancel_task(1), 500));
+    assert_reported(&unanswered, "exclusive-hold", false);
+    // Answered, but what it cancelled was not the leased attempt (a waiting retry, say).
+    let other = history(&|h| {
+        h.ok(
+            "s",
+            cancel_task(1),
+            500,
+            510,
+            attempt_list("CANCELLED", "FAILED", 7),
+        )
+    });
+    assert_reported(&other, "exclusive-hold", true);
+    let refused = history(&|h| h.refused("s", cancel_task(1), 500, 510, "ALREADY_STARTED"));
+    assert_reported(&refused, "exclusive-hold", true);
+}
+
+/// After recovery an acknowledged failure, unknown outcome or cancel must be what the task
+/// shows; a cancelled task is never leased or started again; a cancel refused with a code no
+/// correct store sends for it is reported.
+#[test]
+fn t71_queue_failures_unknowns_and_cancels_are_durable_and_final() {
+    let judged = |input: Input, final_state: &str, outcome: &str| {
+        let mut h = H::default();
+        h.ok("s", input, 0, 10, Output::TaskState("X".into()));
+        h.ok(
+            "final",
+            Input::Attempts { task: 1 },
+            100,
+            110,
+            attempt_list(final_state, outcome, 7),
+        );
+        queue::check(&h.ops, 100_000)
+    };
+    let fail = end_attempt(1, 7, AttemptEnd::Fail { retryable: false });
+    assert!(judged(fail.clone(), "FAILED", "FAILED").is_empty());
+    assert_eq!(rules(&judged(fail, "SUCCEEDED", "SUCCEEDED")), ["lost-ack"]);
+    // A retryable failure may be retried: only the attempt's outcome is fixed.
+    let retry = end_attempt(1, 7, AttemptEnd::Fail { retryable: true });
+    assert!(judged(retry.clone(), "WAITING", "FAILED").is_empty());
+    assert_eq!(rules(&judged(retry, "WAITING", "EXPIRED")), ["lost-ack"]);
+    let unknown = end_attempt(1, 7, AttemptEnd::Unknown);
+    assert!(judged(unknown.clone(), "NEEDS_REVIEW", "UNKNOWN").is_empty());
+    assert_eq!(rules(&judged(unknown, "FAILED", "UNKNOWN")), ["lost-ack"]);
+    assert!(judged(cancel_task(1), "CANCELLED", "CANCELLED").is_empty());
+    assert_eq!(
+        rules(&judged(cancel_task(1), "LEASED", "ACTIVE")),
+        ["lost-ack"]
+    );
+
+    // Leased or started after the cancel's answer: reported; before it, or sent before it and
+    // answered after (concurrent), not.
+    let mut h = H::default();
+    h.ok(
+        "s",
+        cancel_task(1),
+        100,
+        110,
+        attempt_list("CANCELLED", "CANCELLED", 7),
+    );
+    h.ok(
+        "w1",
+        Input::Lease {
+            worker: "w1".into(),
+        },
+        105,
+        130,
+        leased(1, "key-0", Some(8), None),
+    );
+    h.ok(
+        "w2",
+        Input::Lease {
+            worker: "w2".into(),
+        },
+        200,
+        210,
+        leased(1, "key-0", Some(9), None),
+    );
+    h.ok(
+        "w2",
+        Input::StartAttempt {
+            task: 1,
+            attempt: 1,
+            worker: "w2".into(),
+            concurrency_key: "key-0".into(),
+            token: 9,
+        },
+        220,
+        230,
+        Output::TaskState("RUNNING".into()),
+    );
+    let violations = queue::check(&h.ops, 100_000);
+    let cancels: Vec<&Violation> = violations
+        .iter()
+        .filter(|v| v.rule == "cancel-final")
+        .collect();
+    assert_eq!(cancels.len(), 2, "{violations:?}");
+    assert!(
+        cancels.iter().all(|v| v.ops[0] == 0 && v.ops[1] >= 2),
+        "{violations:?}"
+    );
+
+    let mut h = H::default();
+    h.refused("s", cancel_task(1), 0, 10, "UNKNOWN_TASK");
+    let violations = check::unexpected_refusals(&h.ops);
+    assert_eq!(rules(&violations), ["unexpected-refusal"], "{violations:?}");
+    let mut h = H::default();
+    h.refused("s", cancel_task(1), 0, 10, "ALREADY_SETTLED");
+    assert!(check::unexpected_refusals(&h.ops).is_empty());
+}
+
+fn claim_step(task: &str, agent: &str) -> Input {
+    Input::ClaimStep {
+        task: task.into(),
+        agent: agent.into(),
+    }
+}
+
+fn complete_step(task: &str, fence: u64) -> Input {
+    Input::CompleteStep {
+        task: task.into(),
+        fence,
+    }
+}
+
+/// `chain::check` over `h` plus a final listing (at 100 s) showing `tasks` as
+/// `(id, state, fence)`; the rules reported, sorted.
+fn chain_rules(mut h: H, tasks: &[(&str, &str, u64)]) -> Vec<String> {
+    h.ok(
+        "final",
+        Input::ListTasks,
+        100_000,
+        100_010,
+        Output::Tasks(
+            tasks
+                .iter()
+                .map(|(id, state, fence)| (id.to_string(), state.to_string(), *fence))
+                .collect(),
+        ),
+    );
+    let violations = chain::check(&h.ops, 100_000_000);
+    rules(&violations).into_iter().map(String::from).collect()
+}
+
+/// A chain walked in order passes; each rule of dependency order and completion is reported
+/// when broken — a step claimed before its predecessor's completion was sent, claimed after its
+/// own completion was answered, completed twice, `BLOCKED` after the predecessor was done,
+/// `ALREADY_DONE` before any completion, and an acknowledged completion lost after recovery —
+/// and not when an unanswered completion explains it.
+#[test]
+fn t71_chain_steps_are_claimed_in_dependency_order_and_completed_once() {
+    let walked = || {
+        let mut h = H::default();
+        h.ok("c0", claim_step("chain-0-0", "c0"), 0, 10, lease_of(1));
+        h.ok("c0", complete_step("chain-0-0", 1), 20, 30, Output::Done);
+        h.refused("c1", claim_step("chain-0-0", "c1"), 40, 50, "ALREADY_DONE");
+        h.ok("c1", claim_step("chain-0-1", "c1"), 60, 70, lease_of(1));
+        h
+    };
+    let done = [("chain-0-0", "done", 1), ("chain-0-1", "claimed", 1)];
+    assert!(chain_rules(walked(), &done).is_empty());
+
+    // Claimed with its predecessor never completed.
+    let mut h = H::default();
+    h.ok("c1", claim_step("chain-0-1", "c1"), 60, 70, lease_of(1));
+    assert_eq!(
+        chain_rules(h, &[("chain-0-1", "claimed", 1)]),
+        ["blocked-claim"]
+    );
+    // ... but a completion sent before the claim returned, unanswered, may have done it.
+    let mut h = H::default();
+    h.ambiguous("c0", complete_step("chain-0-0", 1), 50);
+    h.ok("c1", claim_step("chain-0-1", "c1"), 60, 70, lease_of(1));
+    assert!(chain_rules(h, &[("chain-0-1", "claimed", 1)]).is_empty());
+
+    // Claimed again after its completion was answered.
+    let mut h = walked();
+    h.ok("c1", claim_step("chain-0-0", "c1"), 80, 90, lease_of(2));
+    let done_twice = [("chain-0-0", "done", 2), ("chain-0-1", "claimed", 1)];
+    assert!(chain_rules(h, &done_twice).contains(&"done-claimed".to_string()));
+
+    // Completed twice.
+    let mut h = walked();
+    h.ok("c1", complete_step("chain-0-0", 1), 80, 90, Output::Done);
+    assert_eq!(chain_rules(h, &done), ["complete-once"]);
+
+    // BLOCKED after the predecessor's completion was answered; a first step never.
+    let mut h = walked();
+    h.refused("c0", claim_step("chain-0-1", "c0"), 80, 90, "BLOCKED");
+    assert_eq!(chain_rules(h, &done), ["stale-blocked"]);
+    let mut h = H::default();
+    h.refused("c0", claim_step("chain-0-0", "c0"), 0, 10, "BLOCKED");
+    assert_eq!(chain_rules(h, &[]), ["stale-blocked"]);
+
+    // ALREADY_DONE with no completion sent; an unanswered one explains it.
+    let mut h = H::default();
+    h.refused("c0", claim_step("chain-0-0", "c0"), 0, 10, "ALREADY_DONE");
+    assert_eq!(chain_rules(h, &[]), ["phantom-done"]);
+    let mut h = H::default();
+    h.ambiguous("c1", complete_step("chain-0-0", 1), 0);
+    h.refused("c0", claim_step("chain-0-0", "c0"), 5, 10, "ALREADY_DONE");
+    assert!(chain_rules(h, &[]).is_empty());
+
+    // An acknowledged completion that recovery does not show.
+    let lost = [("chain-0-0", "claimed", 1), ("chain-0-1", "claimed", 1)];
+    assert_eq!(chain_rules(walked(), &lost), ["lost-ack"]);
+}
+
+/// A completion ends its claim: a second claim of the step within the first's TTL is two
+/// holders only when the completion was refused (an unanswered one may have applied), and a
+/// completion with a superseded claim must not be acknowledged.
+#[test]
+fn t71_chain_claims_are_exclusive_until_completed() {
+    let with = |completion: &dyn Fn(&mut H)| {
+        let mut h = H::default();
+        h.ok("c0", claim_step("chain-0-0", "c0"), 0, 10, lease_of(1));
+        completion(&mut h);
+        h.ok(
+            "c1",
+            claim_step("chain-0-0", "c1"),
+            1_000,
+            1_010,
+            lease_of(2),
+        );
+        chain_rules(h, &[("chain-0-0", "claimed", 2)])
+    };
+    assert!(with(&|h| h.ambiguous("c0", complete_step("chain-0-0", 1), 500)).is_empty());
+    // (The refusal itself, of a claim within its TTL and before any newer claim, is unexplained
+    // too.)
+    assert_eq!(
+        with(&|h| h.refused("c0", complete_step("chain-0-0", 1), 500, 510, "LEASE_LOST")),
+        ["exclusive-hold", "unexplained-lease-lost"]
+    );
+    let mut h = H::default();
+    h.ok("c0", claim_step("chain-0-0", "c0"), 0, 10, lease_of(1));
+    h.ok(
+        "c1",
+        claim_step("chain-0-0", "c1"),
+        5_000,
+        5_010,
+        lease_of(2),
+    );
+    h.ok(
+        "c0",
+        complete_step("chain-0-0", 1),
+        6_000,
+        6_010,
+        Output::Done,
+    );
+    assert_eq!(
+        chain_rules(h, &[("chain-0-0", "done", 2)]),
+        ["stale-holder"]
+    );
+}
+
+/// A holder's action refused `LEASE_LOST` while its grant was certainly live — within its TTL
+/// from the grant's (or an acknowledged renewal's) sending, with nothing that could have ended
+/// it — is reported, on the board, the chains and the queue; once the TTL may have run out, or
+/// after a cancel of the task was sent, it is not.
+#[test]
+fn t71_lease_lost_for_a_live_holder_is_reported() {
+    let release = |fence| Input::ReleaseTask {
+        task: "task-0".into(),
+        token: format!("t{fence}"),
+        fence,
+    };
+    let renew = Input::RenewTask {
+        task: "task-0".into(),
+        token: "t1".into(),
+        fence: 1,
+    };
+    let board_at = |refused_at: u64, renewal: Option<bool>| {
+        let mut h = H::default();
+        h.ok("a0", claim_of("a0"), 0, 10, lease_of(1));
+        match renewal {
+            Some(true) => h.ok("a0", renew.clone(), 3_000, 3_010, lease_of(1)),
+            Some(false) => h.ambiguous("a0", renew.clone(), 3_000),
+            None => {}
+        }
+        h.refused("a0", release(1), refused_at, refused_at + 10, "LEASE_LOST");
+        board_rules(h, 20_000, 1)
+    };
+    assert_eq!(board_at(1_000, None), ["unexplained-lease-lost"]);
+    assert!(board_at(5_000, None).is_empty());
+    // An acknowledged renewal moved the deadline on; an unanswered one may not have.
+    assert_eq!(board_at(5_000, Some(true)), ["unexplained-lease-lost"]);
+    assert!(board_at(5_000, Some(false)).is_empty());
+    // A newer claim sent before the refusal came back: the store says the lease ended (whether
+    // it could have is the exclusivity rule's to judge).
+    let mut h = H::default();
+    h.ok("a0", claim_of("a0"), 0, 10, lease_of(1));
+    h.ok("a1", claim_of("a1"), 900, 1_010, lease_of(2));
+    h.refused("a0", release(1), 1_000, 1_020, "LEASE_LOST");
+    assert_eq!(board_rules(h, 20_000, 2), ["exclusive-hold"]);
+
+    let chain_at = |refused_at: u64| {
+        let mut h = H::default();
+        h.ok("c0", claim_step("chain-0-0", "c0"), 0, 10, lease_of(1));
+        h.refused(
+            "c0",
+            complete_step("chain-0-0", 1),
+            refused_at,
+            refused_at + 10,
+            "LEASE_LOST",
+        );
+        chain_rules(h, &[("chain-0-0", "open", 1)])
+    };
+    assert_eq!(chain_at(1_000), ["unexplained-lease-lost"]);
+    assert!(chain_at(4_000).is_empty());
+
+    let queue_at = |refused_at: u64, cancel: Option<&str>| {
+        let mut h = H::default();
+        h.ok(
+            "w0",
+            Input::Lease {
+                worker: "w0".into(),
+            },
+            0,
+            10,
+            leased(1, "key-0", Some(7), None),
+        );
+        match cancel {
+            Some("ambiguous") => h.ambiguous("s", cancel_task(1), 500),
+            Some(code) => h.refused("s", cancel_task(1), 500, 510, code),
+            None => {}
+        }
+        h.refused(
+            "w0",
+            Input::StartAttempt {
+                task: 1,
+                attempt: 1,
+                worker: "w0".into(),
+                concurrency_key: "key-0".into(),
+                token: 7,
+            },
+            refused_at,
+            refused_at + 10,
+            "LEASE_LOST",
+        );
+        let violations = queue::check(&h.ops, 100_000_000);
+        violations
+            .iter()
+            .any(|v| v.rule == "unexplained-lease-lost")
+    };
+    assert!(queue_at(1_000, None));
+    assert!(!queue_at(4_000, None));
+    assert!(!queue_at(1_000, Some("ambiguous")));
+    assert!(queue_at(1_000, Some("ALREADY_STARTED")));
 }

@@ -42,7 +42,7 @@ struct Args {
     /// Where histories of runs with violations are written (default: the temp dir).
     #[arg(long)]
     history_dir: Option<PathBuf>,
-    /// Print the fault log of every run, not only of runs with violations.
+    /// Also print how each kind of operation ended (answered, refused by code, unknown).
     #[arg(long)]
     verbose: bool,
 }
@@ -108,8 +108,9 @@ async fn main() -> ExitCode {
                 violations += report.violations.len();
                 if !report.violations.is_empty() {
                     println!("{}", report.explain());
-                } else if args.verbose {
-                    println!("faults:\n    {}", report.fault_log.join("\n    "));
+                }
+                if args.verbose {
+                    println!("{}", report.outcomes());
                 }
             }
             Err(error) => {

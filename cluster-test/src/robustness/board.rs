@@ -18,8 +18,8 @@ use rand::rngs::StdRng;
 use rand::Rng;
 
 use super::check::{
-    exclusive_holds, increasing_fences, no_stale_holder, unique_grants, unique_tokens, Grant, Use,
-    Violation, CLOCK_SLACK_US,
+    exclusive_holds, increasing_fences, no_stale_holder, unexplained_lease_lost, unique_grants,
+    unique_tokens, Grant, Use, Violation, CLOCK_SLACK_US,
 };
 use super::history::{Input, Op, Outcome, Output, Recorder};
 
@@ -42,8 +42,13 @@ pub async fn seed(client: &Client, ids: &[String]) -> anyhow::Result<()> {
             deps: Vec::new(),
         })
         .collect();
+    seed_specs(client, &specs).await
+}
+
+/// Seeds `specs`, retrying infrastructure failures.
+pub(super) async fn seed_specs(client: &Client, specs: &[TaskSpec]) -> anyhow::Result<()> {
     for _ in 0..5 {
-        match client.seed(&specs).await {
+        match client.seed(specs).await {
             Ok(_) => return Ok(()),
             Err(error) if error.is_infrastructure() => {
                 tokio::time::sleep(Duration::from_millis(200)).await
@@ -54,7 +59,8 @@ pub async fn seed(client: &Client, ids: &[String]) -> anyhow::Result<()> {
     anyhow::bail!("cannot seed the board")
 }
 
-fn lease_output(task: &Task) -> Output {
+/// A claim's or renewal's answer as recorded: the task's lease (fence 0 without one).
+pub(super) fn lease_output(task: &Task) -> Output {
     match &task.lease {
         Some(lease) => Output::Lease {
             fence: lease.fence,
@@ -233,6 +239,16 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
     violations.extend(exclusive_holds("claim", &grants, &ends, TTL_MS, history));
     violations.extend(increasing_fences("claim", &grants, history));
     violations.extend(no_stale_holder("release/renew", &grants, &uses, history));
+    let (renewals, refusals) = holder_calls(history);
+    violations.extend(unexplained_lease_lost(
+        "a release or renewal",
+        &grants,
+        &renewals,
+        &refusals,
+        TTL_MS,
+        |_| false,
+        history,
+    ));
     for op in history {
         if let (
             Input::RenewTask { fence, task, token },
@@ -256,9 +272,32 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
         }
     }
     violations.extend(durable(history, &grants, final_from));
-    violations.extend(reads(history, &grants, final_from));
+    violations.extend(reads(history, final_from));
     violations.extend(explained_taken(history, final_from));
     violations
+}
+
+/// The acknowledged renewals and the refused releases and renewals, as (task, fence) uses.
+fn holder_calls(history: &[Op]) -> (Vec<Use>, Vec<Use>) {
+    let (mut renewals, mut refusals) = (Vec::new(), Vec::new());
+    for op in history {
+        let (Input::ReleaseTask { task, fence, .. } | Input::RenewTask { task, fence, .. }) =
+            &op.input
+        else {
+            continue;
+        };
+        let used = Use {
+            key: task.clone(),
+            fence: *fence,
+            op: op.index,
+        };
+        if op.refused().is_some() {
+            refusals.push(used);
+        } else if matches!(op.input, Input::RenewTask { .. }) && op.ok().is_some() {
+            renewals.push(used);
+        }
+    }
+    (renewals, refusals)
 }
 
 /// Every listing during the run (the reads after recovery are [`durable`]'s) is a linearizable
@@ -266,21 +305,31 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
 /// fence is at least that of every claim acknowledged before the listing was sent (`stale-read`:
 /// a follower's or a deposed leader's old state), and at most the number of claims of the task
 /// sent before the listing came back (`phantom-fence`: each claim raises it by one at most).
-fn reads(history: &[Op], grants: &[Grant], final_from: u64) -> Vec<Violation> {
-    // Per task: the claims' sending times, sorted (how many were sent before a moment), and the
-    // acknowledged grants.
+fn reads(history: &[Op], final_from: u64) -> Vec<Violation> {
+    // Per task (a chain's steps too, which the listings show): the claims' sending times, sorted
+    // (how many were sent before a moment), and the acknowledged ones' fences and ops.
     let mut sent: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    let mut granted: BTreeMap<&str, Vec<(u64, usize)>> = BTreeMap::new();
     for op in history {
-        if let Input::Claim { task, .. } = &op.input {
-            sent.entry(task).or_default().push(op.call);
+        let (Input::Claim { task, .. } | Input::ClaimStep { task, .. }) = &op.input else {
+            continue;
+        };
+        sent.entry(task).or_default().push(op.call);
+        if let Some(Output::Lease { fence, .. }) = op.ok() {
+            granted.entry(task).or_default().push((*fence, op.index));
         }
     }
     sent.values_mut().for_each(|calls| calls.sort_unstable());
-    let mut granted: BTreeMap<&str, Vec<&Grant>> = BTreeMap::new();
-    for grant in grants {
-        granted.entry(&grant.key).or_default().push(grant);
-    }
     let mut violations = Vec::new();
+    // The first few per task and rule show it; every listing after would only repeat it.
+    let mut found: BTreeMap<(&str, String), usize> = BTreeMap::new();
+    let mut report = |rule: &'static str, task: &str, detail: String, ops: Vec<usize>| {
+        let seen = found.entry((rule, task.to_string())).or_default();
+        *seen += 1;
+        if *seen <= 3 {
+            violations.push(Violation::new(rule, task, detail, ops));
+        }
+    };
     for op in history.iter().filter(|op| op.call < final_from) {
         let (Input::ListTasks, Some(Output::Tasks(tasks)), Some(ret)) =
             (&op.input, op.ok(), op.ret)
@@ -292,32 +341,31 @@ fn reads(history: &[Op], grants: &[Grant], final_from: u64) -> Vec<Violation> {
                 .get(task.as_str())
                 .into_iter()
                 .flatten()
-                .filter(|g| history[g.op].ret.is_some_and(|r| r < op.call))
-                .max_by_key(|g| g.fence);
-            if let Some(grant) = acknowledged.filter(|g| g.fence > *fence) {
-                violations.push(Violation::new(
+                .filter(|(_, claim)| history[*claim].ret.is_some_and(|r| r < op.call))
+                .max();
+            if let Some((granted, claim)) = acknowledged.filter(|(granted, _)| granted > fence) {
+                report(
                     "stale-read",
                     task,
                     format!(
-                        "a listing showed fence {fence} after a claim at fence {} was acknowledged",
-                        grant.fence
+                        "a listing showed fence {fence} after a claim at fence {granted} was acknowledged"
                     ),
-                    vec![grant.op, op.index],
-                ));
+                    vec![*claim, op.index],
+                );
             }
             let claims_sent = sent
                 .get(task.as_str())
                 .map_or(0, |calls| calls.partition_point(|call| *call < ret))
                 as u64;
             if *fence > claims_sent {
-                violations.push(Violation::new(
+                report(
                     "phantom-fence",
                     task,
                     format!(
                         "a listing showed fence {fence}, but only {claims_sent} claims were sent"
                     ),
                     vec![op.index],
-                ));
+                );
             }
         }
     }

@@ -320,7 +320,10 @@ fn refusals_allowed(input: &Input) -> Option<&'static [&'static str]> {
         | Input::LoadCheckpoint { .. } => return None,
         // Seeded tasks without dependencies, never completed: only another agent's claim.
         Input::Claim { .. } => &["TAKEN"],
+        // Chain steps: held, not ready yet, or completed by another agent.
+        Input::ClaimStep { .. } => &["TAKEN", "BLOCKED", "ALREADY_DONE"],
         // The claim ran out (a stall, a fault) and maybe went to another agent.
+        Input::CompleteStep { .. } => &["LEASE_LOST"],
         Input::ReleaseTask { .. } | Input::RenewTask { .. } => &["LEASE_LOST"],
         // The lease ran out and the resource moved on, or the intent ran out (key uncertain).
         Input::CompleteEffect { .. } | Input::ReleaseEffect { .. } => {
@@ -330,7 +333,9 @@ fn refusals_allowed(input: &Input) -> Option<&'static [&'static str]> {
         // A sink nobody's write reached.
         Input::SinkRead { .. } => &["NOT_FOUND"],
         // The attempt's lease ran out (a stall, a fault) and the attempt ended.
-        Input::StartAttempt { .. } | Input::CompleteAttempt { .. } => &["LEASE_LOST"],
+        Input::StartAttempt { .. } | Input::EndAttempt { .. } => &["LEASE_LOST"],
+        // The task was already running (a worker started it) or had ended.
+        Input::CancelTask { .. } => &["ALREADY_STARTED", "ALREADY_SETTLED"],
         // Fresh keys on their own resources, registered workers, listed or granted ids.
         Input::ListTasks
         | Input::Acquire { .. }
@@ -478,6 +483,73 @@ pub fn exclusive_holds(
                 if found >= 3 {
                     break;
                 }
+            }
+        }
+    }
+    violations
+}
+
+/// A holder's action refused `LEASE_LOST` (in `refusals`: key and fence of the grant it
+/// presented) is explained by the grant's end: its TTL, counted from the latest sending of the
+/// grant or of a renewal of it (in `renewals`) acknowledged before the action was sent, may have
+/// run out before the action was applied (its answer; less [`CLOCK_SLACK_US`]), a newer grant on
+/// the key was sent before the refusal came back, or `ended` says another operation may have
+/// ended it (a cancel). A store that refused a live holder — a lease
+/// judged expired early, a token lost in a failover — passes every other rule: a refusal
+/// changes nothing they look at. Reports the first few per key.
+pub fn unexplained_lease_lost(
+    what: &str,
+    grants: &[Grant],
+    renewals: &[Use],
+    refusals: &[Use],
+    ttl_ms: i64,
+    ended: impl Fn(&Op) -> bool,
+    history: &[Op],
+) -> Vec<Violation> {
+    let ttl_us = u64::try_from(ttl_ms).unwrap_or(0).saturating_mul(1000);
+    let mut granted: BTreeMap<(&str, u64), u64> = BTreeMap::new();
+    for grant in grants {
+        let call = history[grant.op].call;
+        let at = granted.entry((&grant.key, grant.fence)).or_insert(call);
+        *at = (*at).min(call);
+    }
+    let mut found: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut violations = Vec::new();
+    for refusal in refusals {
+        let op = &history[refusal.op];
+        let (Some("LEASE_LOST"), Some(ret)) = (op.refused(), op.ret) else {
+            continue;
+        };
+        let Some(granted_at) = granted.get(&(refusal.key.as_str(), refusal.fence)) else {
+            continue;
+        };
+        let since = renewals
+            .iter()
+            .filter(|r| r.key == refusal.key && r.fence == refusal.fence)
+            .map(|r| &history[r.op])
+            .filter(|renewal| renewal.precedes(op))
+            .map(|renewal| renewal.call)
+            .fold(*granted_at, u64::max);
+        let live = ret + CLOCK_SLACK_US < since + ttl_us;
+        // A newer grant sent meanwhile says the store ended it; whether it could have is
+        // `exclusive_holds`' to judge.
+        let superseded = grants
+            .iter()
+            .any(|g| g.key == refusal.key && g.fence > refusal.fence && history[g.op].call < ret);
+        if live && !superseded && !ended(op) {
+            let seen = found.entry(&refusal.key).or_default();
+            *seen += 1;
+            if *seen <= 3 {
+                violations.push(Violation::new(
+                    "unexplained-lease-lost",
+                    &refusal.key,
+                    format!(
+                        "{what} with the grant at fence {} was refused LEASE_LOST while that grant \
+                         was certainly live (within its {ttl_ms} ms TTL) and nothing ended it",
+                        refusal.fence
+                    ),
+                    vec![op.index],
+                ));
             }
         }
     }

@@ -84,6 +84,20 @@ pub enum Input {
     },
     /// Board `list()`.
     ListTasks,
+    /// Board `claim(step, agent)` of a chain step (a task with a dependency).
+    ClaimStep {
+        /// Task id.
+        task: String,
+        /// Claimer.
+        agent: String,
+    },
+    /// Board `complete(step, token)` of the claim with this fence.
+    CompleteStep {
+        /// Task id.
+        task: String,
+        /// The claim's fence (for checking; the token is sent).
+        fence: u64,
+    },
     /// Side-effect `acquire(action)`.
     Acquire {
         /// Action key.
@@ -153,8 +167,8 @@ pub enum Input {
         /// Permit token of the attempt (for checking).
         token: u64,
     },
-    /// Queue `complete(task, attempt)`.
-    CompleteAttempt {
+    /// Queue `complete`, `fail` or `report_unknown` of a started attempt.
+    EndAttempt {
         /// Task id.
         task: u64,
         /// Attempt number.
@@ -165,6 +179,15 @@ pub enum Input {
         concurrency_key: String,
         /// Permit token of the attempt (for checking).
         token: u64,
+        /// Which of the three.
+        end: AttemptEnd,
+    },
+    /// Queue `cancel(task)`, by the submitter.
+    CancelTask {
+        /// Task id.
+        task: u64,
+        /// Its concurrency key (for checking).
+        concurrency_key: String,
     },
     /// Queue `attempts(task)`.
     Attempts {
@@ -185,6 +208,41 @@ pub enum Input {
         /// Run id.
         run: String,
     },
+}
+
+/// How a worker ends a started attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptEnd {
+    /// `complete`: the task succeeds.
+    Complete,
+    /// `fail`: retried (back-off, then a new attempt) while attempts remain, or failed for good.
+    Fail {
+        /// Whether the worker asked for a retry.
+        retryable: bool,
+    },
+    /// `report_unknown`: the effect's outcome is unknown; the task needs review.
+    Unknown,
+}
+
+impl AttemptEnd {
+    /// The attempt outcome the store records for it.
+    pub fn outcome(self) -> &'static str {
+        match self {
+            AttemptEnd::Complete => "SUCCEEDED",
+            AttemptEnd::Fail { .. } => "FAILED",
+            AttemptEnd::Unknown => "UNKNOWN",
+        }
+    }
+
+    /// The task state it leaves for good, if it does (a retryable failure may be retried).
+    pub fn final_state(self) -> Option<&'static str> {
+        match self {
+            AttemptEnd::Complete => Some("SUCCEEDED"),
+            AttemptEnd::Fail { retryable: false } => Some("FAILED"),
+            AttemptEnd::Fail { retryable: true } => None,
+            AttemptEnd::Unknown => Some("NEEDS_REVIEW"),
+        }
+    }
 }
 
 /// One attempt as `attempts(task)` reports it.
@@ -412,6 +470,8 @@ impl fmt::Display for Input {
                 value,
             } => write!(f, "sink-write {resource} fence={fence} value={value}"),
             Input::SinkRead { resource } => write!(f, "sink-read {resource}"),
+            Input::ClaimStep { task, agent } => write!(f, "claim-step {task} agent={agent}"),
+            Input::CompleteStep { task, fence } => write!(f, "complete-step {task} fence={fence}"),
             Input::Submit {
                 idempotency_key,
                 concurrency_key,
@@ -427,16 +487,29 @@ impl fmt::Display for Input {
                 f,
                 "start task={task} attempt={attempt} worker={worker} key={concurrency_key} token={token}"
             ),
-            Input::CompleteAttempt {
+            Input::EndAttempt {
                 task,
                 attempt,
                 worker,
                 concurrency_key,
                 token,
-            } => write!(
-                f,
-                "complete task={task} attempt={attempt} worker={worker} key={concurrency_key} token={token}"
-            ),
+                end,
+            } => {
+                let verb = match end {
+                    AttemptEnd::Complete => "complete",
+                    AttemptEnd::Fail { retryable: true } => "fail-retryable",
+                    AttemptEnd::Fail { retryable: false } => "fail",
+                    AttemptEnd::Unknown => "report-unknown",
+                };
+                write!(
+                    f,
+                    "{verb} task={task} attempt={attempt} worker={worker} key={concurrency_key} token={token}"
+                )
+            }
+            Input::CancelTask {
+                task,
+                concurrency_key,
+            } => write!(f, "cancel task={task} key={concurrency_key}"),
             Input::Attempts { task } => write!(f, "attempts task={task}"),
             Input::SaveCheckpoint { run, seq, data } => {
                 write!(f, "save {run} seq={seq} data={data}")

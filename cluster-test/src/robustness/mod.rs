@@ -5,7 +5,8 @@
 //! One run of a [`Scenario`]:
 //!
 //! 1. start three `baton node` processes whose peer links go through TCP proxies;
-//! 2. start the workloads — handoff races ([`handoff`]), board claims ([`board`]), side-effect
+//! 2. start the workloads — handoff races ([`handoff`]), board claims ([`board`]) and
+//!    dependency chains ([`chain`]), side-effect
 //!    acquires with fenced sink writes ([`effect`]), keyed queue permits ([`queue`]), checkpoint
 //!    saves ([`checkpoint`]) — every client recording each operation in one
 //!    [`history::Recorder`];
@@ -23,6 +24,7 @@
 //! through the faults aimed at the leader.
 
 pub mod board;
+pub mod chain;
 pub mod check;
 pub mod checkpoint;
 pub mod effect;
@@ -32,7 +34,7 @@ pub mod history;
 pub mod queue;
 pub mod target;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,7 +51,7 @@ use tokio::task::JoinHandle;
 
 use self::check::Violation;
 use self::faults::{LeaderFault, Nemesis};
-use self::history::{Clock, Input, Op, Output, Recorder};
+use self::history::{Clock, Input, Op, Outcome, Output, Recorder};
 use self::target::Target;
 use crate::cluster::{client_config, Cluster, Options};
 use crate::power_cut;
@@ -140,6 +142,8 @@ pub struct Mix {
     pub board: usize,
     /// Board tasks they share.
     pub tasks: usize,
+    /// Board agents walking dependency chains.
+    pub chain_agents: usize,
     /// Side-effect holders.
     pub effect: usize,
     /// Resources they share.
@@ -160,6 +164,7 @@ impl Default for Mix {
             tickets: 3,
             board: 3,
             tasks: 2,
+            chain_agents: 2,
             effect: 3,
             resources: 2,
             workers: 2,
@@ -295,6 +300,36 @@ impl Report {
         text
     }
 
+    /// How each kind of operation ended, one line per kind (`board/claim-step: ok=12 TAKEN=30
+    /// ambiguous=1`): what the run exercised, a refusal code that never shows being a path the
+    /// faults never reached.
+    pub fn outcomes(&self) -> String {
+        let mut kinds: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
+        for op in &self.history {
+            let input = op.input.to_string();
+            let verb = input.split_whitespace().next().unwrap_or("?");
+            let kind = format!("{}/{verb}", WORKLOADS[workload_of(&op.input)]);
+            let outcome = match &op.outcome {
+                Outcome::Pending | Outcome::Ambiguous(_) => "ambiguous".to_string(),
+                Outcome::Ok(_) => "ok".to_string(),
+                Outcome::Refused(code) => code.clone(),
+                Outcome::Unexpected(_) => "unexpected".to_string(),
+            };
+            *kinds.entry(kind).or_default().entry(outcome).or_default() += 1;
+        }
+        let lines: Vec<String> = kinds
+            .iter()
+            .map(|(kind, outcomes)| {
+                let counts: Vec<String> = outcomes
+                    .iter()
+                    .map(|(outcome, n)| format!("{outcome}={n}"))
+                    .collect();
+                format!("    {kind}: {}", counts.join(" "))
+            })
+            .collect();
+        format!("  outcomes by operation:\n{}", lines.join("\n"))
+    }
+
     /// Every violation with its slice of history, the fault log, and where the rest is.
     pub fn explain(&self) -> String {
         let mut text = String::new();
@@ -335,7 +370,9 @@ fn workload_of(input: &Input) -> usize {
         Input::Claim { .. }
         | Input::ReleaseTask { .. }
         | Input::RenewTask { .. }
-        | Input::ListTasks => 1,
+        | Input::ListTasks
+        | Input::ClaimStep { .. }
+        | Input::CompleteStep { .. } => 1,
         Input::Acquire { .. }
         | Input::CompleteEffect { .. }
         | Input::ReleaseEffect { .. }
@@ -396,6 +433,15 @@ impl Workloads {
                 format!("agent-{i}"),
                 rec.clone(),
                 board_tasks.clone(),
+                next_rng(),
+                stop.clone(),
+            )));
+        }
+        for i in 0..mix.chain_agents {
+            tasks.push(tokio::spawn(chain::run(
+                connect(endpoints, i).await?,
+                format!("chain-agent-{i}"),
+                rec.clone(),
                 next_rng(),
                 stop.clone(),
             )));
@@ -588,6 +634,7 @@ async fn drive<T: Target>(
 
     let setup = Client::connect_with(&endpoints, client_config()).await?;
     board::seed(&setup, &board::task_ids(mix.tasks)).await?;
+    chain::seed(&setup).await?;
     let workers: Vec<String> = (0..mix.workers).map(worker_name).collect();
     queue::setup(&setup, &workers).await?;
 
@@ -753,6 +800,7 @@ pub fn digests_disagree(seen: &SeenDigests) -> Vec<Violation> {
 fn checks(history: &[Op], final_from: u64) -> Vec<Violation> {
     let mut violations = handoff::check(history, final_from);
     violations.extend(board::check(history, final_from));
+    violations.extend(chain::check(history, final_from));
     violations.extend(effect::check(history, final_from));
     violations.extend(queue::check(history, final_from));
     violations.extend(checkpoint::check(history, final_from));
@@ -798,7 +846,9 @@ pub fn progress(history: &[Op], faults: usize) -> Vec<Violation> {
 /// Whether `op` is an acknowledged grant: a take, claim, acquire, non-empty lease or stored save.
 fn is_grant(op: &Op) -> bool {
     match (&op.input, op.ok()) {
-        (Input::Take { .. }, Some(_)) | (Input::Claim { .. }, Some(_)) => true,
+        (Input::Take { .. }, Some(_))
+        | (Input::Claim { .. }, Some(_))
+        | (Input::ClaimStep { .. }, Some(_)) => true,
         (Input::Acquire { .. }, Some(Output::Granted { .. })) => true,
         (Input::Lease { .. }, Some(Output::Leased(assignments))) => !assignments.is_empty(),
         (Input::SaveCheckpoint { .. }, Some(_)) => true,

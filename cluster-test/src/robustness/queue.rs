@@ -1,17 +1,21 @@
 //! Keyed task-queue workload: a submitter keeps a few tasks on two concurrency keys waiting;
 //! workers lease one at a time, start the attempt, write the key's fenced sink with the permit
-//! token, and complete. Now and then a worker stalls past its lease (before its start, or between
+//! token, and end the attempt: mostly complete, sometimes fail (retryable or not) or report its
+//! outcome unknown. Now and then a worker stalls past its lease (before its start, or between
 //! its start and its write), so the permit moves on with a higher token and the stale worker must
-//! be refused; and the submitter sends an acknowledged submission again, with the same content or
-//! another concurrency key.
+//! be refused; the submitter sends an acknowledged submission again, with the same content or
+//! another concurrency key, and cancels one of its latest tasks (waiting, leased: cancelled;
+//! running or ended: refused).
 //!
 //! Checked: every keyed lease carries a non-zero permit token (an unkeyed one none), one
 //! acknowledged permit per key and token, no permit granted before the store-clock deadline of
-//! an earlier one not completed (each lease's answer carries it), tokens increasing per key in
-//! real time, no start or completion acknowledged for an attempt whose permit had moved on, the fenced sink's
-//! rules, a submission sent again answered with the original task or `IDEMPOTENCY_CONFLICT`, and
-//! after recovery: every acknowledged submission, lease and completion is there, no token appears
-//! twice on a key, and at most one attempt per key is active.
+//! an earlier one not ended (completed, failed, reported unknown or cancelled; each lease's
+//! answer carries its deadline), tokens increasing per key in real time, no start or end
+//! acknowledged for an attempt whose permit had moved on, no lease or start of a task after its
+//! cancel was answered, the fenced sink's rules, a submission sent again answered with the
+//! original task or `IDEMPOTENCY_CONFLICT`, and after recovery: every acknowledged submission,
+//! lease, attempt end and cancel is there (the attempt's outcome, and the task's state where it
+//! is final), no token appears twice on a key, and at most one attempt per key is active.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -24,9 +28,10 @@ use rand::rngs::StdRng;
 use rand::Rng;
 
 use super::check::{
-    exclusive_holds, increasing_fences, no_stale_holder, sink, unique_grants, Grant, Use, Violation,
+    exclusive_holds, increasing_fences, no_stale_holder, sink, unexplained_lease_lost,
+    unique_grants, Grant, Use, Violation,
 };
-use super::history::{AttemptRecord, Input, LeasedTask, Op, Output, Recorder};
+use super::history::{AttemptEnd, AttemptRecord, Input, LeasedTask, Op, Output, Recorder};
 
 /// The queue every task goes to.
 pub const QUEUE: &str = "robust-queue";
@@ -102,12 +107,20 @@ pub async fn submit(
     let mut n = 0;
     // Acknowledged submissions: sent again now and then, with the same content (a replay: the
     // same task) or another concurrency key (a conflict: `IDEMPOTENCY_CONFLICT`).
-    let mut acked: Vec<(String, &'static str)> = Vec::new();
+    let mut acked: Vec<(String, &'static str, u64)> = Vec::new();
     let mut recounted: Option<Instant> = None;
     while !stop.load(Ordering::Relaxed) {
+        if !acked.is_empty() && rng.random_bool(0.05) {
+            // Cancel one of the latest submissions: most are still waiting or leased (then the
+            // attempt is cancelled and its permit freed), some running or ended (refused).
+            let recent = acked.len().saturating_sub(4)..acked.len();
+            let (_, key, task) = acked[rng.random_range(recent)].clone();
+            cancel(&rec, &client, &name, task, key).await;
+            continue;
+        }
         let again = !acked.is_empty() && rng.random_bool(0.15);
         let (idempotency_key, key) = if again {
-            let (idempotency_key, key) = acked[rng.random_range(0..acked.len())].clone();
+            let (idempotency_key, key, _) = acked[rng.random_range(0..acked.len())].clone();
             let key = if rng.random_bool(0.5) {
                 key
             } else {
@@ -142,10 +155,38 @@ pub async fn submit(
                 submitted_output,
             )
             .await;
-        if submitted.is_ok() && !again {
+        if let (Ok(receipt), false) = (submitted, again) {
             pace.submitted.fetch_add(1, Ordering::Relaxed);
-            acked.push((idempotency_key, key));
+            acked.push((idempotency_key, key, receipt.task.id));
         }
+    }
+}
+
+/// Cancels a task, recorded with the attempts its answer shows.
+async fn cancel(rec: &Recorder, client: &Client, name: &str, task: u64, key: &str) {
+    let input = Input::CancelTask {
+        task,
+        concurrency_key: key.into(),
+    };
+    let _ = rec
+        .record(name, input, client.cancel_task(task), attempt_list)
+        .await;
+}
+
+/// A task's state and attempts as recorded.
+fn attempt_list(task: &Task) -> Output {
+    Output::AttemptList {
+        state: task.state.as_str().to_string(),
+        attempts: task
+            .attempts
+            .iter()
+            .map(|a| AttemptRecord {
+                number: a.number,
+                worker: a.worker.clone(),
+                token: a.token,
+                outcome: a.outcome.as_str().to_string(),
+            })
+            .collect(),
     }
 }
 
@@ -338,27 +379,48 @@ pub async fn work(
             if !super::effect::write_sink(&rec, &client, &name, &sink, token, &value).await {
                 continue;
             }
-            let input = Input::CompleteAttempt {
+            let end = match rng.random_range(0..100) {
+                0..6 => AttemptEnd::Fail { retryable: true },
+                6..9 => AttemptEnd::Fail { retryable: false },
+                9..12 => AttemptEnd::Unknown,
+                _ => AttemptEnd::Complete,
+            };
+            let input = Input::EndAttempt {
                 task: assignment.task_id,
                 attempt: assignment.attempt,
                 worker: name.clone(),
                 concurrency_key: assignment.concurrency_key.clone(),
                 token,
+                end,
             };
-            let completed = rec
+            let (task, attempt) = (assignment.task_id, assignment.attempt);
+            let ended = rec
                 .record(
                     &name,
                     input,
-                    client.complete_attempt(
-                        assignment.task_id,
-                        assignment.attempt,
-                        &name,
-                        value.as_bytes(),
-                    ),
+                    async {
+                        match end {
+                            AttemptEnd::Complete => {
+                                client
+                                    .complete_attempt(task, attempt, &name, value.as_bytes())
+                                    .await
+                            }
+                            AttemptEnd::Fail { retryable } => {
+                                client
+                                    .fail_attempt(task, attempt, &name, "robustness", retryable)
+                                    .await
+                            }
+                            AttemptEnd::Unknown => {
+                                client
+                                    .report_unknown(task, attempt, &name, "robustness")
+                                    .await
+                            }
+                        }
+                    },
                     |task: &Task| Output::TaskState(task.state.as_str().to_string()),
                 )
                 .await;
-            if completed.is_ok() {
+            if ended.is_ok() && end == AttemptEnd::Complete {
                 pace.completed.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -372,19 +434,7 @@ pub async fn read_task(rec: &Recorder, client: &Client, name: &str, task: u64) {
             name,
             Input::Attempts { task },
             client.queue_task(task),
-            |task: &Task| Output::AttemptList {
-                state: task.state.as_str().to_string(),
-                attempts: task
-                    .attempts
-                    .iter()
-                    .map(|a| AttemptRecord {
-                        number: a.number,
-                        worker: a.worker.clone(),
-                        token: a.token,
-                        outcome: a.outcome.as_str().to_string(),
-                    })
-                    .collect(),
-            },
+            attempt_list,
         )
         .await;
 }
@@ -410,21 +460,56 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
     let mut uses = Vec::new();
     let mut ends = Vec::new();
     let mut violations = idempotent_submits(history);
+    violations.extend(cancelled_stays_cancelled(history));
+    let permits = permits_by_task(history);
     for op in history {
-        if let Input::CompleteAttempt {
-            concurrency_key,
-            token,
-            ..
-        } = &op.input
-        {
-            // A refusal ended nothing.
-            if op.refused().is_none() {
-                ends.push(Use {
-                    key: concurrency_key.clone(),
-                    fence: *token,
-                    op: op.index,
-                });
-            }
+        // Every call that may have ended a permit (a refusal ended nothing).
+        match (&op.input, op.refused(), op.ok()) {
+            (_, Some(_), _) => {}
+            (
+                Input::EndAttempt {
+                    concurrency_key,
+                    token,
+                    ..
+                },
+                None,
+                _,
+            ) => ends.push(Use {
+                key: concurrency_key.clone(),
+                fence: *token,
+                op: op.index,
+            }),
+            // An answered cancel shows the attempt it cancelled (a leased one).
+            (
+                Input::CancelTask {
+                    concurrency_key, ..
+                },
+                None,
+                Some(Output::AttemptList { attempts, .. }),
+            ) => ends.extend(
+                attempts
+                    .iter()
+                    .filter(|a| a.outcome == "CANCELLED")
+                    .filter_map(|a| a.token)
+                    .map(|fence| Use {
+                        key: concurrency_key.clone(),
+                        fence,
+                        op: op.index,
+                    }),
+            ),
+            // An unanswered one may have cancelled any attempt of the task.
+            (Input::CancelTask { task, .. }, None, _) => ends.extend(
+                permits
+                    .get(task)
+                    .into_iter()
+                    .flatten()
+                    .map(|(key, fence)| Use {
+                        key: key.clone(),
+                        fence: *fence,
+                        op: op.index,
+                    }),
+            ),
+            _ => {}
         }
         match (&op.input, op.ok()) {
             (Input::Lease { .. }, Some(Output::Leased(assignments))) => {
@@ -467,7 +552,7 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
                 Some(_),
             )
             | (
-                Input::CompleteAttempt {
+                Input::EndAttempt {
                     concurrency_key,
                     token,
                     ..
@@ -490,7 +575,16 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
         history,
     ));
     violations.extend(increasing_fences("permit", &grants, history));
-    violations.extend(no_stale_holder("start/complete", &grants, &uses, history));
+    violations.extend(no_stale_holder("start/end", &grants, &uses, history));
+    violations.extend(unexplained_lease_lost(
+        "a start or end of an attempt",
+        &grants,
+        &[],
+        &holder_refusals(history),
+        LEASE_TTL_MS,
+        |op| cancel_sent_before(history, op),
+        history,
+    ));
     violations.extend(sink(history, |resource| resource.starts_with(SINK_PREFIX)));
     violations.extend(durable(history, final_from));
     violations
@@ -556,32 +650,54 @@ fn durable(history: &[Op], final_from: u64) -> Vec<Violation> {
                 }
             }
             (
-                Input::CompleteAttempt {
+                Input::EndAttempt {
                     task,
                     attempt,
                     concurrency_key,
+                    end,
                     ..
                 },
                 Some(_),
             ) => {
-                let done = attempts_of(*task).is_some_and(|(state, attempts)| {
-                    state == "SUCCEEDED"
+                let kept = attempts_of(*task).is_some_and(|(state, attempts)| {
+                    end.final_state()
+                        .is_none_or(|final_state| state == final_state)
                         && attempts
                             .iter()
-                            .any(|a| a.number == *attempt && a.outcome == "SUCCEEDED")
+                            .any(|a| a.number == *attempt && a.outcome == end.outcome())
                 });
-                if !done {
+                if !kept {
                     let mut ops = vec![op.index];
                     ops.extend(final_index(*task));
+                    let state = end
+                        .final_state()
+                        .map_or(String::new(), |s| format!(" and task {s}"));
                     violations.push(Violation::new(
                         "lost-ack",
                         concurrency_key,
                         format!(
-                            "task {task} attempt {attempt} completed; after recovery the task did not succeed with it"
+                            "task {task} attempt {attempt} ended {}{state}; after recovery it is not recorded so",
+                            end.outcome()
                         ),
                         ops,
                     ));
                 }
+            }
+            (
+                Input::CancelTask {
+                    task,
+                    concurrency_key,
+                },
+                Some(_),
+            ) if attempts_of(*task).is_none_or(|(state, _)| state != "CANCELLED") => {
+                let mut ops = vec![op.index];
+                ops.extend(final_index(*task));
+                violations.push(Violation::new(
+                    "lost-ack",
+                    concurrency_key,
+                    format!("task {task} was cancelled; after recovery it is not CANCELLED"),
+                    ops,
+                ));
             }
             _ => {}
         }
@@ -630,6 +746,101 @@ fn durable(history: &[Op], final_from: u64) -> Vec<Violation> {
                 ),
                 ops,
             ));
+        }
+    }
+    violations
+}
+
+/// The refused starts and ends of attempts, as (concurrency key, token) uses.
+fn holder_refusals(history: &[Op]) -> Vec<Use> {
+    history
+        .iter()
+        .filter(|op| op.refused().is_some())
+        .filter_map(|op| match &op.input {
+            Input::StartAttempt {
+                concurrency_key,
+                token,
+                ..
+            }
+            | Input::EndAttempt {
+                concurrency_key,
+                token,
+                ..
+            } => Some(Use {
+                key: concurrency_key.clone(),
+                fence: *token,
+                op: op.index,
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Whether a cancel of the task `op` acts on, not refused, was sent before `op` returned: it
+/// may have ended the attempt.
+fn cancel_sent_before(history: &[Op], op: &Op) -> bool {
+    let (Input::StartAttempt { task, .. } | Input::EndAttempt { task, .. }) = &op.input else {
+        return false;
+    };
+    history.iter().any(|other| {
+        matches!(&other.input, Input::CancelTask { task: cancelled, .. } if cancelled == task)
+            && other.refused().is_none()
+            && op.ret.is_none_or(|ret| other.call < ret)
+    })
+}
+
+/// Every permit a lease granted, by task: `(key, token)`.
+fn permits_by_task(history: &[Op]) -> BTreeMap<u64, Vec<(String, u64)>> {
+    let mut permits: BTreeMap<u64, Vec<(String, u64)>> = BTreeMap::new();
+    for op in history {
+        if let Some(Output::Leased(assignments)) = op.ok() {
+            for a in assignments {
+                if let Some(token) = a.token {
+                    permits
+                        .entry(a.task)
+                        .or_default()
+                        .push((a.key.clone(), token));
+                }
+            }
+        }
+    }
+    permits
+}
+
+/// A cancelled task is done for good (contract §5): once a cancel was answered, no lease that
+/// was invoked after that answer names the task, and no start of one of its attempts invoked
+/// after it is acknowledged.
+fn cancelled_stays_cancelled(history: &[Op]) -> Vec<Violation> {
+    let mut cancelled: BTreeMap<u64, &Op> = BTreeMap::new();
+    for op in history {
+        if let (Input::CancelTask { task, .. }, Some(_)) = (&op.input, op.ok()) {
+            let earliest = cancelled.entry(*task).or_insert(op);
+            if op.ret < earliest.ret {
+                *earliest = op;
+            }
+        }
+    }
+    let mut violations = Vec::new();
+    for op in history {
+        let named: Vec<u64> = match (&op.input, op.ok()) {
+            (Input::Lease { .. }, Some(Output::Leased(assignments))) => {
+                assignments.iter().map(|a| a.task).collect()
+            }
+            (Input::StartAttempt { task, .. }, Some(_)) => vec![*task],
+            _ => continue,
+        };
+        for task in named {
+            let Some(cancel) = cancelled.get(&task) else {
+                continue;
+            };
+            if cancel.precedes(op) {
+                violations.push(Violation::new(
+                    "cancel-final",
+                    &format!("task-{task}"),
+                    format!("task {task} was cancelled, and afterwards {}", op.input),
+                    vec![cancel.index, op.index],
+                ));
+            }
         }
     }
     violations
