@@ -1977,7 +1977,13 @@ fn t71_chain_steps_are_claimed_in_dependency_order_and_completed_once() {
         h.ok("c0", claim_step("chain-0-0", "c0"), 0, 10, lease_of(1));
         h.ok("c0", complete_step("chain-0-0", 1), 20, 30, Output::Done);
         h.refused("c1", claim_step("chain-0-0", "c1"), 40, 50, "ALREADY_DONE");
-        h.ok("c1", claim_step("chain-0-1", "c1"), 60, 70, lease_of(1));
+        // Tokens are unique across tasks too.
+        let second = Output::Lease {
+            fence: 1,
+            token: "second".into(),
+            until_ms: None,
+        };
+        h.ok("c1", claim_step("chain-0-1", "c1"), 60, 70, second);
         h
     };
     let done = [("chain-0-0", "done", 1), ("chain-0-1", "claimed", 1)];
@@ -2169,4 +2175,26 @@ fn t71_lease_lost_for_a_live_holder_is_reported() {
     assert!(!queue_at(4_000, None));
     assert!(!queue_at(1_000, Some("ambiguous")));
     assert!(queue_at(1_000, Some("ALREADY_STARTED")));
+    // An end follows an acknowledged start, and a running task is not cancelled: a cancel
+    // explains no refused end.
+    let mut h = H::default();
+    h.ok(
+        "w0",
+        Input::Lease {
+            worker: "w0".into(),
+        },
+        0,
+        10,
+        leased(1, "key-0", Some(7), None),
+    );
+    h.ambiguous("s", cancel_task(1), 500);
+    h.refused(
+        "w0",
+        end_attempt(1, 7, AttemptEnd::Fail { retryable: true }),
+        1_000,
+        1_010,
+        "LEASE_LOST",
+    );
+    let violations = queue::check(&h.ops, 100_000_000);
+    assert_reported(&violations, "unexplained-lease-lost", true);
 }

@@ -399,7 +399,8 @@ pub const CLOCK_SLACK_US: u64 = 250_000;
 /// it was sent). Otherwise, if `g2` returned before `g1`'s TTL ran out counted from `g1`'s
 /// invocation (the store counts the TTL from its apply, which comes after the invocation; less
 /// [`CLOCK_SLACK_US`]). In both cases only if no operation in `ends` (every call that could end a grant — a
-/// release, a queue attempt's completion; not an effect's completion, which keeps its hold —,
+/// release, a chain step's completion, a queue attempt's end or a cancel of its task; not an
+/// effect's completion, which keeps its hold —,
 /// answered or not, but not refused: a refusal ends nothing; matched by key and fence) on `g1`
 /// was invoked before `g2` returned. Pairs with equal fences are [`unique_grants`]'s, and pairs
 /// whose fences contradict real-time order [`increasing_fences`]'.

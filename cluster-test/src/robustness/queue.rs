@@ -4,8 +4,9 @@
 //! outcome unknown. Now and then a worker stalls past its lease (before its start, or between
 //! its start and its write), so the permit moves on with a higher token and the stale worker must
 //! be refused; the submitter sends an acknowledged submission again, with the same content or
-//! another concurrency key, and cancels one of its latest tasks (waiting, leased: cancelled;
-//! running or ended: refused).
+//! another concurrency key, and cancels a task: one of its latest, or the one a worker leased
+//! last (waiting, retrying or leased: cancelled, a leased attempt with it; running or ended:
+//! refused).
 //!
 //! Checked: every keyed lease carries a non-zero permit token (an unkeyed one none), one
 //! acknowledged permit per key and token, no permit granted before the store-clock deadline of
@@ -19,7 +20,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use baton_rpc::Client;
@@ -55,6 +56,9 @@ pub const SINK_PREFIX: &str = "sink-queue-";
 pub struct Pace {
     submitted: AtomicU64,
     completed: AtomicU64,
+    /// The task a worker leased last, with its concurrency key: the submitter cancels it now and
+    /// then, so that cancels also land between a lease and its start (a permit to free).
+    leased: Mutex<Option<(u64, String)>>,
 }
 
 /// Creates the queue and registers `workers`, retrying infrastructure failures (set-up, not
@@ -113,9 +117,16 @@ pub async fn submit(
         if !acked.is_empty() && rng.random_bool(0.05) {
             // Cancel one of the latest submissions: most are still waiting or leased (then the
             // attempt is cancelled and its permit freed), some running or ended (refused).
-            let recent = acked.len().saturating_sub(4)..acked.len();
-            let (_, key, task) = acked[rng.random_range(recent)].clone();
-            cancel(&rec, &client, &name, task, key).await;
+            let leased = pace.leased.lock().map(|l| l.clone()).unwrap_or_default();
+            let (task, key) = match leased {
+                Some((task, key)) if rng.random_bool(0.5) => (task, key),
+                _ => {
+                    let recent = acked.len().saturating_sub(4)..acked.len();
+                    let (_, key, task) = &acked[rng.random_range(recent)];
+                    (*task, key.to_string())
+                }
+            };
+            cancel(&rec, &client, &name, task, &key).await;
             continue;
         }
         let again = !acked.is_empty() && rng.random_bool(0.15);
@@ -319,7 +330,8 @@ fn leased_output(assignments: &[Assignment]) -> Output {
     )
 }
 
-/// One worker: lease, start, write the sink with the token, complete, until `stop`.
+/// One worker: lease, start, write the sink with the token, end the attempt (complete, fail or
+/// report unknown), until `stop`.
 pub async fn work(
     client: Client,
     name: String,
@@ -349,6 +361,9 @@ pub async fn work(
             let Some(token) = assignment.token else {
                 continue;
             };
+            if let Ok(mut leased) = pace.leased.lock() {
+                *leased = Some((assignment.task_id, assignment.concurrency_key.clone()));
+            }
             let stall = rng.random_range(0..100);
             if stall < 4 {
                 tokio::time::sleep(STALL).await;
@@ -776,10 +791,11 @@ fn holder_refusals(history: &[Op]) -> Vec<Use> {
         .collect()
 }
 
-/// Whether a cancel of the task `op` acts on, not refused, was sent before `op` returned: it
-/// may have ended the attempt.
+/// Whether `op` is a start and a cancel of its task, not refused, was sent before it returned:
+/// it may have cancelled the leased attempt. (An end follows an acknowledged start, and a
+/// running task is not cancelled: no cancel explains a refused end.)
 fn cancel_sent_before(history: &[Op], op: &Op) -> bool {
-    let (Input::StartAttempt { task, .. } | Input::EndAttempt { task, .. }) = &op.input else {
+    let Input::StartAttempt { task, .. } = &op.input else {
         return false;
     };
     history.iter().any(|other| {
