@@ -10,6 +10,7 @@
 //! [`Error::Compacted`]: nothing is ever skipped silently.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -156,10 +157,13 @@ impl Client {
     /// restored from a backup, or made anew at the same addresses — has another history, and
     /// ends the new watch with [`Error::Compacted`] (`oldest_available` 0: resync) instead of
     /// serving that history from the same revision on.
-    pub async fn resume_watch(&self, ended: &Watch) -> Watch {
+    ///
+    /// What it needs of `ended` is taken at the call, so the future does not borrow it and can
+    /// run in a spawned task (a [`Watch`] is `Send` but not `Sync`).
+    pub fn resume_watch(&self, ended: &Watch) -> impl Future<Output = Watch> + Send + '_ {
         let cluster = super::lock(&ended.cluster).clone();
-        self.start_watch(ended.filter.clone(), ended.resume_position(), cluster)
-            .await
+        let (filter, from) = (ended.filter.clone(), ended.resume_position());
+        self.start_watch(filter, from, cluster)
     }
 
     async fn start_watch(
@@ -651,6 +655,18 @@ mod tests {
         assert!(
             took < deadline * 2,
             "took {took:?} for a {deadline:?} deadline"
+        );
+        // Resuming it runs in a spawned task: the future does not borrow the watch, which is
+        // not `Sync` (before, this did not compile).
+        let resumed = tokio::spawn(async move {
+            let mut resumed = client.resume_watch(&watch).await;
+            resumed.next().await
+        })
+        .await
+        .unwrap();
+        assert!(
+            matches!(resumed, Some(Err(Error::Unavailable { .. }))),
+            "{resumed:?}"
         );
     }
 }
