@@ -9,7 +9,7 @@ use baton_cluster_test::robustness::history::{
     AttemptEnd, AttemptRecord, Clock, Input, LeasedTask, Op, Outcome, Output, Recorder,
 };
 use baton_cluster_test::robustness::{
-    self, available_again, board, chain, checkpoint, effect, handoff, progress, queue,
+    self, available_again, board, chain, checkpoint, effect, handoff, progress, queue, watcher,
 };
 use baton_rpc::proto::StateDigestResponse;
 use baton_rpc::replicas::SeenDigests;
@@ -2197,4 +2197,95 @@ fn t71_lease_lost_for_a_live_holder_is_reported() {
     );
     let violations = queue::check(&h.ops, 100_000_000);
     assert_reported(&violations, "unexplained-lease-lost", true);
+}
+
+fn delivered(seq: u64, data: &str) -> Input {
+    Input::WatchSaved {
+        run: "run-0".into(),
+        seq,
+        data: data.into(),
+    }
+}
+
+fn at(revision: u64) -> Output {
+    Output::Position { revision, index: 0 }
+}
+
+/// The watch's rules: two saves acknowledged one after the other and delivered in that order
+/// pass; a repeated position, a save delivered that nobody sent (or that was refused), two saves
+/// delivered against their real-time order, an acknowledged save never delivered, and a watch
+/// ended by an error are each reported; a save sent before a recorded compaction need not be
+/// delivered.
+#[test]
+fn t71_a_watch_delivers_every_acknowledged_save_once_in_commit_order() {
+    let legal = || {
+        let mut h = H::default();
+        h.ok("s0", save(1, "a"), 0, 10, Output::Done);
+        h.ok("s1", save(2, "b"), 20, 30, Output::Done);
+        h.ok(watcher::NAME, delivered(1, "a"), 12, 12, at(5));
+        h.ok(watcher::NAME, delivered(2, "b"), 32, 32, at(7));
+        h
+    };
+    assert!(watcher::check(&legal().ops, true).is_empty());
+
+    let mut h = legal();
+    h.ok(watcher::NAME, delivered(2, "b"), 40, 40, at(7));
+    assert_eq!(rules(&watcher::check(&h.ops, true)), ["watch-order"]);
+
+    let mut h = legal();
+    h.ok(watcher::NAME, delivered(3, "never-sent"), 40, 40, at(9));
+    assert_eq!(rules(&watcher::check(&h.ops, true)), ["watch-phantom"]);
+    let mut h = legal();
+    h.refused("s0", save(3, "stale"), 34, 36, "STALE_SEQ");
+    h.ok(watcher::NAME, delivered(3, "stale"), 40, 40, at(9));
+    assert_eq!(rules(&watcher::check(&h.ops, true)), ["watch-phantom"]);
+
+    // "a" was acknowledged before "b" was sent, yet came after it.
+    let mut h = H::default();
+    h.ok("s0", save(1, "a"), 0, 10, Output::Done);
+    h.ok("s1", save(2, "b"), 20, 30, Output::Done);
+    h.ok(watcher::NAME, delivered(2, "b"), 32, 32, at(5));
+    h.ok(watcher::NAME, delivered(1, "a"), 33, 33, at(7));
+    let violations = watcher::check(&h.ops, true);
+    assert_eq!(rules(&violations), ["watch-order"], "{violations:?}");
+    assert_eq!(violations[0].ops, vec![0, 1]);
+    // Concurrent saves may come in either order.
+    let mut h = H::default();
+    h.ok("s0", save(1, "a"), 0, 25, Output::Done);
+    h.ok("s1", save(2, "b"), 20, 30, Output::Done);
+    h.ok(watcher::NAME, delivered(2, "b"), 32, 32, at(5));
+    h.ok(watcher::NAME, delivered(1, "a"), 33, 33, at(7));
+    assert!(watcher::check(&h.ops, true).is_empty());
+
+    // Never delivered: reported once the run was read back, not before.
+    let mut h = legal();
+    h.ok("s0", save(3, "c"), 40, 50, Output::Done);
+    assert_eq!(rules(&watcher::check(&h.ops, true)), ["watch-missed"]);
+    let mut h = H::default();
+    h.ok("s0", save(1, "first"), 0, 10, Output::Done);
+    assert_eq!(rules(&watcher::check(&h.ops, true)), ["watch-missed"]);
+    assert!(watcher::check(&h.ops, false).is_empty());
+    // Sent before a compaction the watch met: it may have been in the history compacted away.
+    let mut h = legal();
+    h.ok("s0", save(3, "c"), 40, 50, Output::Done);
+    h.ok(
+        watcher::NAME,
+        Input::WatchCompacted { requested: 8 },
+        60,
+        60,
+        at(20),
+    );
+    assert!(watcher::check(&h.ops, true).is_empty());
+
+    let mut h = legal();
+    h.ok(
+        watcher::NAME,
+        Input::WatchEnded {
+            error: "protocol error".into(),
+        },
+        60,
+        60,
+        Output::Done,
+    );
+    assert_eq!(rules(&watcher::check(&h.ops, true)), ["watch-ended"]);
 }

@@ -208,6 +208,26 @@ pub enum Input {
         /// Run id.
         run: String,
     },
+    /// A watch delivered a checkpoint save (observed, not invoked: call = return = delivery).
+    WatchSaved {
+        /// Run id.
+        run: String,
+        /// Its seq.
+        seq: u64,
+        /// Its data.
+        data: String,
+    },
+    /// A watch met `COMPACTED` at `requested` and went on from the oldest revision kept (the
+    /// answer's position).
+    WatchCompacted {
+        /// The revision it needed next.
+        requested: u64,
+    },
+    /// A watch ended with an error it could not go on from.
+    WatchEnded {
+        /// The error.
+        error: String,
+    },
 }
 
 /// How a worker ends a started attempt.
@@ -353,6 +373,13 @@ pub enum Output {
         state: String,
         /// Every attempt.
         attempts: Vec<AttemptRecord>,
+    },
+    /// Where a watch delivered a change (or went on from, after a compaction).
+    Position {
+        /// Revision (log index).
+        revision: u64,
+        /// Place among the entry's changes.
+        index: u32,
     },
     /// A loaded checkpoint.
     Checkpoint {
@@ -515,6 +542,11 @@ impl fmt::Display for Input {
                 write!(f, "save {run} seq={seq} data={data}")
             }
             Input::LoadCheckpoint { run } => write!(f, "load {run}"),
+            Input::WatchSaved { run, seq, data } => {
+                write!(f, "watch-saved {run} seq={seq} data={data}")
+            }
+            Input::WatchCompacted { requested } => write!(f, "watch-compacted at={requested}"),
+            Input::WatchEnded { error } => write!(f, "watch-ended {error}"),
         }
     }
 }
@@ -576,6 +608,7 @@ impl fmt::Display for Output {
                 write!(f, "state={state} [{}]", shown.join(" "))
             }
             Output::Checkpoint { seq, data } => write!(f, "seq={seq} data={data}"),
+            Output::Position { revision, index } => write!(f, "at {revision}.{index}"),
         }
     }
 }
@@ -708,6 +741,18 @@ impl Recorder {
         };
         self.complete(index, outcome);
         result
+    }
+
+    /// Records something observed rather than invoked (a watch's delivery): call and return are
+    /// now.
+    pub fn observe(&self, client: &str, input: Input, output: Output) {
+        let index = self.invoke(client, input);
+        self.complete(index, Outcome::Ok(output));
+    }
+
+    /// Runs `f` over the history so far.
+    pub fn inspect<R>(&self, f: impl FnOnce(&[Op]) -> R) -> R {
+        f(&self.lock())
     }
 
     /// Number of operations recorded so far.

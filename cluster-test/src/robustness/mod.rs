@@ -8,12 +8,13 @@
 //! 2. start the workloads — handoff races ([`handoff`]), board claims ([`board`]) and
 //!    dependency chains ([`chain`]), side-effect
 //!    acquires with fenced sink writes ([`effect`]), keyed queue permits ([`queue`]), checkpoint
-//!    saves ([`checkpoint`]) — every client recording each operation in one
-//!    [`history::Recorder`];
+//!    saves ([`checkpoint`]) and a watch of them ([`watcher`]) — every client recording each
+//!    operation (the watch: each change delivered) in one [`history::Recorder`];
 //! 3. inject the scenario's faults for a while ([`faults::Nemesis`]), then undo them all and
 //!    wait for the cluster to converge;
 //! 4. require that every workload gets a grant again after recovery, stop the workloads, read
-//!    back everything that was acknowledged, and compare the members' states ([`replicas_agree`]);
+//!    back everything that was acknowledged, let the watch catch up, and compare the members'
+//!    states ([`replicas_agree`]);
 //! 5. run every checker over the finished history.
 //!
 //! Choices (keys, operations, timings, victims) come from one seed, so a failing seed can be
@@ -33,6 +34,7 @@ pub mod handoff;
 pub mod history;
 pub mod queue;
 pub mod target;
+pub mod watcher;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -382,7 +384,11 @@ fn workload_of(input: &Input) -> usize {
         {
             2
         }
-        Input::SaveCheckpoint { .. } | Input::LoadCheckpoint { .. } => 4,
+        Input::SaveCheckpoint { .. }
+        | Input::LoadCheckpoint { .. }
+        | Input::WatchSaved { .. }
+        | Input::WatchCompacted { .. }
+        | Input::WatchEnded { .. } => 4,
         _ => 3,
     }
 }
@@ -639,6 +645,7 @@ async fn drive<T: Target>(
     queue::setup(&setup, &workers).await?;
 
     let tickets: Vec<String> = (0..mix.tickets).map(|i| format!("ticket-{i}")).collect();
+    let watcher = watcher::Watcher::start(connect(&endpoints, 0).await?, rec.clone());
     let workloads = Workloads::start(&endpoints, &rec, seed, mix, &tickets).await?;
     let voters: BTreeSet<u64> = cluster.ids().into_iter().collect();
     let mut nemesis = Nemesis::new(
@@ -662,7 +669,11 @@ async fn drive<T: Target>(
     let (mut violations, final_from) = match unrecovered {
         // No read-back from a cluster that did not recover, but the history so far is still
         // judged: a store that broke a rule under the faults may be why it did not recover.
-        Some(_) => (workloads.stop(Duration::from_secs(15)).await, None),
+        Some(_) => {
+            let stopped = workloads.stop(Duration::from_secs(15)).await;
+            watcher.catch_up_and_stop(&rec, Duration::ZERO).await;
+            (stopped, None)
+        }
         None => {
             let recovered_at = rec.clock().now();
             let mut violations = available_again(&rec, recovered_at, settings.recovery_limit).await;
@@ -674,6 +685,10 @@ async fn drive<T: Target>(
             keys.extend(nemesis.probe_keys.iter().cloned());
             read_back(&endpoints, &rec, &keys, mix).await?;
             phase("read-back");
+            watcher
+                .catch_up_and_stop(&rec, settings.recovery_limit)
+                .await;
+            phase("watch caught up");
             violations.extend(replicas_agree(cluster, settings.recovery_limit).await);
             phase("replicas compared");
             (violations, Some(final_from))
@@ -683,12 +698,14 @@ async fn drive<T: Target>(
     match final_from {
         Some(final_from) => {
             violations.extend(checks(&history, final_from));
+            violations.extend(watcher::check(&history, true));
             violations.extend(progress(&history, nemesis.faults));
         }
         // Without a read-back, every acknowledged write would count as lost.
         None => violations.extend(
             checks(&history, rec.clock().now())
                 .into_iter()
+                .chain(watcher::check(&history, false))
                 .filter(|violation| violation.rule != "lost-ack"),
         ),
     }
