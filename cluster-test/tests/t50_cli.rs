@@ -475,6 +475,7 @@ async fn t53_cluster_init_forms_the_cluster_once() {
     let init = baton(&bin, &endpoints, &["cluster", "init"]).await;
     assert_eq!(init.code, Some(0), "{init}");
     assert!(init.stdout.contains("initialized cluster"), "{init}");
+    assert!(!init.stderr.contains("warning"), "three voters: {init}");
     let leader = cluster.leader().await.unwrap();
     for id in cluster.live_ids() {
         let members = cluster.node_info(id).await.unwrap().members;
@@ -634,6 +635,12 @@ async fn t54_members_remove_takes_out_learners_and_voters_and_refuses_strangers(
     let follower_arg = follower.to_string();
     let out = baton(&bin, e, &["members", "remove", "--id", &follower_arg]).await;
     assert_eq!(out.code, Some(0), "{out}");
+    // Two voters survive no failure: said, not refused.
+    assert!(out.stderr.contains("warning: 2 voter(s)"), "{out}");
+    assert!(
+        !remove.stderr.contains("warning"),
+        "three voters are not fragile: {remove}"
+    );
     let members = cluster.node_info(leader).await.unwrap().members;
     assert_eq!(members.len(), 2, "{members:?}");
     assert!(!voters(&members).contains(&follower), "{members:?}");

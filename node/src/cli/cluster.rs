@@ -79,6 +79,7 @@ async fn init(endpoints: &[String], config: ClientConfig, security: Security) ->
                 .map(|(id, addr)| format!("{id}={addr}"))
                 .collect();
             out!("initialized cluster {}; leader at {leader}", list.join(","));
+            super::members::warn_if_fragile(members.len());
             exit::OK
         }
         Err(error) => exit::report(&error),

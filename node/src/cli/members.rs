@@ -108,6 +108,7 @@ pub async fn run(command: MembersCommand, client: &Client, within: Duration) -> 
         Ok(MembershipResponse { members, log_index }) => {
             print_members(&members, false);
             out!("membership committed at log index {log_index}");
+            warn_if_fragile(members.iter().filter(|m| m.voter).count());
             exit::OK
         }
         Err(error) => {
@@ -123,6 +124,18 @@ pub async fn run(command: MembersCommand, client: &Client, within: Duration) -> 
             }
             code
         }
+    }
+}
+
+/// Says so (stderr) when `voters` is below three: with one or two voters a majority is all of
+/// them, so the cluster stops writing when any one fails.
+pub(super) fn warn_if_fragile(voters: usize) {
+    if voters < 3 {
+        eprintln!(
+            "baton: warning: {voters} voter(s): a majority is all of them, so the cluster stops \
+             if any one fails; three voters survive one failure, five survive two (`baton \
+             members add` and `promote`)"
+        );
     }
 }
 
