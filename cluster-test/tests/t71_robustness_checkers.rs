@@ -2275,7 +2275,14 @@ fn t71_a_watch_delivers_every_acknowledged_save_once_in_commit_order() {
         60,
         at(20),
     );
+    // The first change after it may sit at the position it went on from.
+    h.ok("s1", save(4, "d"), 70, 80, Output::Done);
+    h.ok(watcher::NAME, delivered(4, "d"), 82, 82, at(20));
     assert!(watcher::check(&h.ops, true).is_empty());
+    // One save delivered twice, at two positions.
+    let mut h = legal();
+    h.ok(watcher::NAME, delivered(2, "b"), 40, 40, at(9));
+    assert_eq!(rules(&watcher::check(&h.ops, true)), ["watch-order"]);
 
     let mut h = legal();
     h.ok(

@@ -671,8 +671,9 @@ async fn drive<T: Target>(
         // judged: a store that broke a rule under the faults may be why it did not recover.
         Some(_) => {
             let stopped = workloads.stop(Duration::from_secs(15)).await;
-            watcher.catch_up_and_stop(&rec, Duration::ZERO).await;
-            (stopped, None)
+            let mut violations = stopped;
+            violations.extend(watcher.catch_up_and_stop(&rec, Duration::ZERO).await);
+            (violations, None)
         }
         None => {
             let recovered_at = rec.clock().now();
@@ -685,9 +686,11 @@ async fn drive<T: Target>(
             keys.extend(nemesis.probe_keys.iter().cloned());
             read_back(&endpoints, &rec, &keys, mix).await?;
             phase("read-back");
-            watcher
-                .catch_up_and_stop(&rec, settings.recovery_limit)
-                .await;
+            violations.extend(
+                watcher
+                    .catch_up_and_stop(&rec, settings.recovery_limit)
+                    .await,
+            );
             phase("watch caught up");
             violations.extend(replicas_agree(cluster, settings.recovery_limit).await);
             phase("replicas compared");

@@ -27,10 +27,19 @@ use super::history::{Input, Op, Output, Recorder};
 /// The client name the watch's events are recorded under.
 pub const NAME: &str = "watcher";
 
-/// The running watch.
+/// The running watch (stopped when dropped).
 pub struct Watcher {
     stop: Arc<AtomicBool>,
-    task: JoinHandle<()>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Drop for Watcher {
+    /// A run that ends early (a set-up or read-back error) leaves no watch behind.
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
 }
 
 impl Watcher {
@@ -38,27 +47,39 @@ impl Watcher {
     pub fn start(client: Client, rec: Recorder) -> Watcher {
         let stop = Arc::new(AtomicBool::new(false));
         let task = tokio::spawn(follow(client, rec, stop.clone()));
-        Watcher { stop, task }
+        Watcher {
+            stop,
+            task: Some(task),
+        }
     }
 
     /// Waits until every save acknowledged in `rec` so far has been delivered (or the watch
-    /// ended, or `limit` passed), then stops the watch.
-    pub async fn catch_up_and_stop(self, rec: &Recorder, limit: Duration) {
+    /// ended, or `limit` passed), then stops the watch. A watch stopped by a panic (the library
+    /// on an answer it could not handle) is a violation (`workload-panic`).
+    pub async fn catch_up_and_stop(mut self, rec: &Recorder, limit: Duration) -> Option<Violation> {
+        let mut task = self.task.take()?;
         let deadline = tokio::time::Instant::now() + limit;
-        while !self.task.is_finished() && tokio::time::Instant::now() < deadline {
+        while !task.is_finished() && tokio::time::Instant::now() < deadline {
             if rec.inspect(|history| missed(history).is_empty()) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        // The loop looks at the flag at least every 200 ms.
+        // The loop looks at the flag between events and every 200 ms while none comes; one
+        // still (re)opening its stream (up to the client's deadline) is aborted.
         self.stop.store(true, Ordering::Relaxed);
-        let mut task = self.task;
-        if tokio::time::timeout(Duration::from_secs(1), &mut task)
-            .await
-            .is_err()
-        {
-            task.abort();
+        match tokio::time::timeout(Duration::from_secs(1), &mut task).await {
+            Ok(Err(error)) if error.is_panic() => Some(Violation::new(
+                "workload-panic",
+                NAME,
+                format!("the watch stopped by a panic: {error}"),
+                Vec::new(),
+            )),
+            Ok(_) => None,
+            Err(_) => {
+                task.abort();
+                None
+            }
         }
     }
 }
@@ -116,6 +137,7 @@ async fn follow(client: Client, rec: Recorder, stop: Arc<AtomicBool>) {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 watch = client.resume_watch(&watch).await;
             }
+            // Also a `COMPACTED` it cannot go on from (the nodes belong to another cluster).
             Some(Err(error)) => {
                 rec.observe(
                     NAME,
@@ -188,7 +210,8 @@ pub fn check(history: &[Op], complete: bool) -> Vec<Violation> {
     // Positions strictly increase (a compaction's position is where the watch went on from).
     for pair in events.windows(2) {
         let ((before, at), (after, next)) = (pair[0], pair[1]);
-        let went_on = matches!(after.input, Input::WatchCompacted { .. });
+        // The first change after a compaction may sit at the position it went on from.
+        let went_on = matches!(before.input, Input::WatchCompacted { .. });
         if next < at || (next == at && !went_on) {
             violations.push(Violation::new(
                 "watch-order",
@@ -213,7 +236,19 @@ pub fn check(history: &[Op], complete: bool) -> Vec<Violation> {
         let Input::WatchSaved { run, seq, data } = &op.input else {
             continue;
         };
-        delivered_at.entry(data).or_insert(*position);
+        if let Some(first) = delivered_at.get(data.as_str()).copied() {
+            violations.push(Violation::new(
+                "watch-order",
+                run,
+                format!(
+                    "the save of seq {seq} was delivered twice (at {}.{} and {}.{})",
+                    first.0, first.1, position.0, position.1
+                ),
+                vec![op.index],
+            ));
+        } else {
+            delivered_at.insert(data, *position);
+        }
         let sent = sends.get(data.as_str()).is_some_and(|saves| {
             saves.iter().any(|save| {
                 save.refused().is_none()

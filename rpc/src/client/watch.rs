@@ -159,8 +159,9 @@ impl Client {
     /// serving that history from the same revision on.
     ///
     /// What it needs of `ended` is taken at the call, so the future does not borrow it and can
-    /// run in a spawned task (a [`Watch`] is `Send` but not `Sync`).
-    pub fn resume_watch(&self, ended: &Watch) -> impl Future<Output = Watch> + Send + '_ {
+    /// run in a spawned task (a [`Watch`] is `Send` but not `Sync`). Call it once `ended` has
+    /// ended: events `ended` delivers after the call would come again from the new watch.
+    pub fn resume_watch(&self, ended: &Watch) -> impl Future<Output = Watch> + Send + use<'_> {
         let cluster = super::lock(&ended.cluster).clone();
         let (filter, from) = (ended.filter.clone(), ended.resume_position());
         self.start_watch(filter, from, cluster)
