@@ -192,18 +192,9 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
             });
         }
         match (&op.input, op.ok()) {
-            (
-                Input::Claim { task, .. },
-                Some(Output::Lease {
-                    fence, until_ms, ..
-                }),
-            ) => grants.push(Grant {
-                key: task.clone(),
-                fence: *fence,
-                op: op.index,
-                until_ms: *until_ms,
-                renewed_until_ms: *until_ms,
-            }),
+            (Input::Claim { task, .. }, Some(output)) => {
+                grants.extend(claim_grant(task, output, op))
+            }
             (Input::ReleaseTask { task, fence, .. }, Some(_))
             | (Input::RenewTask { task, fence, .. }, Some(_)) => uses.push(Use {
                 key: task.clone(),
@@ -214,15 +205,7 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
         }
     }
     let mut violations = unique_grants("claim", &grants, history);
-    violations.extend(unique_tokens(
-        "claim",
-        &grants,
-        |output| match output {
-            Output::Lease { token, .. } => Some(token.as_str()),
-            _ => None,
-        },
-        history,
-    ));
+    violations.extend(unique_tokens("claim", &grants, lease_token, history));
     // An acknowledged renewal moves its lease's deadline on.
     for op in history {
         if let (Input::RenewTask { task, fence, .. }, Some(Output::Lease { until_ms, .. })) =
@@ -275,6 +258,31 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
     violations.extend(reads(history, final_from));
     violations.extend(explained_taken(history, final_from));
     violations
+}
+
+/// The grant an answered claim of `task` (a board task's or a chain step's) holds.
+pub(super) fn claim_grant(task: &str, output: &Output, op: &Op) -> Option<Grant> {
+    let Output::Lease {
+        fence, until_ms, ..
+    } = output
+    else {
+        return None;
+    };
+    Some(Grant {
+        key: task.to_string(),
+        fence: *fence,
+        op: op.index,
+        until_ms: *until_ms,
+        renewed_until_ms: *until_ms,
+    })
+}
+
+/// A claim's token, as recorded (for [`unique_tokens`]).
+pub(super) fn lease_token(output: &Output) -> Option<&str> {
+    match output {
+        Output::Lease { token, .. } => Some(token),
+        _ => None,
+    }
 }
 
 /// The acknowledged renewals and the refused releases and renewals, as (task, fence) uses.
@@ -537,8 +545,32 @@ fn explained_taken(history: &[Op], final_from: u64) -> Vec<Violation> {
     violations
 }
 
-/// After recovery every task's highest fence is at least the highest acknowledged one.
-fn durable(history: &[Op], grants: &[Grant], final_from: u64) -> Vec<Violation> {
+/// A listed task: id, state, highest fence.
+type Listed = (String, String, u64);
+
+/// The listing made after recovery (the last one from `final_from` on) and its op, or the
+/// violation of not having one.
+pub(super) fn final_listing(
+    history: &[Op],
+    final_from: u64,
+) -> Result<(&[Listed], usize), Violation> {
+    let last = history
+        .iter()
+        .rfind(|op| op.call >= final_from && matches!(op.input, Input::ListTasks));
+    match last.map(|op| (op.ok(), op.index)) {
+        Some((Some(Output::Tasks(tasks)), index)) => Ok((tasks, index)),
+        _ => Err(Violation::new(
+            "lost-ack",
+            "board",
+            "the tasks could not be listed after recovery",
+            last.map(|op| vec![op.index]).unwrap_or_default(),
+        )),
+    }
+}
+
+/// After recovery every task's (and chain step's, for the chains' `grants`) highest fence is at
+/// least the highest acknowledged one.
+pub(super) fn durable(history: &[Op], grants: &[Grant], final_from: u64) -> Vec<Violation> {
     let mut highest: BTreeMap<&str, &Grant> = BTreeMap::new();
     for grant in grants {
         let entry = highest.entry(&grant.key).or_insert(grant);
@@ -549,16 +581,9 @@ fn durable(history: &[Op], grants: &[Grant], final_from: u64) -> Vec<Violation> 
     if highest.is_empty() {
         return Vec::new();
     }
-    let last = history
-        .iter()
-        .rfind(|op| op.call >= final_from && matches!(op.input, Input::ListTasks));
-    let Some(Output::Tasks(tasks)) = last.and_then(Op::ok) else {
-        return vec![Violation::new(
-            "lost-ack",
-            "board",
-            "the tasks could not be listed after recovery",
-            last.map(|op| vec![op.index]).unwrap_or_default(),
-        )];
+    let (tasks, last) = match final_listing(history, final_from) {
+        Ok(listing) => listing,
+        Err(violation) => return vec![violation],
     };
     let mut violations = Vec::new();
     for (task, grant) in highest {
@@ -574,7 +599,7 @@ fn durable(history: &[Op], grants: &[Grant], final_from: u64) -> Vec<Violation> 
                     "fence {} was acknowledged, after recovery the task's highest fence is {now:?}",
                     grant.fence
                 ),
-                vec![grant.op, last.map_or(0, |op| op.index)],
+                vec![grant.op, last],
             ));
         }
     }

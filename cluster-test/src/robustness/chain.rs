@@ -26,9 +26,10 @@ use baton_statemachine::board::{Task, TaskSpec};
 use rand::rngs::StdRng;
 use rand::Rng;
 
+use super::board;
 use super::check::{
     exclusive_holds, increasing_fences, no_stale_holder, unexplained_lease_lost, unique_grants,
-    unique_tokens, Grant, Use, Violation,
+    unique_tokens, Use, Violation,
 };
 use super::history::{Input, Op, Output, Recorder};
 
@@ -70,7 +71,7 @@ pub async fn seed(client: &Client) -> anyhow::Result<()> {
             })
         })
         .collect();
-    super::board::seed_specs(client, &specs).await
+    board::seed_specs(client, &specs).await
 }
 
 /// One agent: walks the chains from the first, until `stop` (or the last chain is done).
@@ -100,7 +101,7 @@ pub async fn run(
                 &name,
                 input,
                 client.claim(&task, &name, TTL_MS),
-                super::board::lease_output,
+                board::lease_output,
             )
             .await;
         let lease = match claimed {
@@ -157,19 +158,9 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
     let mut refusals = Vec::new();
     for op in history {
         match (&op.input, op.ok(), op.refused()) {
-            (
-                Input::ClaimStep { task, .. },
-                Some(Output::Lease {
-                    fence, until_ms, ..
-                }),
-                _,
-            ) => grants.push(Grant {
-                key: task.clone(),
-                fence: *fence,
-                op: op.index,
-                until_ms: *until_ms,
-                renewed_until_ms: *until_ms,
-            }),
+            (Input::ClaimStep { task, .. }, Some(output), _) => {
+                grants.extend(board::claim_grant(task, output, op))
+            }
             (Input::CompleteStep { task, fence }, _, Some(_)) => refusals.push(Use {
                 key: task.clone(),
                 fence: *fence,
@@ -194,10 +185,7 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
     violations.extend(unique_tokens(
         "chain claim",
         &grants,
-        |output| match output {
-            Output::Lease { token, .. } => Some(token.as_str()),
-            _ => None,
-        },
+        board::lease_token,
         history,
     ));
     violations.extend(exclusive_holds(
@@ -219,7 +207,8 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
         history,
     ));
     violations.extend(order(history));
-    violations.extend(durable(history, &grants, final_from));
+    violations.extend(board::durable(history, &grants, final_from));
+    violations.extend(completions_kept(history, final_from));
     violations
 }
 
@@ -327,9 +316,8 @@ fn order(history: &[Op]) -> Vec<Violation> {
     violations
 }
 
-/// After recovery every step whose completion was acknowledged is done, and every step's fence
-/// is at least its highest acknowledged claim's.
-fn durable(history: &[Op], grants: &[Grant], final_from: u64) -> Vec<Violation> {
+/// After recovery every step whose completion was acknowledged is done.
+fn completions_kept(history: &[Op], final_from: u64) -> Vec<Violation> {
     let completed: Vec<(&str, usize)> = history
         .iter()
         .filter_map(|op| match (&op.input, op.ok()) {
@@ -337,55 +325,30 @@ fn durable(history: &[Op], grants: &[Grant], final_from: u64) -> Vec<Violation> 
             _ => None,
         })
         .collect();
-    if completed.is_empty() && grants.is_empty() {
+    if completed.is_empty() {
         return Vec::new();
     }
-    let last = history
-        .iter()
-        .rfind(|op| op.call >= final_from && matches!(op.input, Input::ListTasks));
-    let Some(Output::Tasks(tasks)) = last.and_then(Op::ok) else {
-        return vec![Violation::new(
-            "lost-ack",
-            "chains",
-            "the tasks could not be listed after recovery",
-            last.map(|op| vec![op.index]).unwrap_or_default(),
-        )];
+    let (tasks, last) = match board::final_listing(history, final_from) {
+        Ok(listing) => listing,
+        Err(violation) => return vec![violation],
     };
-    let last = last.map_or(0, |op| op.index);
-    let now: BTreeMap<&str, (&str, u64)> = tasks
+    let state: BTreeMap<&str, &str> = tasks
         .iter()
-        .map(|(id, state, fence)| (id.as_str(), (state.as_str(), *fence)))
+        .map(|(id, state, _)| (id.as_str(), state.as_str()))
         .collect();
-    let mut violations = Vec::new();
-    for (task, op) in completed {
-        if now.get(task).is_none_or(|(state, _)| *state != "done") {
-            violations.push(Violation::new(
+    completed
+        .into_iter()
+        .filter(|(task, _)| state.get(task) != Some(&"done"))
+        .map(|(task, op)| {
+            Violation::new(
                 "lost-ack",
                 task,
                 format!(
                     "its completion was acknowledged; after recovery it is {:?}",
-                    now.get(task)
+                    state.get(task)
                 ),
                 vec![op, last],
-            ));
-        }
-    }
-    for grant in grants {
-        if now
-            .get(grant.key.as_str())
-            .is_none_or(|(_, fence)| *fence < grant.fence)
-        {
-            violations.push(Violation::new(
-                "lost-ack",
-                &grant.key,
-                format!(
-                    "fence {} was acknowledged; after recovery the step is {:?}",
-                    grant.fence,
-                    now.get(grant.key.as_str())
-                ),
-                vec![grant.op, last],
-            ));
-        }
-    }
-    violations
+            )
+        })
+        .collect()
 }
