@@ -9,7 +9,8 @@ use baton_cluster_test::robustness::history::{
     AttemptEnd, AttemptRecord, Clock, Input, LeasedTask, Op, Outcome, Output, Recorder,
 };
 use baton_cluster_test::robustness::{
-    self, available_again, board, chain, checkpoint, effect, handoff, progress, queue, watcher,
+    self, available_again, board, chain, checkpoint, effect, handoff, progress, queue, reconcile,
+    watcher,
 };
 use baton_rpc::proto::StateDigestResponse;
 use baton_rpc::replicas::SeenDigests;
@@ -1023,9 +1024,9 @@ fn t71_an_acquire_applied_twice_and_a_lost_completion_are_reported() {
     );
 }
 
-/// A store that recorded (and echoed) a result other than the one submitted lost the completion
-/// all the same: the result after recovery is compared with what the workload submitted (the
-/// action's key), not with what the completion answered.
+/// A store that recorded (and echoed) a result nobody submitted is caught on the answer itself
+/// (`wrong-result`, also in a run that did not recover); one that answered the submitted result
+/// and then lost it, after recovery (`lost-ack`).
 #[test]
 fn t71_a_completion_recorded_with_another_result_is_reported() {
     let complete = Input::CompleteEffect {
@@ -1138,14 +1139,14 @@ fn t71_an_unresolved_intent_granted_afresh_or_still_in_progress_late_is_reported
         acquire("a/3", "res-2"),
         9_000,
         9_010,
-        not("completed"),
+        Output::Result("a/3".into()),
     );
     h.ok(
         "final",
         acquire("a/1", "res-0"),
         9_100,
         9_110,
-        not("completed"),
+        Output::Result("a/1".into()),
     );
     let violations = effect::check(&h.ops, 100_000);
     assert_eq!(rules(&violations), ["intent-expiry"], "{violations:?}");
@@ -2295,4 +2296,414 @@ fn t71_a_watch_delivers_every_acknowledged_save_once_in_commit_order() {
         Output::Done,
     );
     assert_eq!(rules(&watcher::check(&h.ops, true)), ["watch-ended"]);
+}
+
+/// A reconcile of `key`.
+fn begin(key: &str) -> Input {
+    Input::BeginReconcile { key: key.into() }
+}
+
+/// A slot held until `until_ms` on the store clock.
+fn slot(until_ms: u64) -> Output {
+    Output::Reconciling { until_ms }
+}
+
+/// A resolution of `key`: "happened" with `result` when there is one, else "did not happen".
+fn resolve(key: &str, result: Option<&str>, forced: bool, unsafe_action: bool) -> Input {
+    Input::Resolve {
+        key: key.into(),
+        happened: result.is_some(),
+        result: result.unwrap_or_default().into(),
+        forced,
+        unsafe_action,
+    }
+}
+
+#[test]
+fn t71_a_second_live_reconcile_slot_is_reported_on_the_store_clock() {
+    // Slot lengths are reconcile::SLOT_TTL_MS (1.5 s): the second slot, until 11,000, was
+    // granted at 9,500, while the first ran until 10,000.
+    let mut h = H::default();
+    h.ok("r0", begin("k"), 0, 10, slot(10_000));
+    h.ok("r1", begin("k"), 20, 30, slot(11_000));
+    let violations = reconcile::check(&h.ops);
+    assert_eq!(
+        rules(&violations),
+        ["reconcile-exclusive"],
+        "{violations:?}"
+    );
+    assert_eq!(violations[0].ops, [0, 1]);
+    // Granted at 10,000, the first slot's deadline: it had run out (a deadline reached is
+    // overdue).
+    h.ops[1].outcome = Outcome::Ok(slot(11_500));
+    assert!(reconcile::check(&h.ops).is_empty());
+    // A resolution sent in between may have ended the first slot (and the key turned uncertain
+    // again since): the pair is excused.
+    h.ops[1].outcome = Outcome::Ok(slot(11_000));
+    h.ambiguous("r0", resolve("k", None, false, false), 15);
+    assert!(reconcile::check(&h.ops).is_empty());
+}
+
+#[test]
+fn t71_a_refusal_only_its_own_retry_explains_is_reported() {
+    // RECONCILE_TAKEN with no other reconcile of the key sent: its own retry took the slot.
+    let mut h = H::default();
+    h.refused("r0", begin("k"), 0, 10, "RECONCILE_TAKEN");
+    assert_eq!(rules(&reconcile::check(&h.ops)), ["reconcile-twice"]);
+    // Another reconcile refused changed nothing: still unexplained.
+    let mut refused = H::default();
+    refused.refused("r1", begin("k"), 0, 5, "NOT_UNCERTAIN");
+    refused.refused("r0", begin("k"), 6, 10, "RECONCILE_TAKEN");
+    assert_eq!(rules(&reconcile::check(&refused.ops)), ["reconcile-twice"]);
+    // Another reconcile sent (unanswered) explains it.
+    let mut h = H::default();
+    h.ambiguous("r1", begin("k"), 0);
+    h.refused("r0", begin("k"), 5, 10, "RECONCILE_TAKEN");
+    assert!(reconcile::check(&h.ops).is_empty());
+
+    // NOT_UNCERTAIN for a resolution under an answered slot, no other resolution sent.
+    let mut h = H::default();
+    h.ok("r0", begin("k"), 0, 10, slot(1_000));
+    h.refused(
+        "r0",
+        resolve("k", None, false, false),
+        20,
+        30,
+        "NOT_UNCERTAIN",
+    );
+    let violations = reconcile::check(&h.ops);
+    assert_eq!(rules(&violations), ["resolve-twice"], "{violations:?}");
+    // Another reconciler's resolution, answered retryable before: explained.
+    h.ok(
+        "r1",
+        resolve("k", None, false, false),
+        12,
+        18,
+        Output::Retryable,
+    );
+    assert!(reconcile::check(&h.ops).is_empty());
+}
+
+#[test]
+fn t71_an_unsafe_action_made_retryable_unforced_is_reported() {
+    let cases = [
+        // (happened, forced, unsafe, outcome, reported)
+        (false, false, true, Outcome::Ok(Output::Retryable), true),
+        (
+            false,
+            false,
+            true,
+            Outcome::Refused("UNSAFE_NOT_RETRYABLE".into()),
+            false,
+        ),
+        (false, true, true, Outcome::Ok(Output::Retryable), false),
+        (false, false, false, Outcome::Ok(Output::Retryable), false),
+        (
+            false,
+            false,
+            false,
+            Outcome::Refused("UNSAFE_NOT_RETRYABLE".into()),
+            true,
+        ),
+        (
+            false,
+            true,
+            true,
+            Outcome::Refused("UNSAFE_NOT_RETRYABLE".into()),
+            true,
+        ),
+        (
+            true,
+            false,
+            true,
+            Outcome::Refused("UNSAFE_NOT_RETRYABLE".into()),
+            true,
+        ),
+    ];
+    for (happened, forced, unsafe_action, outcome, reported) in cases {
+        let mut h = H::default();
+        let input = resolve("k", happened.then_some("k by r0"), forced, unsafe_action);
+        h.op("r0", input, 0, Some(10), outcome.clone());
+        let violations = reconcile::check(&h.ops);
+        assert_eq!(
+            rules(&violations),
+            Vec::from_iter(reported.then_some("unsafe-resolution")),
+            "{happened} {forced} {unsafe_action} {outcome:?}: {violations:?}"
+        );
+    }
+}
+
+#[test]
+fn t71_a_key_resolved_retryable_and_not_granted_again_is_reported() {
+    let mut h = H::default();
+    h.ok(
+        "r0",
+        resolve("k", None, false, false),
+        0,
+        10,
+        Output::Retryable,
+    );
+    h.ok(
+        "r0",
+        acquire("k"),
+        20,
+        30,
+        Output::NotGranted("uncertain".into()),
+    );
+    let violations = reconcile::check(&h.ops);
+    assert_eq!(
+        rules(&violations),
+        ["resolved-not-retryable"],
+        "{violations:?}"
+    );
+    // Granted or contended is what a retryable key answers.
+    for answer in [granted(2), Output::NotGranted("contended".into())] {
+        h.ops[1].outcome = Outcome::Ok(answer);
+        assert!(reconcile::check(&h.ops).is_empty());
+    }
+    // Another acquire sent meanwhile (unanswered) may have been granted and run out since.
+    h.ops[1].outcome = Outcome::Ok(Output::NotGranted("in_progress".into()));
+    h.ambiguous("r1", acquire("k"), 15);
+    assert!(reconcile::check(&h.ops).is_empty());
+}
+
+#[test]
+fn t71_a_reconcile_refused_on_a_key_certainly_uncertain_is_reported() {
+    // The intent (TTL 2 s) of a grant answered at 10 ms ran out by 3,010 ms plus slack.
+    let mut h = H::default();
+    h.ok("h0", acquire("k"), 0, 10, granted(1));
+    h.refused("r0", begin("k"), 4_000, 4_010, "NOT_UNCERTAIN");
+    let violations = reconcile::check(&h.ops);
+    assert_eq!(rules(&violations), ["not-uncertain"], "{violations:?}");
+    // Sent while the intent may still have run: legal.
+    h.ops[1].call = 1_000_000;
+    assert!(reconcile::check(&h.ops).is_empty());
+    // Marked uncertain by its holder (answered): it is uncertain at once.
+    h.ok(
+        "h0",
+        Input::MarkUncertain {
+            key: "k".into(),
+            resource: "res-0".into(),
+            fence: 1,
+        },
+        20,
+        30,
+        Output::Done,
+    );
+    h.ops[1].call = 40_000;
+    h.ops[1].ret = Some(50_000);
+    // Order matters only by time; the refusal is op 1, the mark op 2.
+    let violations = reconcile::check(&h.ops);
+    assert_eq!(rules(&violations), ["not-uncertain"], "{violations:?}");
+    // A completion sent before the refusal came back may have completed it: legal.
+    h.ambiguous(
+        "h0",
+        Input::CompleteEffect {
+            key: "k".into(),
+            resource: "res-0".into(),
+            fence: 1,
+        },
+        35,
+    );
+    assert!(reconcile::check(&h.ops).is_empty());
+}
+
+#[test]
+fn t71_a_completed_key_answered_otherwise_or_with_another_result_is_reported() {
+    let complete = |fence: u64| Input::CompleteEffect {
+        key: "k".into(),
+        resource: "res-0".into(),
+        fence,
+    };
+    let shown = |result: &str| Output::Action {
+        status: "completed".into(),
+        fence: 1,
+        result: Some(result.into()),
+    };
+    let show = Input::ShowAction { key: "k".into() };
+    // A resolution's result wins; the holder's later completion, stale by then (fence 2 was
+    // granted on the resource, released by k's holder, before it was sent), is answered with
+    // it: a repeat, legal.
+    let mut h = H::default();
+    h.ok("h0", acquire("k"), 0, 10, granted(1));
+    h.ok(
+        "r0",
+        resolve("k", Some("k by r0"), false, false),
+        20,
+        30,
+        Output::Result("k by r0".into()),
+    );
+    h.ok(
+        "h0",
+        Input::ReleaseEffect {
+            key: "k".into(),
+            resource: "res-0".into(),
+            fence: 1,
+        },
+        32,
+        35,
+        Output::Done,
+    );
+    h.ok("h1", acquire("other"), 40, 50, granted(2));
+    h.ok("h0", complete(1), 60, 70, Output::Result("k by r0".into()));
+    h.ok("final", show.clone(), 100, 110, shown("k by r0"));
+    let legal = h.ops.clone();
+    let violations = effect::check(&legal, 100_000);
+    assert!(violations.is_empty(), "{violations:?}");
+    // The holder's completion answered its own result after the resolution's: the first did
+    // not win.
+    let mut h = H { ops: legal.clone() };
+    h.ops[4].outcome = Outcome::Ok(Output::Result("k".into()));
+    assert_reported(&effect::check(&h.ops, 100_000), "result-changed", true);
+    // A result nobody submitted.
+    let mut h = H { ops: legal.clone() };
+    h.ops[4].outcome = Outcome::Ok(Output::Result("k by r9".into()));
+    assert_reported(&effect::check(&h.ops, 100_000), "wrong-result", true);
+    // With no resolution of k, the stale completion's answer is a use of its superseded lease.
+    let mut h = H { ops: legal.clone() };
+    h.ops[1].input = show.clone();
+    h.ops[1].outcome = Outcome::Ok(Output::Action {
+        status: "in_progress".into(),
+        fence: 1,
+        result: None,
+    });
+    h.ops[4].outcome = Outcome::Ok(Output::Result("k".into()));
+    h.ops[5].outcome = Outcome::Ok(shown("k"));
+    let violations = effect::check(&h.ops, 100_000);
+    assert_eq!(rules(&violations), ["stale-holder"], "{violations:?}");
+    // Another completion of k sent before (a reconciler's retry, granted fence 2) may have
+    // completed k with the same result: the stale one's answer can be a repeat.
+    h.ops[3].input = acquire("k");
+    h.ok("r0", complete(2), 55, 58, Output::Result("k".into()));
+    let violations = effect::check(&h.ops, 100_000);
+    assert!(
+        !rules(&violations).contains(&"stale-holder"),
+        "{violations:?}"
+    );
+    // After the completed answer: granted again, a slot, retryable, shown in progress.
+    for (input, answer) in [
+        (acquire("k"), granted(3)),
+        (begin("k"), slot(9_000)),
+        (resolve("k", None, false, false), Output::Retryable),
+        (
+            show.clone(),
+            Output::Action {
+                status: "in_progress".into(),
+                fence: 3,
+                result: None,
+            },
+        ),
+    ] {
+        let mut h = H { ops: legal.clone() };
+        h.ok("r1", input.clone(), 80, 90, answer);
+        let violations = effect::check(&h.ops, 100_000);
+        assert_reported(&violations, "completed-final", true);
+        // Sent before the completed answer came back, it may have been applied before.
+        h.ops[6].call = 25_000;
+        h.ops[6].ret = Some(26_000);
+        let violations = effect::check(&h.ops, 100_000);
+        assert_reported(&violations, "completed-final", false);
+    }
+}
+
+/// Reads of a sink during the run (a reconciler's) are not the reads after recovery: a run whose
+/// final read went unanswered has nothing to judge the sink's end by, whatever was read before.
+#[test]
+fn t71_a_sink_read_during_the_run_is_not_judged_as_the_final_one() {
+    let mut h = H::default();
+    let sink = "sink-effect-res-0";
+    let read = Input::SinkRead {
+        resource: sink.into(),
+    };
+    h.ok(
+        "r0",
+        read.clone(),
+        0,
+        10,
+        Output::Sink {
+            seen_fence: 0,
+            writes: 0,
+            value: String::new(),
+        },
+    );
+    h.ok(
+        "h0",
+        Input::SinkWrite {
+            resource: sink.into(),
+            fence: 1,
+            value: "h0/1".into(),
+        },
+        20,
+        30,
+        Output::Sink {
+            seen_fence: 1,
+            writes: 1,
+            value: String::new(),
+        },
+    );
+    h.ambiguous("final", read.clone(), 100);
+    let violations = check::sink(&h.ops, 100_000, |_| true);
+    assert_eq!(rules(&violations), ["lost-ack"], "{violations:?}");
+    assert!(
+        violations[0]
+            .detail
+            .contains("no successful read after recovery"),
+        "{violations:?}"
+    );
+    // Read after recovery, the sink is judged by that read.
+    h.ok(
+        "final",
+        read,
+        110,
+        120,
+        Output::Sink {
+            seen_fence: 1,
+            writes: 1,
+            value: "h0/1".into(),
+        },
+    );
+    assert!(check::sink(&h.ops, 100_000, |_| true).is_empty());
+}
+
+/// Keys a reconciler took on: a resolution that may have changed the key takes it out of the
+/// post-recovery expiry check, one refused (changed nothing) does not; a reconciler's acquire
+/// after a retryable answer is not a fresh key's first acquire.
+#[test]
+fn t71_resolutions_decide_which_keys_the_expiry_check_judges() {
+    let mut h = H::default();
+    for key in ["a", "b", "c"] {
+        h.ok("h0", acquire(key), 0, 10, granted(1));
+    }
+    h.refused(
+        "r0",
+        resolve("a", None, false, true),
+        20,
+        30,
+        "UNSAFE_NOT_RETRYABLE",
+    );
+    h.ambiguous("r0", resolve("b", None, true, true), 40);
+    h.ok(
+        "r0",
+        resolve("c", None, false, false),
+        50,
+        60,
+        Output::Retryable,
+    );
+    h.ok(
+        "r0",
+        acquire("c"),
+        70,
+        80,
+        Output::NotGranted("contended".into()),
+    );
+    let unresolved: Vec<String> = effect::unresolved_keys(&h.ops)
+        .into_iter()
+        .map(|(key, _)| key)
+        .collect();
+    assert_eq!(unresolved, ["a"]);
+    // c's second acquire answering in_progress is resolved-not-retryable's to judge (with
+    // nothing sent meanwhile, it would be a violation there), not fresh-key-acquire's.
+    h.ops[6].outcome = Outcome::Ok(Output::NotGranted("in_progress".into()));
+    assert_reported(&effect::check(&h.ops, 100_000), "fresh-key-acquire", false);
+    assert_eq!(rules(&reconcile::check(&h.ops)), ["resolved-not-retryable"]);
 }

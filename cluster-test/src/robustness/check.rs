@@ -333,6 +333,13 @@ fn refusals_allowed(input: &Input) -> Option<&'static [&'static str]> {
         Input::CompleteEffect { .. } | Input::ReleaseEffect { .. } => {
             &["FENCE_STALE", "NOT_HOLDER"]
         }
+        // Marked after the lease ran out and the resource moved on, or after a reconciler
+        // made the key retryable (the attempt is gone).
+        Input::MarkUncertain { .. } => &["FENCE_STALE", "NOT_HOLDER", "NOT_IN_PROGRESS"],
+        // Another reconciler holds the key, or it was resolved (or completed) meanwhile.
+        Input::BeginReconcile { .. } => &["NOT_UNCERTAIN", "RECONCILE_TAKEN"],
+        // Resolved meanwhile; an unsafe action found not to have happened, unforced.
+        Input::Resolve { .. } => &["NOT_UNCERTAIN", "UNSAFE_NOT_RETRYABLE"],
         Input::SinkWrite { .. } => &["FENCE_STALE"],
         // A sink nobody's write reached.
         Input::SinkRead { .. } => &["NOT_FOUND"],
@@ -562,7 +569,8 @@ pub fn unexplained_lease_lost(
 }
 
 /// The fenced sink's rules, per resource, over every `SinkWrite` and `SinkRead` in the history
-/// whose resource `mine` accepts. `final_reads` are reads made after recovery.
+/// whose resource `mine` accepts. Reads invoked from `final_from` on are the reads after recovery
+/// (a read during the run, a reconciler's, judges nothing here).
 ///
 /// - an acknowledged write's fence is at least every fence acknowledged before it was invoked
 ///   (a stale write is never applied), and the answer's seen fence is its own;
@@ -573,7 +581,7 @@ pub fn unexplained_lease_lost(
 /// - after recovery the resource holds the highest acknowledged fence or a higher ambiguous one,
 ///   with the value of a write at that fence, and counts between the acknowledged writes and
 ///   those plus the ambiguous ones; a resource no write was sent to is not found.
-pub fn sink(history: &[Op], mine: impl Fn(&str) -> bool) -> Vec<Violation> {
+pub fn sink(history: &[Op], final_from: u64, mine: impl Fn(&str) -> bool) -> Vec<Violation> {
     let mut writes: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
     let mut finals: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
     for op in history {
@@ -581,7 +589,7 @@ pub fn sink(history: &[Op], mine: impl Fn(&str) -> bool) -> Vec<Violation> {
             Input::SinkWrite { resource, .. } if mine(resource) => {
                 writes.entry(resource).or_default().push(op)
             }
-            Input::SinkRead { resource } if mine(resource) => {
+            Input::SinkRead { resource } if mine(resource) && op.call >= final_from => {
                 finals.entry(resource).or_default().push(op)
             }
             _ => {}

@@ -1,24 +1,28 @@
-//! Side-effect workload: clients acquire a fresh action key on one of a few shared resources,
-//! write the fenced sink of that resource with the lease's fence, complete and release. Now and
-//! then a holder stalls past its lease before writing, so a newer holder gets a higher fence and
-//! the stale writer must be refused.
+//! Side-effect workload: clients acquire a fresh action key (a quarter of them unsafe to repeat)
+//! on one of a few shared resources, write the fenced sink of that resource with the lease's
+//! fence, complete and release. Now and then a holder stalls past its lease before writing, so a
+//! newer holder gets a higher fence and the stale writer must be refused, or reports its outcome
+//! unknown (`mark_uncertain`) instead of completing. Keys whose outcome the holder does not know
+//! go to the reconcilers ([`super::reconcile`]), which resolve them and retry some.
 //!
 //! Checked: one acknowledged grant per resource and fence, no grant while another holder's was
-//! certainly still live, fences increasing in real time, no
-//! completion or release acknowledged with a superseded lease, an acquire of a fresh key is
-//! never answered as if an earlier attempt existed (a retried acquire applied twice), the fenced
-//! sink's rules ([`super::check::sink`]), every acknowledged completion still recorded after
-//! recovery, and every granted intent left unresolved (its holder stalled, was refused, or never
-//! heard back) turned its key uncertain: acquired again after recovery, such a key answers
-//! `uncertain` (or, before its intent could have run out, `in_progress`), never a fresh grant.
+//! certainly still live, fences increasing in real time, no completion or release acknowledged
+//! with a superseded lease, the first acquire of a key never answered as if an earlier attempt
+//! existed (a retried acquire applied twice), the fenced sink's rules
+//! ([`super::check::sink`]), one recorded result per key and a submitted one, a completed key
+//! answered as completed ever after and still completed after recovery, and every granted
+//! intent left unresolved (its holder stalled, was refused, never heard back, or marked it
+//! uncertain, and no reconciler resolved it) turned its key uncertain: acquired again after
+//! recovery, such a key answers `uncertain` (or, before its intent could have run out,
+//! `in_progress`), never a fresh grant.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_rpc::Client;
-use baton_statemachine::effect::{Action, ActionView, Outcome, RetrySafety};
+use baton_rpc::{Client, Error};
+use baton_statemachine::effect::{Action, ActionView, EffectLease, Outcome, RetrySafety};
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -27,7 +31,12 @@ use super::check::{
     Use, Violation,
 };
 use super::history::{Input, Op, Output, Recorder};
+use super::reconcile::Backlog;
 
+/// Share of fresh keys declared unsafe to repeat.
+const UNSAFE_SHARE: f64 = 0.25;
+/// Share of written attempts whose holder reports the outcome unknown instead of completing.
+const MARK_SHARE: f64 = 0.05;
 /// Lease TTL of an acquire.
 pub const TTL_MS: i64 = 2_000;
 /// How long a stalling holder sleeps between its grant and its write (past its lease).
@@ -52,6 +61,7 @@ fn outcome_output(outcome: &Outcome) -> Output {
             holder: lease.holder.clone(),
             until_ms: Some(lease.until_ms),
         },
+        Outcome::Completed(result) => Output::Result(result.clone()),
         other => Output::NotGranted(other.name().to_string()),
     }
 }
@@ -72,36 +82,42 @@ pub async fn acquire_again(rec: &Recorder, client: &Client, name: &str, key: &st
         .await;
 }
 
-/// Shows an action key, recorded.
-pub async fn show(rec: &Recorder, client: &Client, name: &str, key: &str) {
+/// Shows an action key, recorded; its view when answered.
+pub async fn show(rec: &Recorder, client: &Client, name: &str, key: &str) -> Option<ActionView> {
     let input = Input::ShowAction {
         key: key.to_string(),
     };
-    let _ = rec
-        .record(name, input, client.show_action(key), |view: &ActionView| {
-            Output::Action {
-                status: view.status.as_str().to_string(),
-                fence: view.fence,
-                result: view.result.clone(),
-            }
-        })
-        .await;
+    rec.record(name, input, client.show_action(key), |view: &ActionView| {
+        Output::Action {
+            status: view.status.as_str().to_string(),
+            fence: view.fence,
+            result: view.result.clone(),
+        }
+    })
+    .await
+    .ok()
 }
 
-/// Reads a sink resource, recorded.
-pub async fn read_sink(rec: &Recorder, client: &Client, name: &str, resource: &str) {
+/// Reads a sink resource, recorded; its value when answered.
+pub async fn read_sink(
+    rec: &Recorder,
+    client: &Client,
+    name: &str,
+    resource: &str,
+) -> Option<String> {
     let input = Input::SinkRead {
         resource: resource.to_string(),
     };
-    let _ = rec
-        .record(name, input, client.read_sink(resource), |value| {
-            Output::Sink {
-                seen_fence: value.seen_fence,
-                writes: value.writes,
-                value: String::from_utf8_lossy(&value.value).into_owned(),
-            }
-        })
-        .await;
+    rec.record(name, input, client.read_sink(resource), |value| {
+        Output::Sink {
+            seen_fence: value.seen_fence,
+            writes: value.writes,
+            value: String::from_utf8_lossy(&value.value).into_owned(),
+        }
+    })
+    .await
+    .ok()
+    .map(|value| String::from_utf8_lossy(&value.value).into_owned())
 }
 
 /// Writes `value` to a sink with `fence`, recorded; whether it was acknowledged.
@@ -132,12 +148,14 @@ pub async fn write_sink(
     .is_ok()
 }
 
-/// One holder: acquire, (stall,) write, complete, release, until `stop`.
+/// One holder: a fresh key (a quarter of them unsafe to repeat) per attempt ([`perform`]), until
+/// `stop`.
 pub async fn run(
     client: Client,
     name: String,
     rec: Recorder,
     resources: Arc<Vec<String>>,
+    backlog: Arc<Backlog>,
     mut rng: StdRng,
     stop: Arc<AtomicBool>,
 ) {
@@ -145,81 +163,136 @@ pub async fn run(
     while !stop.load(Ordering::Relaxed) {
         attempt += 1;
         let resource = resources[rng.random_range(0..resources.len())].clone();
+        let safety = if rng.random_bool(UNSAFE_SHARE) {
+            RetrySafety::Unsafe
+        } else {
+            RetrySafety::Safe
+        };
         let action = Action {
             key: format!("{name}/{attempt}"),
-            resource: resource.clone(),
-            safety: RetrySafety::Safe,
-        };
-        let input = Input::Acquire {
-            key: action.key.clone(),
-            resource: resource.clone(),
-        };
-        let acquired = rec
-            .record(
-                &name,
-                input,
-                client.acquire(&action, TTL_MS),
-                outcome_output,
-            )
-            .await;
-        let Ok(Outcome::Granted(lease)) = acquired else {
-            tokio::time::sleep(Duration::from_millis(rng.random_range(5..30))).await;
-            continue;
-        };
-        if rng.random_bool(0.08) {
-            tokio::time::sleep(STALL).await;
-        }
-        if !write_sink(
-            &rec,
-            &client,
-            &name,
-            &sink_of(&resource),
-            lease.fence,
-            &action.key,
-        )
-        .await
-        {
-            // Refused (a newer holder) or unknown: give the resource back if it is still ours.
-            let input = Input::ReleaseEffect {
-                key: action.key.clone(),
-                resource: resource.clone(),
-                fence: lease.fence,
-            };
-            let _ = rec
-                .record(&name, input, client.release_effect(&action, &lease), |_| {
-                    Output::Done
-                })
-                .await;
-            continue;
-        }
-        let input = Input::CompleteEffect {
-            key: action.key.clone(),
-            resource: resource.clone(),
-            fence: lease.fence,
-        };
-        let _ = rec
-            .record(
-                &name,
-                input,
-                client.complete_effect(&action, &lease, &action.key),
-                |result| Output::Result(result.clone()),
-            )
-            .await;
-        let input = Input::ReleaseEffect {
-            key: action.key.clone(),
             resource,
+            safety,
+        };
+        if perform(&client, &name, &rec, &action, &mut rng, &backlog).await != Acquired::Granted {
+            tokio::time::sleep(Duration::from_millis(rng.random_range(5..30))).await;
+        }
+    }
+}
+
+/// What an acquire of [`perform`] answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acquired {
+    /// Granted: the attempt went on.
+    Granted,
+    /// Another key holds the resource.
+    Contended,
+    /// Any other answer, or a refusal.
+    Other,
+    /// No answer: it may have been granted.
+    Unknown,
+}
+
+/// One attempt of `action`: acquire, (stall,) write the sink with the lease's fence, complete,
+/// release. An attempt whose outcome its holder does not know — its write refused or
+/// unanswered, its completion unanswered or refused, or (now and then) a holder that reports
+/// its outcome unknown after the write (`mark_uncertain`) — hands the key to the reconcilers.
+pub async fn perform(
+    client: &Client,
+    name: &str,
+    rec: &Recorder,
+    action: &Action,
+    rng: &mut StdRng,
+    backlog: &Backlog,
+) -> Acquired {
+    let input = Input::Acquire {
+        key: action.key.clone(),
+        resource: action.resource.clone(),
+    };
+    let lease = match rec
+        .record(name, input, client.acquire(action, TTL_MS), outcome_output)
+        .await
+    {
+        Ok(Outcome::Granted(lease)) => lease,
+        Ok(Outcome::Contended) => return Acquired::Contended,
+        Ok(_) | Err(Error::Refused(_)) => return Acquired::Other,
+        Err(_) => return Acquired::Unknown,
+    };
+    if rng.random_bool(0.08) {
+        tokio::time::sleep(STALL).await;
+    }
+    let sink = sink_of(&action.resource);
+    if !write_sink(rec, client, name, &sink, lease.fence, &action.key).await {
+        // Refused (a newer holder) or unknown: give the resource back if it is still ours.
+        release(rec, client, name, action, &lease).await;
+        backlog.push(action);
+        return Acquired::Granted;
+    }
+    if rng.random_bool(MARK_SHARE) {
+        let input = Input::MarkUncertain {
+            key: action.key.clone(),
+            resource: action.resource.clone(),
             fence: lease.fence,
         };
         let _ = rec
-            .record(&name, input, client.release_effect(&action, &lease), |_| {
-                Output::Done
-            })
+            .record(
+                name,
+                input,
+                client.mark_uncertain(action, &lease, "robustness: outcome unknown"),
+                |_| Output::Done,
+            )
             .await;
+        release(rec, client, name, action, &lease).await;
+        backlog.push(action);
+        return Acquired::Granted;
     }
+    let input = Input::CompleteEffect {
+        key: action.key.clone(),
+        resource: action.resource.clone(),
+        fence: lease.fence,
+    };
+    let completed = rec
+        .record(
+            name,
+            input,
+            client.complete_effect(action, &lease, &action.key),
+            |result| Output::Result(result.clone()),
+        )
+        .await;
+    if completed.is_err() {
+        backlog.push(action);
+    }
+    release(rec, client, name, action, &lease).await;
+    Acquired::Granted
+}
+
+/// Releases the lease's hold, recorded.
+async fn release(
+    rec: &Recorder,
+    client: &Client,
+    name: &str,
+    action: &Action,
+    lease: &EffectLease,
+) {
+    let input = Input::ReleaseEffect {
+        key: action.key.clone(),
+        resource: action.resource.clone(),
+        fence: lease.fence,
+    };
+    let _ = rec
+        .record(name, input, client.release_effect(action, lease), |_| {
+            Output::Done
+        })
+        .await;
 }
 
 /// Every side-effect checker. `final_from`: when the reads after recovery began (µs).
 pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
+    let mut settlers: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
+    for op in history {
+        if let Some((key, _)) = submitted(&op.input) {
+            settlers.entry(key).or_default().push(op);
+        }
+    }
     let mut grants = Vec::new();
     let mut uses = Vec::new();
     let mut ends = Vec::new();
@@ -241,29 +314,39 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
             }
         }
         match (&op.input, op.ok()) {
-            (Input::Acquire { resource, .. }, Some(Output::Granted { fence, until_ms, .. })) => {
-                grants.push(Grant {
-                    key: resource.clone(),
-                    fence: *fence,
-                    op: op.index,
-                    until_ms: *until_ms,
-                    renewed_until_ms: *until_ms,
-                })
-            }
-            (Input::Acquire { key, .. }, Some(Output::NotGranted(outcome)))
-                if outcome != "contended" && op.call < final_from =>
-            {
-                violations.push(Violation::new(
-                    "fresh-key-acquire",
+            (
+                Input::Acquire { resource, .. },
+                Some(Output::Granted {
+                    fence, until_ms, ..
+                }),
+            ) => grants.push(Grant {
+                key: resource.clone(),
+                fence: *fence,
+                op: op.index,
+                until_ms: *until_ms,
+                renewed_until_ms: *until_ms,
+            }),
+            // A completion of a key another completion or resolution may have completed first
+            // can be a repeat: it changes nothing and answers the first result whatever
+            // credentials it carries (the first completion wins), so it shows no use of them.
+            (
+                Input::CompleteEffect {
                     key,
-                    format!(
-                        "the first and only acquire of this key answered {outcome}: an earlier attempt of it was applied (a retried acquire applied twice?)"
-                    ),
-                    vec![op.index],
-                ))
-            }
-            (Input::CompleteEffect { resource, fence, .. }, Some(_))
-            | (Input::ReleaseEffect { resource, fence, .. }, Some(_)) => uses.push(Use {
+                    resource,
+                    fence,
+                },
+                Some(Output::Result(_)),
+            ) if !completed_by_another(&settlers, key, op) => uses.push(Use {
+                key: resource.clone(),
+                fence: *fence,
+                op: op.index,
+            }),
+            (
+                Input::ReleaseEffect {
+                    resource, fence, ..
+                },
+                Some(_),
+            ) => uses.push(Use {
                 key: resource.clone(),
                 fence: *fence,
                 op: op.index,
@@ -271,6 +354,7 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
             _ => {}
         }
     }
+    violations.extend(fresh_keys(history, final_from));
     violations.extend(unique_grants("acquire", &grants, history));
     violations.extend(unique_tokens(
         "acquire",
@@ -284,20 +368,195 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
     violations.extend(exclusive_holds("acquire", &grants, &ends, TTL_MS, history));
     violations.extend(increasing_fences("acquire", &grants, history));
     violations.extend(no_stale_holder("complete/release", &grants, &uses, history));
-    violations.extend(sink(history, |resource| resource.starts_with(SINK_PREFIX)));
+    violations.extend(sink(history, final_from, |resource| {
+        resource.starts_with(SINK_PREFIX)
+    }));
+    violations.extend(results(history, final_from));
+    violations.extend(completed_final(history, final_from));
     violations.extend(durable(history, final_from));
     violations.extend(intent_expiry(history, final_from));
     violations
 }
 
+/// Whether a completion or "happened" resolution of `key` other than `op` (`settlers`: every
+/// one, by key) was sent before `op` returned.
+fn completed_by_another(settlers: &BTreeMap<&str, Vec<&Op>>, key: &str, op: &Op) -> bool {
+    let ret = op.ret.unwrap_or(u64::MAX);
+    settlers
+        .get(key)
+        .is_some_and(|ops| ops.iter().any(|o| o.index != op.index && o.call < ret))
+}
+
+/// The action key an operation concerns.
+pub fn key_of(input: &Input) -> Option<&str> {
+    match input {
+        Input::Acquire { key, .. }
+        | Input::CompleteEffect { key, .. }
+        | Input::ReleaseEffect { key, .. }
+        | Input::MarkUncertain { key, .. }
+        | Input::BeginReconcile { key }
+        | Input::Resolve { key, .. }
+        | Input::ShowAction { key } => Some(key),
+        _ => None,
+    }
+}
+
+/// The first operation on a key is its holder's first acquire, of a key nobody used before: it
+/// is granted or contended. Any other answer says an earlier attempt of the key was applied (a
+/// retried acquire applied twice).
+fn fresh_keys(history: &[Op], final_from: u64) -> Vec<Violation> {
+    let mut seen = HashSet::new();
+    let mut violations = Vec::new();
+    for op in history.iter().filter(|op| op.call < final_from) {
+        let Some(key) = key_of(&op.input) else {
+            continue;
+        };
+        if !seen.insert(key) || !matches!(op.input, Input::Acquire { .. }) {
+            continue;
+        }
+        let answer = match op.ok() {
+            Some(Output::NotGranted(outcome)) if outcome != "contended" => outcome.clone(),
+            Some(Output::Result(result)) => format!("completed ({result})"),
+            _ => continue,
+        };
+        violations.push(Violation::new(
+            "fresh-key-acquire",
+            key,
+            format!(
+                "the first acquire of this key answered {answer}: an earlier attempt of it was applied (a retried acquire applied twice?)"
+            ),
+            vec![op.index],
+        ));
+    }
+    violations
+}
+
+/// The result an operation submitted for its key: a completion submits the key itself, a
+/// "happened" resolution its own result.
+fn submitted(input: &Input) -> Option<(&str, &str)> {
+    match input {
+        Input::CompleteEffect { key, .. } => Some((key, key)),
+        Input::Resolve {
+            key,
+            happened: true,
+            result,
+            ..
+        } => Some((key, result)),
+        _ => None,
+    }
+}
+
+/// The recorded result an answer names: a completion's or resolution's answer, an acquire of a
+/// completed key, a view of one.
+fn answered_result(op: &Op) -> Option<&str> {
+    match op.ok()? {
+        Output::Result(result) => Some(result),
+        Output::Action {
+            result: Some(result),
+            status,
+            ..
+        } if status == "completed" => Some(result),
+        _ => None,
+    }
+}
+
+/// One result per key, and one that was submitted: every answer during the run that names a
+/// key's recorded result names the same one (the first completion or resolution wins, and is
+/// never replaced), and it is a result some completion or resolution of the key submitted.
+fn results(history: &[Op], final_from: u64) -> Vec<Violation> {
+    let mut submissions: BTreeMap<&str, HashSet<&str>> = BTreeMap::new();
+    for op in history {
+        if let Some((key, result)) = submitted(&op.input) {
+            submissions.entry(key).or_default().insert(result);
+        }
+    }
+    let mut first: BTreeMap<&str, &Op> = BTreeMap::new();
+    let mut violations = Vec::new();
+    for op in history.iter().filter(|op| op.call < final_from) {
+        let (Some(key), Some(result)) = (key_of(&op.input), answered_result(op)) else {
+            continue;
+        };
+        if !submissions.get(key).is_some_and(|s| s.contains(result)) {
+            violations.push(Violation::new(
+                "wrong-result",
+                key,
+                format!("answered result {result:?}, which no completion or resolution of the key submitted"),
+                vec![op.index],
+            ));
+            continue;
+        }
+        let earlier = *first.entry(key).or_insert(op);
+        if answered_result(earlier) != Some(result) {
+            violations.push(Violation::new(
+                "result-changed",
+                key,
+                format!(
+                    "answered result {result:?} after another answer had named {:?}: the first completion must win",
+                    answered_result(earlier).unwrap_or_default()
+                ),
+                vec![earlier.index, op.index],
+            ));
+        }
+    }
+    violations
+}
+
+/// A completed key stays completed: an operation on it invoked after an answer named its result
+/// is answered as a completed key — an acquire with the result, a resolution with the result, a
+/// reconcile refused `NOT_UNCERTAIN`, a view `completed` — never granted, made retryable,
+/// reconciled or shown otherwise. (After recovery, [`durable`] judges.)
+fn completed_final(history: &[Op], final_from: u64) -> Vec<Violation> {
+    let mut completed_at: BTreeMap<&str, &Op> = BTreeMap::new();
+    for op in history.iter().filter(|op| op.call < final_from) {
+        if let (Some(key), Some(_), Some(ret)) = (key_of(&op.input), answered_result(op), op.ret) {
+            let entry = completed_at.entry(key).or_insert(op);
+            if ret < entry.ret.unwrap_or(u64::MAX) {
+                *entry = op;
+            }
+        }
+    }
+    let mut violations = Vec::new();
+    for op in history.iter().filter(|op| op.call < final_from) {
+        let Some(key) = key_of(&op.input) else {
+            continue;
+        };
+        let Some(completed) = completed_at.get(key).filter(|c| c.precedes(op)) else {
+            continue;
+        };
+        let answer = match (&op.input, op.ok()) {
+            (Input::ShowAction { .. }, Some(Output::Action { status, .. }))
+                if status != "completed" =>
+            {
+                format!("status {status}")
+            }
+            (
+                Input::Acquire { .. } | Input::Resolve { .. } | Input::BeginReconcile { .. },
+                Some(output),
+            ) if answered_result(op).is_none() => output.to_string(),
+            _ => continue,
+        };
+        violations.push(Violation::new(
+            "completed-final",
+            key,
+            format!("the key had been answered as completed; invoked afterwards, this answered {answer}"),
+            vec![completed.index, op.index],
+        ));
+    }
+    violations
+}
+
 /// The keys (with their resources) granted to a workload whose intent nobody is known to have
-/// resolved: no completion was acknowledged. Each key's intent runs out unresolved, or ran out
-/// already — unless a completion sent without an answer was applied ([`maybe_completed`]).
+/// resolved: no completion of it was acknowledged and no resolution of it was sent (but
+/// refused). Each key's intent runs out unresolved, or ran out already (or its holder marked it
+/// uncertain) — unless a completion sent without an answer was applied ([`maybe_completed`]).
 pub fn unresolved_keys(history: &[Op]) -> Vec<(String, String)> {
-    let acknowledged: HashSet<&str> = history
+    // A completion acknowledged, or a resolution that may have changed the key (answered or
+    // not; a refused one changed nothing): not judged here.
+    let settled: HashSet<&str> = history
         .iter()
         .filter_map(|op| match (&op.input, op.ok()) {
             (Input::CompleteEffect { key, .. }, Some(_)) => Some(key.as_str()),
+            (Input::Resolve { key, .. }, _) if op.refused().is_none() => Some(key.as_str()),
             _ => None,
         })
         .collect();
@@ -306,7 +565,7 @@ pub fn unresolved_keys(history: &[Op]) -> Vec<(String, String)> {
         .iter()
         .filter_map(|op| match (&op.input, op.ok()) {
             (Input::Acquire { key, resource }, Some(Output::Granted { .. }))
-                if !acknowledged.contains(key.as_str()) && seen.insert(key.as_str()) =>
+                if !settled.contains(key.as_str()) && seen.insert(key.as_str()) =>
             {
                 Some((key.clone(), resource.clone()))
             }
@@ -364,11 +623,7 @@ fn intent_expiry(history: &[Op], final_from: u64) -> Vec<Violation> {
                 {
                     continue
                 }
-                Output::NotGranted(outcome)
-                    if outcome == "completed" && maybe_completed.contains(key.as_str()) =>
-                {
-                    continue
-                }
+                Output::Result(_) if maybe_completed.contains(key.as_str()) => continue,
                 Output::NotGranted(outcome) => outcome.clone(),
                 Output::Granted { fence, .. } => format!("granted (fence {fence})"),
                 other => format!("{other:?}"),
@@ -397,33 +652,24 @@ fn intent_expiry(history: &[Op], final_from: u64) -> Vec<Violation> {
     violations
 }
 
-/// Every acknowledged completion answered, and is still recorded after recovery with, the result
-/// the workload submitted: the action's key (each key is completed by its one holder, so the
-/// first result is always that one). Compared with what was submitted, not with what the
-/// completion answered, so a store that recorded and echoed a wrong result is caught too.
+/// Every key answered as completed during the run is still completed after recovery, with the
+/// result it was answered with (the first answer's: [`results`] holds them to one).
 fn durable(history: &[Op], final_from: u64) -> Vec<Violation> {
-    let mut violations = Vec::new();
-    for op in history {
-        let (Input::CompleteEffect { key, .. }, Some(Output::Result(result))) =
-            (&op.input, op.ok())
-        else {
-            continue;
-        };
-        if result != key {
-            violations.push(Violation::new(
-                "wrong-result",
-                key,
-                format!("a completion submitting result {key:?} answered {result:?}"),
-                vec![op.index],
-            ));
-            continue;
+    let mut first: BTreeMap<&str, &Op> = BTreeMap::new();
+    for op in history.iter().filter(|op| op.call < final_from) {
+        if let (Some(key), Some(_)) = (key_of(&op.input), answered_result(op)) {
+            first.entry(key).or_insert(op);
         }
+    }
+    let mut violations = Vec::new();
+    for (key, op) in first {
+        let result = answered_result(op).unwrap_or_default();
         let shown = history.iter().rfind(|s| {
             s.call >= final_from && matches!(&s.input, Input::ShowAction { key: k } if k == key)
         });
         let ok = matches!(
             shown.and_then(Op::ok),
-            Some(Output::Action { status, result: Some(r), .. }) if status == "completed" && r == key
+            Some(Output::Action { status, result: Some(r), .. }) if status == "completed" && r == result
         );
         if !ok {
             let mut ops = vec![op.index];
@@ -431,7 +677,7 @@ fn durable(history: &[Op], final_from: u64) -> Vec<Violation> {
             violations.push(Violation::new(
                 "lost-ack",
                 key,
-                "a completion was acknowledged; after recovery the key is not completed with that result",
+                format!("answered as completed with result {result:?}; after recovery the key is not completed with that result"),
                 ops,
             ));
         }
@@ -439,13 +685,12 @@ fn durable(history: &[Op], final_from: u64) -> Vec<Violation> {
     violations
 }
 
-/// The action keys whose completion was acknowledged (for the reads after recovery).
+/// The action keys answered as completed (for the reads after recovery).
 pub fn completed_keys(history: &[Op]) -> Vec<String> {
-    history
+    let keys: BTreeSet<&str> = history
         .iter()
-        .filter_map(|op| match (&op.input, op.ok()) {
-            (Input::CompleteEffect { key, .. }, Some(_)) => Some(key.clone()),
-            _ => None,
-        })
-        .collect()
+        .filter(|op| answered_result(op).is_some())
+        .filter_map(|op| key_of(&op.input))
+        .collect();
+    keys.into_iter().map(str::to_string).collect()
 }

@@ -123,6 +123,34 @@ pub enum Input {
         /// The lease's fence.
         fence: u64,
     },
+    /// Side-effect `mark_uncertain(action, lease)`: the holder does not know whether its effect
+    /// happened.
+    MarkUncertain {
+        /// Action key.
+        key: String,
+        /// Resource.
+        resource: String,
+        /// The lease's fence.
+        fence: u64,
+    },
+    /// Side-effect `begin_reconcile(action)`.
+    BeginReconcile {
+        /// Action key.
+        key: String,
+    },
+    /// Side-effect `resolve_uncertain(action, resolution)`.
+    Resolve {
+        /// Action key.
+        key: String,
+        /// Whether the resolver found that the effect happened.
+        happened: bool,
+        /// The result submitted (when it happened).
+        result: String,
+        /// Whether a "did not happen" is forced retryable.
+        forced: bool,
+        /// Whether the action is declared unsafe to repeat.
+        unsafe_action: bool,
+    },
     /// Side-effect `show(key)`.
     ShowAction {
         /// Action key.
@@ -336,8 +364,16 @@ pub enum Output {
     },
     /// `acquire` answered another outcome (`contended`, `in_progress`, ...).
     NotGranted(String),
-    /// `complete` of an effect: the recorded result.
+    /// The recorded result of a completed action key: what `complete` and a "happened"
+    /// resolution answer, and what `acquire` answers for a completed key.
     Result(String),
+    /// A reconciler slot, held until this store time (Unix ms).
+    Reconciling {
+        /// When the occupancy ends.
+        until_ms: u64,
+    },
+    /// A "did not happen" resolution made the key retryable.
+    Retryable,
     /// An action key's view: status, fence, result.
     Action {
         /// Status name.
@@ -490,6 +526,27 @@ impl fmt::Display for Input {
                 resource,
                 fence,
             } => write!(f, "release {key} resource={resource} fence={fence}"),
+            Input::MarkUncertain {
+                key,
+                resource,
+                fence,
+            } => write!(f, "mark-uncertain {key} resource={resource} fence={fence}"),
+            Input::BeginReconcile { key } => write!(f, "begin-reconcile {key}"),
+            Input::Resolve {
+                key,
+                happened,
+                result,
+                forced,
+                unsafe_action,
+            } => {
+                let verb = match (happened, forced) {
+                    (true, _) => "resolve-happened",
+                    (false, true) => "resolve-forced",
+                    (false, false) => "resolve-not-happened",
+                };
+                let safety = if *unsafe_action { "unsafe" } else { "safe" };
+                write!(f, "{verb} {key} {safety} result={result}")
+            }
             Input::ShowAction { key } => write!(f, "show {key}"),
             Input::SinkWrite {
                 resource,
@@ -576,6 +633,8 @@ impl fmt::Display for Output {
             }
             Output::NotGranted(outcome) => write!(f, "{outcome}"),
             Output::Result(result) => write!(f, "result={result}"),
+            Output::Reconciling { until_ms } => write!(f, "reconciling until={until_ms}"),
+            Output::Retryable => write!(f, "retryable"),
             Output::Action {
                 status,
                 fence,

@@ -7,7 +7,8 @@
 //! 1. start three `baton node` processes whose peer links go through TCP proxies;
 //! 2. start the workloads — handoff races ([`handoff`]), board claims ([`board`]) and
 //!    dependency chains ([`chain`]), side-effect
-//!    acquires with fenced sink writes ([`effect`]), keyed queue permits ([`queue`]), checkpoint
+//!    acquires with fenced sink writes ([`effect`]) and the reconciling of those whose outcome
+//!    is unknown ([`reconcile`]), keyed queue permits ([`queue`]), checkpoint
 //!    saves ([`checkpoint`]) and a watch of them ([`watcher`]) — every client recording each
 //!    operation (the watch: each change delivered) in one [`history::Recorder`];
 //! 3. inject the scenario's faults for a while ([`faults::Nemesis`]), then undo them all and
@@ -33,6 +34,7 @@ pub mod faults;
 pub mod handoff;
 pub mod history;
 pub mod queue;
+pub mod reconcile;
 pub mod target;
 pub mod watcher;
 
@@ -150,6 +152,8 @@ pub struct Mix {
     pub effect: usize,
     /// Resources they share.
     pub resources: usize,
+    /// Reconcilers of the keys whose outcome a holder did not know.
+    pub reconcilers: usize,
     /// Queue workers (plus one submitter).
     pub workers: usize,
     /// Checkpoint savers.
@@ -169,6 +173,7 @@ impl Default for Mix {
             chain_agents: 2,
             effect: 3,
             resources: 2,
+            reconcilers: 2,
             workers: 2,
             savers: 2,
             runs: 2,
@@ -378,6 +383,9 @@ fn workload_of(input: &Input) -> usize {
         Input::Acquire { .. }
         | Input::CompleteEffect { .. }
         | Input::ReleaseEffect { .. }
+        | Input::MarkUncertain { .. }
+        | Input::BeginReconcile { .. }
+        | Input::Resolve { .. }
         | Input::ShowAction { .. } => 2,
         Input::SinkWrite { resource, .. } | Input::SinkRead { resource }
             if resource.starts_with(effect::SINK_PREFIX) =>
@@ -453,12 +461,24 @@ impl Workloads {
             )));
         }
         let resources = Arc::new(effect::resources(mix.resources));
+        let backlog = Arc::new(reconcile::Backlog::default());
         for i in 0..mix.effect {
             tasks.push(tokio::spawn(effect::run(
                 connect(endpoints, i).await?,
                 format!("holder-{i}"),
                 rec.clone(),
                 resources.clone(),
+                backlog.clone(),
+                next_rng(),
+                stop.clone(),
+            )));
+        }
+        for i in 0..mix.reconcilers {
+            tasks.push(tokio::spawn(reconcile::run(
+                connect(endpoints, i).await?,
+                format!("reconciler-{i}"),
+                rec.clone(),
+                backlog.clone(),
                 next_rng(),
                 stop.clone(),
             )));
@@ -822,6 +842,7 @@ fn checks(history: &[Op], final_from: u64) -> Vec<Violation> {
     violations.extend(board::check(history, final_from));
     violations.extend(chain::check(history, final_from));
     violations.extend(effect::check(history, final_from));
+    violations.extend(reconcile::check(history));
     violations.extend(queue::check(history, final_from));
     violations.extend(checkpoint::check(history, final_from));
     violations.extend(check::unexpected_errors(history));
@@ -941,7 +962,9 @@ async fn read_back(
     futures::stream::iter(completed)
         .for_each_concurrent(8, |key| {
             let client = client.clone();
-            async move { effect::show(rec, &client, name, &key).await }
+            async move {
+                effect::show(rec, &client, name, &key).await;
+            }
         })
         .await;
     futures::stream::iter(effect::unresolved_keys(&snapshot))

@@ -600,7 +600,9 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
         |op| cancel_sent_before(history, op),
         history,
     ));
-    violations.extend(sink(history, |resource| resource.starts_with(SINK_PREFIX)));
+    violations.extend(sink(history, final_from, |resource| {
+        resource.starts_with(SINK_PREFIX)
+    }));
     violations.extend(durable(history, final_from));
     violations
 }
