@@ -9,8 +9,8 @@ use baton_cluster_test::robustness::history::{
     AttemptEnd, AttemptRecord, Clock, Input, LeasedTask, Op, Outcome, Output, Recorder,
 };
 use baton_cluster_test::robustness::{
-    self, available_again, board, chain, checkpoint, effect, handoff, progress, queue, reconcile,
-    watcher,
+    self, available_again, board, chain, checkpoint, courier, effect, handoff, progress, queue,
+    reconcile, watcher,
 };
 use baton_rpc::proto::StateDigestResponse;
 use baton_rpc::replicas::SeenDigests;
@@ -2706,4 +2706,130 @@ fn t71_resolutions_decide_which_keys_the_expiry_check_judges() {
     h.ops[6].outcome = Outcome::Ok(Output::NotGranted("in_progress".into()));
     assert_reported(&effect::check(&h.ops, 100_000), "fresh-key-acquire", false);
     assert_eq!(rules(&reconcile::check(&h.ops)), ["resolved-not-retryable"]);
+}
+
+/// A courier's reply with token `t1`.
+fn courier_reply(key: &str) -> Input {
+    Input::Reply {
+        key: key.into(),
+        token: "t1".into(),
+    }
+}
+
+/// The courier rules on `h`, final reads from 4 s on.
+fn courier_rules(h: &H) -> Vec<Violation> {
+    courier::check(&h.ops, 4_000_000)
+}
+
+#[test]
+fn t71_a_courier_ticket_accepted_late_or_expired_early_is_reported() {
+    let key = "courier-c0-1";
+    // Offered at 0–10 ms with a TTL of 1.5 s: the deadline lies in 1,500–1,510 ms.
+    let mut h = H::default();
+    h.ok("c0", offer(key), 0, 10, ticket(1, "offered", None));
+    h.ok("c0", take(key), 20, 30, handle(1, "t1"));
+    h.ok("c0", courier_reply(key), 2_000, 2_010, Output::Done);
+    let violations = courier_rules(&h);
+    assert_eq!(rules(&violations), ["late-accepted"], "{violations:?}");
+    // Sent before the deadline (and applied whenever): legal.
+    h.ops[2].call = 1_400_000;
+    assert!(courier_rules(&h).is_empty());
+    // Refused EXPIRED though answered before the deadline could have come (less slack).
+    h.ops[2].outcome = Outcome::Refused("EXPIRED".into());
+    h.ops[2].ret = Some(1_000_000);
+    let violations = courier_rules(&h);
+    assert_eq!(rules(&violations), ["premature-expiry"], "{violations:?}");
+    // Answered late enough: legal, as the take's expiry is. The handoff model (no clock) would
+    // call an EXPIRED take of a fresh ticket wrong: courier keys are not its to judge.
+    h.ops[2].ret = Some(1_600_000);
+    h.ops[1].outcome = Outcome::Refused("EXPIRED".into());
+    h.ops[1].call = 1_550_000;
+    h.ops[1].ret = Some(1_560_000);
+    assert!(courier_rules(&h).is_empty());
+    assert_reported(&handoff::check(&h.ops, 4_000_000), "linearizable", false);
+    // A fresh key's first offer answering another generation.
+    h.ops[0].outcome = Outcome::Ok(ticket(2, "offered", None));
+    assert_reported(&courier_rules(&h), "fresh-offer", true);
+}
+
+#[test]
+fn t71_a_settled_courier_ticket_offered_again_must_start_a_generation() {
+    let key = "courier-c0-1";
+    let mut h = H::default();
+    h.ok("c0", offer(key), 0, 10, ticket(1, "offered", None));
+    h.ok("c0", take(key), 20, 30, handle(1, "t1"));
+    h.ok("c0", courier_reply(key), 40, 50, Output::Done);
+    h.ok("c0", offer(key), 60, 70, ticket(1, "closed", None));
+    let violations = courier_rules(&h);
+    assert_eq!(rules(&violations), ["reoffer-generation"], "{violations:?}");
+    h.ops[3].outcome = Outcome::Ok(ticket(2, "offered", None));
+    assert!(courier_rules(&h).is_empty());
+    // With the reply unanswered the ticket may still have been taken: a replay is legal ...
+    h.ops[2].outcome = Outcome::Ambiguous("timed out".into());
+    h.ops[2].ret = None;
+    h.ops[3].outcome = Outcome::Ok(ticket(1, "accepted", Some("dst")));
+    assert!(courier_rules(&h).is_empty());
+    // ... unless it was sent after the deadline had certainly passed (lazy expiry).
+    h.ops[3].call = 1_800_000;
+    h.ops[3].ret = Some(1_810_000);
+    let violations = courier_rules(&h);
+    assert_eq!(rules(&violations), ["reoffer-generation"], "{violations:?}");
+}
+
+#[test]
+fn t71_a_courier_ticket_in_the_wrong_state_after_recovery_is_reported() {
+    let key = "courier-c0-1";
+    let base = |reply: Option<Outcome>| {
+        let mut h = H::default();
+        h.ok("c0", offer(key), 0, 10, ticket(1, "offered", None));
+        h.ok("c0", take(key), 20, 30, handle(1, "t1"));
+        if let Some(outcome) = reply {
+            let ret = matches!(outcome, Outcome::Ok(_)).then_some(50);
+            h.op("c0", courier_reply(key), 40, ret, outcome);
+        }
+        h
+    };
+    let judged = |mut h: H, generation: u64, state: &str| {
+        h.ok(
+            "final",
+            read(key),
+            5_000,
+            5_010,
+            ticket(generation, state, None),
+        );
+        rules(&courier_rules(&h))
+            .into_iter()
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    let bad = ["final-state"];
+    let none: [&str; 0] = [];
+    // A reply acknowledged: closed, never expired.
+    let acked = || base(Some(Outcome::Ok(Output::Done)));
+    assert_eq!(judged(acked(), 1, "closed"), none);
+    assert_eq!(judged(acked(), 1, "expired"), bad);
+    // No reply: expired (the sweep), never closed nor still accepted.
+    assert_eq!(judged(base(None), 1, "expired"), none);
+    assert_eq!(judged(base(None), 1, "closed"), bad);
+    assert_eq!(judged(base(None), 1, "accepted"), bad);
+    // A reply unanswered: either.
+    let unknown = || base(Some(Outcome::Ambiguous("timed out".into())));
+    assert_eq!(judged(unknown(), 1, "closed"), none);
+    assert_eq!(judged(unknown(), 1, "expired"), none);
+    // Offered again as generation 2 (answered at 70 ms): only generation 2, expired by now.
+    let again = |outcome: Outcome| {
+        let mut h = acked();
+        let ret = matches!(outcome, Outcome::Ok(_)).then_some(70);
+        h.op("c0", offer(key), 60, ret, outcome);
+        h
+    };
+    let made = || again(Outcome::Ok(ticket(2, "offered", None)));
+    assert_eq!(judged(made(), 2, "expired"), none);
+    assert_eq!(judged(made(), 2, "offered"), bad);
+    assert_eq!(judged(made(), 1, "closed"), bad);
+    // Unanswered: generation 1's ending, or generation 2 (maybe applied late, not yet expired).
+    let maybe = || again(Outcome::Ambiguous("timed out".into()));
+    assert_eq!(judged(maybe(), 1, "closed"), none);
+    assert_eq!(judged(maybe(), 2, "offered"), none);
+    assert_eq!(judged(maybe(), 1, "expired"), bad);
 }

@@ -29,6 +29,7 @@ pub mod board;
 pub mod chain;
 pub mod check;
 pub mod checkpoint;
+pub mod courier;
 pub mod effect;
 pub mod faults;
 pub mod handoff;
@@ -148,6 +149,8 @@ pub struct Mix {
     pub tasks: usize,
     /// Board agents walking dependency chains.
     pub chain_agents: usize,
+    /// Couriers of short-lived handoff tickets.
+    pub couriers: usize,
     /// Side-effect holders.
     pub effect: usize,
     /// Resources they share.
@@ -171,6 +174,7 @@ impl Default for Mix {
             board: 3,
             tasks: 2,
             chain_agents: 2,
+            couriers: 2,
             effect: 3,
             resources: 2,
             reconcilers: 2,
@@ -473,16 +477,6 @@ impl Workloads {
                 stop.clone(),
             )));
         }
-        for i in 0..mix.reconcilers {
-            tasks.push(tokio::spawn(reconcile::run(
-                connect(endpoints, i).await?,
-                format!("reconciler-{i}"),
-                rec.clone(),
-                backlog.clone(),
-                next_rng(),
-                stop.clone(),
-            )));
-        }
         let pace = Arc::new(queue::Pace::default());
         tasks.push(tokio::spawn(queue::submit(
             connect(endpoints, 0).await?,
@@ -511,6 +505,26 @@ impl Workloads {
                 rec.clone(),
                 runs.clone(),
                 highest.clone(),
+                next_rng(),
+                stop.clone(),
+            )));
+        }
+        // Added last, so that the clients before them keep the seeds of earlier builds.
+        for i in 0..mix.reconcilers {
+            tasks.push(tokio::spawn(reconcile::run(
+                connect(endpoints, i).await?,
+                format!("reconciler-{i}"),
+                rec.clone(),
+                backlog.clone(),
+                next_rng(),
+                stop.clone(),
+            )));
+        }
+        for i in 0..mix.couriers {
+            tasks.push(tokio::spawn(courier::run(
+                connect(endpoints, i).await?,
+                format!("courier-{i}"),
+                rec.clone(),
                 next_rng(),
                 stop.clone(),
             )));
@@ -839,6 +853,7 @@ pub fn digests_disagree(seen: &SeenDigests) -> Vec<Violation> {
 /// a history without them skips the rules that compare with them).
 fn checks(history: &[Op], final_from: u64) -> Vec<Violation> {
     let mut violations = handoff::check(history, final_from);
+    violations.extend(courier::check(history, final_from));
     violations.extend(board::check(history, final_from));
     violations.extend(chain::check(history, final_from));
     violations.extend(effect::check(history, final_from));
