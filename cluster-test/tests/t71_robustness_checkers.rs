@@ -2724,32 +2724,83 @@ fn courier_rules(h: &H) -> Vec<Violation> {
 #[test]
 fn t71_a_courier_ticket_accepted_late_or_expired_early_is_reported() {
     let key = "courier-c0-1";
-    // Offered at 0–10 ms with a TTL of 1.5 s: the deadline lies in 1,500–1,510 ms.
-    let mut h = H::default();
-    h.ok("c0", offer(key), 0, 10, ticket(1, "offered", None));
-    h.ok("c0", take(key), 20, 30, handle(1, "t1"));
-    h.ok("c0", courier_reply(key), 2_000, 2_010, Output::Done);
-    let violations = courier_rules(&h);
-    assert_eq!(rules(&violations), ["late-accepted"], "{violations:?}");
-    // Sent before the deadline (and applied whenever): legal.
-    h.ops[2].call = 1_400_000;
-    assert!(courier_rules(&h).is_empty());
-    // Refused EXPIRED though answered before the deadline could have come (less slack).
-    h.ops[2].outcome = Outcome::Refused("EXPIRED".into());
-    h.ops[2].ret = Some(1_000_000);
-    let violations = courier_rules(&h);
-    assert_eq!(rules(&violations), ["premature-expiry"], "{violations:?}");
-    // Answered late enough: legal, as the take's expiry is. The handoff model (no clock) would
-    // call an EXPIRED take of a fresh ticket wrong: courier keys are not its to judge.
-    h.ops[2].ret = Some(1_600_000);
-    h.ops[1].outcome = Outcome::Refused("EXPIRED".into());
-    h.ops[1].call = 1_550_000;
-    h.ops[1].ret = Some(1_560_000);
-    assert!(courier_rules(&h).is_empty());
-    assert_reported(&handoff::check(&h.ops, 4_000_000), "linearizable", false);
+    // Offered at 0–10 ms with a TTL of 1.5 s: the deadline lies in 1,500–1,510 ms; the rules
+    // judge with 250 ms of slack either side.
+    let offered = || {
+        let mut h = H::default();
+        h.ok("c0", offer(key), 0, 10, ticket(1, "offered", None));
+        h
+    };
+    let taken = || {
+        let mut h = offered();
+        h.ok("c0", take(key), 20, 30, handle(1, "t1"));
+        h
+    };
+    let judged = |h: &H| {
+        rules(&courier_rules(h))
+            .into_iter()
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    for (late_call, outcome, ret, expected) in [
+        // Sent after the deadline certainly passed, acknowledged.
+        (
+            2_000,
+            Outcome::Ok(Output::Done),
+            2_010,
+            vec!["late-accepted"],
+        ),
+        // Sent before it (and applied whenever): legal.
+        (1_400, Outcome::Ok(Output::Done), 2_010, vec![]),
+        // Refused EXPIRED though answered before the deadline could have come.
+        (
+            900,
+            Outcome::Refused("EXPIRED".into()),
+            1_000,
+            vec!["premature-expiry"],
+        ),
+        // Answered late enough: legal.
+        (1_300, Outcome::Refused("EXPIRED".into()), 1_400, vec![]),
+    ] {
+        let mut h = taken();
+        h.op(
+            "c0",
+            courier_reply(key),
+            late_call,
+            Some(ret),
+            outcome.clone(),
+        );
+        assert_eq!(judged(&h), expected, "reply at {late_call}: {outcome:?}");
+        // The same for the take itself.
+        let mut h = offered();
+        let answer = match &outcome {
+            Outcome::Ok(_) => Outcome::Ok(handle(1, "t1")),
+            other => other.clone(),
+        };
+        h.op("c0", take(key), late_call, Some(ret), answer);
+        assert_eq!(judged(&h), expected, "take at {late_call}: {outcome:?}");
+        // The handoff model (no clock) would call an EXPIRED take of a fresh ticket wrong:
+        // courier keys are not its to judge.
+        assert_reported(&handoff::check(&h.ops, 4_000_000), "linearizable", false);
+    }
     // A fresh key's first offer answering another generation.
+    let mut h = offered();
     h.ops[0].outcome = Outcome::Ok(ticket(2, "offered", None));
-    assert_reported(&courier_rules(&h), "fresh-offer", true);
+    assert_eq!(judged(&h), ["fresh-offer"]);
+    // A courier's calls are refused nothing but EXPIRED (its take, its reply).
+    for (input, code) in [
+        (take(key), "TAKEN"),
+        (courier_reply(key), "LEASE_LOST"),
+        (courier_reply(key), "ALREADY_SETTLED"),
+        (offer(key), "IDEMPOTENCY_CONFLICT"),
+    ] {
+        let mut h = taken();
+        h.refused("c0", input.clone(), 40, 50, code);
+        assert_eq!(judged(&h), ["unexpected-refusal"], "{input} {code}");
+    }
+    let mut h = offered();
+    h.ops[0].outcome = Outcome::Refused("INVALID_ARGUMENT".into());
+    assert_eq!(judged(&h), ["unexpected-refusal"]);
 }
 
 #[test]
@@ -2774,6 +2825,15 @@ fn t71_a_settled_courier_ticket_offered_again_must_start_a_generation() {
     h.ops[3].ret = Some(1_810_000);
     let violations = courier_rules(&h);
     assert_eq!(rules(&violations), ["reoffer-generation"], "{violations:?}");
+    // Settled by an answered EXPIRED (of the take): a new generation too.
+    let mut h = H::default();
+    h.ok("c0", offer(key), 0, 10, ticket(1, "offered", None));
+    h.refused("c0", take(key), 1_550, 1_560, "EXPIRED");
+    h.ok("c0", offer(key), 1_570, 1_580, ticket(1, "expired", None));
+    let violations = courier_rules(&h);
+    assert_eq!(rules(&violations), ["reoffer-generation"], "{violations:?}");
+    h.ops[2].outcome = Outcome::Ok(ticket(2, "offered", None));
+    assert!(courier_rules(&h).is_empty());
 }
 
 #[test]
@@ -2789,12 +2849,13 @@ fn t71_a_courier_ticket_in_the_wrong_state_after_recovery_is_reported() {
         }
         h
     };
+    // Read at 9 s: the deadline (by 1.76 s) passed more than the sweeper's 5 s before.
     let judged = |mut h: H, generation: u64, state: &str| {
         h.ok(
             "final",
             read(key),
-            5_000,
-            5_010,
+            9_000,
+            9_010,
             ticket(generation, state, None),
         );
         rules(&courier_rules(&h))
@@ -2832,4 +2893,18 @@ fn t71_a_courier_ticket_in_the_wrong_state_after_recovery_is_reported() {
     assert_eq!(judged(maybe(), 1, "closed"), none);
     assert_eq!(judged(maybe(), 2, "offered"), none);
     assert_eq!(judged(maybe(), 1, "expired"), bad);
+    // Read sooner, a ticket the sweeper may not have reached yet is not judged; nor is a read
+    // that found no ticket (handoff's lost-ack reports that).
+    let mut h = base(None);
+    h.ok(
+        "final",
+        read(key),
+        6_500,
+        6_510,
+        ticket(1, "accepted", None),
+    );
+    assert!(courier_rules(&h).is_empty());
+    let mut h = base(None);
+    h.refused("final", read(key), 9_000, 9_010, "UNKNOWN_KEY");
+    assert!(courier_rules(&h).is_empty());
 }

@@ -16,7 +16,9 @@
 //!   answered, or the deadline certainly passed) starts generation 2 (`reoffer-generation`);
 //! - after recovery the ticket is `closed` if a reply was acknowledged and `expired` if no reply
 //!   can have been applied (either, if one went unanswered), or the second generation's
-//!   (`final-state`).
+//!   (`final-state`; judged [`SWEEP_US`] past the deadline: a read does not expire a ticket, the
+//!   sweeper does);
+//! - nothing but a take or reply is refused, and those only `EXPIRED` (`unexpected-refusal`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,8 +38,13 @@ use super::history::{Input, Op, Output, Recorder};
 pub const PREFIX: &str = "courier-";
 /// Ticket TTL.
 pub const TTL_MS: i64 = 1_500;
-/// How long a late courier waits after the offer or take: past the deadline, with room.
-const LATE: Duration = Duration::from_millis(2_000);
+/// How long a late courier waits after the offer or take answered (ms): from a little before
+/// the deadline to past it, so that late calls race the sweeper (which expires a ticket within
+/// about 50 ms of its deadline) and, when it lags, meet the lazy expiry of take, reply and offer.
+const LATE_MS: std::ops::Range<u64> = 1_300..2_100;
+/// How long after a deadline the final read may still find the ticket unexpired: the sweeper
+/// runs at most 50 ms after a deadline passes, and its entry then needs a commit.
+const SWEEP_US: u64 = 5_000_000;
 /// The history's monotonic clock against the wall clock the store stamps with.
 const SLACK_US: u64 = 250_000;
 
@@ -58,8 +65,13 @@ pub async fn run(
     }
 }
 
+/// Sleeps [`LATE_MS`].
+async fn late(rng: &mut StdRng) {
+    tokio::time::sleep(Duration::from_millis(rng.random_range(LATE_MS))).await;
+}
+
 /// One ticket: offer, take (10 % late), reply (70 % at once, 20 % late, 10 % never), and, once
-/// it is settled, 30 % offer it again.
+/// it is settled (or left to run out), 30 % offer it again.
 async fn deliver(client: &Client, name: &str, rec: &Recorder, key: &str, rng: &mut StdRng) {
     if handoff::offer_for(rec, client, name, key, TTL_MS)
         .await
@@ -68,7 +80,7 @@ async fn deliver(client: &Client, name: &str, rec: &Recorder, key: &str, rng: &m
         return;
     }
     if rng.random_bool(0.1) {
-        tokio::time::sleep(LATE).await;
+        late(rng).await;
     }
     let input = Input::Take {
         key: key.to_string(),
@@ -81,7 +93,7 @@ async fn deliver(client: &Client, name: &str, rec: &Recorder, key: &str, rng: &m
         Ok(handle) => match rng.random_range(0..10) {
             0..9 => {
                 if rng.random_bool(2.0 / 9.0) {
-                    tokio::time::sleep(LATE).await;
+                    late(rng).await;
                 }
                 let input = Input::Reply {
                     key: key.to_string(),
@@ -102,7 +114,7 @@ async fn deliver(client: &Client, name: &str, rec: &Recorder, key: &str, rng: &m
             }
             // Never replied: the ticket expires.
             _ => {
-                tokio::time::sleep(LATE).await;
+                late(rng).await;
                 true
             }
         },
@@ -200,6 +212,7 @@ fn ticket_of(op: &Op) -> Option<(u64, &str)> {
 impl Ticket<'_> {
     fn judge(&self) -> Vec<Violation> {
         let mut violations = Vec::new();
+        violations.extend(self.refusals());
         violations.extend(self.fresh_offer());
         violations.extend(self.deadline_rules());
         violations.extend(self.offer_again());
@@ -209,6 +222,32 @@ impl Ticket<'_> {
 
     fn violation(&self, rule: &str, detail: String, ops: Vec<usize>) -> Violation {
         Violation::new(rule, self.key, detail, ops)
+    }
+
+    /// During the run a courier's only possible refusal is `EXPIRED`, of a take or a reply: the
+    /// key is its own, the take its addressee's and its first, the reply its take's. (The
+    /// handoff model, which judges the other keys' refusals, skips these.)
+    fn refusals(&self) -> Vec<Violation> {
+        let calls = self
+            .holder_calls
+            .iter()
+            .copied()
+            .chain(std::iter::once(self.first))
+            .chain(self.again);
+        calls
+            .filter_map(|op| {
+                let code = op.refused()?;
+                let allowed = matches!(op.input, Input::Take { .. } | Input::Reply { .. })
+                    && code == "EXPIRED";
+                (!allowed).then(|| {
+                    self.violation(
+                        "unexpected-refusal",
+                        format!("a courier's {} was refused {code}", op.input),
+                        vec![op.index],
+                    )
+                })
+            })
+            .collect()
     }
 
     fn fresh_offer(&self) -> Option<Violation> {
@@ -290,17 +329,20 @@ impl Ticket<'_> {
 
     fn final_state(&self) -> Option<Violation> {
         let read = self.read?;
-        // Judged once the first generation's deadline has certainly passed.
-        if self.due_by().is_none_or(|due| read.call <= due) {
+        // Judged once the first generation's deadline has certainly passed and the sweeper has
+        // had its time. A read without a ticket is `lost-ack`'s (handoff) to report.
+        if self.due_by().is_none_or(|due| read.call <= due + SWEEP_US) {
             return None;
         }
-        let (generation, state) = ticket_of(read).unwrap_or((0, "unreadable"));
+        let (generation, state) = ticket_of(read)?;
         let first = generation == 1 && self.first_endings().contains(&state);
         let allowed = match self.again {
             None => first,
             Some(again) => {
                 // Expired by the read if it was answered long enough before; else maybe not yet.
-                let due = again.ret.map(|ret| ret + TTL_MS as u64 * 1_000 + SLACK_US);
+                let due = again
+                    .ret
+                    .map(|ret| ret + TTL_MS as u64 * 1_000 + SLACK_US + SWEEP_US);
                 let states: &[&str] = if due.is_some_and(|due| read.call > due) {
                     &["expired"]
                 } else {

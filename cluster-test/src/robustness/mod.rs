@@ -509,7 +509,8 @@ impl Workloads {
                 stop.clone(),
             )));
         }
-        // Added last, so that the clients before them keep the seeds of earlier builds.
+        // Added last, so that the clients before them keep the seeds they had before
+        // reconcilers and couriers existed.
         for i in 0..mix.reconcilers {
             tasks.push(tokio::spawn(reconcile::run(
                 connect(endpoints, i).await?,
