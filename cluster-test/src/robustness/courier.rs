@@ -59,7 +59,8 @@ pub async fn run(
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) {
         n += 1;
-        let key = format!("{PREFIX}{name}-{n}");
+        // The courier's name starts with the prefix: `courier-0/17`.
+        let key = format!("{name}/{n}");
         deliver(&client, &name, &rec, &key, &mut rng).await;
         tokio::time::sleep(Duration::from_millis(rng.random_range(5..30))).await;
     }

@@ -524,7 +524,7 @@ impl Workloads {
         for i in 0..mix.couriers {
             tasks.push(tokio::spawn(courier::run(
                 connect(endpoints, i).await?,
-                format!("courier-{i}"),
+                format!("{}{i}", courier::PREFIX),
                 rec.clone(),
                 next_rng(),
                 stop.clone(),
