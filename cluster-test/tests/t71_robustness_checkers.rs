@@ -2908,3 +2908,40 @@ fn t71_a_courier_ticket_in_the_wrong_state_after_recovery_is_reported() {
     h.refused("final", read(key), 9_000, 9_010, "UNKNOWN_KEY");
     assert!(courier_rules(&h).is_empty());
 }
+
+/// A completed key refuses nothing but a reconcile (`NOT_UNCERTAIN`): an acquire or a resolution
+/// of it answers the result.
+#[test]
+fn t71_a_completed_key_refusing_a_resolution_is_reported() {
+    let completed = || {
+        let mut h = H::default();
+        h.ok("h0", acquire("k"), 0, 10, granted(1));
+        h.ok(
+            "h0",
+            Input::CompleteEffect {
+                key: "k".into(),
+                resource: "res-0".into(),
+                fence: 1,
+            },
+            20,
+            30,
+            Output::Result("k".into()),
+        );
+        h
+    };
+    let mut h = completed();
+    h.refused("r0", begin("k"), 40, 50, "NOT_UNCERTAIN");
+    assert_reported(&effect::check(&h.ops, 100_000), "completed-final", false);
+    for (input, code) in [
+        (resolve("k", None, false, false), "NOT_UNCERTAIN"),
+        (resolve("k", None, false, true), "UNSAFE_NOT_RETRYABLE"),
+        (begin("k"), "RECONCILE_TAKEN"),
+    ] {
+        let mut h = completed();
+        h.refused("r0", input.clone(), 40, 50, code);
+        assert_reported(&effect::check(&h.ops, 100_000), "completed-final", true);
+        // Sent before the completion's answer came back: it may have come first.
+        h.ops[2].call = 25_000;
+        assert_reported(&effect::check(&h.ops, 100_000), "completed-final", false);
+    }
+}

@@ -333,8 +333,9 @@ fn refusals_allowed(input: &Input) -> Option<&'static [&'static str]> {
         Input::CompleteEffect { .. } | Input::ReleaseEffect { .. } => {
             &["FENCE_STALE", "NOT_HOLDER"]
         }
-        // Marked after the lease ran out and the resource moved on, or after a reconciler
-        // made the key retryable (the attempt is gone).
+        // Marked after the lease ran out and the resource moved on, after a reconciler made
+        // the key retryable (the attempt is gone), or after one resolved it "happened" (the
+        // attempt stays, the key is no longer in progress).
         Input::MarkUncertain { .. } => &["FENCE_STALE", "NOT_HOLDER", "NOT_IN_PROGRESS"],
         // Another reconciler holds the key, or it was resolved (or completed) meanwhile.
         Input::BeginReconcile { .. } => &["NOT_UNCERTAIN", "RECONCILE_TAKEN"],

@@ -6,7 +6,7 @@
 //! The deadline is judged on the store clock, the largest leader stamp so far; every node of a
 //! run shares this machine's wall clock, and a command is stamped after it was sent and applied
 //! before it is answered, so the client's clock brackets it: a ticket's deadline lies between
-//! its first offer's sending and its answer, plus the TTL. Checked, with [`SLACK_US`] for the
+//! its first offer's sending and its answer, plus the TTL. Checked, with [`CLOCK_SLACK_US`] for the
 //! history's monotonic clock against the wall clock:
 //! - the first offer of a fresh key answers generation 1, offered (`fresh-offer`);
 //! - no take or reply sent after the deadline had certainly passed is acknowledged
@@ -20,7 +20,6 @@
 //!   sweeper does);
 //! - nothing but a take or reply is refused, and those only `EXPIRED` (`unexpected-refusal`).
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,14 +29,16 @@ use baton_statemachine::Refusal;
 use rand::rngs::StdRng;
 use rand::Rng;
 
-use super::check::Violation;
+use super::check::{by_key, Violation, CLOCK_SLACK_US};
 use super::handoff::{self, TO};
 use super::history::{Input, Op, Output, Recorder};
 
 /// Prefix of the couriers' ticket keys (the handoff workload's model skips them).
 pub const PREFIX: &str = "courier-";
 /// Ticket TTL.
-pub const TTL_MS: i64 = 1_500;
+const TTL_MS: i64 = 1_500;
+/// The same in µs, as the history counts.
+const TTL_US: u64 = TTL_MS as u64 * 1_000;
 /// How long a late courier waits after the offer or take answered (ms): from a little before
 /// the deadline to past it, so that late calls race the sweeper (which expires a ticket within
 /// about 50 ms of its deadline) and, when it lags, meet the lazy expiry of take, reply and offer.
@@ -45,8 +46,6 @@ const LATE_MS: std::ops::Range<u64> = 1_300..2_100;
 /// How long after a deadline the final read may still find the ticket unexpired: the sweeper
 /// runs at most 50 ms after a deadline passes, and its entry then needs a commit.
 const SWEEP_US: u64 = 5_000_000;
-/// The history's monotonic clock against the wall clock the store stamps with.
-const SLACK_US: u64 = 250_000;
 
 /// One courier: a fresh key per delivery, until `stop`.
 pub async fn run(
@@ -90,7 +89,7 @@ async fn deliver(client: &Client, name: &str, rec: &Recorder, key: &str, rng: &m
     let taken = rec
         .record(name, input, client.take(key, TO), handoff::handle_output)
         .await;
-    let settled = match taken {
+    let may_offer_again = match taken {
         Ok(handle) => match rng.random_range(0..10) {
             0..9 => {
                 if rng.random_bool(2.0 / 9.0) {
@@ -121,7 +120,7 @@ async fn deliver(client: &Client, name: &str, rec: &Recorder, key: &str, rng: &m
         },
         Err(error) => error.refusal() == Some(&Refusal::Expired),
     };
-    if settled && rng.random_bool(0.3) {
+    if may_offer_again && rng.random_bool(0.3) {
         handoff::offer_for(rec, client, name, key, TTL_MS).await;
     }
 }
@@ -133,14 +132,11 @@ pub fn is_courier_key(key: &str) -> bool {
 
 /// Every courier checker. `final_from`: when the reads after recovery began (µs).
 pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
-    let mut by_key: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
-    for op in history {
-        if let Some(key) = handoff::key_of(&op.input).filter(|k| is_courier_key(k)) {
-            by_key.entry(key).or_default().push(op);
-        }
-    }
     let mut violations = Vec::new();
-    for (key, ops) in &by_key {
+    let tickets = by_key(history, |input| {
+        handoff::key_of(input).filter(|key| is_courier_key(key))
+    });
+    for (key, ops) in &tickets {
         if let Some(ticket) = Ticket::of(key, ops, final_from) {
             violations.extend(ticket.judge());
         }
@@ -189,14 +185,12 @@ impl<'a> Ticket<'a> {
 
     /// The latest the deadline of generation 1 can be (µs): the first offer's answer + TTL.
     fn due_by(&self) -> Option<u64> {
-        self.first
-            .ret
-            .map(|ret| ret + TTL_MS as u64 * 1_000 + SLACK_US)
+        self.first.ret.map(|ret| ret + TTL_US + CLOCK_SLACK_US)
     }
 
     /// The earliest the deadline of any generation can be (µs): the first offer's sending + TTL.
     fn due_from(&self) -> u64 {
-        (self.first.call + TTL_MS as u64 * 1_000).saturating_sub(SLACK_US)
+        (self.first.call + TTL_US).saturating_sub(CLOCK_SLACK_US)
     }
 }
 
@@ -343,7 +337,7 @@ impl Ticket<'_> {
                 // Expired by the read if it was answered long enough before; else maybe not yet.
                 let due = again
                     .ret
-                    .map(|ret| ret + TTL_MS as u64 * 1_000 + SLACK_US + SWEEP_US);
+                    .map(|ret| ret + TTL_US + CLOCK_SLACK_US + SWEEP_US);
                 let states: &[&str] = if due.is_some_and(|due| read.call > due) {
                     &["expired"]
                 } else {

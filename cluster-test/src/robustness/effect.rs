@@ -27,8 +27,8 @@ use rand::rngs::StdRng;
 use rand::Rng;
 
 use super::check::{
-    exclusive_holds, increasing_fences, no_stale_holder, sink, unique_grants, unique_tokens, Grant,
-    Use, Violation,
+    by_key, exclusive_holds, increasing_fences, no_stale_holder, sink, unique_grants,
+    unique_tokens, Grant, Use, Violation,
 };
 use super::history::{Input, Op, Output, Recorder};
 use super::reconcile::Backlog;
@@ -287,12 +287,7 @@ async fn release(
 
 /// Every side-effect checker. `final_from`: when the reads after recovery began (µs).
 pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
-    let mut settlers: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
-    for op in history {
-        if let Some((key, _)) = submitted(&op.input) {
-            settlers.entry(key).or_default().push(op);
-        }
-    }
+    let settlers = by_key(history, |input| submitted(input).map(|(key, _)| key));
     let mut grants = Vec::new();
     let mut uses = Vec::new();
     let mut ends = Vec::new();
@@ -371,9 +366,10 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
     violations.extend(sink(history, final_from, |resource| {
         resource.starts_with(SINK_PREFIX)
     }));
-    violations.extend(results(history, final_from));
-    violations.extend(completed_final(history, final_from));
-    violations.extend(durable(history, final_from));
+    let answers = completed_answers(history, final_from);
+    violations.extend(results(history, &answers));
+    violations.extend(completed_final(history, final_from, &answers));
+    violations.extend(durable(history, final_from, &answers));
     violations.extend(intent_expiry(history, final_from));
     violations
 }
@@ -385,6 +381,13 @@ fn completed_by_another(settlers: &BTreeMap<&str, Vec<&Op>>, key: &str, op: &Op)
     settlers
         .get(key)
         .is_some_and(|ops| ops.iter().any(|o| o.index != op.index && o.call < ret))
+}
+
+/// When the intent of a granted acquire has certainly run out (µs, history clock): its deadline
+/// is the grant's store time + TTL, no later than the answer's arrival + TTL; plus a second for
+/// the store clock's lead over the history's.
+pub fn intent_over_by(granted: &Op) -> u64 {
+    granted.ret.unwrap_or(granted.call) + (TTL_MS as u64 + 1_000) * 1_000
 }
 
 /// The action key an operation concerns.
@@ -460,10 +463,22 @@ fn answered_result(op: &Op) -> Option<&str> {
     }
 }
 
+/// Every answer during the run that names a key's recorded result ([`answered_result`]), by key,
+/// in history order.
+fn completed_answers(history: &[Op], final_from: u64) -> BTreeMap<&str, Vec<&Op>> {
+    let mut answers: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
+    for op in history.iter().filter(|op| op.call < final_from) {
+        if let (Some(key), Some(_)) = (key_of(&op.input), answered_result(op)) {
+            answers.entry(key).or_default().push(op);
+        }
+    }
+    answers
+}
+
 /// One result per key, and one that was submitted: every answer during the run that names a
 /// key's recorded result names the same one (the first completion or resolution wins, and is
 /// never replaced), and it is a result some completion or resolution of the key submitted.
-fn results(history: &[Op], final_from: u64) -> Vec<Violation> {
+fn results(history: &[Op], answers: &BTreeMap<&str, Vec<&Op>>) -> Vec<Violation> {
     let mut submissions: BTreeMap<&str, HashSet<&str>> = BTreeMap::new();
     for op in history {
         if let Some((key, result)) = submitted(&op.input) {
@@ -472,10 +487,11 @@ fn results(history: &[Op], final_from: u64) -> Vec<Violation> {
     }
     let mut first: BTreeMap<&str, &Op> = BTreeMap::new();
     let mut violations = Vec::new();
-    for op in history.iter().filter(|op| op.call < final_from) {
-        let (Some(key), Some(result)) = (key_of(&op.input), answered_result(op)) else {
-            continue;
-        };
+    for (key, op) in answers
+        .iter()
+        .flat_map(|(key, ops)| ops.iter().map(move |op| (*key, *op)))
+    {
+        let result = answered_result(op).unwrap_or_default();
         if !submissions.get(key).is_some_and(|s| s.contains(result)) {
             violations.push(Violation::new(
                 "wrong-result",
@@ -504,17 +520,17 @@ fn results(history: &[Op], final_from: u64) -> Vec<Violation> {
 /// A completed key stays completed: an operation on it invoked after an answer named its result
 /// is answered as a completed key — an acquire with the result, a resolution with the result, a
 /// reconcile refused `NOT_UNCERTAIN`, a view `completed` — never granted, made retryable,
-/// reconciled or shown otherwise. (After recovery, [`durable`] judges.)
-fn completed_final(history: &[Op], final_from: u64) -> Vec<Violation> {
-    let mut completed_at: BTreeMap<&str, &Op> = BTreeMap::new();
-    for op in history.iter().filter(|op| op.call < final_from) {
-        if let (Some(key), Some(_), Some(ret)) = (key_of(&op.input), answered_result(op), op.ret) {
-            let entry = completed_at.entry(key).or_insert(op);
-            if ret < entry.ret.unwrap_or(u64::MAX) {
-                *entry = op;
-            }
-        }
-    }
+/// reconciled, refused otherwise or shown otherwise. (After recovery, [`durable`] judges.)
+fn completed_final(
+    history: &[Op],
+    final_from: u64,
+    answers: &BTreeMap<&str, Vec<&Op>>,
+) -> Vec<Violation> {
+    // The earliest answer to come back.
+    let completed_at: BTreeMap<&str, &Op> = answers
+        .iter()
+        .filter_map(|(key, ops)| Some((*key, *ops.iter().min_by_key(|op| op.ret)?)))
+        .collect();
     let mut violations = Vec::new();
     for op in history.iter().filter(|op| op.call < final_from) {
         let Some(key) = key_of(&op.input) else {
@@ -533,6 +549,18 @@ fn completed_final(history: &[Op], final_from: u64) -> Vec<Violation> {
                 Input::Acquire { .. } | Input::Resolve { .. } | Input::BeginReconcile { .. },
                 Some(output),
             ) if answered_result(op).is_none() => output.to_string(),
+            // Only a reconcile is refused on a completed key (`NOT_UNCERTAIN`); an acquire or a
+            // resolution answers the result.
+            (
+                Input::Acquire { .. } | Input::Resolve { .. } | Input::BeginReconcile { .. },
+                None,
+            ) => match op.refused() {
+                Some("NOT_UNCERTAIN") if matches!(op.input, Input::BeginReconcile { .. }) => {
+                    continue
+                }
+                Some(code) => format!("refused {code}"),
+                None => continue,
+            },
             _ => continue,
         };
         violations.push(Violation::new(
@@ -546,8 +574,8 @@ fn completed_final(history: &[Op], final_from: u64) -> Vec<Violation> {
 }
 
 /// The keys (with their resources) granted to a workload whose intent nobody is known to have
-/// resolved: no completion of it was acknowledged and no resolution of it was sent (but
-/// refused). Each key's intent runs out unresolved, or ran out already (or its holder marked it
+/// resolved: no completion of it was acknowledged, and every resolution of it sent (if any)
+/// was refused. Each key's intent runs out unresolved, or ran out already (or its holder marked it
 /// uncertain) — unless a completion sent without an answer was applied ([`maybe_completed`]).
 pub fn unresolved_keys(history: &[Op]) -> Vec<(String, String)> {
     // A completion acknowledged, or a resolution that may have changed the key (answered or
@@ -604,9 +632,7 @@ fn intent_expiry(history: &[Op], final_from: u64) -> Vec<Violation> {
         }) else {
             continue;
         };
-        // The intent's deadline is the grant's store time + TTL: no later than the answer's
-        // arrival + TTL, plus a second for the store clock's lead over this one.
-        let live_until = granted.ret.unwrap_or(granted.call) + (TTL_MS as u64 + 1_000) * 1_000;
+        let live_until = intent_over_by(granted);
         for again in history.iter().filter(|op| {
             op.call >= final_from && matches!(&op.input, Input::Acquire { key: k, .. } if k == key)
         }) {
@@ -654,15 +680,12 @@ fn intent_expiry(history: &[Op], final_from: u64) -> Vec<Violation> {
 
 /// Every key answered as completed during the run is still completed after recovery, with the
 /// result it was answered with (the first answer's: [`results`] holds them to one).
-fn durable(history: &[Op], final_from: u64) -> Vec<Violation> {
-    let mut first: BTreeMap<&str, &Op> = BTreeMap::new();
-    for op in history.iter().filter(|op| op.call < final_from) {
-        if let (Some(key), Some(_)) = (key_of(&op.input), answered_result(op)) {
-            first.entry(key).or_insert(op);
-        }
-    }
+fn durable(history: &[Op], final_from: u64, answers: &BTreeMap<&str, Vec<&Op>>) -> Vec<Violation> {
     let mut violations = Vec::new();
-    for (key, op) in first {
+    for (key, op) in answers
+        .iter()
+        .filter_map(|(key, ops)| Some((*key, *ops.first()?)))
+    {
         let result = answered_result(op).unwrap_or_default();
         let shown = history.iter().rfind(|s| {
             s.call >= final_from && matches!(&s.input, Input::ShowAction { key: k } if k == key)

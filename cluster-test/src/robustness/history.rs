@@ -545,7 +545,11 @@ impl fmt::Display for Input {
                     (false, false) => "resolve-not-happened",
                 };
                 let safety = if *unsafe_action { "unsafe" } else { "safe" };
-                write!(f, "{verb} {key} {safety} result={result}")
+                write!(f, "{verb} {key} {safety}")?;
+                if *happened {
+                    write!(f, " result={result}")?;
+                }
+                Ok(())
             }
             Input::ShowAction { key } => write!(f, "show {key}"),
             Input::SinkWrite {

@@ -8,7 +8,8 @@
 //! 2. start the workloads — handoff races ([`handoff`]), board claims ([`board`]) and
 //!    dependency chains ([`chain`]), side-effect
 //!    acquires with fenced sink writes ([`effect`]) and the reconciling of those whose outcome
-//!    is unknown ([`reconcile`]), keyed queue permits ([`queue`]), checkpoint
+//!    is unknown ([`reconcile`]), short-lived tickets racing their deadlines ([`courier`]),
+//!    keyed queue permits ([`queue`]), checkpoint
 //!    saves ([`checkpoint`]) and a watch of them ([`watcher`]) — every client recording each
 //!    operation (the watch: each change delivered) in one [`history::Recorder`];
 //! 3. inject the scenario's faults for a while ([`faults::Nemesis`]), then undo them all and
@@ -509,8 +510,8 @@ impl Workloads {
                 stop.clone(),
             )));
         }
-        // Added last, so that the clients before them keep the seeds they had before
-        // reconcilers and couriers existed.
+        // Added last, so that the clients before them keep the random streams they had before
+        // reconcilers and couriers existed (the holders draw more from theirs now).
         for i in 0..mix.reconcilers {
             tasks.push(tokio::spawn(reconcile::run(
                 connect(endpoints, i).await?,

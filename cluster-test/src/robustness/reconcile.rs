@@ -21,7 +21,6 @@
 //! - a key whose intent certainly ran out, or whose holder's `mark_uncertain` was answered, is
 //!   uncertain when a reconcile begins (`not-uncertain`).
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -32,12 +31,12 @@ use baton_statemachine::Refusal;
 use rand::rngs::StdRng;
 use rand::Rng;
 
-use super::check::Violation;
+use super::check::{by_key, Violation};
 use super::effect::{self, Acquired};
 use super::history::{Input, Op, Output, Recorder};
 
 /// How long a reconcile slot lasts.
-pub const SLOT_TTL_MS: i64 = 1_500;
+const SLOT_TTL_MS: i64 = 1_500;
 /// How long a stalling reconciler sleeps between its slot and its resolution (past the slot).
 const STALL: Duration = Duration::from_millis(1_800);
 /// How often a retry after "did not happen" tries a contended resource before leaving the key
@@ -209,35 +208,48 @@ async fn reconcile(
         Ok(Resolved::Completed(_)) => backlog.settle(picked),
         Ok(Resolved::Retryable) => {
             backlog.settle(picked);
-            for _ in 0..RETRIES {
-                match effect::perform(client, name, rec, action, rng, backlog).await {
-                    Acquired::Contended => {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                    // It may have been granted, and then runs out unresolved.
-                    Acquired::Unknown => {
-                        backlog.push(action);
-                        break;
-                    }
-                    Acquired::Granted | Acquired::Other => break,
-                }
-            }
+            retry(client, name, rec, action, rng, backlog).await;
         }
         // Left uncertain (unsafe, unforced), resolved by another, or no answer: a later round.
         Err(_) => {}
     }
 }
 
+/// Retries what did not happen: attempts until one is granted (it then ends as any holder's
+/// does) or the key turns out taken by another attempt; gives up, leaving the key idle, after
+/// [`RETRIES`] contended tries. An attempt that may have been granted unseen (its acquire
+/// unanswered, then answered `in_progress` or `uncertain`) goes back to the backlog: it ends
+/// uncertain.
+async fn retry(
+    client: &Client,
+    name: &str,
+    rec: &Recorder,
+    action: &Action,
+    rng: &mut StdRng,
+    backlog: &Backlog,
+) {
+    let mut unanswered = false;
+    for _ in 0..RETRIES {
+        match effect::perform(client, name, rec, action, rng, backlog).await {
+            Acquired::Granted => return,
+            Acquired::Other => {
+                backlog.push(action);
+                return;
+            }
+            Acquired::Unknown => unanswered = true,
+            Acquired::Contended => {}
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    if unanswered {
+        backlog.push(action);
+    }
+}
+
 /// Every reconciler checker.
 pub fn check(history: &[Op]) -> Vec<Violation> {
-    let mut by_key: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
-    for op in history {
-        if let Some(key) = effect::key_of(&op.input) {
-            by_key.entry(key).or_default().push(op);
-        }
-    }
     let mut violations = Vec::new();
-    for (key, ops) in &by_key {
+    for (key, ops) in &by_key(history, effect::key_of) {
         violations.extend(exclusive_slots(key, ops));
         violations.extend(applied_twice(key, ops));
         violations.extend(unsafe_resolutions(key, ops));
@@ -290,7 +302,8 @@ fn exclusive_slots(key: &str, ops: &[&Op]) -> Vec<Violation> {
 
 /// A refusal only another call of the same kind explains: `RECONCILE_TAKEN` with no other
 /// reconcile of the key sent (and not refused), `NOT_UNCERTAIN` for a resolution made under an
-/// answered slot with no other resolution of the key sent (and not refused). Either means the call's own retry was applied twice.
+/// answered slot with no other resolution of the key sent (and not refused). Either means the
+/// call's own retry was applied twice.
 fn applied_twice(key: &str, ops: &[&Op]) -> Vec<Violation> {
     let mut violations = Vec::new();
     for op in ops {
@@ -403,10 +416,6 @@ fn retryable(key: &str, ops: &[&Op]) -> Vec<Violation> {
     violations
 }
 
-/// Slack for the store clock's lead over the client's when judging a deadline from the client's
-/// side (as the side-effect rules do).
-const CLOCK_SLACK_US: u64 = 1_000_000;
-
 /// A reconcile refused `NOT_UNCERTAIN` though the key was certainly uncertain: its holder's
 /// `mark_uncertain` had been answered, or its latest grant's intent had run out (the grant
 /// answered more than its TTL, plus slack, before the reconcile was sent), and no completion,
@@ -426,7 +435,7 @@ fn uncertain(key: &str, ops: &[&Op]) -> Vec<Violation> {
         if changed {
             continue;
         }
-        // The acquires sent before the refusal came back: the last must be the only grant.
+        // The acquires sent before the refusal came back: exactly one, and granted.
         let acquires: Vec<&&Op> = ops
             .iter()
             .filter(|o| matches!(o.input, Input::Acquire { .. }) && o.call < ret)
@@ -440,9 +449,7 @@ fn uncertain(key: &str, ops: &[&Op]) -> Vec<Violation> {
         let marked = ops.iter().find(|o| {
             matches!(o.input, Input::MarkUncertain { .. }) && o.ok().is_some() && o.precedes(op)
         });
-        let ran_out = granted
-            .ret
-            .is_some_and(|r| r + effect::TTL_MS as u64 * 1_000 + CLOCK_SLACK_US < op.call);
+        let ran_out = effect::intent_over_by(granted) < op.call;
         let why = match (marked, ran_out) {
             (Some(_), _) => "its holder's mark_uncertain had been answered",
             (None, true) => "its intent had run out",
