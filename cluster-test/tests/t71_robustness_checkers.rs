@@ -2945,3 +2945,53 @@ fn t71_a_completed_key_refusing_a_resolution_is_reported() {
         assert_reported(&effect::check(&h.ops, 100_000), "completed-final", false);
     }
 }
+
+/// `contended` needs a hold that may have been live: a grant on the resource neither released
+/// (answered) nor certainly expired (answer + TTL 2 s + 250 ms) before the acquire was sent, or
+/// a grant left unanswered.
+#[test]
+fn t71_an_acquire_contended_on_a_free_resource_is_reported() {
+    let contended = || Outcome::Ok(Output::NotGranted("contended".into()));
+    let release = Input::ReleaseEffect {
+        key: "a".into(),
+        resource: "res-0".into(),
+        fence: 1,
+    };
+    let judged = |h: &H| rules(&effect::check(&h.ops, 100_000)).contains(&"unexplained-contended");
+    // Held: explained.
+    let mut h = H::default();
+    h.ok("h0", acquire("a"), 0, 10, granted(1));
+    h.op("h1", acquire("b"), 20, Some(30), contended());
+    assert!(!judged(&h));
+    // Released (answered) before the acquire was sent: unexplained ...
+    let mut freed = H::default();
+    freed.ok("h0", acquire("a"), 0, 10, granted(1));
+    freed.ok("h0", release.clone(), 12, 15, Output::Done);
+    freed.op("h1", acquire("b"), 20, Some(30), contended());
+    let violations = effect::check(&freed.ops, 100_000);
+    assert_eq!(
+        rules(&violations),
+        ["unexplained-contended"],
+        "{violations:?}"
+    );
+    assert_eq!(violations[0].ops, [2]);
+    // ... but not when the release was refused (it freed nothing), or still on its way.
+    let mut h = H {
+        ops: freed.ops.clone(),
+    };
+    h.ops[1].outcome = Outcome::Refused("FENCE_STALE".into());
+    assert!(!judged(&h));
+    let mut h = H {
+        ops: freed.ops.clone(),
+    };
+    h.ops[1].ret = Some(25_000);
+    assert!(!judged(&h));
+    // Certainly expired before the acquire was sent: unexplained, unless another acquire that
+    // went unanswered may have been granted meanwhile.
+    let mut h = H::default();
+    h.ok("h0", acquire("a"), 0, 10, granted(1));
+    h.op("h1", acquire("b"), 3_000, Some(3_010), contended());
+    assert!(judged(&h));
+    h.ambiguous("h2", acquire("c"), 2_500);
+    assert!(!judged(&h));
+}

@@ -6,7 +6,8 @@
 //! go to the reconcilers ([`super::reconcile`]), which resolve them and retry some.
 //!
 //! Checked: one acknowledged grant per resource and fence, no grant while another holder's was
-//! certainly still live, fences increasing in real time, no completion or release acknowledged
+//! certainly still live and no `contended` while none can have been, fences increasing in real
+//! time, no completion or release acknowledged
 //! with a superseded lease, the first acquire of a key never answered as if an earlier attempt
 //! existed (a retried acquire applied twice), the fenced sink's rules
 //! ([`super::check::sink`]), one recorded result per key and a submitted one, a completed key
@@ -28,7 +29,7 @@ use rand::Rng;
 
 use super::check::{
     by_key, exclusive_holds, increasing_fences, no_stale_holder, sink, unique_grants,
-    unique_tokens, Grant, Use, Violation,
+    unique_tokens, Grant, Use, Violation, CLOCK_SLACK_US,
 };
 use super::history::{Input, Op, Output, Recorder};
 use super::reconcile::Backlog;
@@ -350,6 +351,7 @@ pub fn check(history: &[Op], final_from: u64) -> Vec<Violation> {
         }
     }
     violations.extend(fresh_keys(history, final_from));
+    violations.extend(unexplained_contended(history));
     violations.extend(unique_grants("acquire", &grants, history));
     violations.extend(unique_tokens(
         "acquire",
@@ -430,6 +432,67 @@ fn fresh_keys(history: &[Op], final_from: u64) -> Vec<Violation> {
             ),
             vec![op.index],
         ));
+    }
+    violations
+}
+
+/// An acquire answered `contended` is explained by a grant on its resource that may have held it
+/// when the acquire was applied: an acquire other than itself, granted or unanswered, sent
+/// before the answer came back, whose hold was not certainly over when the acquire was sent —
+/// not freed by a release answered before then, and not certainly expired (its answer + TTL,
+/// plus [`CLOCK_SLACK_US`], before then). An unanswered grant's hold may have begun at any time,
+/// so only a release could have ended it, and it has no holder to send one: it explains any
+/// later answer. A store that kept a freed or expired hold passes every other rule (`contended`
+/// changes nothing). Reports the first few per resource.
+fn unexplained_contended(history: &[Op]) -> Vec<Violation> {
+    let acquires = by_key(history, |input| match input {
+        Input::Acquire { resource, .. } => Some(resource.as_str()),
+        _ => None,
+    });
+    let releases = by_key(history, |input| match input {
+        Input::ReleaseEffect { resource, .. } => Some(resource.as_str()),
+        _ => None,
+    });
+    let ttl_us = TTL_MS as u64 * 1_000;
+    let mut violations = Vec::new();
+    for (resource, ops) in &acquires {
+        let mut found = 0;
+        for refused in ops.iter().filter(
+            |op| matches!(op.ok(), Some(Output::NotGranted(outcome)) if outcome == "contended"),
+        ) {
+            let answered = refused.ret.unwrap_or(u64::MAX);
+            let explained = ops.iter().any(|grant| {
+                if grant.index == refused.index || grant.call >= answered {
+                    return false;
+                }
+                match (grant.ok(), grant.ret) {
+                    (Some(Output::Granted { fence, .. }), Some(ret)) => {
+                        let expired = ret + ttl_us + CLOCK_SLACK_US < refused.call;
+                        let freed = releases.get(resource).is_some_and(|releases| {
+                            releases.iter().any(|release| {
+                                matches!(release.input, Input::ReleaseEffect { fence: f, .. } if f == *fence)
+                                    && release.ok().is_some()
+                                    && release.precedes(refused)
+                            })
+                        });
+                        !expired && !freed
+                    }
+                    _ => grant.is_ambiguous(),
+                }
+            });
+            if !explained {
+                violations.push(Violation::new(
+                    "unexplained-contended",
+                    resource,
+                    "an acquire was answered contended though no hold of the resource can have been live",
+                    vec![refused.index],
+                ));
+                found += 1;
+                if found >= 3 {
+                    break;
+                }
+            }
+        }
     }
     violations
 }
