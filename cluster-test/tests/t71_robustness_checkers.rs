@@ -2986,12 +2986,29 @@ fn t71_an_acquire_contended_on_a_free_resource_is_reported() {
     };
     h.ops[1].ret = Some(25_000);
     assert!(!judged(&h));
-    // Certainly expired before the acquire was sent: unexplained, unless another acquire that
-    // went unanswered may have been granted meanwhile.
+    // A release of another fence frees nothing of this hold.
+    let mut h = H {
+        ops: freed.ops.clone(),
+    };
+    h.ops[1].input = Input::ReleaseEffect {
+        key: "a".into(),
+        resource: "res-0".into(),
+        fence: 7,
+    };
+    assert!(!judged(&h));
+    // Certainly expired before the acquire was sent (answer 10 ms + TTL 2,000 + slack 250 <
+    // 2,300): unexplained; sent at 2,200 ms, it may not have been.
     let mut h = H::default();
     h.ok("h0", acquire("a"), 0, 10, granted(1));
-    h.op("h1", acquire("b"), 3_000, Some(3_010), contended());
+    h.op("h1", acquire("b"), 2_300, Some(2_310), contended());
     assert!(judged(&h));
-    h.ambiguous("h2", acquire("c"), 2_500);
+    h.ops[1].call = 2_200_000;
+    assert!(!judged(&h));
+    h.ops[1].call = 2_300_000;
+    // An acquire sent after the answer came back explains nothing; one that went unanswered,
+    // sent before, may have been granted meanwhile.
+    h.ambiguous("h2", acquire("c"), 2_400);
+    assert!(judged(&h));
+    h.ambiguous("h2", acquire("c"), 2_250);
     assert!(!judged(&h));
 }
