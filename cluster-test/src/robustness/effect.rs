@@ -457,22 +457,22 @@ fn unexplained_contended(history: &[Op]) -> Vec<Violation> {
     let mut violations = Vec::new();
     for (resource, ops) in &acquires {
         let mut found = 0;
-        for refused in ops.iter().filter(
+        for contended in ops.iter().filter(
             |op| matches!(op.ok(), Some(Output::NotGranted(outcome)) if outcome == "contended"),
         ) {
-            let answered = refused.ret.unwrap_or(u64::MAX);
+            let answered = contended.ret.unwrap_or(u64::MAX);
             let explained = ops.iter().any(|grant| {
-                if grant.index == refused.index || grant.call >= answered {
+                if grant.index == contended.index || grant.call >= answered {
                     return false;
                 }
                 match (grant.ok(), grant.ret) {
                     (Some(Output::Granted { fence, .. }), Some(ret)) => {
-                        let expired = ret + ttl_us + CLOCK_SLACK_US < refused.call;
+                        let expired = ret + ttl_us + CLOCK_SLACK_US < contended.call;
                         let freed = releases.get(resource).is_some_and(|releases| {
                             releases.iter().any(|release| {
                                 matches!(release.input, Input::ReleaseEffect { fence: f, .. } if f == *fence)
                                     && release.ok().is_some()
-                                    && release.precedes(refused)
+                                    && release.precedes(contended)
                             })
                         });
                         !expired && !freed
@@ -485,7 +485,7 @@ fn unexplained_contended(history: &[Op]) -> Vec<Violation> {
                     "unexplained-contended",
                     resource,
                     "an acquire was answered contended though no hold of the resource can have been live",
-                    vec![refused.index],
+                    vec![contended.index],
                 ));
                 found += 1;
                 if found >= 3 {
