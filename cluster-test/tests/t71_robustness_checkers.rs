@@ -9,8 +9,8 @@ use baton_cluster_test::robustness::history::{
     AttemptEnd, AttemptRecord, Clock, Input, LeasedTask, Op, Outcome, Output, Recorder,
 };
 use baton_cluster_test::robustness::{
-    self, available_again, board, chain, checkpoint, courier, effect, handoff, progress, queue,
-    reconcile, watcher,
+    self, available_again, board, board_watch, chain, checkpoint, courier, effect, handoff,
+    progress, queue, reconcile, watcher,
 };
 use baton_rpc::proto::StateDigestResponse;
 use baton_rpc::replicas::SeenDigests;
@@ -2296,6 +2296,194 @@ fn t71_a_watch_delivers_every_acknowledged_save_once_in_commit_order() {
         Output::Done,
     );
     assert_eq!(rules(&watcher::check(&h.ops, true)), ["watch-ended"]);
+}
+
+/// The board watch's delivery of `kind` of the claim on `task-0` at `fence` by `agent`.
+fn lease_change(kind: &str, agent: &str, fence: u64) -> Input {
+    Input::WatchLease {
+        kind: kind.into(),
+        task: "task-0".into(),
+        holder: agent.into(),
+        fence,
+    }
+}
+
+/// Renewal of the claim on `task-0` at `fence`.
+fn renew_of(fence: u64) -> Input {
+    Input::RenewTask {
+        task: "task-0".into(),
+        token: format!("t{fence}"),
+        fence,
+    }
+}
+
+/// Release of the claim on `task-0` at `fence`.
+fn release_of(fence: u64) -> Input {
+    Input::ReleaseTask {
+        task: "task-0".into(),
+        token: format!("t{fence}"),
+        fence,
+    }
+}
+
+/// a0 claims, renews and releases task-0; a1 claims it and walks away, so its lease runs out
+/// (the claim TTL is 4,000 ms): every change delivered, the loss after the TTL. Without the
+/// loss's delivery (`lost_at: None`), which a test adds itself.
+fn board_watched(lost_at: Option<u64>) -> H {
+    let w = board_watch::NAME;
+    let mut h = H::default();
+    h.ok("a0", claim_of("a0"), 0, 10, lease_of(1));
+    h.ok(w, lease_change("claimed", "a0", 1), 11, 11, at(5));
+    h.ok("a0", renew_of(1), 20, 30, lease_of(1));
+    h.ok(w, lease_change("renewed", "a0", 1), 31, 31, at(6));
+    h.ok("a0", release_of(1), 40, 50, Output::Done);
+    h.ok(w, lease_change("released", "a0", 1), 51, 51, at(7));
+    h.ok("a1", claim_of("a1"), 100, 110, lease_of(2));
+    h.ok(w, lease_change("claimed", "a1", 2), 111, 111, at(9));
+    if let Some(lost_at) = lost_at {
+        h.ok(w, lease_change("lost", "a1", 2), lost_at, lost_at, at(12));
+    }
+    h
+}
+
+/// The rules the board watch's checker reports for `h` once the run was read back.
+fn board_watch_rules(h: &H) -> Vec<String> {
+    rules(&board_watch::check(&h.ops, true))
+        .into_iter()
+        .map(String::from)
+        .collect()
+}
+
+/// The board watch's rules: every acknowledged claim, renewal and release and the loss of every
+/// lease never released are delivered, with their agent and fence, each after a call that
+/// explains it; a loss no sooner than the lease's TTL after the claim or its latest acknowledged
+/// renewal was sent (less the clock slack), and never of a lease whose release was acknowledged.
+#[test]
+fn t71_the_board_watch_delivers_every_change_of_a_claim_and_each_loss_in_time() {
+    let w = board_watch::NAME;
+    assert!(board_watch::check(&board_watched(Some(4_200)).ops, true).is_empty());
+    // Within the clock slack of the TTL counted from the claim's sending (100 ms).
+    assert!(board_watch::check(&board_watched(Some(3_900)).ops, true).is_empty());
+
+    // Lost early: 2.9 s into a 4 s lease; or after a renewal, acknowledged, sent at 2,000 ms.
+    let h = board_watched(Some(3_000));
+    let violations = board_watch::check(&h.ops, true);
+    assert_eq!(rules(&violations), ["watch-lost-early"], "{violations:?}");
+    assert_eq!(violations[0].ops, [6, 8]);
+    let mut h = board_watched(None);
+    h.ok("a1", renew_of(2), 2_000, 2_010, lease_of(2));
+    h.ok(w, lease_change("renewed", "a1", 2), 2_011, 2_011, at(10));
+    h.ok(w, lease_change("lost", "a1", 2), 4_200, 4_200, at(12));
+    assert_eq!(board_watch_rules(&h), ["watch-lost-early"]);
+    // A renewal refused (the lease was lost) does not move the deadline.
+    let mut h = board_watched(None);
+    h.refused("a1", renew_of(2), 4_300, 4_310, "LEASE_LOST");
+    h.ok(w, lease_change("lost", "a1", 2), 4_200, 4_200, at(12));
+    assert!(board_watch_rules(&h).is_empty());
+
+    // A loss of the lease a0 released (acknowledged).
+    let mut h = board_watched(Some(4_200));
+    h.ok(w, lease_change("lost", "a0", 1), 4_300, 4_300, at(13));
+    let violations = board_watch::check(&h.ops, true);
+    assert_eq!(
+        rules(&violations),
+        ["watch-lost-released"],
+        "{violations:?}"
+    );
+    assert_eq!(violations[0].ops, [4, 9]);
+
+    // Phantoms: a claim by an agent that sent none, or only a refused one; a claim delivered
+    // before it was sent; a renewal and a release nobody sent; a loss of an agent's claim that
+    // never was.
+    for (agent, kind, fence) in [
+        ("a2", "claimed", 3),
+        ("a2", "lost", 3),
+        ("a1", "renewed", 2),
+        ("a1", "released", 2),
+    ] {
+        let mut h = board_watched(Some(4_200));
+        h.refused("a2", claim_of("a2"), 4_250, 4_260, "TAKEN");
+        h.ok(w, lease_change(kind, agent, fence), 4_300, 4_300, at(13));
+        assert_eq!(
+            board_watch_rules(&h),
+            ["watch-lease-phantom"],
+            "{kind} by {agent}"
+        );
+    }
+    let mut h = H::default();
+    h.ok(w, lease_change("claimed", "a0", 1), 5, 5, at(5));
+    h.ok("a0", claim_of("a0"), 10, 20, lease_of(1));
+    h.ok("a0", release_of(1), 40, 50, Output::Done);
+    h.ok(w, lease_change("released", "a0", 1), 51, 51, at(7));
+    assert_eq!(board_watch_rules(&h), ["watch-lease-phantom"]);
+
+    // Missed, once the run was read back: a loss, a claim (or delivered with another agent),
+    // a renewal, a release.
+    let h = board_watched(None);
+    assert_eq!(board_watch_rules(&h), ["watch-lease-missed"]);
+    assert!(board_watch::check(&h.ops, false).is_empty());
+    assert!(!board_watch::all_delivered(&h.ops));
+    assert!(board_watch::all_delivered(&board_watched(Some(4_200)).ops));
+    let mut h = board_watched(Some(4_200));
+    h.ops[1].input = lease_change("claimed", "a9", 1);
+    let violations = board_watch::check(&h.ops, true);
+    assert_eq!(
+        rules(&violations),
+        ["watch-lease-missed", "watch-lease-phantom"],
+        "{violations:?}"
+    );
+    // The renewal's or the release's delivery names another fence.
+    for (dropped, other) in [
+        (3, lease_change("renewed", "a0", 7)),
+        (5, lease_change("released", "a0", 7)),
+    ] {
+        let mut h = board_watched(Some(4_200));
+        h.ops[dropped].input = other;
+        let violations = board_watch::check(&h.ops, true);
+        assert!(
+            rules(&violations).contains(&"watch-lease-missed"),
+            "{dropped}: {violations:?}"
+        );
+    }
+    // Two acknowledged renewals, one delivered.
+    let mut h = board_watched(Some(4_200));
+    h.ok("a0", renew_of(1), 32, 35, lease_of(1));
+    assert_eq!(board_watch_rules(&h), ["watch-lease-missed"]);
+    // A release refused: the lease ran out, and its loss must be delivered; a release
+    // unanswered may have ended it, and nothing need be.
+    let mut h = board_watched(None);
+    h.refused("a1", release_of(2), 4_300, 4_310, "LEASE_LOST");
+    assert_eq!(board_watch_rules(&h), ["watch-lease-missed"]);
+    let mut h = board_watched(None);
+    h.ambiguous("a1", release_of(2), 300);
+    assert!(board_watch_rules(&h).is_empty());
+    // Sent before a compaction the watch met: it may have been in the history compacted away.
+    let mut h = board_watched(None);
+    h.ok(w, Input::WatchCompacted { requested: 10 }, 200, 200, at(11));
+    assert!(board_watch_rules(&h).is_empty());
+    // The checkpoint watch's compaction is not the board watch's.
+    let mut h = board_watched(None);
+    h.ok(
+        watcher::NAME,
+        Input::WatchCompacted { requested: 10 },
+        200,
+        200,
+        at(11),
+    );
+    assert_eq!(board_watch_rules(&h), ["watch-lease-missed"]);
+    // Positions, per watch: the checkpoint watch's do not interleave with the board watch's.
+    let mut h = board_watched(Some(4_200));
+    h.ok(w, lease_change("lost", "a1", 2), 4_300, 4_300, at(12));
+    let violations = board_watch::check(&h.ops, true);
+    assert!(
+        rules(&violations).contains(&"watch-order"),
+        "{violations:?}"
+    );
+    let mut h = board_watched(Some(4_200));
+    h.ok("s0", save(1, "a"), 0, 10, Output::Done);
+    h.ok(watcher::NAME, delivered(1, "a"), 12, 12, at(6));
+    assert!(board_watch::check(&h.ops, true).is_empty());
+    assert!(watcher::check(&h.ops, true).is_empty());
 }
 
 /// A reconcile of `key`.

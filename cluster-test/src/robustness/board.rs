@@ -27,9 +27,12 @@ use super::history::{Input, Op, Outcome, Output, Recorder};
 /// lost) frees the task within a run.
 pub const TTL_MS: i64 = 4_000;
 
+/// What the ids of the tasks a run seeds begin with (a chain's steps are named otherwise).
+pub const TASK_PREFIX: &str = "task-";
+
 /// The tasks a run seeds.
 pub fn task_ids(count: usize) -> Vec<String> {
-    (0..count).map(|i| format!("task-{i}")).collect()
+    (0..count).map(|i| format!("{TASK_PREFIX}{i}")).collect()
 }
 
 /// Seeds the tasks (independent, open) before the run, retrying infrastructure failures. Set-up,

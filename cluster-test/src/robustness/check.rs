@@ -319,9 +319,10 @@ fn refusals_allowed(input: &Input) -> Option<&'static [&'static str]> {
         | Input::SaveCheckpoint { .. }
         | Input::LoadCheckpoint { .. } => return None,
         // Observed, never refused.
-        Input::WatchSaved { .. } | Input::WatchCompacted { .. } | Input::WatchEnded { .. } => {
-            return None
-        }
+        Input::WatchSaved { .. }
+        | Input::WatchLease { .. }
+        | Input::WatchCompacted { .. }
+        | Input::WatchEnded { .. } => return None,
         // Seeded tasks without dependencies, never completed: only another agent's claim.
         Input::Claim { .. } => &["TAKEN"],
         // Chain steps: held, not ready yet, or completed by another agent.

@@ -245,6 +245,18 @@ pub enum Input {
         /// Its data.
         data: String,
     },
+    /// A watch delivered a change of a board claim (observed, not invoked: call = return =
+    /// delivery).
+    WatchLease {
+        /// The change's kind: `claimed`, `renewed`, `released`, `lost`, ...
+        kind: String,
+        /// Task id.
+        task: String,
+        /// The agent the change names.
+        holder: String,
+        /// The claim's fence.
+        fence: u64,
+    },
     /// A watch met `COMPACTED` at `requested` and went on from the oldest revision kept (the
     /// answer's position).
     WatchCompacted {
@@ -606,6 +618,12 @@ impl fmt::Display for Input {
             Input::WatchSaved { run, seq, data } => {
                 write!(f, "watch-saved {run} seq={seq} data={data}")
             }
+            Input::WatchLease {
+                kind,
+                task,
+                holder,
+                fence,
+            } => write!(f, "watch-{kind} {task} agent={holder} fence={fence}"),
             Input::WatchCompacted { requested } => write!(f, "watch-compacted at={requested}"),
             Input::WatchEnded { error } => write!(f, "watch-ended {error}"),
         }

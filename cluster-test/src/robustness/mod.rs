@@ -10,12 +10,13 @@
 //!    acquires with fenced sink writes ([`effect`]) and the reconciling of those whose outcome
 //!    is unknown ([`reconcile`]), short-lived tickets racing their deadlines ([`courier`]),
 //!    keyed queue permits ([`queue`]), checkpoint
-//!    saves ([`checkpoint`]) and a watch of them ([`watcher`]) — every client recording each
-//!    operation (the watch: each change delivered) in one [`history::Recorder`];
+//!    saves ([`checkpoint`]) and a watch of them ([`watcher`]), with one of the board's claims
+//!    ([`board_watch`]) — every client recording each operation (a watch: each change
+//!    delivered) in one [`history::Recorder`];
 //! 3. inject the scenario's faults for a while ([`faults::Nemesis`]), then undo them all and
 //!    wait for the cluster to converge;
 //! 4. require that every workload gets a grant again after recovery, stop the workloads, read
-//!    back everything that was acknowledged, let the watch catch up, and compare the members'
+//!    back everything that was acknowledged, let the watches catch up, and compare the members'
 //!    states ([`replicas_agree`]);
 //! 5. run every checker over the finished history.
 //!
@@ -27,6 +28,7 @@
 //! through the faults aimed at the leader.
 
 pub mod board;
+pub mod board_watch;
 pub mod chain;
 pub mod check;
 pub mod checkpoint;
@@ -384,7 +386,8 @@ fn workload_of(input: &Input) -> usize {
         | Input::RenewTask { .. }
         | Input::ListTasks
         | Input::ClaimStep { .. }
-        | Input::CompleteStep { .. } => 1,
+        | Input::CompleteStep { .. }
+        | Input::WatchLease { .. } => 1,
         Input::Acquire { .. }
         | Input::CompleteEffect { .. }
         | Input::ReleaseEffect { .. }
@@ -738,6 +741,7 @@ async fn drive<T: Target>(
         Some(final_from) => {
             violations.extend(checks(&history, final_from));
             violations.extend(watcher::check(&history, true));
+            violations.extend(board_watch::check(&history, true));
             violations.extend(progress(&history, nemesis.faults));
         }
         // Without a read-back, every acknowledged write would count as lost.
@@ -745,6 +749,7 @@ async fn drive<T: Target>(
             checks(&history, rec.clock().now())
                 .into_iter()
                 .chain(watcher::check(&history, false))
+                .chain(board_watch::check(&history, false))
                 .filter(|violation| violation.rule != "lost-ack"),
         ),
     }

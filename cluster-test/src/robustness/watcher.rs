@@ -1,8 +1,9 @@
 //! Watch workload: one client follows every checkpoint change from the first revision for the
 //! whole run — through every fault, resuming on another node as the library does — and records
 //! each change it is delivered (a `saved` of a run: its seq and data) in the history, with its
-//! position. After the read-back it waits (bounded) until it has been delivered every
-//! acknowledged save, then stops.
+//! position; a second watch follows the board's changes the same way ([`board_watch`], which
+//! judges them). After the read-back both wait (bounded) until they have been delivered every
+//! acknowledged change they judge, then stop.
 //!
 //! Checked (docs/watch.md: "no gap and no duplicate"): positions strictly increase across the
 //! whole watch, resumes included; every delivered save was sent (not refused) before it was
@@ -17,83 +18,125 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton_rpc::{Client, Error};
-use baton_statemachine::{ChangeFilter, ChangeValue, Primitive};
+use baton_statemachine::{Change, ChangeFilter, ChangeValue, Primitive};
 use futures::StreamExt;
 use tokio::task::JoinHandle;
 
+use super::board_watch;
 use super::check::Violation;
 use super::history::{Input, Op, Output, Recorder};
 
-/// The client name the watch's events are recorded under.
+/// The client name the checkpoint watch's events are recorded under.
 pub const NAME: &str = "watcher";
 
-/// The running watch (stopped when dropped).
+/// One watch the run keeps open: the client name its events are recorded under, what it
+/// follows, and what of a change it records (nothing: a change it does not judge).
+struct Follow {
+    name: &'static str,
+    filter: ChangeFilter,
+    record: fn(&Change) -> Option<Input>,
+}
+
+/// The running watches (stopped when dropped): the checkpoint watch of this module and the
+/// board's ([`board_watch`]).
 pub struct Watcher {
     stop: Arc<AtomicBool>,
-    task: Option<JoinHandle<()>>,
+    tasks: Vec<JoinHandle<()>>,
 }
 
 impl Drop for Watcher {
     /// A run that ends early (a set-up or read-back error) leaves no watch behind.
     fn drop(&mut self) {
-        if let Some(task) = self.task.take() {
+        for task in &self.tasks {
             task.abort();
         }
     }
 }
 
 impl Watcher {
-    /// Starts following every checkpoint change from revision 1.
+    /// Starts following every checkpoint change, and every board change, from revision 1.
     pub fn start(client: Client, rec: Recorder) -> Watcher {
         let stop = Arc::new(AtomicBool::new(false));
-        let task = tokio::spawn(follow(client, rec, stop.clone()));
-        Watcher {
-            stop,
-            task: Some(task),
-        }
+        let follows = [
+            Follow {
+                name: NAME,
+                filter: ChangeFilter {
+                    primitive: Some(Primitive::Checkpoint),
+                    ..ChangeFilter::default()
+                },
+                record: saved,
+            },
+            Follow {
+                name: board_watch::NAME,
+                filter: ChangeFilter {
+                    primitive: Some(Primitive::Board),
+                    ..ChangeFilter::default()
+                },
+                record: board_watch::recorded,
+            },
+        ];
+        let tasks = follows
+            .into_iter()
+            .map(|follow| tokio::spawn(run(follow, client.clone(), rec.clone(), stop.clone())))
+            .collect();
+        Watcher { stop, tasks }
     }
 
-    /// Waits until every save acknowledged in `rec` so far has been delivered (or the watch
-    /// ended, or `limit` passed), then stops the watch. A watch stopped by a panic (the library
+    /// Waits until every change acknowledged in `rec` so far has been delivered (or a watch
+    /// ended, or `limit` passed), then stops the watches. A watch stopped by a panic (the library
     /// on an answer it could not handle) is a violation (`workload-panic`).
-    pub async fn catch_up_and_stop(mut self, rec: &Recorder, limit: Duration) -> Option<Violation> {
-        let mut task = self.task.take()?;
+    pub async fn catch_up_and_stop(mut self, rec: &Recorder, limit: Duration) -> Vec<Violation> {
+        let tasks = std::mem::take(&mut self.tasks);
         let deadline = tokio::time::Instant::now() + limit;
-        while !task.is_finished() && tokio::time::Instant::now() < deadline {
-            if rec.inspect(|history| missed(history).is_empty()) {
+        while !tasks.iter().any(JoinHandle::is_finished) && tokio::time::Instant::now() < deadline {
+            if rec.inspect(|history| {
+                missed(history).is_empty() && board_watch::all_delivered(history)
+            }) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        // The loop looks at the flag between events and every 200 ms while none comes; one
+        // The loops look at the flag between events and every 200 ms while none comes; one
         // still (re)opening its stream (up to the client's deadline) is aborted.
         self.stop.store(true, Ordering::Relaxed);
-        match tokio::time::timeout(Duration::from_secs(1), &mut task).await {
-            Ok(Err(error)) if error.is_panic() => Some(Violation::new(
-                "workload-panic",
-                NAME,
-                format!("the watch stopped by a panic: {error}"),
-                Vec::new(),
-            )),
-            Ok(_) => None,
-            Err(_) => {
-                task.abort();
-                None
+        let mut violations = Vec::new();
+        for mut task in tasks {
+            match tokio::time::timeout(Duration::from_secs(1), &mut task).await {
+                Ok(Err(error)) if error.is_panic() => violations.push(Violation::new(
+                    "workload-panic",
+                    NAME,
+                    format!("a watch stopped by a panic: {error}"),
+                    Vec::new(),
+                )),
+                Ok(_) => {}
+                Err(_) => task.abort(),
             }
         }
+        violations
     }
 }
 
-fn filter() -> ChangeFilter {
-    ChangeFilter {
-        primitive: Some(Primitive::Checkpoint),
-        ..ChangeFilter::default()
-    }
+/// A delivered checkpoint save, as recorded.
+fn saved(change: &Change) -> Option<Input> {
+    let ChangeValue::Checkpoint(checkpoint) = &change.value else {
+        return None;
+    };
+    Some(Input::WatchSaved {
+        run: change.key.clone(),
+        seq: checkpoint.seq,
+        data: String::from_utf8_lossy(&checkpoint.data).into_owned(),
+    })
 }
 
-/// Follows the changes until `stop`, recording each delivered save and each compaction.
-async fn follow(client: Client, rec: Recorder, stop: Arc<AtomicBool>) {
-    let mut watch = client.watch(filter(), Some(1)).await;
+/// Follows one watch's changes until `stop`, recording what it judges of each and each
+/// compaction.
+async fn run(follow: Follow, client: Client, rec: Recorder, stop: Arc<AtomicBool>) {
+    let Follow {
+        name,
+        filter,
+        record,
+    } = follow;
+    let mut watch = client.watch(filter.clone(), Some(1)).await;
     while !stop.load(Ordering::Relaxed) {
         let next = tokio::select! {
             next = watch.next() => next,
@@ -101,14 +144,9 @@ async fn follow(client: Client, rec: Recorder, stop: Arc<AtomicBool>) {
         };
         match next {
             Some(Ok(event)) => {
-                if let ChangeValue::Checkpoint(checkpoint) = &event.change.value {
-                    let input = Input::WatchSaved {
-                        run: event.change.key.clone(),
-                        seq: checkpoint.seq,
-                        data: String::from_utf8_lossy(&checkpoint.data).into_owned(),
-                    };
+                if let Some(input) = record(&event.change) {
                     rec.observe(
-                        NAME,
+                        name,
                         input,
                         Output::Position {
                             revision: event.revision,
@@ -122,14 +160,14 @@ async fn follow(client: Client, rec: Recorder, stop: Arc<AtomicBool>) {
                 oldest_available,
             })) if oldest_available > requested => {
                 rec.observe(
-                    NAME,
+                    name,
                     Input::WatchCompacted { requested },
                     Output::Position {
                         revision: oldest_available,
                         index: 0,
                     },
                 );
-                watch = client.watch(filter(), Some(oldest_available)).await;
+                watch = client.watch(filter.clone(), Some(oldest_available)).await;
             }
             // The library resumes by itself through node failures; it ends a watch only when
             // it cannot go on. Start again where it stopped.
@@ -140,7 +178,7 @@ async fn follow(client: Client, rec: Recorder, stop: Arc<AtomicBool>) {
             // Also a `COMPACTED` it cannot go on from (the nodes belong to another cluster).
             Some(Err(error)) => {
                 rec.observe(
-                    NAME,
+                    name,
                     Input::WatchEnded {
                         error: error.to_string(),
                     },
@@ -152,15 +190,55 @@ async fn follow(client: Client, rec: Recorder, stop: Arc<AtomicBool>) {
     }
 }
 
+/// When the latest compaction `watch` (its client name) met was recorded: what was sent before
+/// may have been in the history compacted away, so it need not be delivered.
+pub(super) fn compacted_at(history: &[Op], watch: &str) -> Option<u64> {
+    history
+        .iter()
+        .filter(|op| op.client == watch && matches!(op.input, Input::WatchCompacted { .. }))
+        .filter_map(|op| op.ret)
+        .max()
+}
+
+/// `watch`'s deliveries and compactions with their positions, in the order it saw them.
+pub(super) fn positions<'h>(history: &'h [Op], watch: &str) -> Vec<(&'h Op, (u64, u32))> {
+    history
+        .iter()
+        .filter(|op| op.client == watch)
+        .filter_map(|op| match op.ok() {
+            Some(Output::Position { revision, index }) => Some((op, (*revision, *index))),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `watch-order`: `watch`'s positions strictly increase (a compaction's position is where the
+/// watch went on from, which the first change after it may sit at).
+pub(super) fn increasing_positions(events: &[(&Op, (u64, u32))]) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    for pair in events.windows(2) {
+        let ((before, at), (after, next)) = (pair[0], pair[1]);
+        let went_on = matches!(before.input, Input::WatchCompacted { .. });
+        if next < at || (next == at && !went_on) {
+            violations.push(Violation::new(
+                "watch-order",
+                &after.client,
+                format!(
+                    "delivered position {}.{} after {}.{} (a duplicate or out of order)",
+                    next.0, next.1, at.0, at.1
+                ),
+                vec![before.index, after.index],
+            ));
+        }
+    }
+    violations
+}
+
 /// Every acknowledged save a watch should have delivered and did not: saved after the last
 /// compaction the watch met was recorded (earlier ones may have been in the compacted history).
 /// `(run, seq, op)`.
 fn missed(history: &[Op]) -> Vec<(&str, u64, usize)> {
-    let since = history
-        .iter()
-        .filter(|op| matches!(op.input, Input::WatchCompacted { .. }))
-        .filter_map(|op| op.ret)
-        .max();
+    let since = compacted_at(history, NAME);
     let delivered: BTreeSet<&str> = history
         .iter()
         .filter_map(|op| match &op.input {
@@ -190,40 +268,15 @@ pub fn check(history: &[Op], complete: bool) -> Vec<Violation> {
         .filter_map(|op| match &op.input {
             Input::WatchEnded { error } => Some(Violation::new(
                 "watch-ended",
-                "watch",
+                &op.client,
                 format!("the watch ended with an error a correct store never gives: {error}"),
                 vec![op.index],
             )),
             _ => None,
         })
         .collect();
-    let events: Vec<(&Op, (u64, u32))> = history
-        .iter()
-        .filter_map(|op| match (&op.input, op.ok()) {
-            (
-                Input::WatchSaved { .. } | Input::WatchCompacted { .. },
-                Some(Output::Position { revision, index }),
-            ) => Some((op, (*revision, *index))),
-            _ => None,
-        })
-        .collect();
-    // Positions strictly increase (a compaction's position is where the watch went on from).
-    for pair in events.windows(2) {
-        let ((before, at), (after, next)) = (pair[0], pair[1]);
-        // The first change after a compaction may sit at the position it went on from.
-        let went_on = matches!(before.input, Input::WatchCompacted { .. });
-        if next < at || (next == at && !went_on) {
-            violations.push(Violation::new(
-                "watch-order",
-                "watch",
-                format!(
-                    "delivered position {}.{} after {}.{} (a duplicate or out of order)",
-                    next.0, next.1, at.0, at.1
-                ),
-                vec![before.index, after.index],
-            ));
-        }
-    }
+    let events = positions(history, NAME);
+    violations.extend(increasing_positions(&events));
     // Every delivered save was sent, and not refused, before it was delivered.
     let mut sends: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
     for op in history {

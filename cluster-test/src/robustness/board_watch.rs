@@ -1,0 +1,297 @@
+//! The board's watch: a second watch ([`super::watcher`] runs it) follows every board change
+//! from the first revision for the whole run and records each change of a claim on the board
+//! workload's tasks — `claimed`, `renewed`, `released`, `lost` — with its agent, fence and
+//! position.
+//!
+//! A `lost` is the prompt a holder acts on when its lease ends without its asking (docs/watch.md,
+//! "Lease loss"): a store that sends one for a lease still live tells a holder to stop while it
+//! may go on, and one that never sends it leaves a watcher waiting on a lease that ended. Neither
+//! changes anything the board's own rules look at, and no other workload watches leases.
+//!
+//! Checked, on the tasks the board workload claims ([`board::TASK_PREFIX`]):
+//! - `watch-lease-missed` (once the run was read back): every acknowledged claim, renewal and
+//!   release was delivered, with its agent and fence; so was the `lost` of every acknowledged
+//!   claim that no release can have ended (none sent, or every one refused) — except calls sent
+//!   before a compaction the watch met (they may have been in the history compacted away);
+//! - `watch-lease-phantom`: every delivered change names a call sent, and not refused, before it
+//!   was delivered: a claim by its agent (for `claimed` and `lost`), a renewal or a release of
+//!   its fence;
+//! - `watch-lost-early`: no `lost` is delivered before its lease certainly ran out: its TTL,
+//!   counted from the sending of the claim or of an acknowledged renewal of it (each applied
+//!   after it was sent, and before the loss: a lost lease cannot be renewed), less
+//!   [`CLOCK_SLACK_US`];
+//! - `watch-lost-released`: no lease is both delivered `lost` and released by an acknowledged
+//!   release (a released lease cannot run out, and a lost one is not released: `LEASE_LOST`);
+//! - `watch-order`: positions strictly increase, resumes included (as the checkpoint watch's).
+
+use std::collections::BTreeMap;
+
+use baton_statemachine::{Change, ChangeKind};
+
+use super::board::{self, TTL_MS};
+use super::check::{Violation, CLOCK_SLACK_US};
+use super::history::{Input, Op, Output};
+use super::watcher;
+
+/// The client name the board watch's changes are recorded under.
+pub const NAME: &str = "board-watcher";
+
+/// How many violations of one rule are reported per task.
+const REPORTED_PER_TASK: usize = 3;
+
+/// What the watch records of `change`: a change of a claim on a board workload task.
+pub(super) fn recorded(change: &Change) -> Option<Input> {
+    let judged = matches!(
+        change.kind,
+        ChangeKind::Claimed | ChangeKind::Renewed | ChangeKind::Released | ChangeKind::Lost
+    );
+    (judged && change.key.starts_with(board::TASK_PREFIX)).then(|| Input::WatchLease {
+        kind: change.kind.as_str().to_string(),
+        task: change.key.clone(),
+        holder: change.holder.clone(),
+        fence: change.fence,
+    })
+}
+
+/// One recorded change.
+struct Delivery<'h> {
+    op: &'h Op,
+    kind: &'h str,
+    task: &'h str,
+    holder: &'h str,
+    fence: u64,
+}
+
+fn deliveries(history: &[Op]) -> Vec<Delivery<'_>> {
+    history
+        .iter()
+        .filter(|op| op.client == NAME)
+        .filter_map(|op| match &op.input {
+            Input::WatchLease {
+                kind,
+                task,
+                holder,
+                fence,
+            } => Some(Delivery {
+                op,
+                kind,
+                task,
+                holder,
+                fence: *fence,
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// An acknowledged claim: its task, agent and fence.
+fn acknowledged_claim(op: &Op) -> Option<(&str, &str, u64)> {
+    match (&op.input, op.ok()) {
+        (Input::Claim { task, agent }, Some(Output::Lease { fence, .. })) if *fence > 0 => {
+            Some((task, agent, *fence))
+        }
+        _ => None,
+    }
+}
+
+/// Whether every change the watch must deliver so far was delivered (see [`missed`]).
+pub fn all_delivered(history: &[Op]) -> bool {
+    missed(history).is_empty()
+}
+
+/// Every change an acknowledged call made that the watch has not delivered (see the module
+/// comment): its task, what is missing, and the call's op.
+fn missed(history: &[Op]) -> Vec<(&str, String, usize)> {
+    let since = watcher::compacted_at(history, NAME);
+    let judged = |op: &Op| since.is_none_or(|since| op.call > since);
+    // (kind, task, fence) -> agents delivered, one per delivery.
+    let mut delivered: BTreeMap<(&str, &str, u64), Vec<&str>> = BTreeMap::new();
+    for d in deliveries(history) {
+        delivered
+            .entry((d.kind, d.task, d.fence))
+            .or_default()
+            .push(d.holder);
+    }
+    let count = |kind: &str, task: &str, fence: u64| {
+        delivered
+            .get(&(kind, task, fence))
+            .map_or(0, std::vec::Vec::len)
+    };
+    let delivered_to = |kind: &str, task: &str, fence: u64, agent: &str| {
+        delivered
+            .get(&(kind, task, fence))
+            .is_some_and(|agents| agents.contains(&agent))
+    };
+    // Per lease (task, fence): whether a release of it may have ended it, and its acknowledged
+    // renewals.
+    let mut released: BTreeMap<(&str, u64), bool> = BTreeMap::new();
+    let mut renewals: BTreeMap<(&str, u64), Vec<usize>> = BTreeMap::new();
+    for op in history {
+        match &op.input {
+            Input::ReleaseTask { task, fence, .. } if op.refused().is_none() => {
+                released.insert((task, *fence), true);
+            }
+            Input::RenewTask { task, fence, .. } if op.ok().is_some() && judged(op) => {
+                renewals.entry((task, *fence)).or_default().push(op.index);
+            }
+            _ => {}
+        }
+    }
+    let mut missing = Vec::new();
+    for op in history.iter().filter(|op| judged(op)) {
+        if let Some((task, agent, fence)) = acknowledged_claim(op) {
+            if !delivered_to("claimed", task, fence, agent) {
+                missing.push((
+                    task,
+                    format!("the claim at fence {fence} by {agent}"),
+                    op.index,
+                ));
+            }
+            if !released.contains_key(&(task, fence)) && !delivered_to("lost", task, fence, agent) {
+                missing.push((
+                    task,
+                    format!("the loss of the claim at fence {fence} by {agent} (never released)"),
+                    op.index,
+                ));
+            }
+        }
+        if let (Input::ReleaseTask { task, fence, .. }, Some(_)) = (&op.input, op.ok()) {
+            if count("released", task, *fence) == 0 {
+                missing.push((
+                    task,
+                    format!("the release of the claim at fence {fence}"),
+                    op.index,
+                ));
+            }
+        }
+    }
+    for ((task, fence), ops) in renewals {
+        let got = count("renewed", task, fence);
+        if got < ops.len() {
+            missing.push((
+                task,
+                format!(
+                    "{} of the {} acknowledged renewals of the claim at fence {fence} (delivered {got})",
+                    ops.len() - got,
+                    ops.len()
+                ),
+                ops[got],
+            ));
+        }
+    }
+    missing
+}
+
+/// Every board watch checker (see the module comment). `complete`: the run was read back and
+/// the watch given time to catch up, so every acknowledged change must have been delivered.
+pub fn check(history: &[Op], complete: bool) -> Vec<Violation> {
+    let mut violations = watcher::increasing_positions(&watcher::positions(history, NAME));
+    let ttl_us = u64::try_from(TTL_MS).unwrap_or(0) * 1000;
+    let mut claims: BTreeMap<(&str, u64), &Op> = BTreeMap::new();
+    let mut renewed: BTreeMap<(&str, u64), u64> = BTreeMap::new();
+    let mut released: BTreeMap<(&str, u64), &Op> = BTreeMap::new();
+    for op in history {
+        if let Some((task, _, fence)) = acknowledged_claim(op) {
+            claims.entry((task, fence)).or_insert(op);
+        }
+        match (&op.input, op.ok()) {
+            (Input::RenewTask { task, fence, .. }, Some(_)) => {
+                let at = renewed.entry((task, *fence)).or_insert(op.call);
+                *at = (*at).max(op.call);
+            }
+            (Input::ReleaseTask { task, fence, .. }, Some(_)) => {
+                released.entry((task, *fence)).or_insert(op);
+            }
+            _ => {}
+        }
+    }
+    // The first sending, not refused, of each call a delivery can name: (kind, task, agent or
+    // fence as text) -> when.
+    let mut first_sent: BTreeMap<(&str, &str, String), u64> = BTreeMap::new();
+    for op in history.iter().filter(|op| op.refused().is_none()) {
+        let named = match &op.input {
+            Input::Claim { task, agent } => vec![
+                ("claimed", task, agent.clone()),
+                ("lost", task, agent.clone()),
+            ],
+            Input::RenewTask { task, fence, .. } => vec![("renewed", task, fence.to_string())],
+            Input::ReleaseTask { task, fence, .. } => vec![("released", task, fence.to_string())],
+            _ => Vec::new(),
+        };
+        for (kind, task, who) in named {
+            let at = first_sent.entry((kind, task, who)).or_insert(op.call);
+            *at = (*at).min(op.call);
+        }
+    }
+    let mut found: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+    for d in deliveries(history) {
+        let who = match d.kind {
+            "claimed" | "lost" => d.holder.to_string(),
+            _ => d.fence.to_string(),
+        };
+        let explained = first_sent
+            .get(&(d.kind, d.task, who))
+            .is_some_and(|sent| *sent < d.op.call);
+        let mut wrong = Vec::new();
+        if !explained {
+            wrong.push((
+                "watch-lease-phantom",
+                format!(
+                    "delivered {} of the claim at fence {} by {}, which no call sent before \
+                     (and not refused) explains",
+                    d.kind, d.fence, d.holder
+                ),
+                vec![d.op.index],
+            ));
+        }
+        if d.kind == "lost" {
+            let key = (d.task, d.fence);
+            if let Some(claim) = claims.get(&key) {
+                let since = renewed.get(&key).copied().unwrap_or(0).max(claim.call);
+                if d.op.call + CLOCK_SLACK_US < since + ttl_us {
+                    wrong.push((
+                        "watch-lost-early",
+                        format!(
+                            "delivered the loss of the claim at fence {} {} ms after it (or an \
+                             acknowledged renewal of it) was sent, within its {TTL_MS} ms TTL",
+                            d.fence,
+                            d.op.call.saturating_sub(since) / 1000
+                        ),
+                        vec![claim.index, d.op.index],
+                    ));
+                }
+            }
+            if let Some(release) = released.get(&key) {
+                wrong.push((
+                    "watch-lost-released",
+                    format!(
+                        "delivered the loss of the claim at fence {}, whose release was \
+                         acknowledged",
+                        d.fence
+                    ),
+                    vec![release.index, d.op.index],
+                ));
+            }
+        }
+        for (rule, message, ops) in wrong {
+            let seen = found.entry((rule, d.task)).or_default();
+            *seen += 1;
+            if *seen <= REPORTED_PER_TASK {
+                violations.push(Violation::new(rule, d.task, message, ops));
+            }
+        }
+    }
+    if complete {
+        let missed = missed(history);
+        let count = missed.len();
+        for (task, what, index) in missed.into_iter().take(REPORTED_PER_TASK) {
+            violations.push(Violation::new(
+                "watch-lease-missed",
+                task,
+                format!("{what} was acknowledged but never delivered ({count} such changes)"),
+                vec![index],
+            ));
+        }
+    }
+    violations
+}
