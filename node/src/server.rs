@@ -239,7 +239,8 @@ pub async fn serve_secured(
     let mut builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(CLIENT_KEEPALIVE))
         .http2_keepalive_timeout(Some(CLIENT_KEEPALIVE))
-        .tcp_keepalive(Some(CLIENT_KEEPALIVE));
+        .tcp_keepalive(Some(CLIENT_KEEPALIVE))
+        .max_concurrent_streams(streams_per_connection(&config));
     if let Some(tls) = &tls {
         builder = builder
             .tls_config(tls.server())
@@ -501,6 +502,19 @@ fn claim_identity(config: &NodeConfig) -> anyhow::Result<()> {
         }
         Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
     }
+}
+
+/// The HTTP/2 streams one client connection may have open at once: room for every call the
+/// in-flight limit lets it make and every watch the node serves, no more. Streams the limits do
+/// not limit — health watches, reflection, cluster administration, refusals on their way —
+/// would otherwise be unbounded on one connection (tonic leaves the count open); past this a
+/// peer's HTTP/2 stack waits for one of its streams to end before it opens another.
+fn streams_per_connection(config: &NodeConfig) -> u32 {
+    let streams = config
+        .limits
+        .max_in_flight_per_connection
+        .saturating_add(config.watch.max_streams);
+    u32::try_from(streams).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]

@@ -353,3 +353,64 @@ async fn an_overloaded_node_is_asked_again_after_longer_pauses() {
     // (capped at 100 ms it was about 40).
     assert!((3..=12).contains(&attempts), "{attempts} attempts in 3 s");
 }
+
+/// Opens a gRPC health watch (which needs no token and never ends on its own) on `client`'s
+/// connection; resolves when the node answers it.
+fn health_watch(
+    client: &mut h2::client::SendRequest<bytes::Bytes>,
+    addr: &str,
+) -> h2::client::ResponseFuture {
+    let request =
+        tonic::codegen::http::Request::post(format!("http://{addr}/grpc.health.v1.Health/Watch"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+    let (response, mut body) = client.send_request(request, false).unwrap();
+    // One gRPC message: uncompressed, 0 bytes long (a request for the whole server's health).
+    body.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)
+        .unwrap();
+    response
+}
+
+/// One connection cannot hold more HTTP/2 streams open at once than its in-flight limit plus the
+/// node's watch streams: past that the peer's HTTP/2 stack waits for one of them to end. Streams
+/// no limit counts — health watches here — would otherwise pile up on one connection without
+/// bound. Another connection is served meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_connection_holds_no_more_streams_than_its_limits_allow() {
+    let cluster = Cluster::start_custom(|config| {
+        config.limits.max_in_flight_per_connection = 2;
+        config.watch.max_streams = 1;
+    })
+    .await;
+    let tcp = tokio::net::TcpStream::connect(&cluster.addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        let response = health_watch(&mut client, &cluster.addr).await.unwrap();
+        assert_eq!(response.status(), 200);
+        open.push(response);
+    }
+    assert_eq!(client.current_max_send_streams(), 3);
+    let mut fourth = health_watch(&mut client, &cluster.addr);
+    let waited = tokio::time::timeout(Duration::from_millis(500), &mut fourth).await;
+    assert!(waited.is_err(), "a fourth stream was answered: {waited:?}");
+    let other = cluster.client.load("never-saved").await;
+    assert!(
+        matches!(other, Err(Error::Refused(Refusal::NotFound))),
+        "{other:?}"
+    );
+    // One watch ends (reset): the fourth opens and is answered.
+    drop(open.pop());
+    let answered = tokio::time::timeout(Duration::from_secs(10), fourth)
+        .await
+        .expect("the fourth stream is answered once a stream ended")
+        .unwrap();
+    assert_eq!(answered.status(), 200);
+    // Ended, so that the node's shutdown does not wait for them.
+    drop((open, answered, client));
+    cluster.stop().await;
+}
