@@ -9,8 +9,8 @@ use baton_cluster_test::robustness::history::{
     AttemptEnd, AttemptRecord, Clock, Input, LeasedTask, Op, Outcome, Output, Recorder,
 };
 use baton_cluster_test::robustness::{
-    self, available_again, board, board_watch, chain, checkpoint, courier, effect, handoff,
-    progress, queue, reconcile, watcher,
+    self, available_again, board, board_watch, chain, checkpoint, courier, effect, effect_watch,
+    handoff, progress, queue, reconcile, watcher,
 };
 use baton_rpc::proto::StateDigestResponse;
 use baton_rpc::replicas::SeenDigests;
@@ -2302,7 +2302,7 @@ fn t71_a_watch_delivers_every_acknowledged_save_once_in_commit_order() {
 fn lease_change(kind: &str, agent: &str, fence: u64) -> Input {
     Input::WatchLease {
         kind: kind.into(),
-        task: "task-0".into(),
+        key: "task-0".into(),
         holder: agent.into(),
         fence,
     }
@@ -2410,6 +2410,23 @@ fn t71_the_board_watch_delivers_every_change_of_a_claim_and_each_loss_in_time() 
             "{kind} by {agent}"
         );
     }
+    // A loss of a fence the watch never saw claimed (a1's claim unanswered); after a
+    // compaction the claim may have been in the history compacted away.
+    let mut h = board_watched(Some(4_200));
+    h.ambiguous("a1", claim_of("a1"), 4_250);
+    h.ok(w, lease_change("lost", "a1", 3), 8_300, 8_300, at(15));
+    assert_eq!(board_watch_rules(&h), ["watch-lease-phantom"]);
+    let mut h = board_watched(Some(4_200));
+    h.ambiguous("a1", claim_of("a1"), 4_250);
+    h.ok(
+        w,
+        Input::WatchCompacted { requested: 13 },
+        4_300,
+        4_300,
+        at(14),
+    );
+    h.ok(w, lease_change("lost", "a1", 3), 8_300, 8_300, at(15));
+    assert!(board_watch_rules(&h).is_empty());
     let mut h = H::default();
     h.ok(w, lease_change("claimed", "a0", 1), 5, 5, at(5));
     h.ok("a0", claim_of("a0"), 10, 20, lease_of(1));
@@ -2484,6 +2501,294 @@ fn t71_the_board_watch_delivers_every_change_of_a_claim_and_each_loss_in_time() 
     h.ok(watcher::NAME, delivered(1, "a"), 12, 12, at(6));
     assert!(board_watch::check(&h.ops, true).is_empty());
     assert!(watcher::check(&h.ops, true).is_empty());
+}
+
+/// The side-effect watch's delivery of `kind` on `key` at `fence`.
+fn effect_change(kind: &str, key: &str, fence: u64) -> Input {
+    Input::WatchLease {
+        kind: kind.into(),
+        key: key.into(),
+        holder: String::new(),
+        fence,
+    }
+}
+
+fn acquire_of(key: &str) -> Input {
+    Input::Acquire {
+        key: key.into(),
+        resource: "res-0".into(),
+    }
+}
+
+fn granted_at(fence: u64) -> Output {
+    Output::Granted {
+        fence,
+        holder: "h".into(),
+        until_ms: None,
+    }
+}
+
+fn complete_of(key: &str, fence: u64) -> Input {
+    Input::CompleteEffect {
+        key: key.into(),
+        resource: "res-0".into(),
+        fence,
+    }
+}
+
+fn mark_of(key: &str, fence: u64) -> Input {
+    Input::MarkUncertain {
+        key: key.into(),
+        resource: "res-0".into(),
+        fence,
+    }
+}
+
+/// Three attempts, each delivered: `holder-0/1` acquired and completed; `holder-1/1` acquired
+/// and marked uncertain; `holder-2/1` acquired and left (its 2,000 ms intent runs out: `lost`,
+/// delivered at `lost_at` when there is one), then resolved "happened" by a reconciler.
+fn effect_watched(lost_at: Option<u64>) -> H {
+    let w = effect_watch::NAME;
+    let mut h = H::default();
+    h.ok("holder-0", acquire_of("holder-0/1"), 0, 10, granted_at(1));
+    h.ok(w, effect_change("granted", "holder-0/1", 1), 11, 11, at(5));
+    h.ok(
+        "holder-0",
+        complete_of("holder-0/1", 1),
+        20,
+        30,
+        Output::Result("r".into()),
+    );
+    h.ok(
+        w,
+        effect_change("completed", "holder-0/1", 1),
+        31,
+        31,
+        at(6),
+    );
+    h.ok(
+        "holder-1",
+        acquire_of("holder-1/1"),
+        100,
+        110,
+        granted_at(2),
+    );
+    h.ok(
+        w,
+        effect_change("granted", "holder-1/1", 2),
+        111,
+        111,
+        at(7),
+    );
+    h.ok("holder-1", mark_of("holder-1/1", 2), 120, 130, Output::Done);
+    h.ok(
+        w,
+        effect_change("uncertain", "holder-1/1", 2),
+        131,
+        131,
+        at(8),
+    );
+    h.ok(
+        "holder-2",
+        acquire_of("holder-2/1"),
+        200,
+        210,
+        granted_at(3),
+    );
+    h.ok(
+        w,
+        effect_change("granted", "holder-2/1", 3),
+        211,
+        211,
+        at(9),
+    );
+    if let Some(lost_at) = lost_at {
+        h.ok(
+            w,
+            effect_change("lost", "holder-2/1", 3),
+            lost_at,
+            lost_at,
+            at(12),
+        );
+        h.ok(
+            "reconciler-0",
+            resolve("holder-2/1", Some("r2"), false, false),
+            lost_at + 100,
+            lost_at + 110,
+            Output::Result("r2".into()),
+        );
+        h.ok(
+            w,
+            effect_change("resolved", "holder-2/1", 0),
+            lost_at + 111,
+            lost_at + 111,
+            at(13),
+        );
+    }
+    h
+}
+
+/// The rules the side-effect watch's checker reports for `h` once the run was read back.
+fn effect_watch_rules(h: &H) -> Vec<String> {
+    rules(&effect_watch::check(&h.ops, true))
+        .into_iter()
+        .map(String::from)
+        .collect()
+}
+
+/// The side-effect watch's rules: every acknowledged grant, `mark_uncertain` and completion, and
+/// the loss of every intent its holder never ended, are delivered, each after a call that
+/// explains it; a loss no sooner than the acquire TTL after the acquire was sent (less the clock
+/// slack), and never of an attempt marked uncertain or completed before its intent could run
+/// out.
+#[test]
+fn t71_the_effect_watch_delivers_every_attempt_change_and_each_loss_in_time() {
+    let w = effect_watch::NAME;
+    assert!(effect_watch::check(&effect_watched(Some(2_300)).ops, true).is_empty());
+    // Within the clock slack of the TTL counted from the acquire's sending (200 ms).
+    assert!(effect_watch::check(&effect_watched(Some(1_990)).ops, true).is_empty());
+
+    // Lost early: 1.6 s into a 2 s intent.
+    let h = effect_watched(Some(1_800));
+    let violations = effect_watch::check(&h.ops, true);
+    assert_eq!(rules(&violations), ["watch-lost-early"], "{violations:?}");
+    assert_eq!(violations[0].ops, [8, 10]);
+
+    // A loss of the attempt marked uncertain, or of the one completed in time; a completion
+    // answered after the intent could have run out does not rule a loss out.
+    for (key, fence, ender) in [("holder-1/1", 2, 6), ("holder-0/1", 1, 2)] {
+        let mut h = effect_watched(Some(2_300));
+        h.ok(w, effect_change("lost", key, fence), 2_500, 2_500, at(14));
+        let violations = effect_watch::check(&h.ops, true);
+        assert_eq!(rules(&violations), ["watch-lost-ended"], "{violations:?}");
+        assert_eq!(violations[0].ops, [ender, 13]);
+    }
+    let mut h = effect_watched(None);
+    h.ok(
+        "holder-2",
+        complete_of("holder-2/1", 3),
+        2_250,
+        2_260,
+        Output::Result("r".into()),
+    );
+    h.ok(
+        w,
+        effect_change("lost", "holder-2/1", 3),
+        2_255,
+        2_255,
+        at(12),
+    );
+    h.ok(
+        w,
+        effect_change("completed", "holder-2/1", 3),
+        2_261,
+        2_261,
+        at(13),
+    );
+    assert!(effect_watch_rules(&h).is_empty());
+
+    // Phantoms: a grant of a key nobody acquired; an `uncertain` of a fence nobody marked; a
+    // completion and a resolution nobody sent; a grant delivered before its acquire was sent.
+    for (kind, key, fence) in [
+        ("granted", "holder-9/1", 7),
+        ("uncertain", "holder-0/1", 1),
+        ("completed", "holder-2/1", 3),
+        ("resolved", "holder-1/1", 0),
+    ] {
+        let mut h = effect_watched(Some(2_300));
+        h.ok(w, effect_change(kind, key, fence), 2_500, 2_500, at(14));
+        assert_eq!(
+            effect_watch_rules(&h),
+            ["watch-effect-phantom"],
+            "{kind} {key}"
+        );
+    }
+    // An `uncertain` and a loss of an attempt the watch never saw granted.
+    for kind in ["uncertain", "lost"] {
+        let mut h = effect_watched(Some(2_300));
+        h.ambiguous("holder-2", mark_of("holder-2/1", 9), 2_400);
+        h.ok(
+            w,
+            effect_change(kind, "holder-2/1", 9),
+            4_500,
+            4_500,
+            at(14),
+        );
+        assert_eq!(effect_watch_rules(&h), ["watch-effect-phantom"], "{kind}");
+    }
+    let mut h = H::default();
+    h.ok(w, effect_change("granted", "holder-0/1", 1), 5, 5, at(5));
+    h.ok("holder-0", acquire_of("holder-0/1"), 10, 20, granted_at(1));
+    h.ok("holder-0", mark_of("holder-0/1", 1), 30, 40, Output::Done);
+    h.ok(
+        w,
+        effect_change("uncertain", "holder-0/1", 1),
+        41,
+        41,
+        at(6),
+    );
+    assert_eq!(effect_watch_rules(&h), ["watch-effect-phantom"]);
+
+    // Missed, once the run was read back: the loss of an intent nobody ended, a grant, a
+    // `mark_uncertain`, a completion, a "happened" resolution.
+    let h = effect_watched(None);
+    assert_eq!(effect_watch_rules(&h), ["watch-effect-missed"]);
+    assert!(effect_watch::check(&h.ops, false).is_empty());
+    assert!(!effect_watch::all_delivered(&h.ops));
+    assert!(effect_watch::all_delivered(
+        &effect_watched(Some(2_300)).ops
+    ));
+    for (dropped, other) in [
+        (1, effect_change("granted", "holder-0/1", 9)),
+        (3, effect_change("granted", "holder-0/1", 1)),
+        (7, effect_change("lost", "holder-1/1", 9)),
+        (12, effect_change("lost", "holder-2/1", 3)),
+    ] {
+        let mut h = effect_watched(Some(2_300));
+        h.ops[dropped].input = other;
+        let violations = effect_watch::check(&h.ops, true);
+        assert!(
+            rules(&violations).contains(&"watch-effect-missed"),
+            "{dropped}: {violations:?}"
+        );
+    }
+    // A completion refused: the intent ran out, and its loss must be delivered; one unanswered
+    // may have ended it in time, and nothing need be.
+    let mut h = effect_watched(None);
+    h.refused(
+        "holder-2",
+        complete_of("holder-2/1", 3),
+        2_300,
+        2_310,
+        "FENCE_STALE",
+    );
+    assert_eq!(effect_watch_rules(&h), ["watch-effect-missed"]);
+    let mut h = effect_watched(None);
+    h.ambiguous("holder-2", complete_of("holder-2/1", 3), 300);
+    assert!(effect_watch_rules(&h).is_empty());
+    // Sent before a compaction the watch met; the board watch's compaction is not this one's.
+    let mut h = effect_watched(None);
+    h.ok(w, Input::WatchCompacted { requested: 10 }, 250, 250, at(11));
+    assert!(effect_watch_rules(&h).is_empty());
+    let mut h = effect_watched(None);
+    h.ok(
+        board_watch::NAME,
+        Input::WatchCompacted { requested: 10 },
+        250,
+        250,
+        at(11),
+    );
+    assert_eq!(effect_watch_rules(&h), ["watch-effect-missed"]);
+    // A repeated position.
+    let mut h = effect_watched(Some(2_300));
+    h.ok(
+        w,
+        effect_change("resolved", "holder-2/1", 0),
+        2_500,
+        2_500,
+        at(13),
+    );
+    assert!(effect_watch_rules(&h).contains(&"watch-order".to_string()));
 }
 
 /// A reconcile of `key`.

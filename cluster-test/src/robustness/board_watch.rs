@@ -15,7 +15,8 @@
 //!   before a compaction the watch met (they may have been in the history compacted away);
 //! - `watch-lease-phantom`: every delivered change names a call sent, and not refused, before it
 //!   was delivered: a claim by its agent (for `claimed` and `lost`), a renewal or a release of
-//!   its fence;
+//!   its fence; and every `renewed`, `released` or `lost` comes after the watch delivered that
+//!   claim (judged up to the first compaction the watch met);
 //! - `watch-lost-early`: no `lost` is delivered before its lease certainly ran out: its TTL,
 //!   counted from the sending of the claim or of an acknowledged renewal of it (each applied
 //!   after it was sent, and before the loss: a lost lease cannot be renewed), less
@@ -24,20 +25,17 @@
 //!   release (a released lease cannot run out, and a lost one is not released: `LEASE_LOST`);
 //! - `watch-order`: positions strictly increase, resumes included (as the checkpoint watch's).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use baton_statemachine::{Change, ChangeKind};
 
 use super::board::{self, TTL_MS};
 use super::check::{Violation, CLOCK_SLACK_US};
 use super::history::{Input, Op, Output};
-use super::watcher;
+use super::watcher::{self, deliveries};
 
 /// The client name the board watch's changes are recorded under.
 pub const NAME: &str = "board-watcher";
-
-/// How many violations of one rule are reported per task.
-const REPORTED_PER_TASK: usize = 3;
 
 /// What the watch records of `change`: a change of a claim on a board workload task.
 pub(super) fn recorded(change: &Change) -> Option<Input> {
@@ -47,41 +45,10 @@ pub(super) fn recorded(change: &Change) -> Option<Input> {
     );
     (judged && change.key.starts_with(board::TASK_PREFIX)).then(|| Input::WatchLease {
         kind: change.kind.as_str().to_string(),
-        task: change.key.clone(),
+        key: change.key.clone(),
         holder: change.holder.clone(),
         fence: change.fence,
     })
-}
-
-/// One recorded change.
-struct Delivery<'h> {
-    op: &'h Op,
-    kind: &'h str,
-    task: &'h str,
-    holder: &'h str,
-    fence: u64,
-}
-
-fn deliveries(history: &[Op]) -> Vec<Delivery<'_>> {
-    history
-        .iter()
-        .filter(|op| op.client == NAME)
-        .filter_map(|op| match &op.input {
-            Input::WatchLease {
-                kind,
-                task,
-                holder,
-                fence,
-            } => Some(Delivery {
-                op,
-                kind,
-                task,
-                holder,
-                fence: *fence,
-            }),
-            _ => None,
-        })
-        .collect()
 }
 
 /// An acknowledged claim: its task, agent and fence.
@@ -106,9 +73,9 @@ fn missed(history: &[Op]) -> Vec<(&str, String, usize)> {
     let judged = |op: &Op| since.is_none_or(|since| op.call > since);
     // (kind, task, fence) -> agents delivered, one per delivery.
     let mut delivered: BTreeMap<(&str, &str, u64), Vec<&str>> = BTreeMap::new();
-    for d in deliveries(history) {
+    for d in deliveries(history, NAME) {
         delivered
-            .entry((d.kind, d.task, d.fence))
+            .entry((d.kind, d.key, d.fence))
             .or_default()
             .push(d.holder);
     }
@@ -124,12 +91,12 @@ fn missed(history: &[Op]) -> Vec<(&str, String, usize)> {
     };
     // Per lease (task, fence): whether a release of it may have ended it, and its acknowledged
     // renewals.
-    let mut released: BTreeMap<(&str, u64), bool> = BTreeMap::new();
+    let mut released: BTreeSet<(&str, u64)> = BTreeSet::new();
     let mut renewals: BTreeMap<(&str, u64), Vec<usize>> = BTreeMap::new();
     for op in history {
         match &op.input {
             Input::ReleaseTask { task, fence, .. } if op.refused().is_none() => {
-                released.insert((task, *fence), true);
+                released.insert((task, *fence));
             }
             Input::RenewTask { task, fence, .. } if op.ok().is_some() && judged(op) => {
                 renewals.entry((task, *fence)).or_default().push(op.index);
@@ -147,7 +114,7 @@ fn missed(history: &[Op]) -> Vec<(&str, String, usize)> {
                     op.index,
                 ));
             }
-            if !released.contains_key(&(task, fence)) && !delivered_to("lost", task, fence, agent) {
+            if !released.contains(&(task, fence)) && !delivered_to("lost", task, fence, agent) {
                 missing.push((
                     task,
                     format!("the loss of the claim at fence {fence} by {agent} (never released)"),
@@ -223,19 +190,19 @@ pub fn check(history: &[Op], complete: bool) -> Vec<Violation> {
             *at = (*at).min(op.call);
         }
     }
-    let mut found: BTreeMap<(&str, &str), usize> = BTreeMap::new();
-    for d in deliveries(history) {
+    let mut findings = Vec::new();
+    for d in deliveries(history, NAME) {
         let who = match d.kind {
             "claimed" | "lost" => d.holder.to_string(),
             _ => d.fence.to_string(),
         };
         let explained = first_sent
-            .get(&(d.kind, d.task, who))
+            .get(&(d.kind, d.key, who))
             .is_some_and(|sent| *sent < d.op.call);
-        let mut wrong = Vec::new();
         if !explained {
-            wrong.push((
+            findings.push((
                 "watch-lease-phantom",
+                d.key,
                 format!(
                     "delivered {} of the claim at fence {} by {}, which no call sent before \
                      (and not refused) explains",
@@ -245,12 +212,13 @@ pub fn check(history: &[Op], complete: bool) -> Vec<Violation> {
             ));
         }
         if d.kind == "lost" {
-            let key = (d.task, d.fence);
+            let key = (d.key, d.fence);
             if let Some(claim) = claims.get(&key) {
                 let since = renewed.get(&key).copied().unwrap_or(0).max(claim.call);
                 if d.op.call + CLOCK_SLACK_US < since + ttl_us {
-                    wrong.push((
+                    findings.push((
                         "watch-lost-early",
+                        d.key,
                         format!(
                             "delivered the loss of the claim at fence {} {} ms after it (or an \
                              acknowledged renewal of it) was sent, within its {TTL_MS} ms TTL",
@@ -262,8 +230,9 @@ pub fn check(history: &[Op], complete: bool) -> Vec<Violation> {
                 }
             }
             if let Some(release) = released.get(&key) {
-                wrong.push((
+                findings.push((
                     "watch-lost-released",
+                    d.key,
                     format!(
                         "delivered the loss of the claim at fence {}, whose release was \
                          acknowledged",
@@ -273,25 +242,24 @@ pub fn check(history: &[Op], complete: bool) -> Vec<Violation> {
                 ));
             }
         }
-        for (rule, message, ops) in wrong {
-            let seen = found.entry((rule, d.task)).or_default();
-            *seen += 1;
-            if *seen <= REPORTED_PER_TASK {
-                violations.push(Violation::new(rule, d.task, message, ops));
-            }
-        }
     }
+    for d in watcher::before_their_grant(history, NAME, "claimed") {
+        findings.push((
+            "watch-lease-phantom",
+            d.key,
+            format!(
+                "delivered {} of the claim at fence {} before that claim",
+                d.kind, d.fence
+            ),
+            vec![d.op.index],
+        ));
+    }
+    violations.extend(watcher::capped(findings));
     if complete {
-        let missed = missed(history);
-        let count = missed.len();
-        for (task, what, index) in missed.into_iter().take(REPORTED_PER_TASK) {
-            violations.push(Violation::new(
-                "watch-lease-missed",
-                task,
-                format!("{what} was acknowledged but never delivered ({count} such changes)"),
-                vec![index],
-            ));
-        }
+        violations.extend(watcher::missed_changes(
+            "watch-lease-missed",
+            missed(history),
+        ));
     }
     violations
 }

@@ -42,6 +42,9 @@ const MARK_SHARE: f64 = 0.05;
 pub const TTL_MS: i64 = 2_000;
 /// How long a stalling holder sleeps between its grant and its write (past its lease).
 const STALL: Duration = Duration::from_millis(2_600);
+/// What the names of this workload's clients, and so its action keys (`<client>/<attempt>`),
+/// begin with.
+pub const KEY_PREFIX: &str = "holder-";
 /// Prefix of the sink resources this workload writes.
 pub const SINK_PREFIX: &str = "sink-effect-";
 

@@ -245,16 +245,16 @@ pub enum Input {
         /// Its data.
         data: String,
     },
-    /// A watch delivered a change of a board claim (observed, not invoked: call = return =
-    /// delivery).
+    /// A watch delivered a change of a lease: a board claim's, a side-effect attempt's
+    /// (observed, not invoked: call = return = delivery).
     WatchLease {
-        /// The change's kind: `claimed`, `renewed`, `released`, `lost`, ...
+        /// The change's kind: `claimed`, `granted`, `lost`, ...
         kind: String,
-        /// Task id.
-        task: String,
-        /// The agent the change names.
+        /// Task id or action key.
+        key: String,
+        /// The agent the change names (none for a side effect).
         holder: String,
-        /// The claim's fence.
+        /// The lease's fence.
         fence: u64,
     },
     /// A watch met `COMPACTED` at `requested` and went on from the oldest revision kept (the
@@ -620,10 +620,16 @@ impl fmt::Display for Input {
             }
             Input::WatchLease {
                 kind,
-                task,
+                key,
                 holder,
                 fence,
-            } => write!(f, "watch-{kind} {task} agent={holder} fence={fence}"),
+            } if holder.is_empty() => write!(f, "watch-{kind} {key} fence={fence}"),
+            Input::WatchLease {
+                kind,
+                key,
+                holder,
+                fence,
+            } => write!(f, "watch-{kind} {key} agent={holder} fence={fence}"),
             Input::WatchCompacted { requested } => write!(f, "watch-compacted at={requested}"),
             Input::WatchEnded { error } => write!(f, "watch-ended {error}"),
         }

@@ -11,8 +11,8 @@
 //!    is unknown ([`reconcile`]), short-lived tickets racing their deadlines ([`courier`]),
 //!    keyed queue permits ([`queue`]), checkpoint
 //!    saves ([`checkpoint`]) and a watch of them ([`watcher`]), with one of the board's claims
-//!    ([`board_watch`]) — every client recording each operation (a watch: each change
-//!    delivered) in one [`history::Recorder`];
+//!    ([`board_watch`]) and one of the side-effect attempts ([`effect_watch`]) — every client
+//!    recording each operation (a watch: each change delivered) in one [`history::Recorder`];
 //! 3. inject the scenario's faults for a while ([`faults::Nemesis`]), then undo them all and
 //!    wait for the cluster to converge;
 //! 4. require that every workload gets a grant again after recovery, stop the workloads, read
@@ -34,6 +34,7 @@ pub mod check;
 pub mod checkpoint;
 pub mod courier;
 pub mod effect;
+pub mod effect_watch;
 pub mod faults;
 pub mod handoff;
 pub mod history;
@@ -286,7 +287,7 @@ impl Report {
     pub fn details(&self) -> String {
         let mut counts = [(0usize, 0usize); WORKLOADS.len()];
         for op in &self.history {
-            let slot = workload_of(&op.input);
+            let slot = workload_of(op);
             counts[slot].0 += 1;
             if op.is_ambiguous() {
                 counts[slot].1 += 1;
@@ -322,7 +323,7 @@ impl Report {
         for op in &self.history {
             let input = op.input.to_string();
             let verb = input.split_whitespace().next().unwrap_or("?");
-            let kind = format!("{}/{verb}", WORKLOADS[workload_of(&op.input)]);
+            let kind = format!("{}/{verb}", WORKLOADS[workload_of(op)]);
             let outcome = match &op.outcome {
                 Outcome::Pending | Outcome::Ambiguous(_) => "ambiguous".to_string(),
                 Outcome::Ok(_) => "ok".to_string(),
@@ -373,9 +374,21 @@ const WORKLOADS: [&str; 5] = ["handoff", "board", "effect+sink", "queue", "check
 /// [`WORKLOADS`]' handoff.
 const HANDOFF: usize = 0;
 
-/// Which of [`WORKLOADS`] `input` belongs to.
-fn workload_of(input: &Input) -> usize {
-    match input {
+/// Which of [`WORKLOADS`] `op` belongs to.
+fn workload_of(op: &Op) -> usize {
+    // A watch's compaction or end belongs with the changes it follows.
+    if matches!(
+        op.input,
+        Input::WatchCompacted { .. } | Input::WatchEnded { .. }
+    ) {
+        if op.client == board_watch::NAME {
+            return 1;
+        }
+        if op.client == effect_watch::NAME {
+            return 2;
+        }
+    }
+    match &op.input {
         Input::Offer { .. }
         | Input::Take { .. }
         | Input::Reply { .. }
@@ -386,15 +399,16 @@ fn workload_of(input: &Input) -> usize {
         | Input::RenewTask { .. }
         | Input::ListTasks
         | Input::ClaimStep { .. }
-        | Input::CompleteStep { .. }
-        | Input::WatchLease { .. } => 1,
+        | Input::CompleteStep { .. } => 1,
+        Input::WatchLease { key, .. } if key.starts_with(board::TASK_PREFIX) => 1,
         Input::Acquire { .. }
         | Input::CompleteEffect { .. }
         | Input::ReleaseEffect { .. }
         | Input::MarkUncertain { .. }
         | Input::BeginReconcile { .. }
         | Input::Resolve { .. }
-        | Input::ShowAction { .. } => 2,
+        | Input::ShowAction { .. }
+        | Input::WatchLease { .. } => 2,
         Input::SinkWrite { resource, .. } | Input::SinkRead { resource }
             if resource.starts_with(effect::SINK_PREFIX) =>
         {
@@ -473,7 +487,7 @@ impl Workloads {
         for i in 0..mix.effect {
             tasks.push(tokio::spawn(effect::run(
                 connect(endpoints, i).await?,
-                format!("holder-{i}"),
+                format!("{}{i}", effect::KEY_PREFIX),
                 rec.clone(),
                 resources.clone(),
                 backlog.clone(),
@@ -742,6 +756,7 @@ async fn drive<T: Target>(
             violations.extend(checks(&history, final_from));
             violations.extend(watcher::check(&history, true));
             violations.extend(board_watch::check(&history, true));
+            violations.extend(effect_watch::check(&history, true));
             violations.extend(progress(&history, nemesis.faults));
         }
         // Without a read-back, every acknowledged write would count as lost.
@@ -750,6 +765,7 @@ async fn drive<T: Target>(
                 .into_iter()
                 .chain(watcher::check(&history, false))
                 .chain(board_watch::check(&history, false))
+                .chain(effect_watch::check(&history, false))
                 .filter(|violation| violation.rule != "lost-ack"),
         ),
     }
@@ -889,7 +905,7 @@ pub fn progress(history: &[Op], faults: usize) -> Vec<Violation> {
     let mut ran = [false; WORKLOADS.len()];
     let mut granted = [false; WORKLOADS.len()];
     for op in history {
-        let slot = workload_of(&op.input);
+        let slot = workload_of(op);
         ran[slot] = true;
         granted[slot] |= is_grant(op);
     }
@@ -929,7 +945,7 @@ fn is_grant(op: &Op) -> bool {
 pub async fn available_again(rec: &Recorder, since: u64, limit: Duration) -> Vec<Violation> {
     let started = Instant::now();
     let recovered =
-        |op: &Op, slot: usize| workload_of(&op.input) == slot && (slot == HANDOFF || is_grant(op));
+        |op: &Op, slot: usize| workload_of(op) == slot && (slot == HANDOFF || is_grant(op));
     loop {
         let silent: Vec<usize> = (0..WORKLOADS.len())
             .filter(|slot| rec.answered_since(since, |op| recovered(op, *slot)) == 0)

@@ -1,9 +1,9 @@
 //! Watch workload: one client follows every checkpoint change from the first revision for the
 //! whole run — through every fault, resuming on another node as the library does — and records
 //! each change it is delivered (a `saved` of a run: its seq and data) in the history, with its
-//! position; a second watch follows the board's changes the same way ([`board_watch`], which
-//! judges them). After the read-back both wait (bounded) until they have been delivered every
-//! acknowledged change they judge, then stop.
+//! position; two more follow the board's and the side-effect gate's changes the same way
+//! ([`board_watch`] and [`effect_watch`] judge them). After the read-back they wait (bounded)
+//! until they have been delivered every acknowledged change they judge, then stop.
 //!
 //! Checked (docs/watch.md: "no gap and no duplicate"): positions strictly increase across the
 //! whole watch, resumes included; every delivered save was sent (not refused) before it was
@@ -22,9 +22,9 @@ use baton_statemachine::{Change, ChangeFilter, ChangeValue, Primitive};
 use futures::StreamExt;
 use tokio::task::JoinHandle;
 
-use super::board_watch;
 use super::check::Violation;
 use super::history::{Input, Op, Output, Recorder};
+use super::{board_watch, effect_watch};
 
 /// The client name the checkpoint watch's events are recorded under.
 pub const NAME: &str = "watcher";
@@ -37,24 +37,26 @@ struct Follow {
     record: fn(&Change) -> Option<Input>,
 }
 
-/// The running watches (stopped when dropped): the checkpoint watch of this module and the
-/// board's ([`board_watch`]).
+/// The running watches (stopped when dropped): the checkpoint watch of this module, the
+/// board's ([`board_watch`]) and the side-effect gate's ([`effect_watch`]).
 pub struct Watcher {
     stop: Arc<AtomicBool>,
-    tasks: Vec<JoinHandle<()>>,
+    /// Each watch's client name and task.
+    tasks: Vec<(&'static str, JoinHandle<()>)>,
 }
 
 impl Drop for Watcher {
     /// A run that ends early (a set-up or read-back error) leaves no watch behind.
     fn drop(&mut self) {
-        for task in &self.tasks {
+        for (_, task) in &self.tasks {
             task.abort();
         }
     }
 }
 
 impl Watcher {
-    /// Starts following every checkpoint change, and every board change, from revision 1.
+    /// Starts following every checkpoint change, every board change and every side-effect
+    /// change from revision 1.
     pub fn start(client: Client, rec: Recorder) -> Watcher {
         let stop = Arc::new(AtomicBool::new(false));
         let follows = [
@@ -74,23 +76,39 @@ impl Watcher {
                 },
                 record: board_watch::recorded,
             },
+            Follow {
+                name: effect_watch::NAME,
+                filter: ChangeFilter {
+                    primitive: Some(Primitive::Effect),
+                    ..ChangeFilter::default()
+                },
+                record: effect_watch::recorded,
+            },
         ];
         let tasks = follows
             .into_iter()
-            .map(|follow| tokio::spawn(run(follow, client.clone(), rec.clone(), stop.clone())))
+            .map(|follow| {
+                let name = follow.name;
+                let task = tokio::spawn(run(follow, client.clone(), rec.clone(), stop.clone()));
+                (name, task)
+            })
             .collect();
         Watcher { stop, tasks }
     }
 
-    /// Waits until every change acknowledged in `rec` so far has been delivered (or a watch
+    /// Waits until every change acknowledged in `rec` so far has been delivered (or every watch
     /// ended, or `limit` passed), then stops the watches. A watch stopped by a panic (the library
     /// on an answer it could not handle) is a violation (`workload-panic`).
     pub async fn catch_up_and_stop(mut self, rec: &Recorder, limit: Duration) -> Vec<Violation> {
         let tasks = std::mem::take(&mut self.tasks);
         let deadline = tokio::time::Instant::now() + limit;
-        while !tasks.iter().any(JoinHandle::is_finished) && tokio::time::Instant::now() < deadline {
+        while !tasks.iter().all(|(_, task)| task.is_finished())
+            && tokio::time::Instant::now() < deadline
+        {
             if rec.inspect(|history| {
-                missed(history).is_empty() && board_watch::all_delivered(history)
+                missed(history).is_empty()
+                    && board_watch::all_delivered(history)
+                    && effect_watch::all_delivered(history)
             }) {
                 break;
             }
@@ -100,12 +118,12 @@ impl Watcher {
         // still (re)opening its stream (up to the client's deadline) is aborted.
         self.stop.store(true, Ordering::Relaxed);
         let mut violations = Vec::new();
-        for mut task in tasks {
+        for (name, mut task) in tasks {
             match tokio::time::timeout(Duration::from_secs(1), &mut task).await {
                 Ok(Err(error)) if error.is_panic() => violations.push(Violation::new(
                     "workload-panic",
-                    NAME,
-                    format!("a watch stopped by a panic: {error}"),
+                    name,
+                    format!("the watch stopped by a panic: {error}"),
                     Vec::new(),
                 )),
                 Ok(_) => {}
@@ -188,6 +206,102 @@ async fn run(follow: Follow, client: Client, rec: Recorder, stop: Arc<AtomicBool
             }
         }
     }
+}
+
+/// A change of a lease `watch` delivered ([`Input::WatchLease`]).
+pub(super) struct Delivery<'h> {
+    pub op: &'h Op,
+    pub kind: &'h str,
+    pub key: &'h str,
+    pub holder: &'h str,
+    pub fence: u64,
+}
+
+/// The changes of leases `watch` (its client name) delivered, in order.
+pub(super) fn deliveries<'h>(history: &'h [Op], watch: &str) -> Vec<Delivery<'h>> {
+    history
+        .iter()
+        .filter(|op| op.client == watch)
+        .filter_map(|op| match &op.input {
+            Input::WatchLease {
+                kind,
+                key,
+                holder,
+                fence,
+            } => Some(Delivery {
+                op,
+                kind,
+                key,
+                holder,
+                fence: *fence,
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `watch`'s deliveries of a lease `(key, fence)` other than its grant (of kind `granted`) that
+/// come before the watch delivered that grant: up to the first compaction it met, after which
+/// the grant may have been in the history compacted away.
+pub(super) fn before_their_grant<'h>(
+    history: &'h [Op],
+    watch: &str,
+    granted: &str,
+) -> Vec<Delivery<'h>> {
+    let until = history
+        .iter()
+        .filter(|op| op.client == watch && matches!(op.input, Input::WatchCompacted { .. }))
+        .map(|op| op.call)
+        .min()
+        .unwrap_or(u64::MAX);
+    let mut seen: BTreeSet<(&str, u64)> = BTreeSet::new();
+    let mut early = Vec::new();
+    for d in deliveries(history, watch) {
+        if d.op.call >= until {
+            break;
+        }
+        if d.kind == granted {
+            seen.insert((d.key, d.fence));
+        } else if d.fence > 0 && !seen.contains(&(d.key, d.fence)) {
+            early.push(d);
+        }
+    }
+    early
+}
+
+/// How many violations of one rule a lease watch reports per key.
+const REPORTED_PER_KEY: usize = 3;
+
+/// A lease watch's findings `(rule, key, message, ops)` as violations, at most
+/// [`REPORTED_PER_KEY`] per rule and key.
+pub(super) fn capped(findings: Vec<(&'static str, &str, String, Vec<usize>)>) -> Vec<Violation> {
+    let mut found: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+    let mut violations = Vec::new();
+    for (rule, key, message, ops) in findings {
+        let seen = found.entry((rule, key)).or_default();
+        *seen += 1;
+        if *seen <= REPORTED_PER_KEY {
+            violations.push(Violation::new(rule, key, message, ops));
+        }
+    }
+    violations
+}
+
+/// The first few of what a lease watch missed `(key, what, op)` as `rule` violations.
+pub(super) fn missed_changes(rule: &str, missed: Vec<(&str, String, usize)>) -> Vec<Violation> {
+    let count = missed.len();
+    missed
+        .into_iter()
+        .take(REPORTED_PER_KEY)
+        .map(|(key, what, index)| {
+            Violation::new(
+                rule,
+                key,
+                format!("{what} was acknowledged but never delivered ({count} such changes)"),
+                vec![index],
+            )
+        })
+        .collect()
 }
 
 /// When the latest compaction `watch` (its client name) met was recorded: what was sent before
@@ -348,7 +462,7 @@ pub fn check(history: &[Op], complete: bool) -> Vec<Violation> {
             reported += 1;
             violations.push(Violation::new(
                 "watch-order",
-                "watch",
+                NAME,
                 format!(
                     "a save acknowledged before another was sent was delivered after it \
                      (position {}.{} after {}.{})",
