@@ -2686,6 +2686,24 @@ fn t71_the_effect_watch_delivers_every_attempt_change_and_each_loss_in_time() {
         at(13),
     );
     assert!(effect_watch_rules(&h).is_empty());
+    // A mark answered once the intent could have run out: the gate answers it with no change of
+    // its own (the `lost` made the key uncertain), and the loss stands.
+    let mut h = effect_watched(None);
+    h.ok(
+        "holder-2",
+        mark_of("holder-2/1", 3),
+        2_150,
+        2_400,
+        Output::Done,
+    );
+    h.ok(
+        w,
+        effect_change("lost", "holder-2/1", 3),
+        2_300,
+        2_300,
+        at(12),
+    );
+    assert!(effect_watch_rules(&h).is_empty());
 
     // Phantoms: a grant of a key nobody acquired; an `uncertain` of a fence nobody marked; a
     // completion and a resolution nobody sent; a grant delivered before its acquire was sent.
@@ -2769,6 +2787,25 @@ fn t71_the_effect_watch_delivers_every_attempt_change_and_each_loss_in_time() {
     // Sent before a compaction the watch met; the board watch's compaction is not this one's.
     let mut h = effect_watched(None);
     h.ok(w, Input::WatchCompacted { requested: 10 }, 250, 250, at(11));
+    assert!(effect_watch_rules(&h).is_empty());
+    // A key completed before a compaction: a resolution acknowledged after it only answered the
+    // first result, and the key's `completed` may be in the history compacted away.
+    let mut h = effect_watched(Some(2_300));
+    h.ops[3].input = effect_change("granted", "holder-0/1", 1);
+    h.ok(
+        w,
+        Input::WatchCompacted { requested: 14 },
+        2_600,
+        2_600,
+        at(14),
+    );
+    h.ok(
+        "reconciler-0",
+        resolve("holder-0/1", Some("r3"), false, false),
+        2_700,
+        2_710,
+        Output::Result("r".into()),
+    );
     assert!(effect_watch_rules(&h).is_empty());
     let mut h = effect_watched(None);
     h.ok(

@@ -1,7 +1,7 @@
 //! The side-effect gate's watch: a third watch ([`super::watcher`] runs it) follows every
 //! side-effect change from the first revision for the whole run and records each change of an
-//! attempt on the effect workload's keys — `granted`, `completed`, `uncertain`, `lost`,
-//! `resolved` — with its fence and position.
+//! attempt on the effect workload's keys — `granted`, `completed`, `uncertain`, `lost`, and
+//! `resolved` when a resolution completed the key — with its fence and position.
 //!
 //! An attempt's `lost` says that its execution intent ran out unresolved and the key became
 //! uncertain (docs/watch.md, "Lease loss"): the prompt a reconciler acts on. A store that sent it
@@ -11,11 +11,13 @@
 //!
 //! Checked, on the effect workload's action keys ([`effect::KEY_PREFIX`]):
 //! - `watch-effect-missed` (once the run was read back): every acknowledged grant is delivered
-//!   `granted` with its fence, every acknowledged `mark_uncertain` `uncertain` with its fence, a
+//!   `granted` with its fence, every acknowledged `mark_uncertain` `uncertain` with its fence (or
+//!   `lost`: a mark applied once the intent ran out is answered, the key already uncertain), a
 //!   key with an acknowledged completion or "happened" resolution `completed` or `resolved`, and
 //!   every acknowledged grant that no call can have completed or marked uncertain (none sent, or
 //!   every one refused) `lost` with its fence — except calls sent before a compaction the watch
-//!   met (they may have been in the history compacted away);
+//!   met (they may have been in the history compacted away; for a key's completion, any
+//!   completion or resolution of the key sent before it);
 //! - `watch-effect-phantom`: every delivered change names a call sent, and not refused, before it
 //!   was delivered: an acquire of the key (`granted`, `lost`), a `mark_uncertain` of its fence
 //!   (`uncertain`), a completion (`completed`) or a resolution (`resolved`) of the key; and
@@ -23,15 +25,16 @@
 //!   grant (judged up to the first compaction the watch met);
 //! - `watch-lost-early`: no `lost` is delivered before the intent certainly ran out: the acquire
 //!   TTL counted from the acquire's sending, less [`CLOCK_SLACK_US`] (the workload never renews);
-//! - `watch-lost-ended`: no `lost` of an attempt its holder ended in time: marked uncertain
-//!   (acknowledged: a `mark_uncertain` is refused once the intent ran out), or completed by a
-//!   completion answered before the intent could have run out (one answered later may have
-//!   found the key uncertain, which a completion with the latest fence still settles);
+//! - `watch-lost-ended`: no `lost` of an attempt its holder ended in time: marked uncertain or
+//!   completed by a call answered before the intent could have run out (one answered later may
+//!   have found the intent run out: a mark is then answered with no change, and a completion
+//!   with the latest fence still completes the key);
 //! - `watch-order`: positions strictly increase, resumes included.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use baton_statemachine::{Change, ChangeKind};
+use baton_statemachine::effect::KeyStatus;
+use baton_statemachine::{Change, ChangeKind, ChangeValue};
 
 use super::check::{Violation, CLOCK_SLACK_US};
 use super::effect::{self, TTL_MS};
@@ -43,14 +46,17 @@ pub const NAME: &str = "effect-watcher";
 
 /// What the watch records of `change`: a change of an attempt on an effect workload key.
 pub(super) fn recorded(change: &Change) -> Option<Input> {
-    let judged = matches!(
-        change.kind,
-        ChangeKind::Granted
-            | ChangeKind::Completed
-            | ChangeKind::Uncertain
-            | ChangeKind::Lost
-            | ChangeKind::Resolved
-    );
+    let judged = match change.kind {
+        ChangeKind::Granted | ChangeKind::Completed | ChangeKind::Uncertain | ChangeKind::Lost => {
+            true
+        }
+        // Only a resolution that the effect happened: it completes the key.
+        ChangeKind::Resolved => matches!(
+            &change.value,
+            ChangeValue::Action(view) if view.status == KeyStatus::Completed
+        ),
+        _ => false,
+    };
     (judged && change.key.starts_with(effect::KEY_PREFIX)).then(|| Input::WatchLease {
         kind: change.kind.as_str().to_string(),
         key: change.key.clone(),
@@ -99,6 +105,17 @@ fn missed(history: &[Op]) -> Vec<(&str, String, usize)> {
         }
     }
     let ended: BTreeSet<(&str, u64)> = history.iter().filter_map(may_end).collect();
+    // Keys a completion or resolution was sent for before the compaction: the change that
+    // completed the key may have been compacted away, and a later completion or resolution
+    // only answers the first result, changing nothing.
+    let compacted: BTreeSet<&str> = history
+        .iter()
+        .filter(|op| !judged(op))
+        .filter_map(|op| match &op.input {
+            Input::CompleteEffect { key, .. } | Input::Resolve { key, .. } => Some(key.as_str()),
+            _ => None,
+        })
+        .collect();
     let mut missing = Vec::new();
     for op in history.iter().filter(|op| judged(op)) {
         if let Some((key, fence)) = acknowledged_grant(op) {
@@ -117,8 +134,11 @@ fn missed(history: &[Op]) -> Vec<(&str, String, usize)> {
             }
         }
         match (&op.input, op.ok()) {
+            // A mark applied once the intent had run out answers as well, with no change of its
+            // own: the key was made uncertain by the `lost`.
             (Input::MarkUncertain { key, fence, .. }, Some(_))
-                if !delivered.contains(&("uncertain", key, *fence)) =>
+                if !delivered.contains(&("uncertain", key, *fence))
+                    && !delivered.contains(&("lost", key, *fence)) =>
             {
                 missing.push((
                     key,
@@ -134,7 +154,7 @@ fn missed(history: &[Op]) -> Vec<(&str, String, usize)> {
                     ..
                 },
                 Some(_),
-            ) if !settled.contains(key.as_str()) => {
+            ) if !settled.contains(key.as_str()) && !compacted.contains(key.as_str()) => {
                 missing.push((key, "the key's completion".to_string(), op.index));
             }
             _ => {}
@@ -176,12 +196,10 @@ pub fn check(history: &[Op], complete: bool) -> Vec<Violation> {
         let (Some((key, fence)), Some(ret)) = (may_end(op), op.ret) else {
             continue;
         };
-        let in_time = match &op.input {
-            Input::MarkUncertain { .. } => op.ok().is_some(),
-            _ => grants.get(&(key, fence)).is_some_and(|grant| {
-                op.ok().is_some() && ret + CLOCK_SLACK_US < grant.call + ttl_us
-            }),
-        };
+        let in_time = op.ok().is_some()
+            && grants
+                .get(&(key, fence))
+                .is_some_and(|grant| ret + CLOCK_SLACK_US < grant.call + ttl_us);
         if in_time {
             ended_in_time.entry((key, fence)).or_insert(op);
         }
