@@ -243,17 +243,12 @@ pub fn check(history: &[Op], complete: bool) -> Vec<Violation> {
             }
         }
     }
-    for d in watcher::before_their_grant(history, NAME, "claimed") {
-        findings.push((
-            "watch-lease-phantom",
-            d.key,
-            format!(
-                "delivered {} of the claim at fence {} before that claim",
-                d.kind, d.fence
-            ),
-            vec![d.op.index],
-        ));
-    }
+    findings.extend(watcher::before_their_grant(
+        history,
+        NAME,
+        "claimed",
+        "watch-lease-phantom",
+    ));
     violations.extend(watcher::capped(findings));
     if complete {
         violations.extend(watcher::missed_changes(

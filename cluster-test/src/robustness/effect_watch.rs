@@ -253,17 +253,12 @@ pub fn check(history: &[Op], complete: bool) -> Vec<Violation> {
             }
         }
     }
-    for d in watcher::before_their_grant(history, NAME, "granted") {
-        findings.push((
-            "watch-effect-phantom",
-            d.key,
-            format!(
-                "delivered {} of the attempt at fence {} before its grant",
-                d.kind, d.fence
-            ),
-            vec![d.op.index],
-        ));
-    }
+    findings.extend(watcher::before_their_grant(
+        history,
+        NAME,
+        "granted",
+        "watch-effect-phantom",
+    ));
     violations.extend(watcher::capped(findings));
     if complete {
         violations.extend(watcher::missed_changes(

@@ -240,14 +240,18 @@ pub(super) fn deliveries<'h>(history: &'h [Op], watch: &str) -> Vec<Delivery<'h>
         .collect()
 }
 
-/// `watch`'s deliveries of a lease `(key, fence)` other than its grant (of kind `granted`) that
-/// come before the watch delivered that grant: up to the first compaction it met, after which
-/// the grant may have been in the history compacted away.
+/// A lease watch's finding: rule, key, message, the ops that show it.
+pub(super) type Finding<'h> = (&'static str, &'h str, String, Vec<usize>);
+
+/// `rule` findings for `watch`'s deliveries of a lease `(key, fence)` other than its grant (of
+/// kind `granted`) that come before the watch delivered that grant: up to the first compaction
+/// it met, after which the grant may have been in the history compacted away.
 pub(super) fn before_their_grant<'h>(
     history: &'h [Op],
     watch: &str,
     granted: &str,
-) -> Vec<Delivery<'h>> {
+    rule: &'static str,
+) -> Vec<Finding<'h>> {
     let until = history
         .iter()
         .filter(|op| op.client == watch && matches!(op.input, Input::WatchCompacted { .. }))
@@ -263,7 +267,15 @@ pub(super) fn before_their_grant<'h>(
         if d.kind == granted {
             seen.insert((d.key, d.fence));
         } else if d.fence > 0 && !seen.contains(&(d.key, d.fence)) {
-            early.push(d);
+            early.push((
+                rule,
+                d.key,
+                format!(
+                    "delivered {} at fence {} before the watch delivered its {granted}",
+                    d.kind, d.fence
+                ),
+                vec![d.op.index],
+            ));
         }
     }
     early
@@ -274,7 +286,7 @@ const REPORTED_PER_KEY: usize = 3;
 
 /// A lease watch's findings `(rule, key, message, ops)` as violations, at most
 /// [`REPORTED_PER_KEY`] per rule and key.
-pub(super) fn capped(findings: Vec<(&'static str, &str, String, Vec<usize>)>) -> Vec<Violation> {
+pub(super) fn capped(findings: Vec<Finding<'_>>) -> Vec<Violation> {
     let mut found: BTreeMap<(&str, &str), usize> = BTreeMap::new();
     let mut violations = Vec::new();
     for (rule, key, message, ops) in findings {
