@@ -10,7 +10,7 @@ use baton_cluster_test::robustness::history::{
 };
 use baton_cluster_test::robustness::{
     self, available_again, board, board_watch, chain, checkpoint, courier, effect, effect_watch,
-    handoff, progress, queue, reconcile, watcher,
+    handoff, handoff_watch, progress, queue, reconcile, watcher,
 };
 use baton_rpc::proto::StateDigestResponse;
 use baton_rpc::replicas::SeenDigests;
@@ -747,6 +747,32 @@ async fn t71_recovery_needs_a_grant_not_just_answers() {
         }),
     );
     assert!(available_again(&rec, since, limit).await.is_empty());
+
+    // A change the handoff watch delivered is not an answer: it may have been made before the
+    // faults.
+    let watched = Recorder::new(Clock::start());
+    let since = watched.clock().now();
+    for op in rec.finish() {
+        if !matches!(op.input, Input::Take { .. }) {
+            let index = watched.invoke("c", op.input);
+            watched.complete(index, op.outcome);
+        }
+    }
+    watched.observe(
+        handoff_watch::NAME,
+        ticket_change("offered", "ticket-0", "", 1),
+        Output::Position {
+            revision: 1,
+            index: 0,
+        },
+    );
+    let violations = available_again(&watched, since, limit).await;
+    assert_eq!(
+        rules(&violations),
+        ["available-after-recovery"],
+        "{violations:?}"
+    );
+    assert_eq!(violations[0].key, "handoff");
 }
 
 /// A refused release ended nothing: a grant given while the refused one's holder still held it
@@ -3541,4 +3567,400 @@ fn t71_an_acquire_contended_on_a_free_resource_is_reported() {
     assert!(judged(&h));
     h.ambiguous("h2", acquire("c"), 2_250);
     assert!(!judged(&h));
+}
+
+/// The handoff watch's delivery of `kind` of `key`'s generation `fence`, naming `taker`.
+fn ticket_change(kind: &str, key: &str, taker: &str, fence: u64) -> Input {
+    Input::WatchLease {
+        kind: kind.into(),
+        key: key.into(),
+        holder: taker.into(),
+        fence,
+    }
+}
+
+fn reply_with(key: &str, token: &str) -> Input {
+    Input::Reply {
+        key: key.into(),
+        token: token.into(),
+    }
+}
+
+fn cancel(key: &str) -> Input {
+    Input::Cancel {
+        key: key.into(),
+        by: handoff::FROM.into(),
+    }
+}
+
+/// Two couriers' tickets (TTL 1.5 s) and an hour-long one, every change delivered: `courier-a/1`
+/// is offered, taken, replied to, offered again and left to expire; `ticket-0` is offered and
+/// withdrawn; `courier-b/1` is offered and taken, never replied to, and lost. Without the two
+/// ends (`ends: false`), which a test adds itself.
+fn tickets_watched(ends: bool) -> H {
+    let w = handoff_watch::NAME;
+    let (a, b, dst) = ("courier-a/1", "courier-b/1", handoff::TO);
+    let mut h = H::default();
+    h.ok("c0", offer(a), 0, 10, ticket(1, "offered", None));
+    h.ok(w, ticket_change("offered", a, "", 1), 11, 11, at(1));
+    h.ok("c0", take(a), 20, 30, handle(1, "t1"));
+    h.ok(w, ticket_change("taken", a, dst, 1), 31, 31, at(2));
+    h.ok("c0", reply_with(a, "t1"), 40, 50, Output::Done);
+    h.ok(w, ticket_change("closed", a, dst, 1), 51, 51, at(3));
+    h.ok("c0", offer(a), 60, 70, ticket(2, "offered", None));
+    h.ok(w, ticket_change("offered", a, "", 2), 71, 71, at(4));
+    h.ok(
+        "c1",
+        offer("ticket-0"),
+        100,
+        110,
+        ticket(1, "offered", None),
+    );
+    h.ok(
+        w,
+        ticket_change("offered", "ticket-0", "", 1),
+        111,
+        111,
+        at(5),
+    );
+    h.ok("c1", cancel("ticket-0"), 120, 130, Output::Done);
+    h.ok(
+        w,
+        ticket_change("withdrawn", "ticket-0", "", 1),
+        131,
+        131,
+        at(6),
+    );
+    h.ok("c2", offer(b), 200, 210, ticket(1, "offered", None));
+    h.ok(w, ticket_change("offered", b, "", 1), 211, 211, at(7));
+    h.ok("c2", take(b), 220, 230, handle(1, "t9"));
+    h.ok(w, ticket_change("taken", b, dst, 1), 231, 231, at(8));
+    if ends {
+        h.ok(w, ticket_change("expired", a, "", 2), 1_600, 1_600, at(9));
+        h.ok(w, ticket_change("lost", b, dst, 1), 1_800, 1_800, at(10));
+    }
+    h
+}
+
+fn handoff_watch_rules(h: &H) -> Vec<String> {
+    rules(&handoff_watch::check(&h.ops, true))
+        .into_iter()
+        .map(String::from)
+        .collect()
+}
+
+/// `h` without its op `i` (the others renumbered).
+fn without(mut h: H, i: usize) -> H {
+    h.ops.remove(i);
+    for (index, op) in h.ops.iter_mut().enumerate() {
+        op.index = index;
+    }
+    h
+}
+
+/// The handoff watch's rules: every acknowledged offer, take, reply and cancel is delivered,
+/// and on the couriers' short-lived tickets every generation's end; each change after a call
+/// that explains it, an expiry or loss no sooner than the TTL after the offer that created the
+/// generation was sent (less the clock slack), and one end per generation, as its calls say,
+/// before the next is offered.
+#[test]
+fn t71_the_handoff_watch_delivers_every_change_of_a_ticket_and_each_end_in_time() {
+    let w = handoff_watch::NAME;
+    let (a, b, dst) = ("courier-a/1", "courier-b/1", handoff::TO);
+    let h = tickets_watched(true);
+    let violations = handoff_watch::check(&h.ops, true);
+    assert!(violations.is_empty(), "{violations:?}");
+    assert!(handoff_watch::all_delivered(&h.ops));
+
+    // Early: the second generation of `a` expired 1,260 ms after its offer was sent (1,500 ms
+    // TTL, 250 ms slack); `b` lost 1,440 ms after; an hour-long ticket expired after 5 s. Just
+    // within the slack passes.
+    let mut h = tickets_watched(true);
+    h.ops[16].call = 1_320_000;
+    assert!(handoff_watch_rules(&h).is_empty());
+    h.ops[16].call = 1_300_000;
+    assert_eq!(handoff_watch_rules(&h), ["watch-ticket-early"]);
+    let mut h = tickets_watched(true);
+    h.ops[17].call = 1_440_000;
+    assert_eq!(handoff_watch_rules(&h), ["watch-ticket-early"]);
+    let mut h = tickets_watched(true);
+    h.ok(
+        "c3",
+        offer("ticket-1"),
+        300,
+        310,
+        ticket(1, "offered", None),
+    );
+    h.ok(
+        w,
+        ticket_change("offered", "ticket-1", "", 1),
+        311,
+        311,
+        at(11),
+    );
+    h.ok(
+        w,
+        ticket_change("expired", "ticket-1", "", 1),
+        5_000,
+        5_000,
+        at(12),
+    );
+    let violations = handoff_watch::check(&h.ops, true);
+    assert_eq!(rules(&violations), ["watch-ticket-early"], "{violations:?}");
+    assert_eq!(violations[0].ops, [20]);
+
+    // Phantoms: an offer of a key nobody offered; a take by another agent; a loss of a
+    // generation only a take acknowledged with another generation could explain; a reply with
+    // a token other than the take's; a withdrawal nobody asked for; an offer delivered before
+    // it was sent; a take delivered before the watch delivered its offer.
+    for change in [
+        ticket_change("offered", "ticket-9", "", 1),
+        ticket_change("taken", b, "other", 1),
+        ticket_change("lost", a, dst, 2),
+        ticket_change("withdrawn", a, "", 2),
+    ] {
+        let mut h = tickets_watched(false);
+        h.ok(w, change.clone(), 1_900, 1_900, at(11));
+        assert!(
+            handoff_watch_rules(&h).contains(&"watch-ticket-phantom".to_string()),
+            "{change}"
+        );
+    }
+    let mut h = tickets_watched(true);
+    h.ops[4].input = reply_with(a, "t7");
+    assert!(handoff_watch_rules(&h).contains(&"watch-ticket-phantom".to_string()));
+    let mut h = tickets_watched(true);
+    h.ops[0].call = 12_000;
+    assert_eq!(handoff_watch_rules(&h), ["watch-ticket-phantom"]);
+    let mut h = tickets_watched(true);
+    h.ops[1].input = ticket_change("taken", a, dst, 1);
+    h.ops[1].call = 25_000;
+    h.ops[3].input = ticket_change("offered", a, "", 1);
+    assert_eq!(handoff_watch_rules(&h), ["watch-ticket-phantom"]);
+    // The same take unanswered explains a `taken` of any generation; refused, none.
+    let mut h = tickets_watched(true);
+    h.ops[2].outcome = Outcome::Ambiguous("timed out".into());
+    h.ok(w, ticket_change("lost", a, dst, 2), 1_900, 1_900, at(11));
+    assert!(!handoff_watch_rules(&h).contains(&"watch-ticket-phantom".to_string()));
+    let mut h = tickets_watched(true);
+    h.ops[14].outcome = Outcome::Refused("TAKEN".into());
+    assert!(handoff_watch_rules(&h).contains(&"watch-ticket-phantom".to_string()));
+
+    // Ended: a second end; an expiry of a generation an acknowledged take took; a loss of one
+    // an acknowledged reply closed; a withdrawal of one taken; the next generation offered
+    // before the last one's end.
+    let mut h = tickets_watched(true);
+    h.ok(w, ticket_change("expired", a, "", 2), 1_900, 1_900, at(11));
+    assert_eq!(handoff_watch_rules(&h), ["watch-ticket-ended"]);
+    let mut h = tickets_watched(true);
+    h.ops[17].input = ticket_change("expired", b, "", 1);
+    let found = handoff_watch_rules(&h);
+    assert!(
+        found.contains(&"watch-ticket-ended".to_string()),
+        "{found:?}"
+    );
+    let mut h = tickets_watched(true);
+    h.ops[5].input = ticket_change("lost", a, dst, 1);
+    let found = handoff_watch_rules(&h);
+    assert!(
+        found.contains(&"watch-ticket-ended".to_string()),
+        "{found:?}"
+    );
+    let mut h = tickets_watched(true);
+    h.ok("c2", cancel(b), 240, 250, Output::Done);
+    h.ok(w, ticket_change("withdrawn", b, "", 1), 251, 251, at(11));
+    let found = handoff_watch_rules(&h);
+    assert!(
+        found.contains(&"watch-ticket-ended".to_string()),
+        "{found:?}"
+    );
+    let mut h = tickets_watched(true);
+    h.ops[5].input = ticket_change("offered", a, "", 2);
+    h.ops[6].call = 45_000;
+    h.ops[7].input = ticket_change("closed", a, dst, 1);
+    assert_eq!(handoff_watch_rules(&h), ["watch-ticket-ended"]);
+    // The same after a compaction: the watch's generations since then count.
+    let mut h = tickets_watched(true);
+    h.ops[0].outcome = Outcome::Ambiguous("timed out".into());
+    h.ops[0].ret = None;
+    h.ops[1].input = Input::WatchCompacted { requested: 1 };
+    h.ops[5].input = ticket_change("offered", a, "", 2);
+    h.ops[6].call = 45_000;
+    h.ops[7].input = ticket_change("closed", a, dst, 1);
+    let found = handoff_watch_rules(&h);
+    assert!(found.is_empty(), "{found:?}");
+    h.ops[3].input = ticket_change("offered", a, "", 1);
+    let found = handoff_watch_rules(&h);
+    assert!(
+        found.contains(&"watch-ticket-ended".to_string()),
+        "{found:?}"
+    );
+
+    // Missed, once the run was read back: the couriers' ends; each offer, take, reply and
+    // cancel.
+    let h = tickets_watched(false);
+    assert_eq!(handoff_watch_rules(&h), ["watch-ticket-missed"]);
+    assert!(handoff_watch::check(&h.ops, false).is_empty());
+    assert!(!handoff_watch::all_delivered(&h.ops));
+    for delivery in [1, 3, 5, 7, 11] {
+        let h = without(tickets_watched(true), delivery);
+        let found = handoff_watch_rules(&h);
+        assert!(
+            found.contains(&"watch-ticket-missed".to_string()),
+            "{delivery}: {found:?}"
+        );
+    }
+    // A courier's generation never taken must expire; one taken and never replied to, be lost.
+    for (delivery, what) in [
+        (16, "the expiry of generation 2 (never taken)"),
+        (17, "the loss of generation 1, taken by dst (never replied)"),
+    ] {
+        let violations = handoff_watch::check(&without(tickets_watched(true), delivery).ops, true);
+        assert_eq!(
+            rules(&violations),
+            ["watch-ticket-missed"],
+            "{violations:?}"
+        );
+        assert!(violations[0].detail.starts_with(what), "{violations:?}");
+    }
+    // A courier's generation a take left unanswered may have taken: it must end somehow.
+    let mut h = tickets_watched(true);
+    h.ops[14].outcome = Outcome::Ambiguous("timed out".into());
+    h.ops[14].ret = None;
+    assert!(handoff_watch_rules(&h).is_empty());
+    let violations = handoff_watch::check(&without(h, 17).ops, true);
+    assert_eq!(
+        rules(&violations),
+        ["watch-ticket-missed"],
+        "{violations:?}"
+    );
+    assert!(violations[0].detail.starts_with("the end of generation 1"));
+    // Two cancels acknowledged, one withdrawal delivered.
+    let mut h = tickets_watched(true);
+    h.ok("c1", cancel("ticket-0"), 140, 150, Output::Done);
+    assert_eq!(handoff_watch_rules(&h), ["watch-ticket-missed"]);
+    // A taken ticket whose reply went unanswered may have been closed or lost: any end will do,
+    // and an hour-long ticket's need not come.
+    let mut h = tickets_watched(true);
+    h.ok("c2", reply_with(b, "t9"), 240, 250, Output::Done);
+    h.ops[17].input = ticket_change("closed", b, dst, 1);
+    assert!(handoff_watch_rules(&h).is_empty());
+    let mut h = tickets_watched(true);
+    h.ok("c2", reply_with(b, "t9"), 240, 250, Output::Done);
+    assert_eq!(
+        handoff_watch_rules(&h),
+        ["watch-ticket-ended", "watch-ticket-missed"]
+    );
+    let mut h = tickets_watched(true);
+    h.ambiguous("c2", reply_with(b, "t9"), 240);
+    assert!(handoff_watch_rules(&h).is_empty());
+    // Sent before a compaction the watch met: it may have been in the history compacted away.
+    let mut h = tickets_watched(false);
+    h.ok(
+        w,
+        Input::WatchCompacted { requested: 9 },
+        1_000,
+        1_000,
+        at(9),
+    );
+    assert!(handoff_watch_rules(&h).is_empty());
+}
+
+/// The handoff watch after a compaction, and the calls a change must have behind it: an
+/// acknowledged offer answering a generation created before the compaction need not be
+/// delivered; a withdrawal needs a cancel by the ticket's source, a closing a take of that
+/// generation, any change enough offers to create its generation; withdrawals delivered before
+/// a compaction do not stand for cancels acknowledged after it.
+#[test]
+fn t71_the_handoff_watch_judges_a_generation_by_the_offers_that_can_have_created_it() {
+    let w = handoff_watch::NAME;
+    let (a, dst) = ("courier-a/1", handoff::TO);
+    // `ticket-5` offered by a call left unanswered, the history compacted, and offered again:
+    // the answer is the live generation the first offer made, which may have been in the
+    // compacted history. Had the first offer come after the compaction, it must be delivered.
+    for (first, expected) in [
+        (300, Vec::<String>::new()),
+        (450, vec!["watch-ticket-missed".into()]),
+    ] {
+        let mut h = tickets_watched(true);
+        h.ambiguous("c3", offer("ticket-5"), first);
+        h.ok(w, Input::WatchCompacted { requested: 11 }, 400, 400, at(11));
+        h.ok(
+            "c3",
+            offer("ticket-5"),
+            500,
+            510,
+            ticket(1, "offered", None),
+        );
+        assert_eq!(
+            handoff_watch_rules(&h),
+            expected,
+            "first offer at {first} ms"
+        );
+    }
+
+    // A never-taken courier generation delivered closed (a reply of the generation before was
+    // sent): no take can have taken it, and its expiry is missing.
+    let mut h = tickets_watched(true);
+    h.ops[16].input = ticket_change("closed", a, dst, 2);
+    assert_eq!(
+        handoff_watch_rules(&h),
+        ["watch-ticket-missed", "watch-ticket-phantom"]
+    );
+    // A generation no offer sent before can have created; a withdrawal only the addressee
+    // asked for (it is refused `NOT_SOURCE`, here unanswered).
+    let mut h = tickets_watched(true);
+    h.ok(w, ticket_change("offered", a, "", 3), 1_900, 1_900, at(11));
+    assert!(handoff_watch_rules(&h).contains(&"watch-ticket-phantom".to_string()));
+    let mut h = tickets_watched(true);
+    h.ops[10].input = Input::Cancel {
+        key: "ticket-0".into(),
+        by: dst.into(),
+    };
+    h.ops[10].outcome = Outcome::Ambiguous("timed out".into());
+    h.ops[10].ret = None;
+    assert_eq!(handoff_watch_rules(&h), ["watch-ticket-phantom"]);
+
+    // The end of `a`'s first generation compacted away: its second generation's offer does
+    // not come before an end the watch can have seen.
+    let mut h = tickets_watched(true);
+    h.ops[3].input = Input::WatchCompacted { requested: 2 };
+    h.ops[5].input = Input::WatchCompacted { requested: 3 };
+    let found = handoff_watch_rules(&h);
+    assert!(found.is_empty(), "{found:?}");
+
+    // `ticket-0`'s first generation withdrawn and delivered before a compaction; its second
+    // withdrawn by an acknowledged cancel after it, not delivered.
+    let mut h = tickets_watched(true);
+    h.ok(
+        w,
+        Input::WatchCompacted { requested: 11 },
+        1_900,
+        1_900,
+        at(11),
+    );
+    h.ok(
+        "c1",
+        offer("ticket-0"),
+        2_000,
+        2_010,
+        ticket(2, "offered", None),
+    );
+    h.ok(
+        w,
+        ticket_change("offered", "ticket-0", "", 2),
+        2_011,
+        2_011,
+        at(12),
+    );
+    h.ok("c1", cancel("ticket-0"), 2_020, 2_030, Output::Done);
+    assert_eq!(handoff_watch_rules(&h), ["watch-ticket-missed"]);
+    h.ok(
+        w,
+        ticket_change("withdrawn", "ticket-0", "", 2),
+        2_031,
+        2_031,
+        at(13),
+    );
+    assert!(handoff_watch_rules(&h).is_empty());
 }

@@ -36,7 +36,7 @@ use super::history::{Input, Op, Output, Recorder};
 /// Prefix of the couriers' ticket keys (the handoff workload's model skips them).
 pub const PREFIX: &str = "courier-";
 /// Ticket TTL.
-const TTL_MS: i64 = 1_500;
+pub const TTL_MS: i64 = 1_500;
 /// The same in µs, as the history counts.
 const TTL_US: u64 = TTL_MS as u64 * 1_000;
 /// How long a late courier waits after the offer or take answered (ms): from a little before

@@ -245,16 +245,16 @@ pub enum Input {
         /// Its data.
         data: String,
     },
-    /// A watch delivered a change of a lease: a board claim's, a side-effect attempt's
-    /// (observed, not invoked: call = return = delivery).
+    /// A watch delivered a change of a ticket or a lease: a ticket's, a board claim's, a
+    /// side-effect attempt's (observed, not invoked: call = return = delivery).
     WatchLease {
-        /// The change's kind: `claimed`, `granted`, `lost`, ...
+        /// The change's kind: `offered`, `claimed`, `granted`, `lost`, ...
         kind: String,
-        /// Task id or action key.
+        /// Ticket key, task id or action key.
         key: String,
-        /// The agent the change names (none for a side effect).
+        /// The agent the change names (the taker of a ticket; none for a side effect).
         holder: String,
-        /// The lease's fence.
+        /// The ticket's generation or the lease's fence.
         fence: u64,
     },
     /// A watch met `COMPACTED` at `requested` and went on from the oldest revision kept (the

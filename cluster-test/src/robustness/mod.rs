@@ -10,8 +10,9 @@
 //!    acquires with fenced sink writes ([`effect`]) and the reconciling of those whose outcome
 //!    is unknown ([`reconcile`]), short-lived tickets racing their deadlines ([`courier`]),
 //!    keyed queue permits ([`queue`]), checkpoint
-//!    saves ([`checkpoint`]) and a watch of them ([`watcher`]), with one of the board's claims
-//!    ([`board_watch`]) and one of the side-effect attempts ([`effect_watch`]) — every client
+//!    saves ([`checkpoint`]) and a watch of them ([`watcher`]), with one of the tickets
+//!    ([`handoff_watch`]), one of the board's claims ([`board_watch`]) and one of the
+//!    side-effect attempts ([`effect_watch`]) — every client
 //!    recording each operation (a watch: each change delivered) in one [`history::Recorder`];
 //! 3. inject the scenario's faults for a while ([`faults::Nemesis`]), then undo them all and
 //!    wait for the cluster to converge;
@@ -37,6 +38,7 @@ pub mod effect;
 pub mod effect_watch;
 pub mod faults;
 pub mod handoff;
+pub mod handoff_watch;
 pub mod history;
 pub mod queue;
 pub mod reconcile;
@@ -381,6 +383,9 @@ fn workload_of(op: &Op) -> usize {
         op.input,
         Input::WatchCompacted { .. } | Input::WatchEnded { .. }
     ) {
+        if op.client == handoff_watch::NAME {
+            return 0;
+        }
         if op.client == board_watch::NAME {
             return 1;
         }
@@ -400,6 +405,7 @@ fn workload_of(op: &Op) -> usize {
         | Input::ListTasks
         | Input::ClaimStep { .. }
         | Input::CompleteStep { .. } => 1,
+        Input::WatchLease { .. } if op.client == handoff_watch::NAME => 0,
         Input::WatchLease { key, .. } if key.starts_with(board::TASK_PREFIX) => 1,
         Input::Acquire { .. }
         | Input::CompleteEffect { .. }
@@ -755,6 +761,7 @@ async fn drive<T: Target>(
         Some(final_from) => {
             violations.extend(checks(&history, final_from));
             violations.extend(watcher::check(&history, true));
+            violations.extend(handoff_watch::check(&history, true));
             violations.extend(board_watch::check(&history, true));
             violations.extend(effect_watch::check(&history, true));
             violations.extend(progress(&history, nemesis.faults));
@@ -764,6 +771,7 @@ async fn drive<T: Target>(
             checks(&history, rec.clock().now())
                 .into_iter()
                 .chain(watcher::check(&history, false))
+                .chain(handoff_watch::check(&history, false))
                 .chain(board_watch::check(&history, false))
                 .chain(effect_watch::check(&history, false))
                 .filter(|violation| violation.rule != "lost-ack"),
@@ -935,17 +943,30 @@ fn is_grant(op: &Op) -> bool {
     }
 }
 
+/// Whether `op` was observed by a watch rather than invoked.
+fn observed(op: &Op) -> bool {
+    matches!(
+        op.input,
+        Input::WatchSaved { .. }
+            | Input::WatchLease { .. }
+            | Input::WatchCompacted { .. }
+            | Input::WatchEnded { .. }
+    )
+}
+
 /// Every workload must get a grant acknowledged again within `limit` of recovery; one that does
 /// not is reported. Any answer would not do: a store that stopped freeing holds or permits after
 /// a failover (expiry broken, a release lost) answers every acquire `contended` and every lease
 /// with nothing, promptly and for good. Handoff alone needs only an answer: a ticket whose take
 /// was applied but whose answer was lost stays taken for its hour-long TTL (nobody has its token
 /// to reply), so with few keys every take after recovery may rightly be refused; its answers are
-/// judged by the linearizability check instead.
+/// judged by the linearizability check instead (a change a watch delivered is not an answer: it
+/// may have been made before the faults).
 pub async fn available_again(rec: &Recorder, since: u64, limit: Duration) -> Vec<Violation> {
     let started = Instant::now();
-    let recovered =
-        |op: &Op, slot: usize| workload_of(op) == slot && (slot == HANDOFF || is_grant(op));
+    let recovered = |op: &Op, slot: usize| {
+        workload_of(op) == slot && ((slot == HANDOFF && !observed(op)) || is_grant(op))
+    };
     loop {
         let silent: Vec<usize> = (0..WORKLOADS.len())
             .filter(|slot| rec.answered_since(since, |op| recovered(op, *slot)) == 0)

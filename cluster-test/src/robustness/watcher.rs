@@ -1,8 +1,8 @@
 //! Watch workload: one client follows every checkpoint change from the first revision for the
 //! whole run — through every fault, resuming on another node as the library does — and records
 //! each change it is delivered (a `saved` of a run: its seq and data) in the history, with its
-//! position; two more follow the board's and the side-effect gate's changes the same way
-//! ([`board_watch`] and [`effect_watch`] judge them). After the read-back they wait (bounded)
+//! position; three more follow the tickets', the board's and the side-effect gate's changes the
+//! same way ([`handoff_watch`], [`board_watch`] and [`effect_watch`] judge them). After the read-back they wait (bounded)
 //! until they have been delivered every acknowledged change they judge, then stop.
 //!
 //! Checked (docs/watch.md: "no gap and no duplicate"): positions strictly increase across the
@@ -24,7 +24,7 @@ use tokio::task::JoinHandle;
 
 use super::check::Violation;
 use super::history::{Input, Op, Output, Recorder};
-use super::{board_watch, effect_watch};
+use super::{board_watch, effect_watch, handoff_watch};
 
 /// The client name the checkpoint watch's events are recorded under.
 pub const NAME: &str = "watcher";
@@ -38,7 +38,8 @@ struct Follow {
 }
 
 /// The running watches (stopped when dropped): the checkpoint watch of this module, the
-/// board's ([`board_watch`]) and the side-effect gate's ([`effect_watch`]).
+/// tickets' ([`handoff_watch`]), the board's ([`board_watch`]) and the side-effect gate's
+/// ([`effect_watch`]).
 pub struct Watcher {
     stop: Arc<AtomicBool>,
     /// Each watch's client name and task.
@@ -55,8 +56,8 @@ impl Drop for Watcher {
 }
 
 impl Watcher {
-    /// Starts following every checkpoint change, every board change and every side-effect
-    /// change from revision 1.
+    /// Starts following every checkpoint change, every ticket change, every board change and
+    /// every side-effect change from revision 1.
     pub fn start(client: Client, rec: Recorder) -> Watcher {
         let stop = Arc::new(AtomicBool::new(false));
         let follows = [
@@ -67,6 +68,14 @@ impl Watcher {
                     ..ChangeFilter::default()
                 },
                 record: saved,
+            },
+            Follow {
+                name: handoff_watch::NAME,
+                filter: ChangeFilter {
+                    primitive: Some(Primitive::Handoff),
+                    ..ChangeFilter::default()
+                },
+                record: handoff_watch::recorded,
             },
             Follow {
                 name: board_watch::NAME,
@@ -107,6 +116,7 @@ impl Watcher {
         {
             if rec.inspect(|history| {
                 missed(history).is_empty()
+                    && handoff_watch::all_delivered(history)
                     && board_watch::all_delivered(history)
                     && effect_watch::all_delivered(history)
             }) {
@@ -208,7 +218,7 @@ async fn run(follow: Follow, client: Client, rec: Recorder, stop: Arc<AtomicBool
     }
 }
 
-/// A change of a lease `watch` delivered ([`Input::WatchLease`]).
+/// A change of a ticket or a lease `watch` delivered ([`Input::WatchLease`]).
 pub(super) struct Delivery<'h> {
     pub op: &'h Op,
     pub kind: &'h str,
