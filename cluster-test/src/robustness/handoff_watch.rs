@@ -436,11 +436,18 @@ fn ended<'h>(history: &'h [Op], calls: &Calls<'h>, delivered: &[Delivery<'h>]) -
                 findings.push((
                     "watch-ticket-ended",
                     d.key,
-                    format!(
-                        "delivered the offer of generation {} before any end of generation \
-                         {before}",
-                        d.fence
-                    ),
+                    if before == d.fence {
+                        format!(
+                            "delivered the offer of generation {before} again, with no end of it \
+                             between"
+                        )
+                    } else {
+                        format!(
+                            "delivered the offer of generation {} before any end of generation \
+                             {before}",
+                            d.fence
+                        )
+                    },
                     vec![d.op.index],
                 ));
             }
