@@ -226,11 +226,11 @@ pub async fn serve_secured(
     };
     let http = http_listener
         .map(|listener| start_http(listener, &config, &node, &admission, stats, caller, stop_rx));
-    let (health, health_server) = health_service();
-    health.set(ServingStatus::Serving).await;
-    // Watch streams never end on their own, so they are told when shutdown begins; otherwise the
-    // graceful shutdown would wait for them forever.
+    // Watch streams (Baton's and gRPC health's) never end on their own, so they are told when
+    // shutdown begins; otherwise the graceful shutdown would wait for them until the close limit.
     let (closing_tx, closing) = watch::channel(false);
+    let (health, health_server) = health_service(closing.clone());
+    health.set(ServingStatus::Serving).await;
     let (stop_serving_tx, stop_serving) = tokio::sync::oneshot::channel::<()>();
 
     let max_request = config.limits.max_request_bytes;

@@ -1,6 +1,7 @@
 //! What an operator sees of a node: `/metrics` moves with the work done, `/livez` and `/readyz`
-//! answer, gRPC health checking says SERVING and reflection lists the services. A node cut off
-//! from its cluster stops being ready.
+//! answer, gRPC health checking says SERVING (a health watch hears NOT_SERVING and ends when the
+//! node stops) and reflection lists the services. A node cut off from its cluster stops being
+//! ready.
 #![allow(clippy::unwrap_used)]
 
 use std::time::Duration;
@@ -125,6 +126,45 @@ async fn a_single_node_leader_is_live_ready_and_serving() {
         .await
         .contains(&"baton.v1.Handoff".to_string()));
     cluster.stop().await;
+}
+
+/// A gRPC health watch (what a gRPC client's own health checking opens, and never closes) hears
+/// `NOT_SERVING` when the node begins to shut down, and then ends, telling why: left open, it
+/// would hold its connection, and the node's shutdown, until the close limit cut it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_health_watch_hears_not_serving_and_ends_when_the_node_stops() {
+    let cluster = Cluster::start().await;
+    let mut health = HealthClient::new(channel(&cluster.addr).await);
+    let mut stream = health
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    assert_eq!(first.status, ServingStatus::Serving as i32);
+    let (statuses, end) = cluster
+        .stop_while(async move {
+            let mut statuses = Vec::new();
+            let end = tokio::time::timeout(Duration::from_secs(30), async {
+                loop {
+                    match stream.message().await {
+                        Ok(Some(response)) => statuses.push(response.status),
+                        Ok(None) => break None,
+                        Err(status) => break Some(status),
+                    }
+                }
+            })
+            .await
+            .expect("the health watch ends when the node stops");
+            (statuses, end)
+        })
+        .await;
+    assert_eq!(statuses, [ServingStatus::NotServing as i32]);
+    let end = end.expect("the stream ends with a status");
+    assert_eq!(end.code(), tonic::Code::Unavailable, "{end:?}");
+    assert!(end.message().contains("shutting down"), "{end:?}");
 }
 
 async fn channel(addr: &str) -> tonic::transport::Channel {
