@@ -3,9 +3,11 @@
 //!
 //! Every Baton client service, and the whole server (the empty service name), is `SERVING`
 //! while the node serves and `NOT_SERVING` from the moment it begins to shut down. A health
-//! watch then hears `NOT_SERVING` and ends (`UNAVAILABLE`, `SHUTTING_DOWN`), like Baton's own
-//! watches: gRPC clients' health checking keeps one open for good, and an open stream would
-//! hold its connection, and so the node's graceful shutdown, until the close limit cut it.
+//! watch hears `NOT_SERVING` at once, stays open while the node drains and hands over (a watch
+//! that ended then would be opened again at once by a gRPC client's health checking, which
+//! retries without back-off after a message), and ends (`UNAVAILABLE`, `SHUTTING_DOWN`) when the
+//! node stops serving: gRPC clients keep one open for good, and an open stream would hold its
+//! connection, and so the node's graceful shutdown, until the close limit cut it.
 
 use baton_rpc::proto::{
     batch_server, board_server, checkpoint_server, cluster_server, effect_server, handoff_server,
@@ -54,8 +56,8 @@ impl Health {
     }
 }
 
-/// The health service (reporting `NOT_SERVING` until [`Health::set`] says otherwise; its
-/// watches end once `closing` turns true) and its handle.
+/// The health service (Baton's services are unknown to it until [`Health::set`] reports them;
+/// its watches end once `closing` turns true) and its handle.
 pub fn health_service(
     closing: watch::Receiver<bool>,
 ) -> (Health, HealthServer<impl health_server::Health>) {
@@ -97,7 +99,7 @@ impl health_server::Health for ClosingHealth {
 }
 
 /// `statuses` until `closing` turns true: then the status changes already made (the shutdown
-/// sets `NOT_SERVING` before it tells the streams to close), and an `UNAVAILABLE` end.
+/// sets `NOT_SERVING` before it stops serving), and an `UNAVAILABLE` end.
 fn until_closing<S>(statuses: S, closing: watch::Receiver<bool>) -> HealthWatch
 where
     S: Stream<Item = Result<HealthCheckResponse, Status>> + Send + Unpin + 'static,
@@ -123,8 +125,8 @@ where
                     return next.map(|next| (next, Some((statuses, closing))));
                 }
             }
-            // Closing: what is ready now, then the end.
-            match statuses.next().now_or_never() {
+            // Closing: what is ready now (whatever the task's budget), then the end.
+            match tokio::task::unconstrained(statuses.next()).now_or_never() {
                 Some(Some(next)) => Some((next, Some((statuses, closing)))),
                 _ => Some((shutting_down(), None)),
             }

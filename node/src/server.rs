@@ -226,12 +226,13 @@ pub async fn serve_secured(
     };
     let http = http_listener
         .map(|listener| start_http(listener, &config, &node, &admission, stats, caller, stop_rx));
-    // Watch streams (Baton's and gRPC health's) never end on their own, so they are told when
-    // shutdown begins; otherwise the graceful shutdown would wait for them until the close limit.
+    // Watch streams never end on their own, so they are told when shutdown begins; otherwise the
+    // graceful shutdown would wait for them until the close limit. gRPC health watches stay open
+    // (saying NOT_SERVING) while the node drains and hands over, and end when it stops serving.
     let (closing_tx, closing) = watch::channel(false);
-    let (health, health_server) = health_service(closing.clone());
+    let (stop_serving_tx, stop_serving) = watch::channel(false);
+    let (health, health_server) = health_service(stop_serving.clone());
     health.set(ServingStatus::Serving).await;
-    let (stop_serving_tx, stop_serving) = tokio::sync::oneshot::channel::<()>();
 
     let max_request = config.limits.max_request_bytes;
     // Keepalives find clients that went away without closing (a dead host, a partition): their
@@ -325,7 +326,8 @@ pub async fn serve_secured(
         peers_closed,
     );
     let mut server = tokio::spawn(router.serve_with_incoming_shutdown(port.grpc, async move {
-        let _ = stop_serving.await;
+        let mut stop_serving = stop_serving;
+        let _ = stop_serving.wait_for(|stop| *stop).await;
     }));
     // The listener is bound, so connections made from here on are served.
     systemd::ready();
@@ -344,7 +346,7 @@ pub async fn serve_secured(
             raft_failure = Some(fatal);
             health.set(ServingStatus::NotServing).await;
             let _ = closing_tx.send(true);
-            let _ = stop_serving_tx.send(());
+            let _ = stop_serving_tx.send(true);
             close(&mut server).await
         }
         () = shutdown => {
@@ -360,7 +362,7 @@ pub async fn serve_secured(
                 config.hand_over_on_shutdown,
             )
             .await;
-            let _ = stop_serving_tx.send(());
+            let _ = stop_serving_tx.send(true);
             close(&mut server).await
         }
         joined = &mut server => joined,
