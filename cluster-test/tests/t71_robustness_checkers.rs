@@ -10,7 +10,7 @@ use baton_cluster_test::robustness::history::{
 };
 use baton_cluster_test::robustness::{
     self, available_again, board, board_watch, chain, checkpoint, courier, effect, effect_watch,
-    handoff, handoff_watch, progress, queue, reconcile, watcher,
+    handoff, handoff_watch, progress, queue, queue_watch, reconcile, watcher,
 };
 use baton_rpc::proto::StateDigestResponse;
 use baton_rpc::replicas::SeenDigests;
@@ -3963,4 +3963,276 @@ fn t71_the_handoff_watch_judges_a_generation_by_the_offers_that_can_have_created
         at(13),
     );
     assert!(handoff_watch_rules(&h).is_empty());
+}
+
+/// The queue watch's delivery of `kind` of task `task`'s attempt with permit `token`, by
+/// `worker`.
+fn attempt_change(kind: &str, task: u64, worker: &str, token: u64) -> Input {
+    Input::WatchLease {
+        kind: kind.into(),
+        key: task.to_string(),
+        holder: worker.into(),
+        fence: token,
+    }
+}
+
+fn lease_by(worker: &str) -> Input {
+    Input::Lease {
+        worker: worker.into(),
+    }
+}
+
+fn start_of(task: u64, worker: &str, token: u64) -> Input {
+    Input::StartAttempt {
+        task,
+        attempt: 1,
+        worker: worker.into(),
+        concurrency_key: "key-0".into(),
+        token,
+    }
+}
+
+/// w0 leases task 1 (token 1), starts and completes it; w1 leases task 2 (token 4) and walks
+/// away, so its lease (3 s) runs out: every change delivered, the loss after the TTL. Without
+/// the loss's delivery (`lost_at: None`), which a test adds itself.
+fn queue_watched(lost_at: Option<u64>) -> H {
+    let w = queue_watch::NAME;
+    let mut h = H::default();
+    h.ok(
+        "w0",
+        lease_by("w0"),
+        0,
+        10,
+        leased(1, "key-0", Some(1), None),
+    );
+    h.ok(w, attempt_change("leased", 1, "w0", 1), 11, 11, at(1));
+    h.ok(
+        "w0",
+        start_of(1, "w0", 1),
+        20,
+        30,
+        Output::TaskState("running".into()),
+    );
+    h.ok(w, attempt_change("started", 1, "w0", 1), 31, 31, at(2));
+    let complete = end_attempt(1, 1, AttemptEnd::Complete);
+    h.ok(
+        "w0",
+        complete,
+        40,
+        50,
+        Output::TaskState("succeeded".into()),
+    );
+    h.ok(w, attempt_change("succeeded", 1, "w0", 1), 51, 51, at(3));
+    h.ok(
+        "w1",
+        lease_by("w1"),
+        100,
+        110,
+        leased(2, "key-1", Some(4), None),
+    );
+    h.ok(w, attempt_change("leased", 2, "w1", 4), 111, 111, at(4));
+    if let Some(lost_at) = lost_at {
+        h.ok(
+            w,
+            attempt_change("lost", 2, "w1", 4),
+            lost_at,
+            lost_at,
+            at(5),
+        );
+    }
+    h
+}
+
+fn queue_watch_rules(h: &H) -> Vec<String> {
+    rules(&queue_watch::check(&h.ops, true))
+        .into_iter()
+        .map(String::from)
+        .collect()
+}
+
+/// The queue watch's rules: every acknowledged lease, start and completion of an attempt, and
+/// the loss of every attempt nothing can have ended, are delivered with the worker and permit
+/// token, each after a call that explains it; a loss no sooner than the lease TTL after the
+/// lease was sent (less the clock slack), and never of an attempt whose end was acknowledged.
+#[test]
+fn t71_the_queue_watch_delivers_every_attempt_change_and_each_loss_in_time() {
+    let w = queue_watch::NAME;
+    let violations = queue_watch::check(&queue_watched(Some(3_200)).ops, true);
+    assert!(violations.is_empty(), "{violations:?}");
+    assert!(queue_watch::all_delivered(&queue_watched(Some(3_200)).ops));
+    // Within the clock slack of the TTL counted from the lease's sending (100 ms).
+    assert!(queue_watch_rules(&queue_watched(Some(2_900))).is_empty());
+
+    // Lost early: 2.7 s into a 3 s lease.
+    let h = queue_watched(Some(2_800));
+    let violations = queue_watch::check(&h.ops, true);
+    assert_eq!(rules(&violations), ["watch-lost-early"], "{violations:?}");
+    assert_eq!(violations[0].ops, [6, 8]);
+
+    // Lost although its end was acknowledged (w0's attempt, completed).
+    let mut h = queue_watched(Some(3_200));
+    h.ok(w, attempt_change("lost", 1, "w0", 1), 3_300, 3_300, at(6));
+    let violations = queue_watch::check(&h.ops, true);
+    assert_eq!(rules(&violations), ["watch-lost-ended"], "{violations:?}");
+    assert_eq!(violations[0].ops, [4, 9]);
+
+    // Phantoms: a lease by a worker that sent none, or whose lease was answered with other work;
+    // a start and a completion nobody sent; a lease delivered before it was sent; a start
+    // delivered before the watch delivered the lease.
+    for change in [
+        attempt_change("leased", 3, "w9", 5),
+        attempt_change("leased", 3, "w0", 5),
+        attempt_change("lost", 3, "w0", 5),
+        attempt_change("started", 2, "w1", 4),
+        attempt_change("succeeded", 2, "w1", 4),
+    ] {
+        let mut h = queue_watched(Some(3_200));
+        h.ok(w, change.clone(), 3_300, 3_300, at(6));
+        assert_eq!(queue_watch_rules(&h), ["watch-queue-phantom"], "{change}");
+    }
+    // A lease left unanswered may have handed out any attempt; one refused, none.
+    let mut h = queue_watched(Some(3_200));
+    h.ambiguous("w0", lease_by("w0"), 200);
+    h.ok(w, attempt_change("leased", 3, "w0", 5), 3_300, 3_300, at(6));
+    let found = queue_watch_rules(&h);
+    assert!(
+        !found.contains(&"watch-queue-phantom".to_string()),
+        "{found:?}"
+    );
+    for (op, late) in [(0, 12_000), (2, 32_000)] {
+        let mut h = queue_watched(Some(3_200));
+        h.ops[op].call = late;
+        assert_eq!(queue_watch_rules(&h), ["watch-queue-phantom"], "{op}");
+    }
+    let mut h = queue_watched(Some(3_200));
+    h.ops[1].input = attempt_change("started", 1, "w0", 1);
+    h.ops[1].call = 35_000;
+    h.ops[3].input = attempt_change("leased", 1, "w0", 1);
+    assert_eq!(queue_watch_rules(&h), ["watch-queue-phantom"]);
+
+    // Missed, once the run was read back: the loss; the lease (or delivered to another worker),
+    // the start, the completion.
+    let h = queue_watched(None);
+    assert_eq!(queue_watch_rules(&h), ["watch-queue-missed"]);
+    assert!(queue_watch::check(&h.ops, false).is_empty());
+    assert!(!queue_watch::all_delivered(&h.ops));
+    for delivery in [1, 3, 5] {
+        let h = without(queue_watched(Some(3_200)), delivery);
+        let found = queue_watch_rules(&h);
+        assert!(
+            found.contains(&"watch-queue-missed".to_string()),
+            "{delivery}: {found:?}"
+        );
+    }
+    let mut h = queue_watched(Some(3_200));
+    h.ops[7].input = attempt_change("leased", 2, "w9", 4);
+    let found = queue_watch_rules(&h);
+    assert!(
+        found.contains(&"watch-queue-missed".to_string()),
+        "{found:?}"
+    );
+    // An end or a cancel refused: the lease ran out, and its loss must be delivered; one
+    // unanswered may have ended it, and nothing need be.
+    for input in [end_attempt(2, 4, AttemptEnd::Unknown), cancel_task(2)] {
+        let mut h = queue_watched(None);
+        h.refused("w1", input.clone(), 3_300, 3_310, "LEASE_LOST");
+        assert_eq!(queue_watch_rules(&h), ["watch-queue-missed"], "{input}");
+        let mut h = queue_watched(None);
+        h.ambiguous("w1", input.clone(), 300);
+        assert!(queue_watch_rules(&h).is_empty(), "{input}");
+    }
+    // Sent before a compaction the watch met: it may have been in the history compacted away.
+    let mut h = queue_watched(None);
+    h.ok(w, Input::WatchCompacted { requested: 5 }, 200, 200, at(5));
+    assert!(queue_watch_rules(&h).is_empty());
+}
+
+/// A read of task `task` showing its one attempt (by `worker`, permit `token`) with `outcome`.
+fn attempt_read(h: &mut H, task: u64, worker: &str, token: u64, outcome: &str, at: u64) {
+    let attempts = vec![AttemptRecord {
+        number: 1,
+        worker: worker.into(),
+        token: Some(token),
+        outcome: outcome.into(),
+    }];
+    let state = "WAITING".to_string();
+    h.ok(
+        "final",
+        Input::Attempts { task },
+        at,
+        at + 10,
+        Output::AttemptList { state, attempts },
+    );
+}
+
+/// The queue watch judges a loss by the attempt's outcome where a read showed it: an attempt
+/// read back `EXPIRED` must be delivered `lost` (a cancel of its task, answered, does not excuse
+/// it), an attempt read with another outcome after its loss was delivered was not lost; a
+/// change delivered twice, or naming another worker than the call's, is a phantom.
+#[test]
+fn t71_the_queue_watch_judges_a_loss_by_the_outcome_read_back() {
+    let w = queue_watch::NAME;
+    // Read back EXPIRED, and lost: legal; not delivered, though a cancel was answered: missed.
+    let mut h = queue_watched(Some(3_200));
+    attempt_read(&mut h, 2, "w1", 4, "EXPIRED", 4_000);
+    assert!(queue_watch_rules(&h).is_empty());
+    let mut h = queue_watched(None);
+    h.ok(
+        "s",
+        cancel_task(2),
+        3_300,
+        3_310,
+        Output::TaskState("CANCELLED".into()),
+    );
+    assert!(queue_watch_rules(&h).is_empty());
+    attempt_read(&mut h, 2, "w1", 4, "EXPIRED", 4_000);
+    let violations = queue_watch::check(&h.ops, true);
+    assert_eq!(rules(&violations), ["watch-queue-missed"], "{violations:?}");
+    assert_eq!(violations[0].ops, [9]);
+    // The same for an attempt whose lease went unanswered; unless the watch met a compaction.
+    let mut h = queue_watched(Some(3_200));
+    h.ambiguous("w0", lease_by("w0"), 200);
+    attempt_read(&mut h, 3, "w0", 5, "EXPIRED", 4_000);
+    assert_eq!(queue_watch_rules(&h), ["watch-queue-missed"]);
+    h.ok(
+        w,
+        Input::WatchCompacted { requested: 6 },
+        3_500,
+        3_500,
+        at(6),
+    );
+    assert!(queue_watch_rules(&h).is_empty());
+    // Read back with another outcome after the loss was delivered; before it, still live.
+    for outcome in ["CANCELLED", "ACTIVE", "SUCCEEDED"] {
+        let mut h = queue_watched(Some(3_200));
+        attempt_read(&mut h, 2, "w1", 4, outcome, 4_000);
+        let violations = queue_watch::check(&h.ops, true);
+        assert_eq!(rules(&violations), ["watch-lost-ended"], "{violations:?}");
+        assert_eq!(violations[0].ops, [8, 9]);
+    }
+    let mut h = queue_watched(Some(3_200));
+    attempt_read(&mut h, 2, "w1", 4, "ACTIVE", 1_000);
+    assert!(queue_watch_rules(&h).is_empty());
+    // Read back still live (leased just before the workloads stopped): no loss is owed yet.
+    let mut h = queue_watched(None);
+    attempt_read(&mut h, 2, "w1", 4, "ACTIVE", 2_000);
+    assert!(queue_watch_rules(&h).is_empty());
+
+    // Twice the same loss; a start or completion delivered with another worker.
+    let mut h = queue_watched(Some(3_200));
+    h.ok(w, attempt_change("lost", 2, "w1", 4), 3_300, 3_300, at(6));
+    assert_eq!(queue_watch_rules(&h), ["watch-queue-phantom"]);
+    for delivery in [3, 5] {
+        let mut h = queue_watched(Some(3_200));
+        let Input::WatchLease { holder, .. } = &mut h.ops[delivery].input else {
+            unreachable!()
+        };
+        *holder = "w9".into();
+        let found = queue_watch_rules(&h);
+        assert_eq!(
+            found,
+            ["watch-queue-missed", "watch-queue-phantom"],
+            "{delivery}"
+        );
+    }
 }

@@ -246,15 +246,17 @@ pub enum Input {
         data: String,
     },
     /// A watch delivered a change of a ticket or a lease: a ticket's, a board claim's, a
-    /// side-effect attempt's (observed, not invoked: call = return = delivery).
+    /// side-effect attempt's, a queue attempt's (observed, not invoked: call = return =
+    /// delivery).
     WatchLease {
         /// The change's kind: `offered`, `claimed`, `granted`, `lost`, ...
         kind: String,
-        /// Ticket key, task id or action key.
+        /// Ticket key, task id (a queue task's in decimal) or action key.
         key: String,
-        /// The agent the change names (the taker of a ticket; none for a side effect).
+        /// The agent the change names (the taker of a ticket, a queue attempt's worker; none
+        /// for a side effect).
         holder: String,
-        /// The ticket's generation or the lease's fence.
+        /// The ticket's generation or the lease's fence (a queue attempt's permit token).
         fence: u64,
     },
     /// A watch met `COMPACTED` at `requested` and went on from the oldest revision kept (the

@@ -11,8 +11,9 @@
 //!    is unknown ([`reconcile`]), short-lived tickets racing their deadlines ([`courier`]),
 //!    keyed queue permits ([`queue`]), checkpoint
 //!    saves ([`checkpoint`]) and a watch of them ([`watcher`]), with one of the tickets
-//!    ([`handoff_watch`]), one of the board's claims ([`board_watch`]) and one of the
-//!    side-effect attempts ([`effect_watch`]) — every client
+//!    ([`handoff_watch`]), one of the board's claims ([`board_watch`]), one of the
+//!    side-effect attempts ([`effect_watch`]) and one of the queue's attempts
+//!    ([`queue_watch`]) — every client
 //!    recording each operation (a watch: each change delivered) in one [`history::Recorder`];
 //! 3. inject the scenario's faults for a while ([`faults::Nemesis`]), then undo them all and
 //!    wait for the cluster to converge;
@@ -41,6 +42,7 @@ pub mod handoff;
 pub mod handoff_watch;
 pub mod history;
 pub mod queue;
+pub mod queue_watch;
 pub mod reconcile;
 pub mod target;
 pub mod watcher;
@@ -392,6 +394,9 @@ fn workload_of(op: &Op) -> usize {
         if op.client == effect_watch::NAME {
             return 2;
         }
+        if op.client == queue_watch::NAME {
+            return 3;
+        }
     }
     match &op.input {
         Input::Offer { .. }
@@ -407,6 +412,7 @@ fn workload_of(op: &Op) -> usize {
         | Input::CompleteStep { .. } => 1,
         Input::WatchLease { .. } if op.client == handoff_watch::NAME => 0,
         Input::WatchLease { key, .. } if key.starts_with(board::TASK_PREFIX) => 1,
+        Input::WatchLease { .. } if op.client == queue_watch::NAME => 3,
         Input::Acquire { .. }
         | Input::CompleteEffect { .. }
         | Input::ReleaseEffect { .. }
@@ -764,6 +770,7 @@ async fn drive<T: Target>(
             violations.extend(handoff_watch::check(&history, true));
             violations.extend(board_watch::check(&history, true));
             violations.extend(effect_watch::check(&history, true));
+            violations.extend(queue_watch::check(&history, true));
             violations.extend(progress(&history, nemesis.faults));
         }
         // Without a read-back, every acknowledged write would count as lost.
@@ -774,6 +781,7 @@ async fn drive<T: Target>(
                 .chain(handoff_watch::check(&history, false))
                 .chain(board_watch::check(&history, false))
                 .chain(effect_watch::check(&history, false))
+                .chain(queue_watch::check(&history, false))
                 .filter(|violation| violation.rule != "lost-ack"),
         ),
     }

@@ -1,8 +1,9 @@
 //! Watch workload: one client follows every checkpoint change from the first revision for the
 //! whole run — through every fault, resuming on another node as the library does — and records
 //! each change it is delivered (a `saved` of a run: its seq and data) in the history, with its
-//! position; three more follow the tickets', the board's and the side-effect gate's changes the
-//! same way ([`handoff_watch`], [`board_watch`] and [`effect_watch`] judge them). After the read-back they wait (bounded)
+//! position; four more follow the tickets', the board's, the side-effect gate's and the queue's
+//! changes the same way ([`handoff_watch`], [`board_watch`], [`effect_watch`] and
+//! [`queue_watch`] judge them). After the read-back they wait (bounded)
 //! until they have been delivered every acknowledged change they judge, then stop.
 //!
 //! Checked (docs/watch.md: "no gap and no duplicate"): positions strictly increase across the
@@ -24,7 +25,7 @@ use tokio::task::JoinHandle;
 
 use super::check::Violation;
 use super::history::{Input, Op, Output, Recorder};
-use super::{board_watch, effect_watch, handoff_watch};
+use super::{board_watch, effect_watch, handoff_watch, queue_watch};
 
 /// The client name the checkpoint watch's events are recorded under.
 pub const NAME: &str = "watcher";
@@ -38,8 +39,8 @@ struct Follow {
 }
 
 /// The running watches (stopped when dropped): the checkpoint watch of this module, the
-/// tickets' ([`handoff_watch`]), the board's ([`board_watch`]) and the side-effect gate's
-/// ([`effect_watch`]).
+/// tickets' ([`handoff_watch`]), the board's ([`board_watch`]), the side-effect gate's
+/// ([`effect_watch`]) and the queue's ([`queue_watch`]).
 pub struct Watcher {
     stop: Arc<AtomicBool>,
     /// Each watch's client name and task.
@@ -56,8 +57,8 @@ impl Drop for Watcher {
 }
 
 impl Watcher {
-    /// Starts following every checkpoint change, every ticket change, every board change and
-    /// every side-effect change from revision 1.
+    /// Starts following every checkpoint, ticket, board, side-effect and queue change from
+    /// revision 1.
     pub fn start(client: Client, rec: Recorder) -> Watcher {
         let stop = Arc::new(AtomicBool::new(false));
         let follows = [
@@ -93,6 +94,14 @@ impl Watcher {
                 },
                 record: effect_watch::recorded,
             },
+            Follow {
+                name: queue_watch::NAME,
+                filter: ChangeFilter {
+                    primitive: Some(Primitive::Queue),
+                    ..ChangeFilter::default()
+                },
+                record: queue_watch::recorded,
+            },
         ];
         let tasks = follows
             .into_iter()
@@ -119,6 +128,7 @@ impl Watcher {
                     && handoff_watch::all_delivered(history)
                     && board_watch::all_delivered(history)
                     && effect_watch::all_delivered(history)
+                    && queue_watch::all_delivered(history)
             }) {
                 break;
             }
