@@ -152,7 +152,6 @@ fn missed(history: &[Op]) -> Vec<(&str, String, usize)> {
 /// Every board watch checker (see the module comment). `complete`: the run was read back and
 /// the watch given time to catch up, so every acknowledged change must have been delivered.
 pub fn check(history: &[Op], complete: bool) -> Vec<Violation> {
-    let mut violations = watcher::increasing_positions(&watcher::positions(history, NAME));
     let ttl_us = u64::try_from(TTL_MS).unwrap_or(0) * 1000;
     let mut claims: BTreeMap<(&str, u64), &Op> = BTreeMap::new();
     let mut renewed: BTreeMap<(&str, u64), u64> = BTreeMap::new();
@@ -243,18 +242,12 @@ pub fn check(history: &[Op], complete: bool) -> Vec<Violation> {
             }
         }
     }
-    findings.extend(watcher::before_their_grant(
+    let missed = complete.then(|| ("watch-lease-missed", missed(history)));
+    watcher::lease_verdict(
         history,
         NAME,
-        "claimed",
-        "watch-lease-phantom",
-    ));
-    violations.extend(watcher::capped(findings));
-    if complete {
-        violations.extend(watcher::missed_changes(
-            "watch-lease-missed",
-            missed(history),
-        ));
-    }
-    violations
+        ("claimed", "watch-lease-phantom"),
+        findings,
+        missed,
+    )
 }

@@ -166,7 +166,6 @@ fn missed(history: &[Op]) -> Vec<(&str, String, usize)> {
 /// Every side-effect watch checker (see the module comment). `complete`: the run was read back
 /// and the watch given time to catch up, so every acknowledged change must have been delivered.
 pub fn check(history: &[Op], complete: bool) -> Vec<Violation> {
-    let mut violations = watcher::increasing_positions(&watcher::positions(history, NAME));
     let ttl_us = u64::try_from(TTL_MS).unwrap_or(0) * 1000;
     let mut grants: BTreeMap<(&str, u64), &Op> = BTreeMap::new();
     // The holder's calls that ended an attempt for certain before its intent could run out.
@@ -253,18 +252,12 @@ pub fn check(history: &[Op], complete: bool) -> Vec<Violation> {
             }
         }
     }
-    findings.extend(watcher::before_their_grant(
+    let missed = complete.then(|| ("watch-effect-missed", missed(history)));
+    watcher::lease_verdict(
         history,
         NAME,
-        "granted",
-        "watch-effect-phantom",
-    ));
-    violations.extend(watcher::capped(findings));
-    if complete {
-        violations.extend(watcher::missed_changes(
-            "watch-effect-missed",
-            missed(history),
-        ));
-    }
-    violations
+        ("granted", "watch-effect-phantom"),
+        findings,
+        missed,
+    )
 }

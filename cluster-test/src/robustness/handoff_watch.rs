@@ -278,26 +278,19 @@ fn missed(history: &[Op]) -> Vec<(&str, String, usize)> {
 /// Every handoff watch checker (see the module comment). `complete`: the run was read back and
 /// the watch given time to catch up, so every acknowledged change must have been delivered.
 pub fn check(history: &[Op], complete: bool) -> Vec<Violation> {
-    let mut violations = watcher::increasing_positions(&watcher::positions(history, NAME));
     let calls = Calls::of(history);
     let delivered = deliveries(history, NAME);
     let mut findings = phantoms(history, &calls, &delivered);
     findings.extend(early(&calls, &delivered));
     findings.extend(ended(history, &calls, &delivered));
-    findings.extend(watcher::before_their_grant(
+    let missed = complete.then(|| ("watch-ticket-missed", missed(history)));
+    watcher::lease_verdict(
         history,
         NAME,
-        "offered",
-        "watch-ticket-phantom",
-    ));
-    violations.extend(watcher::capped(findings));
-    if complete {
-        violations.extend(watcher::missed_changes(
-            "watch-ticket-missed",
-            missed(history),
-        ));
-    }
-    violations
+        ("offered", "watch-ticket-phantom"),
+        findings,
+        missed,
+    )
 }
 
 /// `watch-ticket-phantom`: deliveries no call sent before them explains.

@@ -282,7 +282,6 @@ fn missed(history: &[Op]) -> Vec<(String, String, usize)> {
 /// Every queue watch checker (see the module comment). `complete`: the run was read back and
 /// the watch given time to catch up, so every acknowledged change must have been delivered.
 pub fn check(history: &[Op], complete: bool) -> Vec<Violation> {
-    let mut violations = watcher::increasing_positions(&watcher::positions(history, NAME));
     let calls = Calls::of(history);
     let ttl_us = u64::try_from(LEASE_TTL_MS).unwrap_or(0) * 1000;
     let mut findings: Vec<Finding<'_>> = Vec::new();
@@ -356,22 +355,21 @@ pub fn check(history: &[Op], complete: bool) -> Vec<Violation> {
             ));
         }
     }
-    findings.extend(watcher::before_their_grant(
-        history,
-        NAME,
-        "leased",
-        "watch-queue-phantom",
-    ));
-    violations.extend(watcher::capped(findings));
-    if complete {
-        let missed = missed(history);
+    let missed = complete.then(|| missed(history));
+    let missed = missed.as_ref().map(|missed| {
         let missed = missed
             .iter()
             .map(|(task, what, op)| (task.as_str(), what.clone(), *op))
             .collect();
-        violations.extend(watcher::missed_changes("watch-queue-missed", missed));
-    }
-    violations
+        ("watch-queue-missed", missed)
+    });
+    watcher::lease_verdict(
+        history,
+        NAME,
+        ("leased", "watch-queue-phantom"),
+        findings,
+        missed,
+    )
 }
 
 /// The `watch-queue-phantom` finding for `d`.

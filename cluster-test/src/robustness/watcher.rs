@@ -301,6 +301,27 @@ pub(super) fn before_their_grant<'h>(
     early
 }
 
+/// A lease watch's verdict on its `findings`: its positions strictly increase
+/// (`watch-order`); the findings, with the changes delivered before the watch delivered their
+/// lease's grant (of kind `granted`, reported as `phantom`), at most [`REPORTED_PER_KEY`] per
+/// rule and key; and, once the run was read back (`missed` given), the first few of what it
+/// missed, as that rule.
+pub(super) fn lease_verdict<'h>(
+    history: &'h [Op],
+    watch: &str,
+    (granted, phantom): (&str, &'static str),
+    mut findings: Vec<Finding<'h>>,
+    missed: Option<(&str, Vec<Missed<'_>>)>,
+) -> Vec<Violation> {
+    let mut violations = increasing_positions(&positions(history, watch));
+    findings.extend(before_their_grant(history, watch, granted, phantom));
+    violations.extend(capped(findings));
+    if let Some((rule, missed)) = missed {
+        violations.extend(missed_changes(rule, missed));
+    }
+    violations
+}
+
 /// How many violations of one rule a lease watch reports per key.
 const REPORTED_PER_KEY: usize = 3;
 
@@ -319,8 +340,11 @@ pub(super) fn capped(findings: Vec<Finding<'_>>) -> Vec<Violation> {
     violations
 }
 
-/// The first few of what a lease watch missed `(key, what, op)` as `rule` violations.
-pub(super) fn missed_changes(rule: &str, missed: Vec<(&str, String, usize)>) -> Vec<Violation> {
+/// A change a lease watch owed and did not deliver: its key, what it is, the call's op.
+pub(super) type Missed<'h> = (&'h str, String, usize);
+
+/// The first few of what a lease watch missed as `rule` violations.
+pub(super) fn missed_changes(rule: &str, missed: Vec<Missed<'_>>) -> Vec<Violation> {
     let count = missed.len();
     missed
         .into_iter()
@@ -329,7 +353,7 @@ pub(super) fn missed_changes(rule: &str, missed: Vec<(&str, String, usize)>) -> 
             Violation::new(
                 rule,
                 key,
-                format!("{what} was acknowledged but never delivered ({count} such changes)"),
+                format!("{what}: owed to the watch, never delivered ({count} such changes)"),
                 vec![index],
             )
         })
