@@ -57,7 +57,7 @@ impl Health {
 }
 
 /// The health service (Baton's services are unknown to it until [`Health::set`] reports them;
-/// its watches end once `closing` turns true) and its handle.
+/// its watches end once `closing` turns true: when the node stops serving) and its handle.
 pub fn health_service(
     closing: watch::Receiver<bool>,
 ) -> (Health, HealthServer<impl health_server::Health>) {
@@ -69,7 +69,7 @@ pub fn health_service(
     )
 }
 
-/// tonic's health service, whose watches end when the node begins to shut down.
+/// tonic's health service, whose watches end when the node stops serving.
 struct ClosingHealth {
     inner: HealthService,
     closing: watch::Receiver<bool>,
