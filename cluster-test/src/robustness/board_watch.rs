@@ -71,14 +71,7 @@ pub fn all_delivered(history: &[Op]) -> bool {
 fn missed(history: &[Op]) -> Vec<(&str, String, usize)> {
     let since = watcher::compacted_at(history, NAME);
     let judged = |op: &Op| since.is_none_or(|since| op.call > since);
-    // (kind, task, fence) -> agents delivered, one per delivery.
-    let mut delivered: BTreeMap<(&str, &str, u64), Vec<&str>> = BTreeMap::new();
-    for d in deliveries(history, NAME) {
-        delivered
-            .entry((d.kind, d.key, d.fence))
-            .or_default()
-            .push(d.holder);
-    }
+    let delivered = watcher::delivered_by_change(history, NAME);
     let count = |kind: &str, task: &str, fence: u64| {
         delivered
             .get(&(kind, task, fence))

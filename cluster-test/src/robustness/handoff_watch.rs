@@ -186,14 +186,9 @@ fn missed(history: &[Op]) -> Vec<(&str, String, usize)> {
     let since = watcher::compacted_at(history, NAME);
     let judged = |op: &Op| since.is_none_or(|since| op.call > since);
     let calls = Calls::of(history);
-    // (kind, key, fence) -> the agents delivered, one per delivery.
-    let mut delivered: BTreeMap<(&str, &str, u64), Vec<&str>> = BTreeMap::new();
+    let delivered = watcher::delivered_by_change(history, NAME);
     let mut withdrawn: BTreeMap<&str, usize> = BTreeMap::new();
     for d in deliveries(history, NAME) {
-        delivered
-            .entry((d.kind, d.key, d.fence))
-            .or_default()
-            .push(d.holder);
         if d.kind == "withdrawn" && judged(d.op) {
             *withdrawn.entry(d.key).or_default() += 1;
         }

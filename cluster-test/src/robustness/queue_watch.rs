@@ -199,14 +199,7 @@ fn missed(history: &[Op]) -> Vec<(String, String, usize)> {
     let since = watcher::compacted_at(history, NAME);
     let judged = |op: &Op| since.is_none_or(|since| op.call > since);
     let calls = Calls::of(history);
-    // (kind, task, token) -> the workers delivered.
-    let mut delivered: BTreeMap<(&str, &str, u64), Vec<&str>> = BTreeMap::new();
-    for d in deliveries(history, NAME) {
-        delivered
-            .entry((d.kind, d.key, d.fence))
-            .or_default()
-            .push(d.holder);
-    }
+    let delivered = watcher::delivered_by_change(history, NAME);
     let delivered_to = |kind: &str, (task, token): &Attempt, worker: Option<&str>| {
         delivered
             .get(&(kind, task.as_str(), *token))

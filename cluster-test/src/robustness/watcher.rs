@@ -260,6 +260,21 @@ pub(super) fn deliveries<'h>(history: &'h [Op], watch: &str) -> Vec<Delivery<'h>
         .collect()
 }
 
+/// What a lease watch delivered, by change `(kind, key, fence)`: the agent each delivery named.
+pub(super) type Delivered<'h> = BTreeMap<(&'h str, &'h str, u64), Vec<&'h str>>;
+
+/// `watch`'s deliveries, by change (see [`Delivered`]).
+pub(super) fn delivered_by_change<'h>(history: &'h [Op], watch: &str) -> Delivered<'h> {
+    let mut delivered = Delivered::new();
+    for d in deliveries(history, watch) {
+        delivered
+            .entry((d.kind, d.key, d.fence))
+            .or_default()
+            .push(d.holder);
+    }
+    delivered
+}
+
 /// A lease watch's finding: rule, key, message, the ops that show it.
 pub(super) type Finding<'h> = (&'static str, &'h str, String, Vec<usize>);
 
