@@ -3,10 +3,12 @@
 
 pub mod admission;
 pub mod auth;
+pub mod client_connections;
 pub mod cluster_id;
 pub mod codec;
 pub mod config;
 pub mod deposed;
+pub mod descriptors;
 pub mod durable_file;
 pub mod handover;
 pub mod health;

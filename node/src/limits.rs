@@ -430,6 +430,7 @@ mod tests {
             max_request_bytes: 1024,
             max_in_flight: node,
             max_in_flight_per_connection: per_connection,
+            ..Limits::default()
         })
         .gate
     }

@@ -174,6 +174,8 @@ pub struct Metrics {
     requests: Family<MethodLabels, Counter>,
     errors: Family<ErrorLabels, Counter>,
     in_flight: Gauge,
+    client_connections: Gauge,
+    connections_refused: Counter,
     snapshot_bytes: Gauge,
     snapshot_build_seconds: Gauge<f64, AtomicU64>,
     snapshots_built: Counter,
@@ -233,6 +235,8 @@ impl Metrics {
             requests: Family::default(),
             errors: Family::default(),
             in_flight: Gauge::default(),
+            client_connections: Gauge::default(),
+            connections_refused: Counter::default(),
             snapshot_bytes: Gauge::default(),
             snapshot_build_seconds: Gauge::default(),
             snapshots_built: Counter::default(),
@@ -280,6 +284,16 @@ impl Metrics {
             "grpc_in_flight_requests",
             "Client gRPC requests being served now",
             metrics.in_flight.clone(),
+        );
+        r.register(
+            "grpc_client_connections",
+            "Client connections open now (limits.max_connections on each node; peers' Raft connections are not counted)",
+            metrics.client_connections.clone(),
+        );
+        r.register(
+            "grpc_connections_refused",
+            "Client connections closed at once because the node held limits.max_connections of them",
+            metrics.connections_refused.clone(),
         );
         r.register(
             "snapshot_size_bytes",
@@ -354,6 +368,26 @@ impl Metrics {
     /// How many client requests this process is serving right now.
     pub fn requests_in_flight(&self) -> i64 {
         self.in_flight.get()
+    }
+
+    /// A client connection took a place.
+    pub fn client_connection_opened(&self) {
+        self.client_connections.inc();
+    }
+
+    /// A client connection gave its place back.
+    pub fn client_connection_closed(&self) {
+        self.client_connections.dec();
+    }
+
+    /// A client connection found no place and was closed.
+    pub fn client_connection_refused(&self) {
+        self.connections_refused.inc();
+    }
+
+    /// How many client connections this process has closed for want of a place so far.
+    pub fn connections_refused(&self) -> u64 {
+        self.connections_refused.get()
     }
 
     /// A client request to `method` ended with `status` (a gRPC status as in its response).

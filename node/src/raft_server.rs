@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 
+use crate::client_connections::{ClientConnection, ClientConnections};
 use crate::cluster_id::{OwnCluster, Standing};
 use crate::node::{is_voter, is_voter_id};
 use crate::pre_vote::{self, Contact};
@@ -64,8 +65,8 @@ async fn preface_arrives(stream: &TcpStream, deadline: Instant) -> bool {
 
 /// The connections of one port, split between gRPC and Raft.
 pub struct Port {
-    /// The connections for the gRPC server, unread.
-    pub grpc: ReceiverStream<std::io::Result<TcpStream>>,
+    /// The connections for the gRPC server, unread, each holding its place.
+    pub grpc: ReceiverStream<std::io::Result<ClientConnection>>,
     /// The task accepting connections; it stops, closing the listener, when `closed` turns true.
     pub acceptor: JoinHandle<()>,
 }
@@ -99,15 +100,17 @@ pub struct Local {
 
 /// Accepts connections on `listener` until `closed` turns true: Raft connections are answered by
 /// `local` (over TLS through `tls` when the node runs it), the others are handed on in
-/// [`Port::grpc`]. Raft connections are closed when `closed` turns true.
+/// [`Port::grpc`] while `clients` has places for them. Raft connections are closed when `closed`
+/// turns true.
 pub fn split(
     listener: TcpListener,
     local: Local,
     tls: Option<PeerAcceptor>,
+    clients: ClientConnections,
     closed: watch::Receiver<bool>,
 ) -> Port {
     let (grpc_tx, grpc_rx) = mpsc::channel(64);
-    let acceptor = tokio::spawn(accept(listener, local, tls, grpc_tx, closed));
+    let acceptor = tokio::spawn(accept(listener, local, tls, clients, grpc_tx, closed));
     Port {
         grpc: ReceiverStream::new(grpc_rx),
         acceptor,
@@ -118,7 +121,8 @@ async fn accept(
     listener: TcpListener,
     local: Local,
     tls: Option<PeerAcceptor>,
-    grpc: mpsc::Sender<std::io::Result<TcpStream>>,
+    clients: ClientConnections,
+    grpc: mpsc::Sender<std::io::Result<ClientConnection>>,
     mut closed: watch::Receiver<bool>,
 ) {
     loop {
@@ -135,7 +139,8 @@ async fn accept(
                 continue;
             }
         };
-        let (local, tls, grpc) = (local.clone(), tls.clone(), grpc.clone());
+        let (local, tls, clients, grpc) =
+            (local.clone(), tls.clone(), clients.clone(), grpc.clone());
         let mut closed = closed.clone();
         tokio::spawn(async move {
             let mut first = [0u8; 1];
@@ -154,10 +159,16 @@ async fn accept(
                 // would be held for good, and a few thousand of them would use up the node's
                 // file descriptors, its peers' Raft connections with them.
                 Ok(Ok(1)) => {
+                    // A place first: one taken from here on is held through the opening too,
+                    // so that the connections waiting to open are counted as well.
+                    let Some(connection) = clients.admit(stream) else {
+                        return;
+                    };
+                    let stream = connection.stream();
                     if first[0] != TLS_HANDSHAKE {
                         let opened = Instant::now() + OPENING_LIMIT;
                         let arrived = tokio::select! {
-                            arrived = preface_arrives(&stream, opened) => arrived,
+                            arrived = preface_arrives(stream, opened) => arrived,
                             _ = closed.wait_for(|closed| *closed) => false,
                         };
                         if !arrived {
@@ -169,7 +180,7 @@ async fn accept(
                     if let Err(e) = stream.set_nodelay(true) {
                         tracing::debug!(error = %e, "cannot set TCP_NODELAY");
                     }
-                    let _ = grpc.send(Ok(stream)).await;
+                    let _ = grpc.send(Ok(connection)).await;
                 }
                 // Nothing within the opening limit, closed, or failed: dropped, which closes it.
                 _ => {}

@@ -24,9 +24,9 @@ use tonic_health::ServingStatus;
 
 use crate::admission::Admission;
 use crate::auth::Tokens;
+use crate::client_connections::ClientConnections;
 use crate::cluster_id::OwnCluster;
 use crate::config::NodeConfig;
-use crate::durable_file;
 use crate::health::{health_service, reflection_service};
 use crate::limits::AdmissionLayer;
 use crate::metered::{MeteredLog, MeteredStateMachine};
@@ -46,6 +46,7 @@ use crate::store;
 use crate::throttle::Throttle;
 use crate::tls::NodeTls;
 use crate::types::Raft;
+use crate::{descriptors, durable_file};
 use crate::{http, raft_server, snapshot_schedule, stalled_leader, sweeper, systemd};
 
 /// How often a client connection is checked for life, and how long its answer may take.
@@ -110,6 +111,11 @@ pub async fn serve_secured(
         );
     }
     if let Some(warning) = open_door(config.listen, tls.is_some(), security.tokens.is_some()) {
+        tracing::warn!("{warning}");
+    }
+    if let Some(warning) = descriptors::raise_limit()
+        .and_then(|limit| descriptors::shortfall(limit, config.limits.max_connections))
+    {
         tracing::warn!("{warning}");
     }
     // Everything that can fail without side effects comes before Raft starts.
@@ -323,6 +329,7 @@ pub async fn serve_secured(
         listener,
         local,
         tls.as_ref().map(NodeTls::peer_acceptor),
+        ClientConnections::new(config.limits.max_connections),
         peers_closed,
     );
     let mut server = tokio::spawn(router.serve_with_incoming_shutdown(port.grpc, async move {

@@ -450,3 +450,87 @@ async fn a_peer_slower_to_connect_than_a_call_may_wait_is_reached_by_a_later_cal
     }
     panic!("the peer was never reached: {answers:#?}");
 }
+
+/// HTTP/2's connection preface, which a plaintext gRPC client sends first.
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// A connection to `addr` that sent HTTP/2's preface and got the gRPC server's settings back
+/// (so it holds a client place), or `None` when the node closed it without a byte.
+async fn preface_answered(addr: &str) -> Option<TcpStream> {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(PREFACE).await.unwrap();
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf))
+        .await
+        .expect("the node neither answered the preface nor closed the connection");
+    match read {
+        Ok(n) if n > 0 => Some(stream),
+        _ => None,
+    }
+}
+
+/// Claim: a node holds at most `limits.max_connections` client connections. One more is closed
+/// at once, without a byte, and counted; the client library takes that for a node it cannot
+/// reach (it tries the other nodes, then says `Unavailable`), while the connections already
+/// held go on being served; peers' Raft connections are never counted, so a node at its limit
+/// still answers them; a closed connection gives its place back. Before, every connection was
+/// served, and enough of them used up the descriptors the node's peers and store need.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beyond_the_connection_limit_clients_are_closed_and_peers_still_served() {
+    const MAX: usize = 4;
+    let cluster = Cluster::start_custom(|config| config.limits.max_connections = MAX).await;
+    cluster.client.offer(offer("before")).await.unwrap();
+    let header = header_of(&cluster).await;
+
+    // The cluster's own client holds a place or two; the rest are taken here.
+    let mut held = Vec::new();
+    while let Some(stream) = preface_answered(&cluster.addr).await {
+        held.push(stream);
+        assert!(
+            held.len() <= MAX,
+            "more than {MAX} client connections served"
+        );
+    }
+    assert!(
+        !held.is_empty(),
+        "no connection was served before the limit"
+    );
+    let refused_before = baton_node::metrics::metrics().connections_refused();
+    assert!(refused_before >= 1, "the refusal is counted");
+
+    let config = baton_rpc::ClientConfig {
+        deadline: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let late = baton_rpc::Client::new(&[cluster.addr.as_str()], config).unwrap();
+    match late.ticket("before").await {
+        Err(error @ baton_rpc::Error::Unavailable { .. }) => {
+            assert!(error.is_infrastructure(), "{error:?}")
+        }
+        other => panic!("a client past the limit was served: {other:?}"),
+    }
+
+    cluster.client.offer(offer("at the limit")).await.unwrap();
+    let mut link = raft_link(&cluster.addr).await;
+    let stale: VoteRequest<NodeId> = VoteRequest::new(openraft::Vote::new(0, 2), None);
+    link.send(raft_wire::request(Kind::Vote, header, &stale).unwrap())
+        .await
+        .unwrap();
+    let (outcome, _) = next_answer(&mut link).await.expect("a peer is answered");
+    assert_eq!(outcome, Outcome::Answered);
+
+    drop(held.pop());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(stream) = preface_answered(&cluster.addr).await {
+            held.push(stream);
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a closed connection's place was never given back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cluster.stop().await;
+}

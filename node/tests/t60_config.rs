@@ -190,6 +190,11 @@ fn bad_configuration_names_the_key_and_exits_2() {
             vec![],
             "limits.max_in_flight",
         ),
+        (
+            vec!["--id", "1", "--max-connections", "0"],
+            vec![],
+            "limits.max_connections",
+        ),
         (vec![], vec![], "`id`"),
         (
             vec!["--id", "1", "--set", "raft.nope=1"],

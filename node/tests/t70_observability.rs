@@ -81,6 +81,11 @@ async fn metrics_move_with_the_work_done() {
         "k1 accepted, 3 offered"
     );
     assert_eq!(sample(&after, "baton_grpc_in_flight_requests"), 0.0);
+    assert!(
+        sample(&after, "baton_grpc_client_connections") >= 1.0,
+        "the client's connection is counted"
+    );
+    assert_eq!(sample(&after, "baton_grpc_connections_refused_total"), 0.0);
     cluster.stop().await;
 }
 

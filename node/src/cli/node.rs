@@ -75,6 +75,9 @@ pub struct NodeArgs {
     /// [key: limits.max_in_flight_per_connection].
     #[arg(long)]
     max_in_flight_per_connection: Option<String>,
+    /// Client connections open at once [key: limits.max_connections].
+    #[arg(long)]
+    max_connections: Option<String>,
     /// Log format: text or json [key: log.format].
     #[arg(long)]
     log_format: Option<String>,
@@ -141,6 +144,11 @@ impl NodeArgs {
                 "--max-in-flight-per-connection",
                 "limits.max_in_flight_per_connection",
                 &self.max_in_flight_per_connection,
+            ),
+            (
+                "--max-connections",
+                "limits.max_connections",
+                &self.max_connections,
             ),
             ("--log-format", "log.format", &self.log_format),
             ("--log-filter", "log.filter", &self.log_filter),

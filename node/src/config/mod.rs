@@ -84,6 +84,10 @@ pub struct Limits {
     /// Client requests being served at once on one connection (default 512); one more is
     /// refused `OVERLOADED`.
     pub max_in_flight_per_connection: usize,
+    /// Client connections open at once (default 4,096); one more is closed as soon as it is
+    /// told apart from a peer's ([`crate::client_connections`]). Peers' Raft connections are
+    /// not counted.
+    pub max_connections: usize,
 }
 
 impl Default for Limits {
@@ -92,6 +96,7 @@ impl Default for Limits {
             max_request_bytes: 4 << 20,
             max_in_flight: 4_096,
             max_in_flight_per_connection: 512,
+            max_connections: 4_096,
         }
     }
 }

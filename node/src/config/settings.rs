@@ -110,6 +110,8 @@ pub struct LimitSettings {
     pub max_in_flight: usize,
     /// Client requests served at once on one connection.
     pub max_in_flight_per_connection: usize,
+    /// Client connections open at once.
+    pub max_connections: usize,
 }
 
 /// `[log]`.
@@ -216,6 +218,7 @@ impl Default for LimitSettings {
             max_request_bytes: limits.max_request_bytes,
             max_in_flight: limits.max_in_flight,
             max_in_flight_per_connection: limits.max_in_flight_per_connection,
+            max_connections: limits.max_connections,
         }
     }
 }
@@ -599,10 +602,12 @@ impl LimitSettings {
             "limits.max_in_flight_per_connection",
             self.max_in_flight_per_connection,
         )?;
+        counted("limits.max_connections", self.max_connections)?;
         Ok(Limits {
             max_request_bytes: self.max_request_bytes,
             max_in_flight: self.max_in_flight,
             max_in_flight_per_connection: self.max_in_flight_per_connection,
+            max_connections: self.max_connections,
         })
     }
 }

@@ -1,0 +1,74 @@
+//! The process's limit on open files.
+//!
+//! Every client connection, peer link, store file and snapshot file takes a descriptor. Many
+//! systems start a process with a soft limit of 1,024 while allowing far more (the hard limit):
+//! a node kept at 1,024 would run out long before its connection cap and then fail to accept its
+//! peers or open a snapshot. So a node raises its soft limit to the hard one as it starts, as the
+//! Go runtime does for every Go program (etcd's among them), and warns when even that leaves too
+//! little room for `limits.max_connections`.
+
+use nix::sys::resource::{getrlimit, setrlimit, Resource, RLIM_INFINITY};
+
+/// Descriptors left for what is not a client connection: the store's files, peer links in and
+/// out, snapshot files, the operator endpoint's connections (at most 128), the runtime's own.
+pub const RESERVED: u64 = 1_024;
+
+/// The most a soft limit is raised to when the hard limit is unlimited (Linux's default cap on
+/// open files per process, `fs.nr_open`).
+const CEILING: u64 = 1 << 20;
+
+/// Raises the soft limit on open files to the hard limit, and returns the soft limit in force
+/// afterwards (`None` when it cannot be read).
+pub fn raise_limit() -> Option<u64> {
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    let target = if hard == RLIM_INFINITY { CEILING } else { hard };
+    if soft != RLIM_INFINITY && soft < target {
+        match setrlimit(Resource::RLIMIT_NOFILE, target, hard) {
+            Ok(()) => {
+                tracing::debug!(from = soft, to = target, "raised the open-file limit");
+                return Some(target);
+            }
+            Err(error) => tracing::debug!(%error, "cannot raise the open-file limit"),
+        }
+    }
+    Some(soft)
+}
+
+/// What to tell the operator when an open-file `limit` leaves fewer descriptors than
+/// `max_connections` once [`RESERVED`] are set aside; `None` when it leaves enough.
+pub fn shortfall(limit: u64, max_connections: usize) -> Option<String> {
+    let room = limit.saturating_sub(RESERVED);
+    (room < max_connections as u64).then(|| {
+        format!(
+            "the open-file limit is {limit}: with {RESERVED} kept for the store, peers and \
+             snapshots, it leaves room for {room} client connections, fewer than \
+             limits.max_connections ({max_connections}); a node out of descriptors cannot \
+             accept its peers: raise the limit (LimitNOFILE= under systemd, ulimit -n) or lower \
+             limits.max_connections"
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_limit_is_raised_no_further_than_allowed() {
+        let raised = raise_limit().expect("the limit can be read");
+        let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("the limit can be read");
+        assert_eq!(raised, soft, "reports the limit in force");
+        assert!(
+            soft == hard || (hard == RLIM_INFINITY && soft >= CEILING),
+            "soft {soft} not raised to hard {hard}"
+        );
+    }
+
+    #[test]
+    fn a_shortfall_is_reported_only_below_the_connections_plus_the_reserve() {
+        assert!(shortfall(1_024, 4_096).is_some_and(|w| w.contains("room for 0 client")));
+        assert!(shortfall(5_119, 4_096).is_some());
+        assert!(shortfall(5_120, 4_096).is_none());
+        assert!(shortfall(65_536, 4_096).is_none());
+    }
+}
