@@ -1,42 +1,62 @@
-//! The client connections a node serves at once.
+//! The client connections a node serves at once, and how long one may stall.
 //!
 //! Every connection costs a file descriptor, and so do what the node cannot do without: the
 //! store's files, its peers' Raft links, snapshot files, the operator endpoint. The gRPC server
 //! caps nothing, so a client fleet that leaks channels, or anyone who opens connections and
-//! answers the keepalive pings, could use up the process's descriptors, and a node that cannot
-//! open a peer link or a snapshot file stops taking part in the cluster. So a node holds at most
+//! keeps them open, could use up the process's descriptors, and a node that cannot open a peer
+//! link or a snapshot file stops taking part in the cluster. So a node holds at most
 //! `limits.max_connections` client connections. One more is closed as soon as its first byte says
 //! it is not a peer's, before its TLS handshake or HTTP/2 preface, and its client moves on to
 //! another node (the client library's usual answer to a connection it cannot use). Peers' Raft
-//! connections are never counted: a node at its cap still replicates, votes and hands over.
+//! connections are not counted: a node at its cap still replicates, votes and hands over.
+//!
+//! A held place is given back when the connection closes, and a connection that moves no byte
+//! either way for [`IDLE_LIMIT`] is closed ([`Guarded`]): the node pings every connection every
+//! [`KEEPALIVE`], idle or not, and a live client answers, so only a dead host, or one that
+//! finished its TLS handshake and never sent HTTP/2's preface (before which no ping is sent),
+//! goes that long without a byte.
 
-use std::io;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tonic::transport::server::{Connected, TcpConnectInfo};
 
+use crate::guarded::Guarded;
 use crate::metrics::metrics;
 use crate::throttle::Throttle;
+
+/// How often the node pings a client connection (HTTP/2 keepalive), and how long the answer may
+/// take before the connection is closed.
+pub const KEEPALIVE: Duration = Duration::from_secs(20);
+
+/// How long a client connection may move no byte either way: three keepalive intervals.
+pub const IDLE_LIMIT: Duration = Duration::from_secs(60);
+
+/// A client's connection, holding its place for as long as the gRPC server keeps it.
+pub type ClientConnection = Guarded<Place>;
 
 /// The places for client connections; clones share them.
 #[derive(Clone)]
 pub struct ClientConnections {
     places: Arc<Semaphore>,
     max: usize,
+    idle: Duration,
     warned: Throttle,
 }
 
 impl ClientConnections {
-    /// Room for `max` connections at once.
+    /// Room for `max` connections at once, each closed after [`IDLE_LIMIT`] without a byte.
     pub fn new(max: usize) -> Self {
+        Self::with_idle_limit(max, IDLE_LIMIT)
+    }
+
+    /// Room for `max` connections at once, each closed after `idle` without a byte.
+    pub fn with_idle_limit(max: usize, idle: Duration) -> Self {
         Self {
             places: Arc::new(Semaphore::new(max)),
             max,
+            idle,
             warned: Throttle::default(),
         }
     }
@@ -47,10 +67,7 @@ impl ClientConnections {
         match self.places.clone().try_acquire_owned() {
             Ok(place) => {
                 metrics().client_connection_opened();
-                Some(ClientConnection {
-                    stream,
-                    _place: Place(place),
-                })
+                Some(Guarded::new(stream, Place(place), self.idle))
             }
             Err(_) => {
                 metrics().client_connection_refused();
@@ -61,7 +78,7 @@ impl ClientConnections {
                         "closed a client connection: this node already holds \
                          limits.max_connections of them; look for a client that opens \
                          connections without closing them, or raise the limit (and the \
-                         file-descriptor limit with it)"
+                         open-file limit with it)"
                     );
                 }
                 None
@@ -71,72 +88,11 @@ impl ClientConnections {
 }
 
 /// A place taken, given back when the connection is dropped.
-struct Place(#[allow(dead_code)] OwnedSemaphorePermit);
+pub struct Place(#[allow(dead_code)] OwnedSemaphorePermit);
 
 impl Drop for Place {
     fn drop(&mut self) {
         metrics().client_connection_closed();
-    }
-}
-
-/// A client's connection, holding its place for as long as the gRPC server keeps it.
-pub struct ClientConnection {
-    stream: TcpStream,
-    _place: Place,
-}
-
-impl ClientConnection {
-    /// The socket, to peek at and tune before the gRPC server takes the connection.
-    pub fn stream(&self) -> &TcpStream {
-        &self.stream
-    }
-}
-
-impl Connected for ClientConnection {
-    type ConnectInfo = TcpConnectInfo;
-
-    fn connect_info(&self) -> TcpConnectInfo {
-        self.stream.connect_info()
-    }
-}
-
-impl AsyncRead for ClientConnection {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for ClientConnection {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
 
@@ -145,6 +101,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
     async fn pair(listener: &TcpListener) -> (TcpStream, TcpStream) {
@@ -168,6 +125,28 @@ mod tests {
         assert!(
             places.admit(s4).is_some(),
             "a closed connection gives its place back"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_moves_no_byte_fails_once_idle_and_not_before() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let places = ClientConnections::with_idle_limit(1, Duration::from_millis(300));
+        let (mut client, accepted) = pair(&listener).await;
+        let mut connection = places.admit(accepted).unwrap();
+        let mut buf = [0u8; 8];
+        // Bytes every 200 ms keep it open past the limit.
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            client.write_all(b"x").await.unwrap();
+            assert_eq!(connection.read(&mut buf).await.unwrap(), 1);
+        }
+        let started = tokio::time::Instant::now();
+        let idle = connection.read(&mut buf).await.unwrap_err();
+        assert_eq!(idle.kind(), std::io::ErrorKind::TimedOut);
+        assert!(
+            started.elapsed() >= Duration::from_millis(250),
+            "failed early"
         );
     }
 }

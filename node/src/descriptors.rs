@@ -22,13 +22,19 @@ const CEILING: u64 = 1 << 20;
 pub fn raise_limit() -> Option<u64> {
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
     let target = if hard == RLIM_INFINITY { CEILING } else { hard };
-    if soft != RLIM_INFINITY && soft < target {
-        match setrlimit(Resource::RLIMIT_NOFILE, target, hard) {
+    // A kernel may allow less than the hard limit says (an unlimited one, or `fs.nr_open`
+    // lowered): each refusal halves the ask.
+    let mut ask = target;
+    while soft != RLIM_INFINITY && soft < ask {
+        match setrlimit(Resource::RLIMIT_NOFILE, ask, hard) {
             Ok(()) => {
-                tracing::debug!(from = soft, to = target, "raised the open-file limit");
-                return Some(target);
+                tracing::debug!(from = soft, to = ask, "raised the open-file limit");
+                return Some(ask);
             }
-            Err(error) => tracing::debug!(%error, "cannot raise the open-file limit"),
+            Err(error) => {
+                tracing::debug!(%error, ask, "cannot raise the open-file limit that far");
+                ask /= 2;
+            }
         }
     }
     Some(soft)
@@ -54,14 +60,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_limit_is_raised_no_further_than_allowed() {
+    fn the_limit_is_raised_as_far_as_allowed_and_reported() {
+        let (before, _) = getrlimit(Resource::RLIMIT_NOFILE).expect("the limit can be read");
         let raised = raise_limit().expect("the limit can be read");
         let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("the limit can be read");
         assert_eq!(raised, soft, "reports the limit in force");
-        assert!(
-            soft == hard || (hard == RLIM_INFINITY && soft >= CEILING),
-            "soft {soft} not raised to hard {hard}"
-        );
+        assert!(soft >= before, "lowered from {before} to {soft}");
+        assert!(soft <= hard, "soft {soft} above hard {hard}");
+        // On Linux an unprivileged process may raise its soft limit to its hard one, up to
+        // `fs.nr_open` (2^20 by default).
+        if cfg!(target_os = "linux") && hard != RLIM_INFINITY && hard <= CEILING {
+            assert_eq!(soft, hard, "soft limit not raised to the hard one");
+        }
     }
 
     #[test]

@@ -10,19 +10,16 @@
 //! the server waits on it is closed. A peer trickling bytes can still hold its place; it holds
 //! no more than the cap, and a scraper or probe needs one or two.
 
-use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::serve::Listener;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::time::{Instant, Sleep};
+
+pub use crate::guarded::Guarded;
 
 /// How many connections the endpoint serves at once.
 pub const MAX_CONNECTIONS: usize = 128;
@@ -57,10 +54,10 @@ impl GuardedListener {
 }
 
 impl Listener for GuardedListener {
-    type Io = Guarded;
+    type Io = Guarded<OwnedSemaphorePermit>;
     type Addr = SocketAddr;
 
-    async fn accept(&mut self) -> (Guarded, SocketAddr) {
+    async fn accept(&mut self) -> (Guarded<OwnedSemaphorePermit>, SocketAddr) {
         // Never closed: the listener owns the semaphore.
         let place = match self.places.clone().acquire_owned().await {
             Ok(place) => place,
@@ -95,123 +92,14 @@ async fn accept_failed(error: io::Error) {
     tokio::time::sleep(Duration::from_secs(1)).await;
 }
 
-/// An accepted connection: holds its place until dropped, and fails a read or write that makes
-/// no progress for the idle limit.
-pub struct Guarded {
-    stream: TcpStream,
-    _place: OwnedSemaphorePermit,
-    idle: Duration,
-    deadline: Pin<Box<Sleep>>,
-}
-
-impl Guarded {
-    fn new(stream: TcpStream, place: OwnedSemaphorePermit, idle: Duration) -> Self {
-        Self {
-            stream,
-            _place: place,
-            idle,
-            deadline: Box::pin(tokio::time::sleep(idle)),
-        }
-    }
-
-    fn progressed(&mut self) {
-        let next = Instant::now() + self.idle;
-        self.deadline.as_mut().reset(next);
-    }
-
-    /// A write's outcome: bytes taken are progress; `Pending` is judged by [`Self::unless_idle`].
-    fn wrote(
-        &mut self,
-        cx: &mut Context<'_>,
-        polled: Poll<io::Result<usize>>,
-    ) -> Poll<io::Result<usize>> {
-        match polled {
-            Poll::Ready(result) => {
-                if matches!(result, Ok(written) if written > 0) {
-                    self.progressed();
-                }
-                Poll::Ready(result)
-            }
-            Poll::Pending => self.unless_idle(cx),
-        }
-    }
-
-    /// `Pending` turned into an error once the connection has been idle too long.
-    fn unless_idle<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
-        match self.deadline.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("no byte moved for {:?}", self.idle),
-            ))),
-            Poll::Pending => Poll::Pending,
-        }
-    }
-}
-
-impl AsyncRead for Guarded {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        match Pin::new(&mut this.stream).poll_read(cx, buf) {
-            Poll::Ready(result) => {
-                if buf.filled().len() > before {
-                    this.progressed();
-                }
-                Poll::Ready(result)
-            }
-            Poll::Pending => this.unless_idle(cx),
-        }
-    }
-}
-
-impl AsyncWrite for Guarded {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.stream).poll_write(cx, buf);
-        this.wrote(cx, polled)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        match Pin::new(&mut this.stream).poll_flush(cx) {
-            Poll::Pending => this.unless_idle(cx),
-            ready => ready,
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
-        this.wrote(cx, polled)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+    use tokio::time::Instant;
 
     /// An endpoint answering `/` with "ok", on a guarded listener with the given limits.
     async fn endpoint(max: usize, idle: Duration) -> SocketAddr {

@@ -10,6 +10,7 @@ pub mod config;
 pub mod deposed;
 pub mod descriptors;
 pub mod durable_file;
+pub mod guarded;
 pub mod handover;
 pub mod health;
 pub mod history;

@@ -24,7 +24,7 @@ use tonic_health::ServingStatus;
 
 use crate::admission::Admission;
 use crate::auth::Tokens;
-use crate::client_connections::ClientConnections;
+use crate::client_connections::{self, ClientConnections};
 use crate::cluster_id::OwnCluster;
 use crate::config::NodeConfig;
 use crate::health::{health_service, reflection_service};
@@ -48,9 +48,6 @@ use crate::tls::NodeTls;
 use crate::types::Raft;
 use crate::{descriptors, durable_file};
 use crate::{http, raft_server, snapshot_schedule, stalled_leader, sweeper, systemd};
-
-/// How often a client connection is checked for life, and how long its answer may take.
-const CLIENT_KEEPALIVE: Duration = Duration::from_secs(20);
 
 /// Runs a node until `shutdown` resolves, then leaves gracefully ([`crate::shutdown`]), stops
 /// serving and shuts Raft down.
@@ -243,10 +240,11 @@ pub async fn serve_secured(
     let max_request = config.limits.max_request_bytes;
     // Keepalives find clients that went away without closing (a dead host, a partition): their
     // connections, and what their streams hold (a snapshot save's place, a watch), are let go.
+    // Pings go out on idle connections too, which the idle limit on client connections counts
+    // on. (tonic's TCP keepalive setting applies only to listeners it binds itself.)
     let mut builder = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(CLIENT_KEEPALIVE))
-        .http2_keepalive_timeout(Some(CLIENT_KEEPALIVE))
-        .tcp_keepalive(Some(CLIENT_KEEPALIVE))
+        .http2_keepalive_interval(Some(client_connections::KEEPALIVE))
+        .http2_keepalive_timeout(Some(client_connections::KEEPALIVE))
         .max_concurrent_streams(streams_per_connection(&config));
     if let Some(tls) = &tls {
         builder = builder
