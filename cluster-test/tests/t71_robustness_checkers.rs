@@ -10,7 +10,7 @@ use baton_cluster_test::robustness::history::{
 };
 use baton_cluster_test::robustness::{
     self, available_again, board, board_watch, chain, checkpoint, courier, effect, effect_watch,
-    handoff, handoff_watch, progress, queue, queue_watch, reconcile, watcher,
+    handoff, handoff_watch, progress, queue, queue_watch, reconcile, sink_watch, watcher,
 };
 use baton_rpc::proto::StateDigestResponse;
 use baton_rpc::replicas::SeenDigests;
@@ -4235,4 +4235,178 @@ fn t71_the_queue_watch_judges_a_loss_by_the_outcome_read_back() {
             "{delivery}"
         );
     }
+}
+
+fn sink_written(resource: &str, fence: u64, writes: u64, value: &str) -> Input {
+    Input::WatchSinkWritten {
+        resource: resource.into(),
+        fence,
+        seen_fence: fence,
+        writes,
+        value: value.into(),
+    }
+}
+
+/// Two holders write one sink in turn (fences 1 and 3) and a stale third is refused; the watch
+/// delivers both accepted writes, numbered 1 and 2.
+fn sink_watched() -> H {
+    let w = sink_watch::NAME;
+    let r = effect::sink_of("res-0");
+    let mut h = H::default();
+    h.ok("h0", write(&r, 1, "a"), 0, 10, sink(1, 1, ""));
+    h.ok(w, sink_written(&r, 1, 1, "a"), 11, 11, at(1));
+    h.ok("h1", write(&r, 3, "b"), 20, 30, sink(3, 2, ""));
+    h.ok(w, sink_written(&r, 3, 2, "b"), 31, 31, at(2));
+    h.refused("h0", write(&r, 1, "c"), 40, 50, "FENCE_STALE");
+    h
+}
+
+/// Three writes; the watch delivers the first, then meets `COMPACTED` (the second's change was
+/// in the history compacted away) and goes on from revision 3 with the third.
+fn sink_compacted() -> H {
+    let w = sink_watch::NAME;
+    let r = effect::sink_of("res-0");
+    let mut h = H::default();
+    h.ok("h0", write(&r, 1, "a"), 0, 10, sink(1, 1, ""));
+    h.ok(w, sink_written(&r, 1, 1, "a"), 11, 11, at(1));
+    h.ok("h1", write(&r, 2, "m"), 12, 14, sink(2, 2, ""));
+    h.ok(w, Input::WatchCompacted { requested: 2 }, 15, 15, at(3));
+    h.ok("h2", write(&r, 3, "b"), 20, 30, sink(3, 3, ""));
+    h.ok(w, sink_written(&r, 3, 3, "b"), 31, 31, at(3));
+    h
+}
+
+fn sink_watch_rules(h: &H) -> Vec<&str> {
+    let mut found: Vec<&str> = sink_watch::check(&h.ops, true)
+        .iter()
+        .map(|v| match v.rule.as_str() {
+            "watch-order" => "watch-order",
+            "watch-sink-order" => "watch-sink-order",
+            "watch-sink-phantom" => "watch-sink-phantom",
+            "watch-sink-missed" => "watch-sink-missed",
+            other => panic!("unknown rule {other}"),
+        })
+        .collect();
+    found.sort();
+    found.dedup();
+    found
+}
+
+/// The sink watch's rules: every acknowledged write is delivered as the write its answer
+/// numbered, with its fence and value; each delivered write after a write that explains it; a
+/// resource's writes delivered 1, 2, 3, ... with no gap or repeat (any after a compaction), each
+/// leaving its own fence as the seen one, fences never going back.
+#[test]
+fn t71_the_sink_watch_delivers_every_accepted_write_in_order() {
+    let w = sink_watch::NAME;
+    let r = effect::sink_of("res-0");
+    let h = sink_watched();
+    let violations = sink_watch::check(&h.ops, true);
+    assert!(violations.is_empty(), "{violations:?}");
+    assert!(sink_watch::all_delivered(&h.ops));
+
+    // Missed, once the run was read back: either write; or delivered with another value or
+    // fence than the write its answer numbered.
+    for delivery in [1, 3] {
+        let h = without(sink_watched(), delivery);
+        let violations = sink_watch::check(&h.ops, true);
+        assert!(
+            rules(&violations).contains(&"watch-sink-missed"),
+            "{delivery}: {violations:?}"
+        );
+        assert!(!sink_watch::all_delivered(&h.ops));
+        let unread = sink_watch::check(&h.ops, false);
+        assert!(!rules(&unread).contains(&"watch-sink-missed"), "{unread:?}");
+    }
+    // (An unanswered write explains each delivery, so that only the mismatch is at fault.)
+    for (fence, value) in [(3, "x"), (4, "b")] {
+        let mut h = sink_watched();
+        h.ops[3].input = sink_written(&r, fence, 2, value);
+        h.ambiguous("h2", write(&r, fence, value), 21);
+        assert_eq!(
+            sink_watch_rules(&h),
+            ["watch-sink-missed"],
+            "{fence} {value}: {:?}",
+            sink_watch::check(&h.ops, true)
+        );
+    }
+    // A write sent before the latest compaction the watch met need not be delivered, and the
+    // next write of its resource may be any later one.
+    let violations = sink_watch::check(&sink_compacted().ops, true);
+    assert!(violations.is_empty(), "{violations:?}");
+    let mut h = sink_compacted();
+    h.ops[2].call = 16_000;
+    h.ops[2].ret = Some(18_000);
+    assert_eq!(sink_watch_rules(&h), ["watch-sink-missed"], "sent after it");
+
+    // Order: a gap, a repeat, a first write other than 1, a seen fence other than the write's,
+    // a fence going back.
+    let mut gap = sink_watched();
+    gap.ops[3].input = sink_written(&r, 3, 3, "b");
+    let mut repeat = sink_watched();
+    repeat.ok(w, sink_written(&r, 3, 2, "b"), 60, 60, at(3));
+    let mut late_first = sink_watched();
+    late_first.ops[1].input = sink_written(&r, 1, 2, "a");
+    late_first.ops[3].input = sink_written(&r, 3, 3, "b");
+    let mut seen = sink_watched();
+    seen.ops[3].input = Input::WatchSinkWritten {
+        resource: r.clone(),
+        fence: 3,
+        seen_fence: 4,
+        writes: 2,
+        value: "b".into(),
+    };
+    let mut back = sink_watched();
+    back.ok("h2", write(&r, 2, "d"), 55, 65, sink(2, 3, ""));
+    back.ok(w, sink_written(&r, 2, 3, "d"), 66, 66, at(3));
+    for (what, h) in [
+        ("gap", gap),
+        ("repeat", repeat),
+        ("late first", late_first),
+        ("seen fence", seen),
+        ("fence back", back),
+    ] {
+        assert!(
+            sink_watch_rules(&h).contains(&"watch-sink-order"),
+            "{what}: {:?}",
+            sink_watch::check(&h.ops, true)
+        );
+    }
+
+    // Phantoms: a write nobody sent, one delivered before it was sent, one refused, one with
+    // another value or fence than any sent.
+    let mut nobody = sink_watched();
+    nobody.ok(w, sink_written(&r, 5, 3, "z"), 60, 60, at(3));
+    let mut early = sink_watched();
+    early.ops[0].call = 12_000;
+    let mut refused = sink_watched();
+    refused.ok(w, sink_written(&r, 1, 3, "c"), 60, 60, at(3));
+    let mut other_value = sink_watched();
+    other_value.ops[3].input = sink_written(&r, 3, 2, "q");
+    let mut other_fence = sink_watched();
+    other_fence.ops[3].input = sink_written(&r, 5, 2, "b");
+    for (what, h) in [
+        ("nobody", nobody),
+        ("early", early),
+        ("refused", refused),
+        ("other value", other_value),
+        ("other fence", other_fence),
+    ] {
+        assert!(
+            sink_watch_rules(&h).contains(&"watch-sink-phantom"),
+            "{what}: {:?}",
+            sink_watch::check(&h.ops, true)
+        );
+    }
+    // An unanswered write may have been accepted: it explains its delivery.
+    let mut h = sink_watched();
+    h.ambiguous("h2", write(&r, 4, "e"), 60);
+    h.ok(w, sink_written(&r, 4, 3, "e"), 70, 70, at(3));
+    let violations = sink_watch::check(&h.ops, true);
+    assert!(violations.is_empty(), "{violations:?}");
+
+    // Positions strictly increase.
+    let mut h = sink_watched();
+    h.ops[3].outcome = Outcome::Ok(at(1));
+    assert_eq!(sink_watch_rules(&h), ["watch-order"]);
 }

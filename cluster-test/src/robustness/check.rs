@@ -321,6 +321,7 @@ fn refusals_allowed(input: &Input) -> Option<&'static [&'static str]> {
         // Observed, never refused.
         Input::WatchSaved { .. }
         | Input::WatchLease { .. }
+        | Input::WatchSinkWritten { .. }
         | Input::WatchCompacted { .. }
         | Input::WatchEnded { .. } => return None,
         // Seeded tasks without dependencies, never completed: only another agent's claim.

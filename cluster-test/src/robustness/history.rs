@@ -259,6 +259,20 @@ pub enum Input {
         /// The ticket's generation or the lease's fence (a queue attempt's permit token).
         fence: u64,
     },
+    /// A watch delivered an accepted fenced-sink write (observed, not invoked: call = return =
+    /// delivery).
+    WatchSinkWritten {
+        /// Sink resource.
+        resource: String,
+        /// The write's fence.
+        fence: u64,
+        /// The resource's seen fence after the write.
+        seen_fence: u64,
+        /// The resource's accepted writes, this one included.
+        writes: u64,
+        /// The value written.
+        value: String,
+    },
     /// A watch met `COMPACTED` at `requested` and went on from the oldest revision kept (the
     /// answer's position).
     WatchCompacted {
@@ -632,6 +646,17 @@ impl fmt::Display for Input {
                 holder,
                 fence,
             } => write!(f, "watch-{kind} {key} agent={holder} fence={fence}"),
+            Input::WatchSinkWritten {
+                resource,
+                fence,
+                seen_fence,
+                writes,
+                value,
+            } => write!(
+                f,
+                "watch-written {resource} fence={fence} seen={seen_fence} writes={writes} \
+                 value={value}"
+            ),
             Input::WatchCompacted { requested } => write!(f, "watch-compacted at={requested}"),
             Input::WatchEnded { error } => write!(f, "watch-ended {error}"),
         }

@@ -12,8 +12,8 @@
 //!    keyed queue permits ([`queue`]), checkpoint
 //!    saves ([`checkpoint`]) and a watch of them ([`watcher`]), with one of the tickets
 //!    ([`handoff_watch`]), one of the board's claims ([`board_watch`]), one of the
-//!    side-effect attempts ([`effect_watch`]) and one of the queue's attempts
-//!    ([`queue_watch`]) — every client
+//!    side-effect attempts ([`effect_watch`]), one of the queue's attempts ([`queue_watch`])
+//!    and one of the fenced sinks' writes ([`sink_watch`]) — every client
 //!    recording each operation (a watch: each change delivered) in one [`history::Recorder`];
 //! 3. inject the scenario's faults for a while ([`faults::Nemesis`]), then undo them all and
 //!    wait for the cluster to converge;
@@ -44,6 +44,7 @@ pub mod history;
 pub mod queue;
 pub mod queue_watch;
 pub mod reconcile;
+pub mod sink_watch;
 pub mod target;
 pub mod watcher;
 
@@ -397,6 +398,9 @@ fn workload_of(op: &Op) -> usize {
         if op.client == queue_watch::NAME {
             return 3;
         }
+        if op.client == sink_watch::NAME {
+            return 2;
+        }
     }
     match &op.input {
         Input::Offer { .. }
@@ -421,7 +425,9 @@ fn workload_of(op: &Op) -> usize {
         | Input::Resolve { .. }
         | Input::ShowAction { .. }
         | Input::WatchLease { .. } => 2,
-        Input::SinkWrite { resource, .. } | Input::SinkRead { resource }
+        Input::SinkWrite { resource, .. }
+        | Input::SinkRead { resource }
+        | Input::WatchSinkWritten { resource, .. }
             if resource.starts_with(effect::SINK_PREFIX) =>
         {
             2
@@ -771,6 +777,7 @@ async fn drive<T: Target>(
             violations.extend(board_watch::check(&history, true));
             violations.extend(effect_watch::check(&history, true));
             violations.extend(queue_watch::check(&history, true));
+            violations.extend(sink_watch::check(&history, true));
             violations.extend(progress(&history, nemesis.faults));
         }
         // Without a read-back, every acknowledged write would count as lost.
@@ -782,6 +789,7 @@ async fn drive<T: Target>(
                 .chain(board_watch::check(&history, false))
                 .chain(effect_watch::check(&history, false))
                 .chain(queue_watch::check(&history, false))
+                .chain(sink_watch::check(&history, false))
                 .filter(|violation| violation.rule != "lost-ack"),
         ),
     }
@@ -957,6 +965,7 @@ fn observed(op: &Op) -> bool {
         op.input,
         Input::WatchSaved { .. }
             | Input::WatchLease { .. }
+            | Input::WatchSinkWritten { .. }
             | Input::WatchCompacted { .. }
             | Input::WatchEnded { .. }
     )

@@ -1,9 +1,9 @@
 //! Watch workload: one client follows every checkpoint change from the first revision for the
 //! whole run — through every fault, resuming on another node as the library does — and records
 //! each change it is delivered (a `saved` of a run: its seq and data) in the history, with its
-//! position; four more follow the tickets', the board's, the side-effect gate's and the queue's
-//! changes the same way ([`handoff_watch`], [`board_watch`], [`effect_watch`] and
-//! [`queue_watch`] judge them). After the read-back they wait (bounded)
+//! position; five more follow the tickets', the board's, the side-effect gate's, the queue's and
+//! the fenced sinks' changes the same way ([`handoff_watch`], [`board_watch`], [`effect_watch`],
+//! [`queue_watch`] and [`sink_watch`] judge them). After the read-back they wait (bounded)
 //! until they have been delivered every acknowledged change they judge, then stop.
 //!
 //! Checked (docs/watch.md: "no gap and no duplicate"): positions strictly increase across the
@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 
 use super::check::Violation;
 use super::history::{Input, Op, Output, Recorder};
-use super::{board_watch, effect_watch, handoff_watch, queue_watch};
+use super::{board_watch, effect_watch, handoff_watch, queue_watch, sink_watch};
 
 /// The client name the checkpoint watch's events are recorded under.
 pub const NAME: &str = "watcher";
@@ -40,7 +40,7 @@ struct Follow {
 
 /// The running watches (stopped when dropped): the checkpoint watch of this module, the
 /// tickets' ([`handoff_watch`]), the board's ([`board_watch`]), the side-effect gate's
-/// ([`effect_watch`]) and the queue's ([`queue_watch`]).
+/// ([`effect_watch`]), the queue's ([`queue_watch`]) and the sinks' ([`sink_watch`]).
 pub struct Watcher {
     stop: Arc<AtomicBool>,
     /// Each watch's client name and task.
@@ -57,8 +57,8 @@ impl Drop for Watcher {
 }
 
 impl Watcher {
-    /// Starts following every checkpoint, ticket, board, side-effect and queue change from
-    /// revision 1.
+    /// Starts following every checkpoint, ticket, board, side-effect, queue and sink change
+    /// from revision 1.
     pub fn start(client: Client, rec: Recorder) -> Watcher {
         let stop = Arc::new(AtomicBool::new(false));
         let follows = [
@@ -102,6 +102,14 @@ impl Watcher {
                 },
                 record: queue_watch::recorded,
             },
+            Follow {
+                name: sink_watch::NAME,
+                filter: ChangeFilter {
+                    primitive: Some(Primitive::Sink),
+                    ..ChangeFilter::default()
+                },
+                record: sink_watch::recorded,
+            },
         ];
         let tasks = follows
             .into_iter()
@@ -129,6 +137,7 @@ impl Watcher {
                     && board_watch::all_delivered(history)
                     && effect_watch::all_delivered(history)
                     && queue_watch::all_delivered(history)
+                    && sink_watch::all_delivered(history)
             }) {
                 break;
             }

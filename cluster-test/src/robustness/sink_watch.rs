@@ -1,0 +1,208 @@
+//! The sinks' watch: a sixth watch ([`super::watcher`] runs it) follows every fenced-sink change
+//! from the first revision for the whole run and records each accepted write it is delivered
+//! (`written`: the resource, the write's fence, and the resource after it: its seen fence, its
+//! count of accepted writes, its value), with its position.
+//!
+//! A `written` is what a consumer downstream of a fenced resource acts on (a cache, a replica of
+//! the resource, an audit trail): one missed leaves it behind for good, one invented makes it
+//! act on a value nobody wrote. The sink's own rules look only at the answers and the value read
+//! back.
+//!
+//! A resource counts its accepted writes, and each accepted write is one change, so the count
+//! numbers a resource's changes with no gap; a stale write is refused and changes nothing, so an
+//! accepted write's fence is the resource's seen fence after it.
+//!
+//! Checked, on every sink the run writes (the side-effect and queue workloads'):
+//! - `watch-sink-order`: per resource, the delivered writes are numbered 1, 2, 3, ... with no gap
+//!   and no repeat (after a compaction the watch met, a resource's next may be any later one),
+//!   each with its fence as the seen fence after it, fences never going back; and the watch's
+//!   positions strictly increase (`watch-order`);
+//! - `watch-sink-phantom`: every delivered write names a write of that value with that fence to
+//!   that resource, sent (and not refused) before it was delivered;
+//! - `watch-sink-missed` (once the run was read back): every acknowledged write was delivered as
+//!   the write its answer numbered, with its fence and value — except one sent before the latest
+//!   compaction the watch met (it may have been in the history compacted away).
+
+use std::collections::BTreeMap;
+
+use baton_statemachine::{Change, ChangeValue};
+
+use super::check::Violation;
+use super::history::{Input, Op, Output};
+use super::watcher::{self, Finding, Missed};
+
+/// The client name the sink watch's changes are recorded under.
+pub const NAME: &str = "sink-watcher";
+
+/// What the watch records of `change`: an accepted sink write.
+pub(super) fn recorded(change: &Change) -> Option<Input> {
+    let ChangeValue::Sink(sink) = &change.value else {
+        return None;
+    };
+    Some(Input::WatchSinkWritten {
+        resource: change.key.clone(),
+        fence: change.fence,
+        seen_fence: sink.seen_fence,
+        writes: sink.writes,
+        value: String::from_utf8_lossy(&sink.value).into_owned(),
+    })
+}
+
+/// A delivered write: its fence and value.
+struct Written<'h> {
+    fence: u64,
+    value: &'h str,
+}
+
+/// The watch's deliveries by `(resource, writes)`, the first of each.
+fn delivered(history: &[Op]) -> BTreeMap<(&str, u64), Written<'_>> {
+    let mut delivered = BTreeMap::new();
+    for op in history.iter().filter(|op| op.client == NAME) {
+        if let Input::WatchSinkWritten {
+            resource,
+            fence,
+            writes,
+            value,
+            ..
+        } = &op.input
+        {
+            delivered
+                .entry((resource.as_str(), *writes))
+                .or_insert(Written {
+                    fence: *fence,
+                    value,
+                });
+        }
+    }
+    delivered
+}
+
+/// Every acknowledged write the watch owed and did not deliver as the write its answer
+/// numbered (see the module comment).
+fn missed(history: &[Op]) -> Vec<Missed<'_>> {
+    let since = watcher::compacted_at(history, NAME);
+    let delivered = delivered(history);
+    history
+        .iter()
+        .filter(|op| since.is_none_or(|since| op.call > since))
+        .filter_map(|op| match (&op.input, op.ok()) {
+            (
+                Input::SinkWrite {
+                    resource,
+                    fence,
+                    value,
+                },
+                Some(Output::Sink { writes, .. }),
+            ) => {
+                let what = match delivered.get(&(resource.as_str(), *writes)) {
+                    Some(d) if d.fence == *fence && d.value == value => return None,
+                    Some(d) => format!(
+                        "write {writes} (fence {fence}, value {value:?}) was delivered with \
+                         fence {} and value {:?}",
+                        d.fence, d.value
+                    ),
+                    None => format!("write {writes} (fence {fence}, value {value:?})"),
+                };
+                Some((resource.as_str(), what, op.index))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Whether the watch has delivered every acknowledged write it owes so far.
+pub fn all_delivered(history: &[Op]) -> bool {
+    missed(history).is_empty()
+}
+
+/// The watch's `watch-sink-order` and `watch-sink-phantom` findings, in delivery order.
+fn findings(history: &[Op]) -> Vec<Finding<'_>> {
+    let mut sent: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
+    for op in history {
+        if let Input::SinkWrite { resource, .. } = &op.input {
+            sent.entry(resource).or_default().push(op);
+        }
+    }
+    let mut found = Vec::new();
+    // Per resource, the last write delivered since the latest compaction met: its count and
+    // fence. Before any compaction, a resource's first is write 1.
+    let mut last: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    let mut compacted = false;
+    for op in history.iter().filter(|op| op.client == NAME) {
+        let Input::WatchSinkWritten {
+            resource,
+            fence,
+            seen_fence,
+            writes,
+            value,
+        } = &op.input
+        else {
+            if matches!(op.input, Input::WatchCompacted { .. }) {
+                compacted = true;
+                last.clear();
+            }
+            continue;
+        };
+        let mut order = |message: String| {
+            found.push((
+                "watch-sink-order",
+                resource.as_str(),
+                message,
+                vec![op.index],
+            ));
+        };
+        match last.get(resource.as_str()) {
+            Some((before, _)) if *writes != before + 1 => order(format!(
+                "delivered write {writes} after write {before} (a change skipped or repeated)"
+            )),
+            None if !compacted && *writes != 1 => order(format!(
+                "the first write delivered is write {writes}, not write 1"
+            )),
+            _ => {}
+        }
+        if seen_fence != fence {
+            order(format!(
+                "write {writes} with fence {fence} left the seen fence at {seen_fence}"
+            ));
+        }
+        if let Some((_, before)) = last.get(resource.as_str()).filter(|(_, f)| f > fence) {
+            order(format!(
+                "write {writes} has fence {fence}, below the fence {before} of the write before it"
+            ));
+        }
+        last.insert(resource, (*writes, *fence));
+        let explained = sent.get(resource.as_str()).is_some_and(|writes| {
+            writes.iter().any(|w| {
+                w.call < op.call
+                    && w.refused().is_none()
+                    && matches!(&w.input, Input::SinkWrite { fence: f, value: v, .. } if f == fence && v == value)
+            })
+        });
+        if !explained {
+            found.push((
+                "watch-sink-phantom",
+                resource.as_str(),
+                format!(
+                    "delivered write {writes} with fence {fence} and value {value:?}, which no \
+                     write sent before it (and not refused) explains"
+                ),
+                vec![op.index],
+            ));
+        }
+    }
+    found
+}
+
+/// Every sink watch checker (see the module comment). `complete`: the run was read back, so
+/// every acknowledged write must have been delivered.
+pub fn check(history: &[Op], complete: bool) -> Vec<Violation> {
+    let mut violations = watcher::increasing_positions(&watcher::positions(history, NAME));
+    violations.extend(watcher::capped(findings(history)));
+    if complete {
+        violations.extend(watcher::missed_changes(
+            "watch-sink-missed",
+            missed(history),
+        ));
+    }
+    violations
+}
