@@ -11,10 +11,11 @@
 //! connections are not counted: a node at its cap still replicates, votes and hands over.
 //!
 //! A held place is given back when the connection closes, and a connection that moves no byte
-//! either way for [`IDLE_LIMIT`] is closed ([`Guarded`]): the node pings every connection every
-//! [`KEEPALIVE`], idle or not, and a live client answers, so only a dead host, or one that
-//! finished its TLS handshake and never sent HTTP/2's preface (before which no ping is sent),
-//! goes that long without a byte.
+//! either way for [`IDLE_LIMIT`] is closed ([`Guarded`]). Once HTTP/2 runs, the node pings a
+//! connection it has heard nothing from for [`KEEPALIVE`], streams open or not, and closes it
+//! when no answer comes within as long again, so a live client never goes that long without a
+//! byte and a dead one is let go at 40 s: the idle limit is what bounds a connection before
+//! HTTP/2 runs, such as one that finished its TLS handshake and never sent HTTP/2's preface.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -125,6 +126,75 @@ mod tests {
         assert!(
             places.admit(s4).is_some(),
             "a closed connection gives its place back"
+        );
+    }
+
+    /// Serves gRPC health on `listener`, each connection admitted with a 300 ms idle limit, the
+    /// server pinging every `keepalive` (never with `None`); counts the connections accepted.
+    fn health_server(
+        listener: TcpListener,
+        keepalive: Option<Duration>,
+    ) -> Arc<std::sync::atomic::AtomicUsize> {
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let places = ClientConnections::with_idle_limit(8, Duration::from_millis(300));
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        let counted = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let _ = tx
+                    .send(Ok::<_, std::io::Error>(places.admit(stream).unwrap()))
+                    .await;
+            }
+        });
+        let (_, health) = tonic_health::server::health_reporter();
+        let server = tonic::transport::Server::builder()
+            .http2_keepalive_interval(keepalive)
+            .http2_keepalive_timeout(keepalive)
+            .add_service(health)
+            .serve_with_incoming(tokio_stream::wrappers::ReceiverStream::new(rx));
+        tokio::spawn(server);
+        accepted
+    }
+
+    /// A health call on a fresh connection to a [`health_server`] pinging every `keepalive`,
+    /// then another on the same channel 1 s later: whether the second was served, and how many
+    /// connections the server accepted.
+    async fn asked_twice(keepalive: Option<Duration>) -> (bool, usize) {
+        use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = health_server(listener, keepalive);
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = HealthClient::new(channel);
+        client.check(HealthCheckRequest::default()).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let second = client.check(HealthCheckRequest::default()).await;
+        (
+            second.is_ok(),
+            accepted.load(std::sync::atomic::Ordering::SeqCst),
+        )
+    }
+
+    /// The server's pings keep a quiet, live connection moving bytes, so the idle limit never
+    /// closes it: the claim the 60 s limit rests on. Without pings the same connection is
+    /// closed once idle, and the client has to connect again (or fails).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pings_keep_a_quiet_live_connection_open_past_the_idle_limit() {
+        let (served, accepted) = asked_twice(Some(Duration::from_millis(100))).await;
+        assert!(served, "the second call failed");
+        assert_eq!(
+            accepted, 1,
+            "the quiet connection was closed and opened again"
+        );
+        let (served, accepted) = asked_twice(None).await;
+        assert!(
+            !served || accepted == 2,
+            "without pings, the quiet connection outlived the idle limit"
         );
     }
 

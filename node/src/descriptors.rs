@@ -7,37 +7,44 @@
 //! Go runtime does for every Go program (etcd's among them), and warns when even that leaves too
 //! little room for `limits.max_connections`.
 
-use nix::sys::resource::{getrlimit, setrlimit, Resource, RLIM_INFINITY};
+use nix::sys::resource::{getrlimit, setrlimit, Resource};
 
 /// Descriptors left for what is not a client connection: the store's files, peer links in and
 /// out, snapshot files, the operator endpoint's connections (at most 128), the runtime's own.
 pub const RESERVED: u64 = 1_024;
 
-/// The most a soft limit is raised to when the hard limit is unlimited (Linux's default cap on
-/// open files per process, `fs.nr_open`).
-const CEILING: u64 = 1 << 20;
+/// Linux's default `fs.nr_open`, for where it cannot be read.
+const DEFAULT_CEILING: u64 = 1 << 20;
 
-/// Raises the soft limit on open files to the hard limit, and returns the soft limit in force
-/// afterwards (`None` when it cannot be read).
+/// The most open files the kernel lets a process have (Linux's `fs.nr_open`): no limit, hard or
+/// soft, may name more, or the kernel refuses the setting.
+fn kernel_ceiling() -> u64 {
+    std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or(DEFAULT_CEILING)
+}
+
+/// Raises the soft limit on open files to the hard limit (both kept within the kernel's
+/// ceiling), and returns the soft limit in force afterwards (`None` when it cannot be read).
 pub fn raise_limit() -> Option<u64> {
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
-    let target = if hard == RLIM_INFINITY { CEILING } else { hard };
-    // A kernel may allow less than the hard limit says (an unlimited one, or `fs.nr_open`
-    // lowered): each refusal halves the ask.
-    let mut ask = target;
-    while soft != RLIM_INFINITY && soft < ask {
-        match setrlimit(Resource::RLIMIT_NOFILE, ask, hard) {
-            Ok(()) => {
-                tracing::debug!(from = soft, to = ask, "raised the open-file limit");
-                return Some(ask);
-            }
-            Err(error) => {
-                tracing::debug!(%error, ask, "cannot raise the open-file limit that far");
-                ask /= 2;
-            }
+    // A hard limit above the ceiling (unlimited, say) could never be used, and naming it would
+    // have the setting refused.
+    let target = hard.min(kernel_ceiling());
+    if soft >= target {
+        return Some(soft);
+    }
+    match setrlimit(Resource::RLIMIT_NOFILE, target, target) {
+        Ok(()) => {
+            tracing::debug!(from = soft, to = target, "raised the open-file limit");
+            Some(target)
+        }
+        Err(error) => {
+            tracing::debug!(%error, "cannot raise the open-file limit");
+            Some(soft)
         }
     }
-    Some(soft)
 }
 
 /// What to tell the operator when an open-file `limit` leaves fewer descriptors than
@@ -61,16 +68,16 @@ mod tests {
 
     #[test]
     fn the_limit_is_raised_as_far_as_allowed_and_reported() {
-        let (before, _) = getrlimit(Resource::RLIMIT_NOFILE).expect("the limit can be read");
+        let (before, hard_before) = getrlimit(Resource::RLIMIT_NOFILE).expect("readable");
         let raised = raise_limit().expect("the limit can be read");
-        let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("the limit can be read");
+        let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("readable");
         assert_eq!(raised, soft, "reports the limit in force");
         assert!(soft >= before, "lowered from {before} to {soft}");
         assert!(soft <= hard, "soft {soft} above hard {hard}");
-        // On Linux an unprivileged process may raise its soft limit to its hard one, up to
-        // `fs.nr_open` (2^20 by default).
-        if cfg!(target_os = "linux") && hard != RLIM_INFINITY && hard <= CEILING {
-            assert_eq!(soft, hard, "soft limit not raised to the hard one");
+        // An unprivileged process may raise its soft limit to its hard one, within the
+        // kernel's ceiling.
+        if cfg!(target_os = "linux") {
+            assert_eq!(soft, before.max(hard_before.min(kernel_ceiling())));
         }
     }
 
