@@ -4398,12 +4398,70 @@ fn t71_the_sink_watch_delivers_every_accepted_write_in_order() {
             sink_watch::check(&h.ops, true)
         );
     }
-    // An unanswered write may have been accepted: it explains its delivery.
+    // An unanswered write may have been accepted: it explains its delivery; and once a read
+    // showed it, it is owed (no later delivery would show it missing).
     let mut h = sink_watched();
     h.ambiguous("h2", write(&r, 4, "e"), 60);
     h.ok(w, sink_written(&r, 4, 3, "e"), 70, 70, at(3));
+    h.ok("final", sink_read(&r), 80, 90, sink(4, 3, "e"));
     let violations = sink_watch::check(&h.ops, true);
     assert!(violations.is_empty(), "{violations:?}");
+    h.ok("reader", sink_read(&r), 35, 36, sink(3, 2, "b"));
+    let h = without(h, 6);
+    assert_eq!(sink_watch_rules(&h), ["watch-sink-missed"]);
+    assert!(!sink_watch::all_delivered(&h.ops));
+    // Also on a resource no write to was acknowledged.
+    let lone = effect::sink_of("res-2");
+    let mut h = sink_watched();
+    h.ambiguous("h2", write(&lone, 1, "g"), 60);
+    h.ok("final", sink_read(&lone), 80, 90, sink(1, 1, "g"));
+    assert_eq!(sink_watch_rules(&h), ["watch-sink-missed"]);
+
+    // Across a compaction: a write a read showed is owed only if a write acknowledged after the
+    // compaction came no later; a resource's next may skip ahead, never repeat or go back; one
+    // first written after the compaction starts at 1.
+    let mut h = sink_compacted();
+    h.ambiguous("h3", write(&r, 4, "f"), 40);
+    h.ok("final", sink_read(&r), 80, 90, sink(4, 4, "f"));
+    assert_eq!(sink_watch_rules(&h), ["watch-sink-missed"]);
+    h.ok(w, sink_written(&r, 4, 4, "f"), 91, 91, at(4));
+    assert!(sink_watch_rules(&h).is_empty());
+    let mut h = without(without(sink_compacted(), 5), 4);
+    h.ok("final", sink_read(&r), 80, 90, sink(2, 2, "m"));
+    let violations = sink_watch::check(&h.ops, true);
+    assert!(violations.is_empty(), "{violations:?}");
+    // A write a read showed that came before the first write acknowledged after the compaction
+    // may have been taken away; a write between two acknowledged after it may not.
+    let mut h = sink_compacted();
+    h.ok("reader", sink_read(&r), 13, 14, sink(2, 2, "m"));
+    let violations = sink_watch::check(&h.ops, true);
+    assert!(violations.is_empty(), "{violations:?}");
+    let mut h = sink_compacted();
+    h.ambiguous("h3", write(&r, 4, "f"), 40);
+    h.ok("reader", sink_read(&r), 45, 46, sink(4, 4, "f"));
+    h.ok("h4", write(&r, 5, "g"), 50, 55, sink(5, 5, ""));
+    h.ok(w, sink_written(&r, 5, 5, "g"), 56, 56, at(5));
+    assert_eq!(
+        sink_watch_rules(&h),
+        ["watch-sink-missed", "watch-sink-order"]
+    );
+    // A resource whose first writes were compacted away may start anywhere.
+    let violations = sink_watch::check(&without(sink_compacted(), 1).ops, true);
+    assert!(violations.is_empty(), "{violations:?}");
+    let mut repeat = sink_compacted();
+    repeat.ops[5].input = sink_written(&r, 1, 1, "a");
+    assert_eq!(
+        sink_watch_rules(&repeat),
+        ["watch-sink-missed", "watch-sink-order"]
+    );
+    let other = effect::sink_of("res-1");
+    let mut h = sink_compacted();
+    h.ok("h4", write(&other, 2, "n"), 40, 50, sink(2, 1, ""));
+    h.ok(w, sink_written(&other, 2, 2, "n"), 51, 51, at(4));
+    assert_eq!(
+        sink_watch_rules(&h),
+        ["watch-sink-missed", "watch-sink-order"]
+    );
 
     // Positions strictly increase.
     let mut h = sink_watched();

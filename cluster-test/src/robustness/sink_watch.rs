@@ -14,14 +14,17 @@
 //!
 //! Checked, on every sink the run writes (the side-effect and queue workloads'):
 //! - `watch-sink-order`: per resource, the delivered writes are numbered 1, 2, 3, ... with no gap
-//!   and no repeat (after a compaction the watch met, a resource's next may be any later one),
-//!   each with its fence as the seen fence after it, fences never going back; and the watch's
-//!   positions strictly increase (`watch-order`);
+//!   and no repeat (across a compaction the watch met, a resource's next may skip ahead, and one
+//!   written before it need not start at 1), each with its fence as the seen fence after it,
+//!   fences never going back; and the watch's positions strictly increase (`watch-order`);
 //! - `watch-sink-phantom`: every delivered write names a write of that value with that fence to
 //!   that resource, sent (and not refused) before it was delivered;
 //! - `watch-sink-missed` (once the run was read back): every acknowledged write was delivered as
-//!   the write its answer numbered, with its fence and value — except one sent before the latest
-//!   compaction the watch met (it may have been in the history compacted away).
+//!   the write its answer numbered, with its fence and value, and so was the latest write any
+//!   read showed (an unanswered write may be a resource's last, which no later delivery would
+//!   show missing) — except what can have been in the history a compaction the watch met took
+//!   away: a write sent before the latest one, or a write a read showed, unless a write to its
+//!   resource acknowledged after that compaction came no later.
 
 use std::collections::BTreeMap;
 
@@ -77,35 +80,94 @@ fn delivered(history: &[Op]) -> BTreeMap<(&str, u64), Written<'_>> {
     delivered
 }
 
-/// Every acknowledged write the watch owed and did not deliver as the write its answer
-/// numbered (see the module comment).
+/// A write the watch owes: its fence and value, how the run knows of it, and the op that shows
+/// it.
+struct Owed<'h> {
+    fence: u64,
+    value: &'h str,
+    shown_by: &'static str,
+    op: usize,
+}
+
+/// Every write the watch owed and did not deliver as such (see the module comment).
 fn missed(history: &[Op]) -> Vec<Missed<'_>> {
     let since = watcher::compacted_at(history, NAME);
-    let delivered = delivered(history);
-    history
-        .iter()
-        .filter(|op| since.is_none_or(|since| op.call > since))
-        .filter_map(|op| match (&op.input, op.ok()) {
-            (
-                Input::SinkWrite {
-                    resource,
-                    fence,
+    let after = |op: &Op| since.is_none_or(|since| op.call > since);
+    let mut owed: BTreeMap<(&str, u64), Owed<'_>> = BTreeMap::new();
+    // Per resource, the lowest count an acknowledged write sent after the compaction was
+    // answered with: its change, and every later one, came after the compaction.
+    let mut fresh_from: BTreeMap<&str, u64> = BTreeMap::new();
+    for op in history {
+        if let (
+            Input::SinkWrite {
+                resource,
+                fence,
+                value,
+            },
+            Some(Output::Sink { writes, .. }),
+        ) = (&op.input, op.ok())
+        {
+            if after(op) {
+                owed.entry((resource.as_str(), *writes)).or_insert(Owed {
+                    fence: *fence,
                     value,
-                },
-                Some(Output::Sink { writes, .. }),
-            ) => {
-                let what = match delivered.get(&(resource.as_str(), *writes)) {
-                    Some(d) if d.fence == *fence && d.value == value => return None,
-                    Some(d) => format!(
-                        "write {writes} (fence {fence}, value {value:?}) was delivered with \
-                         fence {} and value {:?}",
-                        d.fence, d.value
-                    ),
-                    None => format!("write {writes} (fence {fence}, value {value:?})"),
-                };
-                Some((resource.as_str(), what, op.index))
+                    shown_by: "acknowledged",
+                    op: op.index,
+                });
+                let from = fresh_from.entry(resource.as_str()).or_insert(*writes);
+                *from = (*from).min(*writes);
             }
-            _ => None,
+        }
+    }
+    // The latest write each resource's reads showed.
+    let mut shown: BTreeMap<&str, (u64, &Op)> = BTreeMap::new();
+    for op in history {
+        if let (Input::SinkRead { resource }, Some(Output::Sink { writes, .. })) =
+            (&op.input, op.ok())
+        {
+            let latest = shown.entry(resource.as_str()).or_insert((*writes, op));
+            if *writes > latest.0 {
+                *latest = (*writes, op);
+            }
+        }
+    }
+    for (resource, (writes, read)) in shown {
+        let Some(Output::Sink {
+            seen_fence, value, ..
+        }) = read.ok()
+        else {
+            continue;
+        };
+        let after_compaction =
+            since.is_none() || fresh_from.get(resource).is_some_and(|from| *from <= writes);
+        if writes > 0 && after_compaction {
+            owed.entry((resource, writes)).or_insert(Owed {
+                fence: *seen_fence,
+                value,
+                shown_by: "shown by a read",
+                op: read.index,
+            });
+        }
+    }
+    let delivered = delivered(history);
+    owed.into_iter()
+        .filter_map(|((resource, writes), owed)| {
+            let Owed {
+                fence,
+                value,
+                shown_by,
+                op,
+            } = owed;
+            let what = match delivered.get(&(resource, writes)) {
+                Some(d) if d.fence == fence && d.value == value => return None,
+                Some(d) => format!(
+                    "write {writes} ({shown_by}: fence {fence}, value {value:?}) was delivered \
+                     with fence {} and value {:?}",
+                    d.fence, d.value
+                ),
+                None => format!("write {writes} ({shown_by}: fence {fence}, value {value:?})"),
+            };
+            Some((resource, what, op))
         })
         .collect()
 }
@@ -124,10 +186,11 @@ fn findings(history: &[Op]) -> Vec<Finding<'_>> {
         }
     }
     let mut found = Vec::new();
-    // Per resource, the last write delivered since the latest compaction met: its count and
-    // fence. Before any compaction, a resource's first is write 1.
-    let mut last: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
-    let mut compacted = false;
+    // Per resource, the last write delivered: its count, its fence, and how many compactions
+    // the watch had met by then. And when the watch met its latest compaction.
+    let mut last: BTreeMap<&str, (u64, u64, usize)> = BTreeMap::new();
+    let mut compactions = 0;
+    let mut compacted_at = None;
     for op in history.iter().filter(|op| op.client == NAME) {
         let Input::WatchSinkWritten {
             resource,
@@ -138,11 +201,16 @@ fn findings(history: &[Op]) -> Vec<Finding<'_>> {
         } = &op.input
         else {
             if matches!(op.input, Input::WatchCompacted { .. }) {
-                compacted = true;
-                last.clear();
+                compactions += 1;
+                compacted_at = Some(op.call);
             }
             continue;
         };
+        // Written before the latest compaction: its first changes may have been taken away.
+        let written_before = compacted_at.is_some_and(|at| {
+            sent.get(resource.as_str())
+                .is_some_and(|writes| writes.iter().any(|w| w.call < at))
+        });
         let mut order = |message: String| {
             found.push((
                 "watch-sink-order",
@@ -152,10 +220,16 @@ fn findings(history: &[Op]) -> Vec<Finding<'_>> {
             ));
         };
         match last.get(resource.as_str()) {
-            Some((before, _)) if *writes != before + 1 => order(format!(
-                "delivered write {writes} after write {before} (a change skipped or repeated)"
+            Some((before, _, met)) if *met == compactions && *writes != before + 1 => {
+                order(format!(
+                    "delivered write {writes} after write {before} (a change skipped or repeated)"
+                ))
+            }
+            Some((before, _, _)) if writes <= before => order(format!(
+                "delivered write {writes} after write {before}, across a compaction (a change \
+                 repeated)"
             )),
-            None if !compacted && *writes != 1 => order(format!(
+            None if !written_before && *writes != 1 => order(format!(
                 "the first write delivered is write {writes}, not write 1"
             )),
             _ => {}
@@ -165,12 +239,12 @@ fn findings(history: &[Op]) -> Vec<Finding<'_>> {
                 "write {writes} with fence {fence} left the seen fence at {seen_fence}"
             ));
         }
-        if let Some((_, before)) = last.get(resource.as_str()).filter(|(_, f)| f > fence) {
+        if let Some((_, before, _)) = last.get(resource.as_str()).filter(|(_, f, _)| f > fence) {
             order(format!(
                 "write {writes} has fence {fence}, below the fence {before} of the write before it"
             ));
         }
-        last.insert(resource, (*writes, *fence));
+        last.insert(resource, (*writes, *fence, compactions));
         let explained = sent.get(resource.as_str()).is_some_and(|writes| {
             writes.iter().any(|w| {
                 w.call < op.call
