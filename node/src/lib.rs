@@ -2,6 +2,7 @@
 //! leader stamping and sweeps, configuration and the `baton` command line.
 
 pub mod admission;
+pub mod arriving;
 pub mod auth;
 pub mod client_connections;
 pub mod cluster_id;

@@ -29,6 +29,7 @@ use tonic::{Code, Status};
 use tower_layer::Layer;
 use tower_service::Service;
 
+use crate::arriving::{Arriving, BODY_IDLE_LIMIT};
 use crate::config::Limits;
 use crate::metrics::metrics;
 
@@ -337,7 +338,7 @@ type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
 
 impl<S, B, R> Service<http::Request<B>> for Admission<S>
 where
-    S: Service<http::Request<B>, Response = http::Response<R>> + Clone + Send + 'static,
+    S: Service<http::Request<Arriving<B>>, Response = http::Response<R>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     R: Default + Send + 'static,
@@ -357,14 +358,14 @@ where
         let path = request.uri().path();
         let door = door(path);
         if door == Door::Open {
-            return Box::pin(inner.call(request));
+            return Box::pin(inner.call(request.map(Arriving::unbounded)));
         }
         let limits = self.gate.limits;
         let method = path.trim_start_matches('/').to_string();
         let in_flight = metrics().request_started(&method);
         if door == Door::Watch {
             // In flight until its stream opens (or is refused), like any call until its answer.
-            let answer = inner.call(request);
+            let answer = inner.call(request.map(Arriving::unbounded));
             return Box::pin(async move {
                 let answered = explained(answer.await?, &limits, Some(&method));
                 drop(in_flight);
@@ -386,6 +387,11 @@ where
                 }
             }
             Door::Admin | Door::Watch | Door::Open => None,
+        };
+        // A client call's place is held until its answer: its body must keep arriving.
+        let request = match door {
+            Door::Client => request.map(|body| Arriving::within(body, BODY_IDLE_LIMIT)),
+            _ => request.map(Arriving::unbounded),
         };
         let answer = inner.call(request);
         Box::pin(async move {

@@ -414,3 +414,56 @@ async fn one_connection_holds_no_more_streams_than_its_limits_allow() {
     drop((open, answered, client));
     cluster.stop().await;
 }
+
+/// A call whose request body stops arriving gives its in-flight place back after
+/// `BODY_IDLE_LIMIT` without a byte, answered with an error; before, it held the place for as
+/// long as its connection lived (which answers the node's pings), and a few such calls held
+/// every place of the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_body_stops_arriving_gives_its_place_back() {
+    let cluster = Cluster::start_custom(|config| config.limits.max_in_flight = 1).await;
+    let tcp = tokio::net::TcpStream::connect(&cluster.addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let request = tonic::codegen::http::Request::post(format!(
+        "http://{}/baton.v1.Checkpoint/Load",
+        cluster.addr
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .unwrap();
+    let (response, mut body) = client.send_request(request, false).unwrap();
+    // Two bytes of a message's five-byte prefix, and then nothing.
+    body.send_data(bytes::Bytes::from_static(&[0, 0]), false)
+        .unwrap();
+
+    let status = load_until_overloaded(&channel(&cluster.addr).await).await;
+    assert!(
+        detail_of(&status).is_some_and(|d| d.code == infra::OVERLOADED),
+        "the stalled call does not hold the only place: {status:?}"
+    );
+
+    // The stalled call is answered with an error once its body has been idle for the limit.
+    let answer = tokio::time::timeout(baton_node::arriving::BODY_IDLE_LIMIT * 2, response)
+        .await
+        .expect("the stalled call was never answered")
+        .unwrap();
+    let grpc_status = answer
+        .headers()
+        .get("grpc-status")
+        .map(|value| value.to_str().unwrap().to_string());
+    assert_eq!(
+        grpc_status.as_deref(),
+        Some("4"),
+        "not DEADLINE_EXCEEDED: {answer:?}"
+    );
+    assert_eq!(
+        cluster.client.load("r").await.unwrap_err().refusal(),
+        Some(&Refusal::NotFound),
+        "the place was given back"
+    );
+    drop((body, client));
+    cluster.stop().await;
+}
