@@ -19,9 +19,11 @@ use tonic::Status;
 /// An error of any kind, as tonic's server takes a body's errors.
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// How long a client call's body may deliver nothing before it ends: as long as a connection
-/// may take to open ([`crate::raft_server::OPENING_LIMIT`]).
-pub const BODY_IDLE_LIMIT: Duration = Duration::from_secs(10);
+/// How long a client call's body may deliver nothing before it ends. The clock starts with the
+/// headers, and HTTP/2 shares a connection's window among its streams: a client sending many
+/// large requests at once over a slow link has the later ones wait their turn for a while,
+/// delivering nothing. The Rust client gives up on an attempt after 3 s anyway.
+pub const BODY_IDLE_LIMIT: Duration = Duration::from_secs(30);
 
 /// A body that fails once it delivers nothing for its idle limit before its end.
 pub struct Arriving<B> {
@@ -79,7 +81,10 @@ where
                 }
                 let idle = *idle;
                 this.limit = None;
-                Poll::Ready(Some(Err(Box::new(Status::deadline_exceeded(format!(
+                // Nothing was done (the message never arrived), so the call may be sent again:
+                // UNAVAILABLE says so to any gRPC client. (tonic would take a CANCELLED from a
+                // body for the body's end.)
+                Poll::Ready(Some(Err(Box::new(Status::unavailable(format!(
                     "the request's body stopped arriving: nothing for {idle:?} before its end"
                 ))))))
             }
