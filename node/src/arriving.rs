@@ -28,8 +28,17 @@ pub const BODY_IDLE_LIMIT: Duration = Duration::from_secs(30);
 /// A body that fails once it delivers nothing for its idle limit before its end.
 pub struct Arriving<B> {
     body: B,
-    /// The idle limit and when it runs out; none for a body that may take its time.
-    limit: Option<(Duration, Pin<Box<Sleep>>)>,
+    /// None for a body that may take its time.
+    limit: Option<Limit>,
+}
+
+/// How long a body may deliver nothing, and since when it has not.
+struct Limit {
+    idle: Duration,
+    since: Instant,
+    /// The timer, made the first time the body has nothing to deliver: most bodies have all of
+    /// theirs at once, and a client call should not pay for a timer it never waits on.
+    deadline: Option<Pin<Box<Sleep>>>,
 }
 
 impl<B> Arriving<B> {
@@ -37,7 +46,11 @@ impl<B> Arriving<B> {
     pub fn within(body: B, idle: Duration) -> Self {
         Self {
             body,
-            limit: Some((idle, Box::pin(tokio::time::sleep(idle)))),
+            limit: Some(Limit {
+                idle,
+                since: Instant::now(),
+                deadline: None,
+            }),
         }
     }
 
@@ -62,8 +75,11 @@ where
         let this = self.get_mut();
         match Pin::new(&mut this.body).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                if let Some((idle, deadline)) = &mut this.limit {
-                    deadline.as_mut().reset(Instant::now() + *idle);
+                if let Some(limit) = &mut this.limit {
+                    limit.since = Instant::now();
+                    if let Some(deadline) = &mut limit.deadline {
+                        deadline.as_mut().reset(limit.since + limit.idle);
+                    }
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -73,13 +89,17 @@ where
                 Poll::Ready(None)
             }
             Poll::Pending => {
-                let Some((idle, deadline)) = &mut this.limit else {
+                let Some(limit) = &mut this.limit else {
                     return Poll::Pending;
                 };
+                let until = limit.since + limit.idle;
+                let deadline = limit
+                    .deadline
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
                 if deadline.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;
                 }
-                let idle = *idle;
+                let idle = limit.idle;
                 this.limit = None;
                 // Nothing was done (the message never arrived), so the call may be sent again:
                 // UNAVAILABLE says so to any gRPC client. (tonic would take a CANCELLED from a
