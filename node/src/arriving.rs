@@ -28,7 +28,7 @@ pub const BODY_IDLE_LIMIT: Duration = Duration::from_secs(30);
 /// A body that fails once it delivers nothing for its idle limit before its end.
 pub struct Arriving<B> {
     body: B,
-    /// None for a body that may take its time.
+    /// None for a body that may take its time, or one that has ended or failed.
     limit: Option<Limit>,
 }
 

@@ -68,7 +68,7 @@ impl ClientConnections {
         match self.places.clone().try_acquire_owned() {
             Ok(place) => {
                 metrics().client_connection_opened();
-                Some(Guarded::new(stream, Place(place), self.idle))
+                Some(Guarded::new(stream, Place { _permit: place }, self.idle))
             }
             Err(_) => {
                 metrics().client_connection_refused();
@@ -89,7 +89,9 @@ impl ClientConnections {
 }
 
 /// A place taken, given back when the connection is dropped.
-pub struct Place(#[allow(dead_code)] OwnedSemaphorePermit);
+pub struct Place {
+    _permit: OwnedSemaphorePermit,
+}
 
 impl Drop for Place {
     fn drop(&mut self) {

@@ -47,15 +47,24 @@ pub fn raise_limit() -> Option<u64> {
     }
 }
 
+/// Raises the limit as the process starts ([`raise_limit`]; it is the process's, however many
+/// nodes it runs) and warns when it leaves too little room for `connections`, the client
+/// connections the process's nodes may hold between them (their `limits.max_connections`).
+pub fn raise_for(connections: usize) {
+    if let Some(warning) = raise_limit().and_then(|limit| shortfall(limit, connections)) {
+        tracing::warn!("{warning}");
+    }
+}
+
 /// What to tell the operator when an open-file `limit` leaves fewer descriptors than
-/// `max_connections` once [`RESERVED`] are set aside; `None` when it leaves enough.
-pub fn shortfall(limit: u64, max_connections: usize) -> Option<String> {
+/// `connections` once [`RESERVED`] are set aside; `None` when it leaves enough.
+pub fn shortfall(limit: u64, connections: usize) -> Option<String> {
     let room = limit.saturating_sub(RESERVED);
-    (room < max_connections as u64).then(|| {
+    (room < connections as u64).then(|| {
         format!(
             "the open-file limit is {limit}: with {RESERVED} kept for the store, peers and \
-             snapshots, it leaves room for {room} client connections, fewer than \
-             limits.max_connections ({max_connections}); a node out of descriptors cannot \
+             snapshots, it leaves room for {room} client connections, fewer than the \
+             {connections} limits.max_connections allows; a node out of descriptors cannot \
              accept its peers: raise the limit (LimitNOFILE= under systemd, ulimit -n) or lower \
              limits.max_connections"
         )

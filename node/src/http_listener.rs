@@ -19,7 +19,7 @@ use axum::serve::Listener;
 use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-pub use crate::guarded::Guarded;
+use crate::guarded::Guarded;
 
 /// How many connections the endpoint serves at once.
 pub const MAX_CONNECTIONS: usize = 128;

@@ -372,26 +372,25 @@ where
                 Ok(answered)
             });
         }
-        let ticket = match door {
+        let (ticket, request) = match door {
             Door::Client => {
                 let remote = request
                     .extensions()
                     .get::<TcpConnectInfo>()
                     .and_then(|info| info.remote_addr());
                 match self.gate.admit(remote) {
-                    Ok(ticket) => Some(ticket),
+                    // The place is held until the answer: the body must keep arriving.
+                    Ok(ticket) => (
+                        Some(ticket),
+                        request.map(|body| Arriving::within(body, BODY_IDLE_LIMIT)),
+                    ),
                     Err(status) => {
                         metrics().request_failed(&method, &status);
                         return Box::pin(std::future::ready(Ok(status.into_http())));
                     }
                 }
             }
-            Door::Admin | Door::Watch | Door::Open => None,
-        };
-        // A client call's place is held until its answer: its body must keep arriving.
-        let request = match door {
-            Door::Client => request.map(|body| Arriving::within(body, BODY_IDLE_LIMIT)),
-            _ => request.map(Arriving::unbounded),
+            Door::Admin | Door::Watch | Door::Open => (None, request.map(Arriving::unbounded)),
         };
         let answer = inner.call(request);
         Box::pin(async move {

@@ -287,7 +287,7 @@ impl Metrics {
         );
         r.register(
             "grpc_client_connections",
-            "Client connections open now (limits.max_connections on each node; peers' Raft connections are not counted)",
+            "Client connections open now, at most limits.max_connections per node (peers' Raft connections are not counted)",
             metrics.client_connections.clone(),
         );
         r.register(

@@ -27,6 +27,7 @@ use crate::auth::Tokens;
 use crate::client_connections::{self, ClientConnections};
 use crate::cluster_id::OwnCluster;
 use crate::config::NodeConfig;
+use crate::durable_file;
 use crate::health::{health_service, reflection_service};
 use crate::limits::AdmissionLayer;
 use crate::metered::{MeteredLog, MeteredStateMachine};
@@ -46,7 +47,6 @@ use crate::store;
 use crate::throttle::Throttle;
 use crate::tls::NodeTls;
 use crate::types::Raft;
-use crate::{descriptors, durable_file};
 use crate::{http, raft_server, snapshot_schedule, stalled_leader, sweeper, systemd};
 
 /// Runs a node until `shutdown` resolves, then leaves gracefully ([`crate::shutdown`]), stops
@@ -108,11 +108,6 @@ pub async fn serve_secured(
         );
     }
     if let Some(warning) = open_door(config.listen, tls.is_some(), security.tokens.is_some()) {
-        tracing::warn!("{warning}");
-    }
-    if let Some(warning) = descriptors::raise_limit()
-        .and_then(|limit| descriptors::shortfall(limit, config.limits.max_connections))
-    {
         tracing::warn!("{warning}");
     }
     // Everything that can fail without side effects comes before Raft starts.

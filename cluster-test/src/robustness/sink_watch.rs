@@ -179,10 +179,25 @@ pub fn all_delivered(history: &[Op]) -> bool {
 
 /// The watch's `watch-sink-order` and `watch-sink-phantom` findings, in delivery order.
 fn findings(history: &[Op]) -> Vec<Finding<'_>> {
-    let mut sent: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
+    // When each resource was first written to, and each write (resource, fence, value) first
+    // sent without being refused.
+    let mut first_write: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut first_sent: BTreeMap<(&str, u64, &str), u64> = BTreeMap::new();
     for op in history {
-        if let Input::SinkWrite { resource, .. } = &op.input {
-            sent.entry(resource).or_default().push(op);
+        if let Input::SinkWrite {
+            resource,
+            fence,
+            value,
+        } = &op.input
+        {
+            let first = first_write.entry(resource).or_insert(op.call);
+            *first = (*first).min(op.call);
+            if op.refused().is_none() {
+                let first = first_sent
+                    .entry((resource, *fence, value))
+                    .or_insert(op.call);
+                *first = (*first).min(op.call);
+            }
         }
     }
     let mut found = Vec::new();
@@ -208,8 +223,9 @@ fn findings(history: &[Op]) -> Vec<Finding<'_>> {
         };
         // Written before the latest compaction: its first changes may have been taken away.
         let written_before = compacted_at.is_some_and(|at| {
-            sent.get(resource.as_str())
-                .is_some_and(|writes| writes.iter().any(|w| w.call < at))
+            first_write
+                .get(resource.as_str())
+                .is_some_and(|first| *first < at)
         });
         let mut order = |message: String| {
             found.push((
@@ -245,13 +261,9 @@ fn findings(history: &[Op]) -> Vec<Finding<'_>> {
             ));
         }
         last.insert(resource, (*writes, *fence, compactions));
-        let explained = sent.get(resource.as_str()).is_some_and(|writes| {
-            writes.iter().any(|w| {
-                w.call < op.call
-                    && w.refused().is_none()
-                    && matches!(&w.input, Input::SinkWrite { fence: f, value: v, .. } if f == fence && v == value)
-            })
-        });
+        let explained = first_sent
+            .get(&(resource.as_str(), *fence, value.as_str()))
+            .is_some_and(|first| *first < op.call);
         if !explained {
             found.push((
                 "watch-sink-phantom",

@@ -65,6 +65,12 @@ pub async fn run(args: DevArgs) -> u8 {
             }
         }
     }
+    baton_node::descriptors::raise_for(
+        listeners
+            .iter()
+            .map(|(config, _)| config.limits.max_connections)
+            .sum(),
+    );
     let mut nodes = tokio::task::JoinSet::new();
     let mut endpoints = Vec::new();
     for (mut config, listener) in listeners {

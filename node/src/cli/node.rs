@@ -222,6 +222,7 @@ pub async fn run(args: NodeArgs, security: &SecurityArgs) -> u8 {
             node.data_dir = absolute;
         }
     }
+    baton_node::descriptors::raise_for(node.limits.max_connections);
     match baton_node::server::run_secured(node, security, shutdown_signal()).await {
         Ok(()) => exit::OK,
         Err(e) => {

@@ -622,22 +622,29 @@ mod tests {
         assert_eq!(parsed, Settings::default());
     }
 
+    /// The printed defaults, and the example deploy/ ships (the defaults with node 1's keys
+    /// filled in), name every key.
     #[test]
     fn the_printed_default_config_names_every_key() {
         let every = toml::Table::try_from(Settings::with_every_key()).expect("serializes");
-        let text = DEFAULT_CONFIG_TOML;
-        for (key, value) in &every {
-            match value {
-                toml::Value::Table(section) if key != "peer_addrs" => {
-                    assert!(text.contains(&format!("[{key}]")), "no [{key}] section");
-                    for inner in section.keys() {
-                        assert!(
-                            mentions(text, inner),
-                            "default.toml does not mention {key}.{inner}"
-                        );
+        let example = include_str!("../../../deploy/baton.example.toml");
+        for (file, text) in [
+            ("default.toml", DEFAULT_CONFIG_TOML),
+            ("baton.example.toml", example),
+        ] {
+            for (key, value) in &every {
+                match value {
+                    toml::Value::Table(section) if key != "peer_addrs" => {
+                        assert!(text.contains(&format!("[{key}]")), "{file}: no [{key}]");
+                        for inner in section.keys() {
+                            assert!(
+                                mentions(text, inner),
+                                "{file} does not mention {key}.{inner}"
+                            );
+                        }
                     }
+                    _ => assert!(mentions(text, key), "{file} does not mention {key}"),
                 }
-                _ => assert!(mentions(text, key), "default.toml does not mention {key}"),
             }
         }
     }
