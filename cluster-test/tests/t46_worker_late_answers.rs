@@ -123,7 +123,42 @@ struct Counting {
 }
 
 impl Counting {
+    /// Starts the worker and returns once it is registered and leasing. Its client gives a
+    /// call 2 s, and on a loaded machine the registration's answer (the first call, on a fresh
+    /// connection through the proxy) can take longer: the worker then stops at once with
+    /// `Unavailable`, though the store may have registered it. Such a start is made again
+    /// (registering again is harmless), up to three times.
     async fn start(direct: &Client, proxy: &Proxy, id: &str) -> Counting {
+        for attempt in 1..=3 {
+            let started = tokio::time::Instant::now();
+            let counting = Self::spawn(proxy, id);
+            // Registered (its answer must not be late): until then a lease under its id is
+            // refused `UNKNOWN_WORKER`; after, it finds nothing (no task is submitted yet).
+            wait::until("the worker registered", Duration::from_secs(20), || async {
+                match direct
+                    .lease(id, &[QUEUE.to_string()], 1, 1_000, Duration::ZERO)
+                    .await
+                {
+                    Ok(leased) if leased.is_empty() => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            })
+            .await
+            .unwrap();
+            // By the end of its client's deadline the worker has its registration's answer, or
+            // has stopped for want of it.
+            tokio::time::sleep_until(started + Duration::from_millis(2_500)).await;
+            if !counting.running.is_finished() {
+                return counting;
+            }
+            let ended = counting.running.await;
+            assert!(attempt < 3, "the worker stopped as it started: {ended:?}");
+        }
+        unreachable!("the third start returns or fails")
+    }
+
+    /// A worker through `proxy` that counts its handler's runs and reports each finished attempt.
+    fn spawn(proxy: &Proxy, id: &str) -> Counting {
         let (finished_tx, finished) = mpsc::unbounded_channel::<Finished>();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         // A long poll gets its wait on top of the deadline: one answered at once (a task already
@@ -149,19 +184,6 @@ impl Counting {
                 let _ = stopped.await;
             },
         ));
-        // Registered (its answer must not be late): until then a lease under its id is refused
-        // `UNKNOWN_WORKER`; after, it finds nothing (no task is submitted yet).
-        wait::until("the worker registered", Duration::from_secs(20), || async {
-            match direct
-                .lease(id, &[QUEUE.to_string()], 1, 1_000, Duration::ZERO)
-                .await
-            {
-                Ok(leased) if leased.is_empty() => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        })
-        .await
-        .unwrap();
         Counting {
             finished,
             stop,
