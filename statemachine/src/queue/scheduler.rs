@@ -141,6 +141,11 @@ pub struct TaskQueue {
     /// The waiting tasks a lease considers (derived: rebuilt when read back, never stored).
     #[serde(skip)]
     leasable: Leasable,
+    /// Namespace -> the names of its queues (derived, like `leasable`): a freed key's change
+    /// names its namespace's queues, and finding them must not walk every queue of the store
+    /// (their number is not bounded) for each attempt a sweep ends.
+    #[serde(skip)]
+    namespace_queues: BTreeMap<String, BTreeSet<String>>,
     /// Changes of the command being applied (transient).
     #[serde(skip)]
     journal: Journal,
@@ -174,6 +179,13 @@ impl From<Stored> for TaskQueue {
                 leasable.insert(task, key_is_free(&stored.permits, task));
             }
         }
+        let mut namespace_queues: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for queue in stored.queues.values() {
+            namespace_queues
+                .entry(queue.namespace.clone())
+                .or_default()
+                .insert(queue.name.clone());
+        }
         TaskQueue {
             queues: stored.queues,
             workers: stored.workers,
@@ -186,6 +198,7 @@ impl From<Stored> for TaskQueue {
             deadlines: stored.deadlines,
             permits: stored.permits,
             leasable,
+            namespace_queues,
             journal: Journal::default(),
         }
     }
@@ -222,6 +235,10 @@ impl TaskQueue {
             return Ok(existing.clone());
         }
         self.queues.insert(queue.name.clone(), queue.clone());
+        self.namespace_queues
+            .entry(queue.namespace.clone())
+            .or_default()
+            .insert(queue.name.clone());
         self.journal.push(Change {
             primitive: Primitive::Queue,
             key: queue.name.clone(),
@@ -690,13 +707,7 @@ impl TaskQueue {
                 Some(attempt) if attempt.token.is_some() => {
                     let queues = *queue_names
                         .entry(task.namespace.as_str())
-                        .or_insert_with(|| {
-                            self.queues
-                                .values()
-                                .filter(|q| q.namespace == task.namespace)
-                                .map(|q| q.name.len())
-                                .sum()
-                        });
+                        .or_insert_with(|| self.queues_of(&task.namespace).map(String::len).sum());
                     let key = task.spec.concurrency_key.len();
                     ended.plus(Weight::change(
                         2 * key + attempt.worker.len() + task.namespace.len() + queues,
@@ -837,6 +848,11 @@ impl TaskQueue {
     /// Every queue, by name.
     pub fn queues(&self) -> impl Iterator<Item = &Queue> {
         self.queues.values()
+    }
+
+    /// The names of `namespace`'s queues, in name order.
+    fn queues_of(&self, namespace: &str) -> impl Iterator<Item = &String> {
+        self.namespace_queues.get(namespace).into_iter().flatten()
     }
 
     /// Whether a queue of this name exists.
@@ -1271,12 +1287,7 @@ impl TaskQueue {
             return;
         };
         if let Some(token) = attempt.token {
-            let queues = self
-                .queues
-                .values()
-                .filter(|q| q.namespace == task.namespace)
-                .map(|q| q.name.clone())
-                .collect();
+            let queues = self.queues_of(&task.namespace).cloned().collect();
             let key = task.spec.concurrency_key.clone();
             self.journal.push(Change {
                 primitive: Primitive::Queue,
@@ -1456,6 +1467,39 @@ mod tests {
             "the running task is dropped"
         );
         assert!(in_deadline_index(&read_back, b), "the waiting task stays");
+    }
+
+    #[test]
+    fn a_namespaces_queues_are_found_by_index_and_the_index_is_rebuilt_when_read_back() {
+        let mut q = queue();
+        for (name, namespace) in [("b", "ns"), ("x", "other"), ("a", "ns"), ("b", "ns")] {
+            q.create_queue(Queue {
+                name: name.into(),
+                namespace: namespace.into(),
+            })
+            .unwrap();
+        }
+        // The same name in another namespace is refused and indexed nowhere.
+        assert_eq!(
+            q.create_queue(Queue {
+                name: "x".into(),
+                namespace: "ns".into(),
+            }),
+            Err(Refusal::StateConflict)
+        );
+        let names = |q: &TaskQueue, namespace: &str| -> Vec<String> {
+            q.queues_of(namespace).cloned().collect()
+        };
+        assert_eq!(names(&q, "ns"), ["a", "b", "q"]);
+        assert_eq!(names(&q, "other"), ["x"]);
+        assert!(names(&q, "none").is_empty());
+
+        let config = bincode::config::standard();
+        let bytes = bincode::serde::encode_to_vec(&q, config).unwrap();
+        let (read_back, _): (TaskQueue, usize) =
+            bincode::serde::decode_from_slice(&bytes, config).unwrap();
+        assert_eq!(read_back.namespace_queues, q.namespace_queues);
+        assert_eq!(names(&read_back, "ns"), ["a", "b", "q"]);
     }
 
     #[test]
