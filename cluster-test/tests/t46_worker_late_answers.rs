@@ -823,3 +823,50 @@ async fn t46_a_lease_whose_answer_is_late_returns_what_it_leased() {
         other => panic!("a late refusal was taken for no lease: {other:?}"),
     }
 }
+
+/// Claim: a worker's lease whose answer is lost, and whose settling ask's answer is lost too, is
+/// settled again once answers get through, before the worker numbers another: the task it
+/// leased runs under that attempt at once. Before, the worker dropped it and numbered a new
+/// request; once that was applied the store forgot the first one's answer, and the task stayed
+/// leased to this worker, unrun, until its 20 s lease ran out, to run as a second attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t46_a_lease_whose_settling_ask_is_lost_too_is_settled_again() {
+    let Setup {
+        _cluster,
+        direct,
+        proxy,
+        proxied: _,
+    } = Setup::start().await;
+    let mut worker = Counting::start(&direct, &proxy, "t46-unsettled").await;
+    // From now on no answer gets back in time: the worker's long poll (a 5 s wait on a 2 s
+    // deadline) leases the task submitted next, and neither its answer nor the settling ask's
+    // reach the worker.
+    proxy.slow_answers(Duration::from_secs(60));
+    let id = direct.submit(&spec("unsettled")).await.unwrap().task.id;
+    reaches(&direct, id, TaskState::Leased, Duration::from_secs(20)).await;
+    // The long poll gives up at most 7 s after it was sent, its settling ask 2 s after that.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let task = direct.queue_task(id).await.unwrap();
+    assert_eq!(
+        task.state,
+        TaskState::Leased,
+        "the worker learnt of its lease while answers were held: {task:?}"
+    );
+    // Answers get through again, on new connections (the held bytes go with the old ones).
+    proxy.slow_answers(Duration::ZERO);
+    proxy.cut();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.heal();
+
+    let finished = worker.finished().await;
+    assert_eq!(
+        (finished.task_id, finished.attempt, finished.end),
+        (id, 1, AttemptEnd::Completed),
+        "the first attempt was not run: {finished:?}"
+    );
+    let task = direct.queue_task(id).await.unwrap();
+    assert_eq!(task.state, TaskState::Succeeded, "{task:?}");
+    assert_eq!(task.attempts.len(), 1, "{task:?}");
+    assert_eq!(worker.runs(), 1);
+    worker.stop().await;
+}

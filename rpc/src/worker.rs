@@ -733,6 +733,9 @@ impl Worker {
         let mut pause = Duration::from_millis(100);
         // A lease request the stop cut short: what it leased is handed back.
         let mut unsettled = None;
+        // A lease request whose answer is still unknown after a settling ask: asked again
+        // before any other lease is numbered.
+        let mut pending = None;
 
         loop {
             while let Some(finished) = in_flight.try_next() {
@@ -748,40 +751,62 @@ impl Worker {
                 continue;
             }
             let polled_at = Instant::now();
-            let poll = tokio::select! {
-                biased;
-                _ = &mut shutdown => break,
-                poll = settings.client.lease_poll(
-                    &settings.id,
-                    &settings.queues,
-                    free as u32,
-                    settings.lease_ttl_ms(),
-                    settings.poll_wait,
-                ) => poll,
+            // A lease whose answer never came is settled before another is numbered: applied
+            // late (a leader that regained its quorum), it leased tasks to this worker, which
+            // would stay leased, unrun, until their leases ran out; and once a later request of
+            // this session is applied, the store forgets its answer for good.
+            let poll = match pending.take() {
+                Some(poll) => Ok((poll, false)),
+                None => tokio::select! {
+                    biased;
+                    _ = &mut shutdown => break,
+                    poll = settings.client.lease_poll(
+                        &settings.id,
+                        &settings.queues,
+                        free as u32,
+                        settings.lease_ttl_ms(),
+                        settings.poll_wait,
+                    ) => poll.map(|poll| (poll, true)),
+                },
             };
             let polled = match poll {
-                Ok(poll) => {
-                    let sent = tokio::select! {
-                        biased;
-                        _ = &mut shutdown => {
-                            unsettled = Some(poll);
-                            break;
-                        }
-                        sent = poll.send() => sent,
-                    };
-                    match sent {
-                        // No answer is not no lease: it may have been applied with its answer
-                        // lost, and its tasks would wait for this worker until their leases
-                        // ran out. What it got is learnt under its own seq.
-                        Err(error) if worth_sending_again(&error) => tokio::select! {
+                Ok((poll, fresh)) => {
+                    let sent = if fresh {
+                        tokio::select! {
                             biased;
                             _ = &mut shutdown => {
                                 unsettled = Some(poll);
                                 break;
                             }
-                            settled = poll.settle() => settled,
-                        },
+                            sent = poll.send() => Some(sent),
+                        }
+                    } else {
+                        None
+                    };
+                    let answered = match sent {
+                        // No answer is not no lease: it may have been applied with its answer
+                        // lost. What it got is learnt under its own seq.
+                        Some(Err(error)) if worth_sending_again(&error) => None,
                         sent => sent,
+                    };
+                    match answered {
+                        Some(answer) => answer,
+                        None => {
+                            let settled = tokio::select! {
+                                biased;
+                                _ = &mut shutdown => {
+                                    unsettled = Some(poll);
+                                    break;
+                                }
+                                settled = poll.settle() => settled,
+                            };
+                            // Still unknown: settled again, after the back-off, before any
+                            // other lease is numbered.
+                            if matches!(&settled, Err(error) if worth_sending_again(error)) {
+                                pending = Some(poll);
+                            }
+                            settled
+                        }
                     }
                 }
                 Err(error) => Err(error),
@@ -828,7 +853,7 @@ impl Worker {
         // Drain: no more leases; in-flight handlers finish within the drain timeout.
         tracing::info!(worker = %settings.id, in_flight = in_flight.len(), "draining");
         let drain_until = crate::client::instant_after(settings.drain_timeout);
-        if let Some(poll) = unsettled {
+        if let Some(poll) = unsettled.or(pending) {
             match tokio::time::timeout_at(drain_until, self.hand_back(&poll)).await {
                 Ok(handed_back) => summary.handed_back = handed_back,
                 Err(_) => tracing::warn!(
