@@ -126,11 +126,15 @@ where
                 // time are counted above, a winner among them included. A request already sent
                 // may still be applied after this (the verdict is an error then anyway), so a
                 // caller that judges again uses a fresh key.
-                race.infra_errors.push(Error::Unavailable {
-                    endpoints: client.endpoints().to_vec(),
-                    waited: limit,
-                    last: "the race did not finish within its time limit".into(),
-                });
+                // Each of them is one infrastructure failure: every contender ends up in
+                // exactly one tally.
+                for _ in 0..running.len() {
+                    race.infra_errors.push(Error::Unavailable {
+                        endpoints: client.endpoints().to_vec(),
+                        waited: limit,
+                        last: "the race did not finish within its time limit".into(),
+                    });
+                }
                 break;
             }
         }
@@ -323,7 +327,8 @@ mod tests {
         assert!(race.verdict().is_err());
     }
 
-    /// The judgement's own limit bounds it against a store that accepts and never answers.
+    /// The judgement's own limit bounds it against a store that accepts and never answers, and
+    /// every contender still waiting then counts as one infrastructure failure.
     #[tokio::test]
     async fn a_silent_store_fails_the_judgement_within_its_limit() {
         let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -339,7 +344,7 @@ mod tests {
         let took = started.elapsed();
         assert!(took < Duration::from_secs(2), "the judgement took {took:?}");
         assert_eq!(race.losers, 0, "{race:?}");
-        assert!(!race.infra_errors.is_empty(), "{race:?}");
+        assert_eq!(race.infra_errors.len(), takers().len(), "{race:?}");
         assert!(race.verdict().is_err());
     }
 }
