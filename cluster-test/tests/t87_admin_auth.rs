@@ -138,6 +138,16 @@ async fn only_clients_with_a_listed_token_reach_the_store() {
     let said = String::from_utf8_lossy(&status.stdout);
     assert!(said.contains("UNAUTHENTICATED"), "{}", show(&status));
     assert!(!said.contains("no node answered"), "{}", show(&status));
+    // `cluster verify` too: a refused token is not an outage to retry (exit 4).
+    let verify = procs
+        .cli(&["--endpoints", joined.as_str(), "cluster", "verify"])
+        .unwrap();
+    assert_eq!(verify.status.code(), Some(3), "{}", show(&verify));
+    assert!(
+        String::from_utf8_lossy(&verify.stderr).contains("UNAUTHENTICATED"),
+        "{}",
+        show(&verify)
+    );
     let allowed = std::process::Command::new(procs.bin())
         .args(args)
         .env("BATON_TOKEN", TOKEN)

@@ -27,15 +27,34 @@ pub async fn verify(
         Err(error) => return exit::report(&error),
     };
     let mut members = None;
+    let mut uninitialized = Vec::new();
+    // The first answer that was an error other than no answer (a refused token).
+    let mut refused = None;
     for endpoint in client.endpoints() {
-        if let Ok(info) = client.node_info(endpoint).await {
-            if info.initialized {
+        match client.node_info(endpoint).await {
+            Ok(info) if info.initialized => {
                 members = Some(info.members);
                 break;
             }
+            Ok(_) => uninitialized.push(endpoint.clone()),
+            Err(error) if !error.outcome_unknown() => {
+                refused.get_or_insert(error);
+            }
+            Err(_) => {}
         }
     }
     let Some(members) = members else {
+        // What the nodes said decides the exit: a refused token is not an outage to wait out
+        // (exit 3, as for every command), nor are nodes that answered without a cluster.
+        if let Some(error) = refused {
+            return exit::report(&error);
+        }
+        if !uninitialized.is_empty() {
+            eprintln!(
+                "baton: {uninitialized:?} answered but belong to no cluster yet (`baton cluster                  init` forms one); no node at {endpoints:?} answered as a member of a cluster"
+            );
+            return exit::REFUSED;
+        }
         eprintln!("baton: no node at {endpoints:?} answered as a member of a cluster");
         return exit::UNREACHABLE;
     };
