@@ -38,7 +38,12 @@ pub enum CertsCommand {
         #[arg(long, default_value = "node")]
         name: String,
         /// Hosts (DNS names or IP addresses) the node is reached at.
-        #[arg(long, value_delimiter = ',', required_unless_present = "client")]
+        #[arg(
+            long,
+            value_delimiter = ',',
+            required_unless_present = "client",
+            conflicts_with = "client"
+        )]
         hosts: Vec<String>,
         /// Issue a client certificate instead (client authentication only, no hosts).
         #[arg(long)]
@@ -81,11 +86,34 @@ fn generate(
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let mut written = Vec::new();
     let (ca_cert_path, ca_key_path) = (out.join("ca.pem"), out.join("ca-key.pem"));
-    if !ca_cert_path.exists() {
-        let (cert, key) = new_ca()?;
-        write_file(&ca_cert_path, &cert, false)?;
-        write_file(&ca_key_path, &key, true)?;
-        written.extend([ca_cert_path.clone(), ca_key_path.clone()]);
+    let (cert_path, key_path) = (
+        out.join(format!("{name}.pem")),
+        out.join(format!("{name}-key.pem")),
+    );
+    // Judged before anything is written: a run that fails writes nothing.
+    for path in [&cert_path, &key_path] {
+        anyhow::ensure!(
+            !path.exists(),
+            "{} exists (an existing file is never overwritten): choose another --name",
+            path.display()
+        );
+    }
+    match (ca_cert_path.exists(), ca_key_path.exists()) {
+        (true, true) => {}
+        (false, false) => {
+            let (cert, key) = new_ca()?;
+            write_pair((&ca_cert_path, &cert), (&ca_key_path, &key))?;
+            written.extend([ca_cert_path.clone(), ca_key_path.clone()]);
+        }
+        // A new CA certificate beside the old key (or the reverse) would issue certificates
+        // that verify against neither: nothing is made.
+        (cert, _) => anyhow::bail!(
+            "{} exists without {}: the CA is a pair; put the missing file back, or move the \
+             other away to make a new CA (certificates the old one issued are then no longer \
+             trusted by nodes given the new ca.pem)",
+            if cert { &ca_cert_path } else { &ca_key_path }.display(),
+            if cert { &ca_key_path } else { &ca_cert_path }.display(),
+        ),
     }
     let ca_key = KeyPair::from_pem(&read(&ca_key_path)?).context("unreadable CA key")?;
     let issuer = Issuer::from_ca_cert_pem(&read(&ca_cert_path)?, ca_key)
@@ -110,12 +138,7 @@ fn generate(
     let cert = params
         .signed_by(&key, &issuer)
         .context("cannot sign the certificate")?;
-    let (cert_path, key_path) = (
-        out.join(format!("{name}.pem")),
-        out.join(format!("{name}-key.pem")),
-    );
-    write_file(&cert_path, &cert.pem(), false)?;
-    write_file(&key_path, &key.serialize_pem(), true)?;
+    write_pair((&cert_path, &cert.pem()), (&key_path, &key.serialize_pem()))?;
     written.extend([cert_path, key_path]);
     Ok(written)
 }
@@ -153,6 +176,15 @@ fn read(path: &Path) -> anyhow::Result<String> {
 }
 
 /// Writes a file, refusing to overwrite one; private keys are readable by the owner only.
+/// Writes a certificate and its private key, or neither: a certificate left without its key
+/// would make every later run refuse the name (or, for the CA, be taken for a CA with no key).
+fn write_pair(cert: (&Path, &str), key: (&Path, &str)) -> anyhow::Result<()> {
+    write_file(cert.0, cert.1, false)?;
+    write_file(key.0, key.1, true).inspect_err(|_| {
+        let _ = std::fs::remove_file(cert.0);
+    })
+}
+
 fn write_file(path: &Path, contents: &str, private: bool) -> anyhow::Result<()> {
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create_new(true);
@@ -171,4 +203,63 @@ fn write_file(path: &Path, contents: &str, private: bool) -> anyhow::Result<()> 
     })?;
     std::io::Write::write_all(&mut file, contents.as_bytes())
         .with_context(|| format!("cannot write {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_ca_certificate_without_its_key_is_refused_and_nothing_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path();
+        let hosts = ["127.0.0.1".to_string()];
+        generate(out, "node1", &hosts, false).unwrap();
+        std::fs::remove_file(out.join("ca-key.pem")).unwrap();
+        let error = generate(out, "node2", &hosts, false).unwrap_err();
+        assert!(format!("{error:#}").contains("without"), "{error:#}");
+        assert!(!out.join("ca-key.pem").exists());
+        assert!(!out.join("node2.pem").exists());
+        // The reverse: a key without its certificate.
+        std::fs::remove_file(out.join("ca.pem")).unwrap();
+        std::fs::write(out.join("ca-key.pem"), "key").unwrap();
+        assert!(generate(out, "node2", &hosts, false).is_err());
+        assert!(!out.join("ca.pem").exists());
+    }
+
+    #[test]
+    fn an_existing_name_is_refused_before_anything_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path();
+        std::fs::write(out.join("node-key.pem"), "a key kept").unwrap();
+        let error = generate(out, "node", &["h".to_string()], false).unwrap_err();
+        assert!(format!("{error:#}").contains("node-key.pem"), "{error:#}");
+        assert!(
+            !out.join("node.pem").exists(),
+            "no certificate without its key"
+        );
+        assert!(
+            !out.join("ca.pem").exists(),
+            "no CA made for a run that fails"
+        );
+        assert_eq!(
+            std::fs::read_to_string(out.join("node-key.pem")).unwrap(),
+            "a key kept"
+        );
+    }
+
+    #[test]
+    fn hosts_are_refused_for_a_client_certificate() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(subcommand)]
+            certs: CertsCommand,
+        }
+        let parsed = <Cli as clap::Parser>::try_parse_from([
+            "certs", "generate", "--out", "d", "--client", "--hosts", "x",
+        ]);
+        assert!(parsed.is_err(), "--client with --hosts was accepted");
+    }
 }
