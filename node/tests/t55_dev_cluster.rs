@@ -412,3 +412,54 @@ fn data_it_cannot_run_on_is_said_first() {
         "{stderr}"
     );
 }
+
+/// A reader of `baton dev`'s output that goes away (`baton dev | tee dev.log`, and Ctrl-C
+/// reaches `tee` too) neither stops the cluster nor turns its clean stop into a panic (exit 101
+/// on the closed pipe, before): the lines are dropped.
+#[test]
+fn a_reader_that_went_away_does_not_spoil_a_clean_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = three_free_ports();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["dev", "--base-port", &port.to_string(), "--data-dir"])
+        .arg(dir.path())
+        .env_remove("BATON_LOG")
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The reader takes lines up to the ready one, then goes away, closing the pipe.
+    let (ready_tx, ready) = mpsc::channel();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        for line in out.lines().map_while(Result::ok) {
+            if line.starts_with("baton dev: ready") {
+                let _ = ready_tx.send(line);
+                return;
+            }
+        }
+    });
+    let (log_tx, log) = mpsc::channel();
+    let mut err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = err.read_to_string(&mut text);
+        let _ = log_tx.send(text);
+    });
+    let guard = Dev {
+        child,
+        stdout: mpsc::channel().1,
+        stderr: log,
+    };
+    if ready.recv_timeout(READY_WITHIN).is_err() {
+        panic!("baton dev was not ready within {READY_WITHIN:?}");
+    }
+    // Still serving after its next line met the closed pipe.
+    std::thread::sleep(Duration::from_millis(500));
+    let status = stdout_of(&client(port, &["status", "--require-leader"]));
+    assert!(status.contains("leader"), "{status}");
+    let (code, _, log) = guard.interrupt();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
+}

@@ -93,12 +93,12 @@ pub async fn run(args: DevArgs) -> u8 {
     };
     let mut code = match ready {
         Ok(leader) => {
-            println!(
+            say(format_args!(
                 "baton dev: ready, endpoints {} (leader {leader}, data in {})",
                 endpoints.join(","),
                 args.data_dir.display()
-            );
-            println!("baton dev: press Ctrl-C to stop");
+            ));
+            say(format_args!("baton dev: press Ctrl-C to stop"));
             tokio::select! {
                 _ = shutdown_signal() => exit::OK,
                 Some(ended) = nodes.join_next() => {
@@ -119,8 +119,17 @@ pub async fn run(args: DevArgs) -> u8 {
             code = exit::FAILURE;
         }
     }
-    println!("baton dev: stopped");
+    say(format_args!("baton dev: stopped"));
     code
+}
+
+/// Prints a line of `baton dev`'s progress. A reader that went away (`baton dev | tee log`, and
+/// Ctrl-C reached `tee` too) neither stops the cluster nor turns a clean stop into a panic:
+/// the line is dropped.
+fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "{line}").and_then(|()| stdout.flush());
 }
 
 /// What a node's task ending says.
