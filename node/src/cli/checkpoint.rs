@@ -1,7 +1,5 @@
 //! `baton checkpoint ...`: checkpoint compare-and-set.
 
-use base64::engine::general_purpose::STANDARD as BASE64;
-use base64::Engine;
 use baton_rpc::Client;
 use baton_statemachine::checkpoint::Checkpoint;
 use clap::Subcommand;
@@ -56,11 +54,8 @@ fn as_json(run: &str, saved: &Checkpoint) -> serde_json::Value {
         "seq": saved.seq,
         "saved_at": rfc3339(saved.saved_at_ms),
         "saved_at_ms": saved.saved_at_ms,
-        "data": std::str::from_utf8(&saved.data).ok(),
     });
-    if std::str::from_utf8(&saved.data).is_err() {
-        value["data_base64"] = BASE64.encode(&saved.data).into();
-    }
+    super::put_bytes(&mut value, "data", &saved.data);
     value
 }
 

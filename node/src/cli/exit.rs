@@ -12,8 +12,8 @@ pub const USAGE: u8 = 2;
 /// The store refused the command (a contract refusal or an administrative one), or an effect
 /// `acquire` was answered with anything but a grant.
 pub const REFUSED: u8 = 3;
-/// The cluster could not be reached or gave no usable answer in time (for a write: the outcome is
-/// unknown).
+/// The cluster could not be reached or gave no usable answer in time, or one this client cannot
+/// read (for a write: the outcome is unknown).
 pub const UNREACHABLE: u8 = 4;
 /// A watch needs history no node retains any more: resync from a snapshot.
 pub const COMPACTED: u8 = 5;
@@ -53,13 +53,15 @@ pub fn report(error: &Error) -> u8 {
             eprintln!("baton: {error}");
             USAGE
         }
+        // Not a clean failure: a script that reads exit 1 as "did not happen" would take a
+        // take that may have won for a loss.
         Error::Protocol(_) => {
             eprintln!("baton: {error}");
             eprintln!(
                 "baton: if the command was a write, it may have been applied (this client cannot \
                  read the answer): read the state before sending it again"
             );
-            FAILURE
+            UNREACHABLE
         }
         Error::Compacted { .. } => {
             eprintln!("COMPACTED: {error}");
@@ -91,6 +93,11 @@ mod tests {
             code: code.into(),
             message: String::new(),
         }
+    }
+
+    #[test]
+    fn an_answer_this_client_cannot_read_leaves_the_outcome_unknown() {
+        assert_eq!(report(&Error::Protocol("unreadable".into())), UNREACHABLE);
     }
 
     #[test]

@@ -44,6 +44,21 @@ pub(crate) fn bytes_field(name: &str, bytes: &[u8]) -> String {
     }
 }
 
+/// Puts `bytes` into a JSON object as `name`: as text when they are UTF-8, otherwise `null` with
+/// the bytes in `<name>_base64` (never altered, as a lossy conversion or a parse would).
+pub(crate) fn put_bytes(object: &mut serde_json::Value, name: &str, bytes: &[u8]) {
+    use base64::Engine;
+    match std::str::from_utf8(bytes) {
+        Ok(text) => object[name] = text.into(),
+        Err(_) => {
+            object[name] = serde_json::Value::Null;
+            object[format!("{name}_base64")] = base64::engine::general_purpose::STANDARD
+                .encode(bytes)
+                .into();
+        }
+    }
+}
+
 /// Writes one line of output for [`out!`].
 pub(crate) fn print_line(line: std::fmt::Arguments<'_>) {
     write_out(format!("{line}\n").as_bytes());
@@ -101,8 +116,10 @@ pub struct Cli {
     #[arg(skip)]
     given: Vec<&'static str>,
 
-    /// How long a client command keeps retrying before it gives up [default: 15s]; no single
-    /// attempt waits longer (`status` probes each node once). For `ticket wait`: how long to wait
+    /// How long each call of a client command keeps retrying before it gives up [default:
+    /// 15s]: finding the leader, then every request the command makes, so a command of several
+    /// steps (`members promote`) can take a few times as long; no single attempt waits longer
+    /// (`status` probes each node once). For `ticket wait`: how long to wait
     /// for a ticket [default: 60s]. `leader transfer` bounds finding the leader by it, then waits
     /// for the handover itself up to 30 s (the leader gives up after 25 s).
     #[arg(long, global = true, value_parser = timeout)]
@@ -659,7 +676,10 @@ pub fn rfc3339(ms: u64) -> String {
     humantime::format_rfc3339_millis(time).to_string()
 }
 
-/// Prints a race's tally (`winners= losers= infra_errors=`) and exits 1 when the verdict fails.
+/// Prints a race's tally (`winners= losers= infra_errors=`) and its exit code: 0 when the
+/// verdict holds; 1 when it fails on what the store answered (two winners, or none among
+/// answered contenders); 4 when contenders got no usable answer and no second winner was seen:
+/// the race was not judged, an outage to run it again after (on a fresh key), not a finding.
 fn report_race<W>(outcome: &baton_rpc::judge::Race<W>) -> u8 {
     out!(
         "winners={} losers={} infra_errors={}",
@@ -667,8 +687,20 @@ fn report_race<W>(outcome: &baton_rpc::judge::Race<W>) -> u8 {
         outcome.losers,
         outcome.infra_errors.len()
     );
+    race_exit(outcome)
+}
+
+fn race_exit<W>(outcome: &baton_rpc::judge::Race<W>) -> u8 {
     match outcome.verdict() {
         Ok(()) => exit::OK,
+        Err(why) if outcome.winners.len() <= 1 && !outcome.infra_errors.is_empty() => {
+            eprintln!("race not judged: {why}");
+            eprintln!(
+                "baton: contenders got no usable answer, so the race could not be judged; run it \
+                 again on a fresh key once the cluster answers"
+            );
+            exit::UNREACHABLE
+        }
         Err(why) => {
             eprintln!("race failed: {why}");
             exit::FAILURE
@@ -730,6 +762,28 @@ mod tests {
         assert_eq!(defaults.raft.heartbeat, Duration::from_millis(50));
         assert_eq!(defaults.watch.history.events, 100_000);
         assert_eq!(defaults.watch.max_backlog, 50_000);
+    }
+
+    /// A second winner is a finding whatever else happened; a race that only lacks answers was
+    /// not judged (exit 4, as for any outage), and one whose answers show no single winner
+    /// failed.
+    #[test]
+    fn a_race_without_answers_is_an_outage_and_a_second_winner_a_failure() {
+        let race = |winners: usize, losers: usize, infra: usize| baton_rpc::judge::Race {
+            contenders: winners + losers + infra,
+            winners: vec![(); winners],
+            losers,
+            misses: Vec::new(),
+            infra_errors: (0..infra)
+                .map(|_| baton_rpc::Error::Protocol("no answer".into()))
+                .collect(),
+        };
+        assert_eq!(race_exit(&race(1, 3, 0)), exit::OK);
+        assert_eq!(race_exit(&race(1, 2, 1)), exit::UNREACHABLE);
+        assert_eq!(race_exit(&race(0, 0, 4)), exit::UNREACHABLE);
+        assert_eq!(race_exit(&race(2, 1, 1)), exit::FAILURE);
+        assert_eq!(race_exit(&race(2, 2, 0)), exit::FAILURE);
+        assert_eq!(race_exit(&race(0, 4, 0)), exit::FAILURE);
     }
 
     #[test]

@@ -257,12 +257,6 @@ pub async fn run_task(command: TaskCommand, client: &Client) -> u8 {
     }
 }
 
-/// Bytes shown as JSON when they are JSON, else as (lossy) text.
-fn bytes_json(bytes: &[u8]) -> Value {
-    serde_json::from_slice(bytes)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into_owned()))
-}
-
 fn attempt_json(a: &Attempt) -> Value {
     json!({
         "number": a.number,
@@ -298,12 +292,14 @@ fn task_json(t: &Task, full: bool) -> Value {
         "last_error": t.last_error,
     });
     if full {
-        value["payload"] = bytes_json(&t.spec.payload);
-        value["result"] = if t.state == TaskState::Succeeded {
-            bytes_json(&t.result)
+        // As they were submitted and reported: text, not parsed (a result `42\n` is not the
+        // number 42, and a parse reorders keys and rounds large numbers).
+        super::put_bytes(&mut value, "payload", &t.spec.payload);
+        if t.state == TaskState::Succeeded {
+            super::put_bytes(&mut value, "result", &t.result);
         } else {
-            Value::Null
-        };
+            value["result"] = Value::Null;
+        }
         value["attempts"] = Value::Array(t.attempts.iter().map(attempt_json).collect());
     }
     value
@@ -532,5 +528,60 @@ fn print_on(line: &str) {
     if let Err(error) = writeln!(std::io::stdout().lock(), "{line}") {
         FAILED.store(true, std::sync::atomic::Ordering::Relaxed);
         eprintln!("baton worker: cannot print ({error}); working on without printing");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn task(payload: &[u8], result: &[u8], state: TaskState) -> Task {
+        Task {
+            id: 1,
+            namespace: "ns".into(),
+            spec: TaskSpec {
+                queue: "q".into(),
+                idempotency_key: "i".into(),
+                handler: "h".into(),
+                handler_version: "v1".into(),
+                payload_version: "v1".into(),
+                payload: payload.to_vec(),
+                concurrency_key: String::new(),
+                business_key: String::new(),
+                max_attempts: 3,
+                ttl_ms: 1_000,
+            },
+            state,
+            attempts: Vec::new(),
+            submitted_at_ms: 0,
+            deadline_ms: 1_000,
+            retry_at_ms: None,
+            result: result.to_vec(),
+            last_error: String::new(),
+        }
+    }
+
+    /// Payloads and results are shown as they were submitted and reported, never parsed
+    /// (reordered keys, a newline dropped, a number for a string) nor altered (lossy text).
+    #[test]
+    fn json_carries_payload_and_result_exactly() {
+        let done = task(br#"{"b":1,"a":2}"#, b"42\n", TaskState::Succeeded);
+        let shown = task_json(&done, true);
+        assert_eq!(shown["payload"], r#"{"b":1,"a":2}"#);
+        assert_eq!(shown["result"], "42\n");
+        assert!(shown.get("result_base64").is_none(), "{shown}");
+
+        let binary = task(b"{}", &[0xff, 0x00], TaskState::Succeeded);
+        let shown = task_json(&binary, true);
+        assert!(shown["result"].is_null(), "{shown}");
+        assert_eq!(shown["result_base64"], "/wA=");
+
+        let waiting = task(&[0xfe], b"", TaskState::Waiting);
+        let shown = task_json(&waiting, true);
+        assert!(shown["payload"].is_null(), "{shown}");
+        assert_eq!(shown["payload_base64"], "/g==");
+        assert!(shown["result"].is_null(), "{shown}");
     }
 }

@@ -2,8 +2,6 @@
 
 use std::time::Duration;
 
-use base64::engine::general_purpose::STANDARD as BASE64;
-use base64::Engine;
 use baton_rpc::judge;
 use baton_rpc::{Client, Error};
 use baton_statemachine::handoff::{OfferArgs, Receipt, ReceiptStatus, Ticket, TicketState};
@@ -249,10 +247,6 @@ fn print_json(tickets: &[Ticket]) {
 /// A ticket as a JSON object. The payload is carried as it was offered: as text when it is
 /// UTF-8, otherwise `null` with the bytes in `payload_base64` (never silently altered).
 pub fn ticket_json(t: &Ticket) -> serde_json::Value {
-    let (payload, payload_base64) = match std::str::from_utf8(&t.payload) {
-        Ok(text) => (Some(text), None),
-        Err(_) => (None, Some(BASE64.encode(&t.payload))),
-    };
     let mut value = json!({
         "key": t.key,
         "state": t.state.as_str(),
@@ -264,7 +258,6 @@ pub fn ticket_json(t: &Ticket) -> serde_json::Value {
         "to": t.to,
         "reply_to": t.reply_to,
         "ttl_ms": t.ttl_ms,
-        "payload": payload,
         "receipt_at_ms": t.receipt_at_ms,
         "receipt": t.receipt.as_ref().map(|r| json!({
             "status": r.status.as_str(),
@@ -273,9 +266,7 @@ pub fn ticket_json(t: &Ticket) -> serde_json::Value {
             "artifacts": r.artifacts,
         })),
     });
-    if let Some(bytes) = payload_base64 {
-        value["payload_base64"] = bytes.into();
-    }
+    super::put_bytes(&mut value, "payload", &t.payload);
     value
 }
 
