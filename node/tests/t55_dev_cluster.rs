@@ -59,17 +59,8 @@ impl Dev {
         Dev::start_with(nohup, data_dir, port)
     }
 
-    fn start_with(mut command: Command, data_dir: &Path, port: u16) -> Dev {
-        let mut child = command
-            .args(["dev", "--base-port", &port.to_string(), "--data-dir"])
-            .arg(data_dir)
-            // `baton dev`'s own log filter, whatever the test runner's environment says.
-            .env_remove("BATON_LOG")
-            .env_remove("RUST_LOG")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+    fn start_with(command: Command, data_dir: &Path, port: u16) -> Dev {
+        let mut child = spawn_dev(command, data_dir, port);
         let (line_tx, stdout) = mpsc::channel();
         let out = BufReader::new(child.stdout.take().unwrap());
         std::thread::spawn(move || {
@@ -77,13 +68,7 @@ impl Dev {
                 let _ = line_tx.send(line);
             }
         });
-        let (log_tx, stderr) = mpsc::channel();
-        let mut err = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            let mut log = String::new();
-            let _ = err.read_to_string(&mut log);
-            let _ = log_tx.send(log);
-        });
+        let stderr = read_log(&mut child);
         Dev {
             child,
             stdout,
@@ -133,6 +118,32 @@ impl Dev {
         let rest: Vec<String> = self.stdout.iter().collect();
         (code, rest.join("\n"), log)
     }
+}
+
+/// Starts `baton dev` on `port` with `data_dir` by `command`, its stdout and stderr piped.
+fn spawn_dev(mut command: Command, data_dir: &Path, port: u16) -> Child {
+    command
+        .args(["dev", "--base-port", &port.to_string(), "--data-dir"])
+        .arg(data_dir)
+        // `baton dev`'s own log filter, whatever the test runner's environment says.
+        .env_remove("BATON_LOG")
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// `child`'s whole stderr, read on a thread of its own (so the pipe never fills), once it ends.
+fn read_log(child: &mut Child) -> mpsc::Receiver<String> {
+    let (log_tx, log) = mpsc::channel();
+    let mut err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = err.read_to_string(&mut text);
+        let _ = log_tx.send(text);
+    });
+    log
 }
 
 impl Drop for Dev {
@@ -420,15 +431,7 @@ fn data_it_cannot_run_on_is_said_first() {
 fn a_reader_that_went_away_does_not_spoil_a_clean_stop() {
     let dir = tempfile::tempdir().unwrap();
     let port = three_free_ports();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_baton"))
-        .args(["dev", "--base-port", &port.to_string(), "--data-dir"])
-        .arg(dir.path())
-        .env_remove("BATON_LOG")
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_dev(Command::new(env!("CARGO_BIN_EXE_baton")), dir.path(), port);
     // The reader takes lines up to the ready one, then goes away, closing the pipe.
     let (ready_tx, ready) = mpsc::channel();
     let out = BufReader::new(child.stdout.take().unwrap());
@@ -440,17 +443,11 @@ fn a_reader_that_went_away_does_not_spoil_a_clean_stop() {
             }
         }
     });
-    let (log_tx, log) = mpsc::channel();
-    let mut err = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = err.read_to_string(&mut text);
-        let _ = log_tx.send(text);
-    });
+    let stderr = read_log(&mut child);
     let guard = Dev {
         child,
         stdout: mpsc::channel().1,
-        stderr: log,
+        stderr,
     };
     if ready.recv_timeout(READY_WITHIN).is_err() {
         panic!("baton dev was not ready within {READY_WITHIN:?}");
