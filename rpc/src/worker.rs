@@ -733,8 +733,8 @@ impl Worker {
         let mut pause = Duration::from_millis(100);
         // A lease request the stop cut short: what it leased is handed back.
         let mut unsettled = None;
-        // A lease request whose answer is still unknown after a settling ask: asked again
-        // before any other lease is numbered.
+        // A lease request whose settling ask no node answered: asked again before any other
+        // lease is numbered.
         let mut pending = None;
 
         loop {
@@ -800,9 +800,9 @@ impl Worker {
                                 }
                                 settled = poll.settle() => settled,
                             };
-                            // Still unknown: settled again, after the back-off, before any
+                            // No node answered: settled again, after the back-off, before any
                             // other lease is numbered.
-                            if matches!(&settled, Err(error) if worth_sending_again(error)) {
+                            if matches!(&settled, Err(error) if unanswered(error)) {
                                 pending = Some(poll);
                             }
                             settled
@@ -1324,6 +1324,15 @@ fn worth_sending_again(error: &Error) -> bool {
     error.outcome_unknown()
 }
 
+/// Whether a settling ask that failed with `error` is to be asked again: only while no node
+/// answered it. An answer that will not change (a token no longer accepted, a session the store
+/// forgot, so that the lease's own answer is gone) ends the settling: the lease is left to its
+/// TTL, and the worker goes on as after any failed lease (a new one meets that answer as a
+/// plain refusal, and stops the worker where it must).
+fn unanswered(error: &Error) -> bool {
+    matches!(error, Error::Unavailable { .. })
+}
+
 /// How an attempt whose report ended in `error` ended. A refusal means the lease was no longer
 /// this worker's — unless an earlier sending went unanswered: that one may have been recorded
 /// (a retryable failure, then the task leased again, refuses the next sending `LEASE_LOST`), so
@@ -1824,6 +1833,26 @@ mod tests {
             Error::Refused(Refusal::UnknownWorker),
         ] {
             assert!(!worth_sending_again(&error), "{error}");
+        }
+    }
+
+    /// A lease whose answer is still unknown is settled again only while no node answers: a
+    /// settling ask is a retry, so a server's answer to it (a revoked token) comes back as
+    /// "outcome unknown", and asking again for good would keep a worker from ever meeting it
+    /// as the refusal that stops it.
+    #[test]
+    fn a_lease_is_settled_again_only_while_no_node_answers() {
+        assert!(unanswered(&Error::Unavailable {
+            endpoints: vec!["a:1".into()],
+            waited: Duration::from_secs(1),
+            last: "no answer".into(),
+        }));
+        for error in [
+            Error::OutcomeUnknown("UNAUTHENTICATED: token not accepted".into()),
+            Error::OutcomeUnknown("session expired".into()),
+            Error::Protocol("undecodable".into()),
+        ] {
+            assert!(!unanswered(&error), "{error}");
         }
     }
 
