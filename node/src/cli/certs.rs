@@ -175,7 +175,6 @@ fn read(path: &Path) -> anyhow::Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
 }
 
-/// Writes a file, refusing to overwrite one; private keys are readable by the owner only.
 /// Writes a certificate and its private key, or neither: a certificate left without its key
 /// would make every later run refuse the name (or, for the CA, be taken for a CA with no key).
 fn write_pair(cert: (&Path, &str), key: (&Path, &str)) -> anyhow::Result<()> {
@@ -185,6 +184,7 @@ fn write_pair(cert: (&Path, &str), key: (&Path, &str)) -> anyhow::Result<()> {
     })
 }
 
+/// Writes a file, refusing to overwrite one; private keys are readable by the owner only.
 fn write_file(path: &Path, contents: &str, private: bool) -> anyhow::Result<()> {
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create_new(true);

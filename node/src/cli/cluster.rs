@@ -17,8 +17,9 @@ pub enum ClusterCommand {
     /// Form one cluster from the running nodes named by --endpoints (each reports its own id).
     Init,
     /// Check that the members hold the same state: each reports a digest of its state at its
-    /// applied index, and members at one index must agree (exit 1 when two differ, 4 when they
-    /// were never all seen at one index).
+    /// applied index, and members at one index must agree (exit 1 when two differ, 3 when the
+    /// nodes refuse the call or belong to no cluster, 4 when they were never all seen at one
+    /// index).
     Verify {
         /// How long to keep asking while writes keep the members' applied indexes apart.
         #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]

@@ -93,43 +93,53 @@ pub async fn run(args: DevArgs) -> u8 {
     };
     let mut code = match ready {
         Ok(leader) => {
-            say(format_args!(
-                "baton dev: ready, endpoints {} (leader {leader}, data in {})",
-                endpoints.join(","),
-                args.data_dir.display()
-            ));
-            say(format_args!("baton dev: press Ctrl-C to stop"));
+            say(
+                std::io::stdout().lock(),
+                format_args!(
+                    "baton dev: ready, endpoints {} (leader {leader}, data in {})",
+                    endpoints.join(","),
+                    args.data_dir.display()
+                ),
+            );
+            say(
+                std::io::stdout().lock(),
+                format_args!("baton dev: press Ctrl-C to stop"),
+            );
             tokio::select! {
                 _ = shutdown_signal() => exit::OK,
                 Some(ended) = nodes.join_next() => {
-                    eprintln!("baton dev: {}; stopping the others", node_ended(ended));
+                    say(
+                        std::io::stderr().lock(),
+                        format_args!("baton dev: {}; stopping the others", node_ended(ended)),
+                    );
                     exit::FAILURE
                 }
             }
         }
         Err(why) => {
-            eprintln!("baton dev: {why}");
+            say(std::io::stderr().lock(), format_args!("baton dev: {why}"));
             exit::FAILURE
         }
     };
     let _ = stop_tx.send(true);
     while let Some(ended) = nodes.join_next().await {
         if !matches!(ended, Ok(Ok(()))) {
-            eprintln!("baton dev: {}", node_ended(ended));
+            say(
+                std::io::stderr().lock(),
+                format_args!("baton dev: {}", node_ended(ended)),
+            );
             code = exit::FAILURE;
         }
     }
-    say(format_args!("baton dev: stopped"));
+    say(std::io::stdout().lock(), format_args!("baton dev: stopped"));
     code
 }
 
-/// Prints a line of `baton dev`'s progress. A reader that went away (`baton dev | tee log`, and
-/// Ctrl-C reached `tee` too) neither stops the cluster nor turns a clean stop into a panic:
-/// the line is dropped.
-fn say(line: std::fmt::Arguments<'_>) {
-    use std::io::Write;
-    let mut stdout = std::io::stdout().lock();
-    let _ = writeln!(stdout, "{line}").and_then(|()| stdout.flush());
+/// Writes a line of `baton dev`'s progress to `out` (its stdout or stderr). A reader that went
+/// away (`baton dev 2>&1 | tee log`, and Ctrl-C reached `tee` too) neither stops the cluster
+/// nor turns its stop into a panic: the line is dropped.
+fn say(mut out: impl std::io::Write, line: std::fmt::Arguments<'_>) {
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
 
 /// What a node's task ending says.

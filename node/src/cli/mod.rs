@@ -679,7 +679,8 @@ pub fn rfc3339(ms: u64) -> String {
 /// Prints a race's tally (`winners= losers= infra_errors=`) and its exit code: 0 when the
 /// verdict holds; 1 when it fails on what the store answered (two winners, or none among
 /// answered contenders); 4 when contenders got no usable answer and no second winner was seen:
-/// the race was not judged, an outage to run it again after (on a fresh key), not a finding.
+/// the race was not judged, an outage to run it again after (on a fresh key), not a finding (3
+/// when a node refused a contender's call itself, a token, as for any command).
 fn report_race<W>(outcome: &baton_rpc::judge::Race<W>) -> u8 {
     out!(
         "winners={} losers={} infra_errors={}",
@@ -695,6 +696,14 @@ fn race_exit<W>(outcome: &baton_rpc::judge::Race<W>) -> u8 {
         Ok(()) => exit::OK,
         Err(why) if outcome.winners.len() <= 1 && !outcome.infra_errors.is_empty() => {
             eprintln!("race not judged: {why}");
+            // A node's own refusal of the call (its token) is said as for any command (exit 3).
+            let server = outcome
+                .infra_errors
+                .iter()
+                .find(|error| matches!(error, baton_rpc::Error::Server { .. }));
+            if let Some(error) = server {
+                return exit::report(error);
+            }
             eprintln!(
                 "baton: contenders got no usable answer, so the race could not be judged; run it \
                  again on a fresh key once the cluster answers"
@@ -784,6 +793,12 @@ mod tests {
         assert_eq!(race_exit(&race(2, 1, 1)), exit::FAILURE);
         assert_eq!(race_exit(&race(2, 2, 0)), exit::FAILURE);
         assert_eq!(race_exit(&race(0, 4, 0)), exit::FAILURE);
+        let mut refused = race(0, 3, 0);
+        refused.infra_errors.push(baton_rpc::Error::Server {
+            code: "UNAUTHENTICATED".into(),
+            message: "token not accepted".into(),
+        });
+        assert_eq!(race_exit(&refused), exit::REFUSED);
     }
 
     #[test]

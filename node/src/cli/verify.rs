@@ -14,8 +14,9 @@ use baton_rpc::{Client, ClientConfig, Security};
 use super::exit;
 
 /// Asks the members for their digests until all were seen at one applied index, or `within`
-/// passes. Exit 0: they agree; 1: two differ at one index; 4: no common index was seen (a
-/// member did not answer, or writes kept the indexes apart).
+/// passes. Exit 0: they agree; 1: two differ at one index; 3: the nodes refused the call (a
+/// token) or belong to no cluster; 4: no common index was seen (a member did not answer, or
+/// writes kept the indexes apart).
 pub async fn verify(
     endpoints: &[String],
     config: ClientConfig,
@@ -51,7 +52,8 @@ pub async fn verify(
         }
         if !uninitialized.is_empty() {
             eprintln!(
-                "baton: {uninitialized:?} answered but belong to no cluster yet (`baton cluster                  init` forms one); no node at {endpoints:?} answered as a member of a cluster"
+                "baton: {uninitialized:?} answered but belong to no cluster yet (`baton cluster \
+                 init` forms one)"
             );
             return exit::REFUSED;
         }
