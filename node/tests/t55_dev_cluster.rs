@@ -460,3 +460,26 @@ fn a_reader_that_went_away_does_not_spoil_a_clean_stop() {
     assert_eq!(code, Some(0), "{log}");
     assert!(!log.contains("panicked"), "{log}");
 }
+
+/// A base port that leaves no room for three ports, or asks for any free one (0: each node
+/// would get its own, which nobody could be told), is bad usage naming the flag, before
+/// anything starts (before: 0 failed naming `advertise`, a key `baton dev` has no flag for).
+#[test]
+fn a_base_port_without_room_for_three_is_refused_naming_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    for port in ["0", "65534"] {
+        let output = Command::new(env!("CARGO_BIN_EXE_baton"))
+            .args(["dev", "--base-port", port, "--data-dir"])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{port}: {stderr}");
+        assert!(stderr.contains("--base-port"), "{port}: {stderr}");
+        assert!(!stderr.contains("advertise"), "{port}: {stderr}");
+        assert!(
+            !dir.path().join("node-1").exists(),
+            "{port}: a node started"
+        );
+    }
+}

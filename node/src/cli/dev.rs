@@ -19,8 +19,8 @@ pub struct DevArgs {
     /// Where the three nodes keep their data (`node-1`, `node-2`, `node-3` inside).
     #[arg(long, default_value = "./.baton/dev")]
     data_dir: PathBuf,
-    /// First of the three consecutive ports on 127.0.0.1.
-    #[arg(long, default_value_t = 7001)]
+    /// First of the three consecutive ports on 127.0.0.1 (1-65533).
+    #[arg(long, default_value_t = 7001, value_parser = clap::value_parser!(u16).range(1..=65533))]
     base_port: u16,
     #[command(flatten)]
     tuning: TuningArgs,
@@ -31,13 +31,8 @@ pub async fn run(args: DevArgs) -> u8 {
     // Settings that cannot be used are said before anything else is done.
     let mut configs = Vec::new();
     for id in 1..=NODES {
-        let Some(port) = args.base_port.checked_add(id as u16 - 1) else {
-            eprintln!(
-                "baton dev: --base-port {} leaves no room for three ports",
-                args.base_port
-            );
-            return exit::USAGE;
-        };
+        // (The flag's range leaves room for the three.)
+        let port = args.base_port + (id as u16 - 1);
         let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         let data_dir = args.data_dir.join(format!("node-{id}"));
         match args.tuning.node_config(id, listen, data_dir) {
