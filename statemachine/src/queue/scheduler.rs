@@ -179,12 +179,9 @@ impl From<Stored> for TaskQueue {
                 leasable.insert(task, key_is_free(&stored.permits, task));
             }
         }
-        let mut namespace_queues: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        let mut namespace_queues = BTreeMap::new();
         for queue in stored.queues.values() {
-            namespace_queues
-                .entry(queue.namespace.clone())
-                .or_default()
-                .insert(queue.name.clone());
+            index_queue(&mut namespace_queues, queue);
         }
         TaskQueue {
             queues: stored.queues,
@@ -217,6 +214,14 @@ fn lease_bytes(task: &Task) -> usize {
         + spec.concurrency_key.len()
 }
 
+/// Adds `queue` to the namespace -> queue names index ([`TaskQueue::namespace_queues`]).
+fn index_queue(namespace_queues: &mut BTreeMap<String, BTreeSet<String>>, queue: &Queue) {
+    namespace_queues
+        .entry(queue.namespace.clone())
+        .or_default()
+        .insert(queue.name.clone());
+}
+
 /// Whether `task`'s concurrency key, if it has one, has no holder.
 fn key_is_free(permits: &BTreeMap<PermitKey, Permit>, task: &Task) -> bool {
     permit_key(task).is_none_or(|key| permits.get(&key).is_none_or(|p| p.holder.is_none()))
@@ -235,10 +240,7 @@ impl TaskQueue {
             return Ok(existing.clone());
         }
         self.queues.insert(queue.name.clone(), queue.clone());
-        self.namespace_queues
-            .entry(queue.namespace.clone())
-            .or_default()
-            .insert(queue.name.clone());
+        index_queue(&mut self.namespace_queues, &queue);
         self.journal.push(Change {
             primitive: Primitive::Queue,
             key: queue.name.clone(),
