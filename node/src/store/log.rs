@@ -271,11 +271,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
         let last_purged: Option<LogId> = self.read_meta(LAST_PURGED, ErrorSubject::Logs)?;
         // Entries below the purge point may outlive it on disk (the point is synced first, the
-        // removals after it), but the log never ends before the point.
-        let last = self
-            .last_entry()?
-            .map(|entry| entry.log_id)
-            .max(last_purged);
+        // removals after it), but the log never ends before the point. Compared by index, not
+        // as log ids (ordered by term first): such an entry may carry a later term than the
+        // point, as a deposed leader's uncommitted entry does when a snapshot of an older
+        // term's entries is installed over it; openraft would then look for the entries between
+        // the two and refuse to start.
+        let last = match (self.last_entry()?.map(|entry| entry.log_id), last_purged) {
+            (Some(entry), Some(purged)) if entry.index <= purged.index => Some(purged),
+            (entry, purged) => entry.or(purged),
+        };
         Ok(LogState {
             last_purged_log_id: last_purged,
             last_log_id: last,
@@ -403,6 +407,28 @@ mod tests {
         let state = log.get_log_state().await.unwrap();
         assert_eq!(state.last_purged_log_id, Some(log_id(9)));
         assert_eq!(state.last_log_id, Some(log_id(9)));
+    }
+
+    /// The same when the entry left below the point carries a later term than the point: a
+    /// deposed leader's uncommitted entries, over which a snapshot of an older term's entries
+    /// was installed (its purge point recorded, the removals not yet synced, then a crash).
+    #[tokio::test]
+    async fn an_entry_of_a_later_term_left_below_the_purge_point_does_not_end_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _state_machine) = super::super::open(dir.path()).unwrap();
+        let deposed = |index| LogId::new(CommittedLeaderId::new(5, 2), index);
+        let entries = (1..=5).map(|index| Entry {
+            log_id: deposed(index),
+            payload: EntryPayload::Blank,
+        });
+        log.blocking_append(entries).await.unwrap();
+        let snapshot_end = LogId::new(CommittedLeaderId::new(4, 1), 9);
+        log.write_meta(LAST_PURGED, &snapshot_end, ErrorSubject::Logs)
+            .await
+            .unwrap();
+        let state = log.get_log_state().await.unwrap();
+        assert_eq!(state.last_purged_log_id, Some(snapshot_end));
+        assert_eq!(state.last_log_id, Some(snapshot_end));
     }
 
     /// What a killed process wrote but never synced is read back from the page cache when the
