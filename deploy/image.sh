@@ -9,7 +9,9 @@
 # at the path the loader will look for it; `data/` becomes the node's data directory. Symlinks
 # are followed, so the image holds the files themselves. The binary's debug info is stripped when
 # `strip` is installed. A statically linked binary gets no
-# libraries at all. Used by up.sh and by the cluster tests (cluster-test/src/docker.rs).
+# libraries at all. A binary linked against glibc older than 2.34 is refused (its name lookups
+# would need NSS modules the image lacks). Used by up.sh and by the cluster tests
+# (cluster-test/src/docker.rs).
 set -euo pipefail
 # COPY keeps the context's modes, everything owned by root: under a strict umask (027) the binary
 # and libraries would be unreadable to the node's own user (uid 10001), which could not start.
@@ -52,6 +54,21 @@ if ldd_output=$(ldd "$binary" 2>&1); then
 else
     # `ldd` fails on a static executable ("not a dynamic executable"): nothing to copy.
     libraries=""
+fi
+# Before glibc 2.34, host and DNS lookups load libnss_files/libnss_dns at run time (ldd does not
+# list them), so in this image the nodes could not resolve their peers' names. The libc copied
+# is this machine's, so its version is the one that counts.
+if grep -q '/libc\.so\.6$' <<<"$libraries"; then
+    glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null || ldd --version 2>/dev/null | head -n 1 || true)
+    if [[ $glibc =~ ([0-9]+)\.([0-9]+)[^0-9]*$ ]] &&
+        ((10#${BASH_REMATCH[1]} * 1000 + 10#${BASH_REMATCH[2]} < 2034)); then
+        echo "image.sh: this machine's glibc is ${BASH_REMATCH[1]}.${BASH_REMATCH[2]}; the image needs 2.34" \
+            "or later, which resolves host names without NSS modules (older ones load" \
+            "libnss_files/libnss_dns at run time, which the image would lack). Build the binary" \
+            "and the image on a machine, or in a container, with glibc 2.34 or later" \
+            "(Debian 12, Ubuntu 22.04, RHEL 9)." >&2
+        exit 1
+    fi
 fi
 for library in $libraries; do
     mkdir -p "$context/rootfs$(dirname "$library")"

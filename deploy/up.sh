@@ -31,6 +31,29 @@ target=$(cd "$root" && cargo metadata --no-deps --format-version 1 |
 baton="$target/release/baton"
 "$here/image.sh" "$baton" "$BATON_IMAGE"
 
+down=""
+[[ $project != baton ]] && down="BATON_PROJECT=$project "
+# From here on a failure leaves the containers as they are, to be looked at; say how to stop them.
+left_up() {
+    local status=$?
+    if ((status != 0)); then
+        echo "up.sh: the containers are left as they are for inspection" \
+            "(docker ps --all --filter label=com.docker.compose.project=$project);" \
+            "stop them with ${down}deploy/down.sh" >&2
+    fi
+}
+trap left_up EXIT
+
+# docker-compose v1 (1.29) cannot recreate a container on current Docker engines (25 and later):
+# it reads the image's `ContainerConfig`, which they no longer report, and fails with
+# `KeyError: 'ContainerConfig'`. So under v1 the old containers go first; `down` without
+# --volumes keeps every node's data.
+if [[ ${compose_command[0]} == docker-compose ]] && [[ -n $(docker ps --all --quiet \
+    --filter "label=com.docker.compose.project=$project") ]]; then
+    echo "up.sh: removing the old containers first (docker-compose v1 cannot recreate them; the data volumes stay)"
+    compose down --remove-orphans
+fi
+
 echo "up.sh: starting compose project $project (${compose_command[*]})"
 if ! compose up --detach --remove-orphans; then
     echo "up.sh: compose up failed; the nodes' last log lines:" >&2
@@ -38,7 +61,8 @@ if ! compose up --detach --remove-orphans; then
     exit 1
 fi
 
-# The init service runs `baton cluster init` once every node is healthy, then exits.
+# The init service runs `baton cluster init` once every node is healthy, then exits (its own
+# --timeout is 20 s).
 init=$(docker ps --all --quiet \
     --filter "label=com.docker.compose.project=$project" \
     --filter "label=com.docker.compose.service=init" | head -n 1)
@@ -46,10 +70,14 @@ if [[ -z $init ]]; then
     echo "up.sh: compose started no init container" >&2
     exit 1
 fi
+# Deadlines in wall-clock seconds ($SECONDS), not in rounds: a round can take several seconds.
+started=$SECONDS
+deadline=$((SECONDS + 60))
 state=""
-for _ in $(seq 1 60); do
+while true; do
     state=$(docker inspect --format '{{.State.Status}} {{.State.ExitCode}}' "$init")
     [[ $state == exited* ]] && break
+    ((SECONDS < deadline)) || break
     sleep 1
 done
 last_line=$(docker logs "$init" 2>&1 | tail -n 1)
@@ -62,17 +90,23 @@ case $state in
         fi
         echo "up.sh: the cluster was formed before (ALREADY_INITIALIZED)"
         ;;
-    *)
+    exited*)
         echo "up.sh: baton cluster init did not succeed (state: $state):" >&2
+        docker logs "$init" >&2
+        exit 1
+        ;;
+    *)
+        echo "up.sh: baton cluster init has not finished after $((SECONDS - started)) s" \
+            "(state: $state):" >&2
         docker logs "$init" >&2
         exit 1
         ;;
 esac
 
 echo "up.sh: waiting for a leader"
-down=""
-[[ $project != baton ]] && down="BATON_PROJECT=$project "
-for _ in $(seq 1 60); do
+started=$SECONDS
+deadline=$((SECONDS + 60))
+while true; do
     if "$baton" status --endpoints "$endpoints" --timeout 2s --json 2>/dev/null \
         | grep -q '"leader":[0-9]'; then
         "$baton" status --endpoints "$endpoints"
@@ -87,8 +121,9 @@ Stop it (keeping its data) with ${down}deploy/down.sh; delete the data too with 
 EOT
         exit 0
     fi
+    ((SECONDS < deadline)) || break
     sleep 1
 done
-echo "up.sh: no leader after 60 s; logs:" >&2
-compose logs --tail 40 >&2
+echo "up.sh: no leader after $((SECONDS - started)) s; logs:" >&2
+compose logs --tail 40 >&2 || true
 exit 1
