@@ -601,6 +601,14 @@ async fn t54_members_remove_takes_out_learners_and_voters_and_refuses_strangers(
         promote.stderr.contains("node 4 does not answer"),
         "{promote}"
     );
+    // Forced, the node itself refuses: the learner has stored nothing (before, the cluster
+    // took a fourth voter that never votes, and was one failure from stopping).
+    let forced = baton(&bin, e, &["members", "promote", "--id", "4", "--force"]).await;
+    assert_eq!(forced.code, Some(3), "{forced}");
+    assert!(
+        forced.stderr.contains("MEMBERSHIP") && forced.stderr.contains("have not stored"),
+        "{forced}"
+    );
     let members = cluster.node_info(leader).await.unwrap().members;
     assert!(
         members.iter().any(|m| m.id == 4 && !m.voter),

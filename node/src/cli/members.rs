@@ -27,13 +27,15 @@ pub enum MembersCommand {
         #[arg(long)]
         addr: String,
     },
-    /// Make a learner a voter. Refused unless most of the resulting voters answer.
+    /// Make a learner a voter. Refused unless most of the resulting voters answer, and (by the
+    /// leader) unless the learner has stored the entry that made it a member.
     Promote {
         /// The learner's id.
         #[arg(long)]
         id: u64,
         /// Change the voters even when most of them do not answer (the change then cannot
-        /// commit until they do, and the cluster takes no writes meanwhile).
+        /// commit until they do, and the cluster takes no writes meanwhile). A learner that has
+        /// stored nothing is still refused.
         #[arg(long)]
         force: bool,
     },

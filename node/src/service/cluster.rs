@@ -39,6 +39,9 @@ const TRANSFER_DRAIN: Duration = Duration::from_secs(5);
 /// How long initialization waits for each new member to join the cluster.
 const JOIN_LIMIT: Duration = Duration::from_secs(3);
 
+/// How long a voter change waits for the learners it promotes to store their membership.
+const CATCH_UP_LIMIT: Duration = Duration::from_secs(3);
+
 /// Bytes of encoded state per streamed snapshot chunk.
 const SNAPSHOT_CHUNK: usize = 1 << 20;
 
@@ -370,8 +373,23 @@ impl cluster_server::Cluster for ClusterService {
                 "must not be empty",
             )));
         }
-        tracing::info!(?voters, "changing voters");
+        // A learner just added may not have the entry that added it yet (`add_learner` returns
+        // once the leader no longer counts it far behind, at once on a young cluster): given a
+        // moment to store it.
         let raft = &self.node.raft;
+        let stored = raft
+            .wait(Some(CATCH_UP_LIMIT))
+            .metrics(
+                |metrics| unreplicated_newcomers(metrics, &voters).is_none(),
+                "newcomers stored their membership",
+            )
+            .await;
+        if stored.is_err() {
+            if let Some(refusal) = unreplicated_newcomers(&raft.metrics().borrow(), &voters) {
+                return Err(refusal);
+            }
+        }
+        tracing::info!(?voters, "changing voters");
         let written = unless_deposed(raft, raft.change_membership(voters, false)).await?;
         Ok(Response::new(membership_response(&written)))
     }
@@ -579,6 +597,47 @@ fn already_voter(
     })
 }
 
+/// Why `voters` must not become the voters yet, judged on the leader's replication `metrics`:
+/// a learner they would make a voter has not stored the membership entry that lists it. It has
+/// accepted nothing the leader sent — it is down, at a wrong address, or a node of another
+/// cluster refusing every entry — and as a voter it would count against every quorum: with one
+/// or two voters the change itself could never commit, and it holds every write and every later
+/// membership change (a removal too) until it does; with more, the cluster would be a failure
+/// closer to stopping without knowing it. Not judged on a follower, whose change openraft
+/// refuses anyway (it names the leader).
+fn unreplicated_newcomers(
+    metrics: &openraft::RaftMetrics<NodeId, BasicNode>,
+    voters: &BTreeSet<NodeId>,
+) -> Option<Status> {
+    let replication = metrics.replication.as_ref()?;
+    let config = &metrics.membership_config;
+    let listed = config.log_id().map_or(0, |id| id.index);
+    let current: BTreeSet<NodeId> = config.membership().voter_ids().collect();
+    let behind: Vec<NodeId> = voters
+        .iter()
+        .filter(|id| !current.contains(id))
+        .filter(|id| {
+            replication
+                .get(id)
+                .is_some_and(|matched| matched.map_or(0, |m| m.index) < listed)
+        })
+        .copied()
+        .collect();
+    if behind.is_empty() {
+        return None;
+    }
+    Some(infra_status(
+        Code::FailedPrecondition,
+        infra::MEMBERSHIP,
+        format!(
+            "learner(s) {behind:?} have not stored the entry that made them members (log index \
+             {listed}): down, at a wrong address, or of another cluster, they would be voters \
+             that never vote; start them (or remove them and add them at the right address), \
+             wait until `baton status` shows them caught up, then promote"
+        ),
+    ))
+}
+
 fn membership_response(
     written: &openraft::raft::ClientWriteResponse<TypeConfig>,
 ) -> MembershipResponse {
@@ -599,5 +658,63 @@ fn membership_response(
     MembershipResponse {
         members,
         log_index: written.log_id.index,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use openraft::{CommittedLeaderId, LogId, Membership};
+
+    use super::*;
+
+    /// A leader's metrics: voters 1-3, learner 4, the membership listing them at index 10,
+    /// and what each follower has stored.
+    fn leader_metrics(
+        stored: &[(NodeId, Option<u64>)],
+    ) -> openraft::RaftMetrics<NodeId, BasicNode> {
+        let at = |index| LogId::new(CommittedLeaderId::new(1, 1), index);
+        let nodes: BTreeMap<NodeId, BasicNode> =
+            (1..=4).map(|id| (id, BasicNode::default())).collect();
+        let membership = Membership::new(vec![BTreeSet::from([1, 2, 3])], nodes);
+        let mut metrics = openraft::RaftMetrics::new_initial(1);
+        metrics.membership_config = Arc::new(StoredMembership::new(Some(at(10)), membership));
+        metrics.replication = Some(
+            stored
+                .iter()
+                .map(|(id, index)| (*id, index.map(at)))
+                .collect(),
+        );
+        metrics
+    }
+
+    #[test]
+    fn a_learner_is_promoted_only_once_it_stored_its_membership() {
+        let promote = BTreeSet::from([1, 2, 3, 4]);
+        for (learner, refused) in [(None, true), (Some(9), true), (Some(10), false)] {
+            let metrics = leader_metrics(&[(2, Some(12)), (3, Some(12)), (4, learner)]);
+            let answer = unreplicated_newcomers(&metrics, &promote);
+            assert_eq!(
+                answer.is_some(),
+                refused,
+                "learner at {learner:?}: {answer:?}"
+            );
+            if let Some(status) = answer {
+                assert!(status.message().contains("[4]"), "{status:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn voters_already_in_and_followers_are_not_judged() {
+        // A voter behind (node 3) stays a voter: only newcomers must have stored the entry.
+        let metrics = leader_metrics(&[(2, Some(12)), (3, None), (4, None)]);
+        assert!(unreplicated_newcomers(&metrics, &BTreeSet::from([1, 2, 3])).is_none());
+        assert!(unreplicated_newcomers(&metrics, &BTreeSet::from([1, 2])).is_none());
+        // A follower has no replication to judge by; openraft names the leader instead.
+        let mut follower = metrics;
+        follower.replication = None;
+        assert!(unreplicated_newcomers(&follower, &BTreeSet::from([1, 2, 3, 4])).is_none());
     }
 }
