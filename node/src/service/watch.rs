@@ -199,7 +199,10 @@ impl Stream for WatchOutput {
                 match Pin::new(end).poll(cx) {
                     Poll::Ready(verdict) => {
                         self.end = None;
-                        Poll::Ready(verdict.ok().map(Err))
+                        // None when the pump stopped without one: the client went away (no one
+                        // reads this), or it panicked. Never a clean end, which a client takes
+                        // for a node that has nothing wrong and reopens on.
+                        Poll::Ready(Some(Err(verdict.unwrap_or_else(|_| pump_stopped()))))
                     }
                     Poll::Pending => Poll::Pending,
                 }
@@ -442,6 +445,14 @@ impl Freshness {
             _ => self.contact.leader_at().elapsed() >= self.cutoff,
         }
     }
+}
+
+fn pump_stopped() -> Status {
+    infra_status(
+        Code::Internal,
+        infra::INTERNAL,
+        "the watch stream stopped unexpectedly on this node; watch from another node",
+    )
 }
 
 fn out_of_touch() -> Status {

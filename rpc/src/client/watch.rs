@@ -33,6 +33,14 @@ use crate::proto::watch_response::Item;
 /// stuck; the watch moves to another node.
 pub const WATCH_SILENCE: Duration = Duration::from_secs(5);
 
+/// A stream that ends (or breaks) younger than this is reopened after a pause, doubling from
+/// [`REOPEN_PAUSE`] up to [`REOPEN_PAUSE_MAX`] while streams keep ending young: a node that ends
+/// every stream at once (a broken server, a proxy closing streams) must not be dialled in a
+/// tight loop. One that lived longer is reopened at once.
+const SETTLED_STREAM: Duration = Duration::from_secs(1);
+const REOPEN_PAUSE: Duration = Duration::from_millis(20);
+const REOPEN_PAUSE_MAX: Duration = Duration::from_secs(2);
+
 /// The largest watch message accepted: a change carries one value (at most a 1 MiB payload, or
 /// a board task with many dependencies) plus headroom.
 const MAX_EVENT_BYTES: usize = 16 << 20;
@@ -185,6 +193,8 @@ impl Client {
             stream: None,
             avoid: None,
             compacted: None,
+            opened: Instant::now(),
+            reopen_pause: Duration::ZERO,
             cursor: 0,
             done: false,
         };
@@ -267,6 +277,10 @@ struct Watcher {
     avoid: Option<String>,
     /// A node that said COMPACTED mid-stream, carried into the next connect.
     compacted: Option<(String, u64)>,
+    /// When the current (or last) stream opened.
+    opened: Instant,
+    /// The pause before the next connect ([`SETTLED_STREAM`]); zero when the last stream lived.
+    reopen_pause: Duration,
     cursor: usize,
     done: bool,
 }
@@ -278,8 +292,14 @@ impl Watcher {
                 return None;
             }
             let Some((addr, stream)) = self.stream.as_mut() else {
+                if !self.reopen_pause.is_zero() {
+                    tokio::time::sleep(self.reopen_pause).await;
+                }
                 match self.connect().await {
-                    Ok(connected) => self.stream = Some(connected),
+                    Ok(connected) => {
+                        self.stream = Some(connected);
+                        self.opened = Instant::now();
+                    }
                     Err(error) => {
                         self.done = true;
                         return Some(Err(error));
@@ -365,7 +385,13 @@ impl Watcher {
     }
 
     fn reconnect(&mut self, avoid: Option<String>) {
-        self.stream = None;
+        if self.stream.take().is_some() {
+            self.reopen_pause = if self.opened.elapsed() < SETTLED_STREAM {
+                (self.reopen_pause * 2).clamp(REOPEN_PAUSE, REOPEN_PAUSE_MAX)
+            } else {
+                Duration::ZERO
+            };
+        }
         self.avoid = avoid;
     }
 
@@ -631,6 +657,60 @@ mod tests {
             next_endpoint(&endpoints, &mut cursor, a.as_ref(), &all),
             None
         );
+    }
+
+    /// A node that ends every watch stream cleanly right after its first progress message.
+    struct EndsAtOnce {
+        opened: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    #[tonic::async_trait]
+    impl proto::watch_server::Watch for EndsAtOnce {
+        type WatchStream = BoxStream<'static, Result<proto::WatchResponse, Status>>;
+
+        async fn watch(
+            &self,
+            _: tonic::Request<proto::WatchRequest>,
+        ) -> Result<tonic::Response<Self::WatchStream>, Status> {
+            self.opened
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let progress = proto::WatchResponse {
+                item: Some(Item::Progress(5)),
+            };
+            Ok(tonic::Response::new(
+                futures::stream::iter([Ok(progress)]).boxed(),
+            ))
+        }
+    }
+
+    /// Streams that end as soon as they open are reopened with a growing pause, not in a tight
+    /// loop (before: thousands of connections a second against the one node, for ever).
+    #[tokio::test]
+    async fn a_node_that_ends_every_stream_is_not_redialled_in_a_tight_loop() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let opened = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let node = EndsAtOnce {
+            opened: opened.clone(),
+        };
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(proto::watch_server::WatchServer::new(node))
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+        );
+        let client = Client::new(&[addr], crate::client::ClientConfig::default()).unwrap();
+        let mut watch = client.watch(ChangeFilter::default(), None).await;
+        let watched = Duration::from_secs(2);
+        let nothing = tokio::time::timeout(watched, watch.next()).await;
+        assert!(nothing.is_err(), "no event, no error: {nothing:?}");
+        let opened = opened.load(std::sync::atomic::Ordering::SeqCst);
+        // Pauses of 20, 40, 80, ... ms: 7 or 8 streams within 2 s.
+        assert!(
+            (2..=10).contains(&opened),
+            "{opened} streams opened within {watched:?}"
+        );
+        // Where it resumes did not move back: the node's progress stands.
+        assert_eq!(watch.resume_position(), Some(WatchPosition::at(6)));
     }
 
     /// Opening a stream on a node that never answers stops at the client's deadline: each try
