@@ -94,32 +94,7 @@ impl Node {
                 (response, Some(index))
             }
         };
-        match response {
-            Response::Answer(Ok(reply)) => {
-                tracing::debug!(command = name, ?index, "applied");
-                Ok(reply)
-            }
-            Response::Answer(Err(refusal)) => {
-                tracing::debug!(command = name, ?index, code = refusal.code(), "refused");
-                Err(refusal_status(&refusal))
-            }
-            Response::SessionExpired => Err(infra_status(
-                Code::Aborted,
-                infra::SESSION_EXPIRED,
-                "this request is older than the store's session window; its outcome is unknown",
-            )),
-            Response::SessionsFull => Err(infra_status(
-                Code::ResourceExhausted,
-                infra::OVERLOADED,
-                format!(
-                    "the store is keeping answers for {} clients, each seen within the last {} \
-                     s, and takes no new client until one of them has been idle that long; \
-                     nothing was done",
-                    baton_statemachine::MAX_CLIENTS,
-                    baton_statemachine::SESSION_RETRY_WINDOW_MS / 1000
-                ),
-            )),
-        }
+        answer_of(response, name, index)
     }
 
     /// Confirms leadership with a quorum (read index, shared with concurrent reads), waits until
@@ -284,6 +259,39 @@ pub(crate) fn write_error(error: RaftError<NodeId, ClientWriteError<NodeId, Basi
     }
 }
 
+/// The answer to a client for the state machine's `response` to its command `name`, applied at
+/// log `index` (`None`: answered without the log). Only the state machine's own refusals are
+/// contract refusals; a request it did not run (a session table full or expired) is an
+/// infrastructure failure, never a refusal such as `TAKEN` for a command that never ran.
+fn answer_of(response: Response, name: &str, index: Option<u64>) -> Result<Reply, Status> {
+    match response {
+        Response::Answer(Ok(reply)) => {
+            tracing::debug!(command = name, ?index, "applied");
+            Ok(reply)
+        }
+        Response::Answer(Err(refusal)) => {
+            tracing::debug!(command = name, ?index, code = refusal.code(), "refused");
+            Err(refusal_status(&refusal))
+        }
+        Response::SessionExpired => Err(infra_status(
+            Code::Aborted,
+            infra::SESSION_EXPIRED,
+            "this request is older than the store's session window; its outcome is unknown",
+        )),
+        Response::SessionsFull => Err(infra_status(
+            Code::ResourceExhausted,
+            infra::OVERLOADED,
+            format!(
+                "the store is keeping answers for {} clients, each seen within the last {} \
+                 s, and takes no new client until one of them has been idle that long; \
+                 nothing was done",
+                baton_statemachine::MAX_CLIENTS,
+                baton_statemachine::SESSION_RETRY_WINDOW_MS / 1000
+            ),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -296,6 +304,30 @@ mod tests {
     use super::*;
     use crate::admission::Admission;
     use crate::network::Network;
+
+    /// Only the state machine's own refusals reach a client as contract refusals: a command the
+    /// session table kept from running (full, or the request older than its window) is an
+    /// infrastructure failure, so no caller reads "TAKEN" for a take that never ran.
+    #[test]
+    fn a_command_that_never_ran_is_not_answered_with_a_refusal() {
+        use baton_rpc::error::{detail_of, refusal_of};
+        use baton_statemachine::Refusal;
+        let code = |response| {
+            let status = answer_of(response, "take", None).unwrap_err();
+            let detail = detail_of(&status).unwrap();
+            (status.code(), detail.code.clone(), refusal_of(&detail))
+        };
+        assert_eq!(
+            code(Response::SessionsFull),
+            (Code::ResourceExhausted, infra::OVERLOADED.to_string(), None)
+        );
+        assert_eq!(
+            code(Response::SessionExpired),
+            (Code::Aborted, infra::SESSION_EXPIRED.to_string(), None)
+        );
+        let (_, detail, refusal) = code(Response::Answer(Err(Refusal::Taken)));
+        assert_eq!((detail.as_str(), refusal), ("TAKEN", Some(Refusal::Taken)));
+    }
 
     /// A one-member cluster in this process, leading, over storage in `dir`.
     async fn lone_leader(dir: &std::path::Path) -> Node {

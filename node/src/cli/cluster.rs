@@ -58,7 +58,12 @@ async fn init(endpoints: &[String], config: ClientConfig, security: Security) ->
             }
             Ok(info) => members.push((info.id, info.addr)),
             Err(error) => {
-                eprintln!("baton: node at {endpoint} did not answer");
+                // (A wrong token, say, is an answer: what it said follows.)
+                let failed = match error {
+                    Error::Unavailable { .. } => "did not answer",
+                    _ => "refused to say who it is",
+                };
+                eprintln!("baton: node at {endpoint} {failed}");
                 return exit::report(&error);
             }
         }

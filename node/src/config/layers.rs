@@ -32,6 +32,10 @@ const NOT_CONFIG: &[&str] = &[
     "BATON_BIN",
     // The token client commands present (a node's own are `auth.token_file`).
     "BATON_TOKEN",
+    // What the test suite must not skip (.ci/run); nodes it starts inherit them.
+    "BATON_REQUIRE_DOCKER",
+    "BATON_REQUIRE_FUSE",
+    "BATON_REQUIRE_FAKETIME",
 ];
 
 /// Where a setting's value came from.
