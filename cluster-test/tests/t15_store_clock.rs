@@ -75,6 +75,22 @@ async fn t15_deadlines_follow_the_leader_stamped_store_clock() {
     .await
     .unwrap();
 
+    // A listing is judged (`check`) at the store's clock now, not at the last entry's stamp,
+    // which an idle store leaves behind: a leftover the sweep has not reached yet must show as
+    // overdue.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let before = wall_clock_ms();
+    let tickets = client.tickets().await.unwrap();
+    let tasks = client.tasks().await.unwrap();
+    let after = wall_clock_ms();
+    for (listing, now_ms) in [("tickets", tickets.now_ms), ("tasks", tasks.now_ms)] {
+        assert!(
+            now_ms + SLACK_MS >= before && now_ms <= after + SLACK_MS,
+            "the {listing} listing's now {now_ms} is not the store clock (wall clock \
+             {before}..{after}) after 2.5 s without a write"
+        );
+    }
+
     assert_check_clean(&client).await;
     println!(
         "t15: deadline = stamped clock + ttl; late take EXPIRED; sweep expired an untouched ticket \

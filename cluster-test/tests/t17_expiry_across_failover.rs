@@ -103,6 +103,24 @@ async fn t17_deadlines_set_under_a_dead_leader_are_judged_by_the_next() {
     cluster.wait_all_caught_up().await.unwrap();
     let info = cluster.node_info(old).await.unwrap();
     assert_ne!(info.role, "leader");
+    // Its state is the leader's, not only its applied index: digests of both at one index.
+    baton_cluster_test::wait::until(
+        "the old leader's state to match the new leader's",
+        Duration::from_secs(10),
+        || async {
+            let (theirs, ours) = (
+                cluster.state_digest(new).await.map_err(|e| e.to_string())?,
+                cluster.state_digest(old).await.map_err(|e| e.to_string())?,
+            );
+            if (theirs.applied_index, &theirs.digest) == (ours.applied_index, &ours.digest) {
+                Ok(())
+            } else {
+                Err(format!("leader {theirs:?}, old leader {ours:?}"))
+            }
+        },
+    )
+    .await
+    .unwrap();
     assert_eq!(
         client.ticket("t17").await.unwrap().generation,
         2,

@@ -164,6 +164,26 @@ async fn every_primitive_call_answers_typed_results_and_refusals() {
     assert_eq!(race.misses, vec![Refusal::NotAddressee], "{race:?}");
     assert!(race.verdict().is_err(), "a miss fails the judgement");
 
+    // Cancel: only the source ("a"), only while offered; each refusal typed across the wire.
+    for key in ["cancel-offered", "cancel-taken"] {
+        c.offer(support::offer(key)).await.unwrap();
+    }
+    assert_eq!(
+        refusal(c.cancel("cancel-nobody", "a").await),
+        Refusal::UnknownKey
+    );
+    assert_eq!(
+        refusal(c.cancel("cancel-offered", "b").await),
+        Refusal::NotSource
+    );
+    c.cancel("cancel-offered", "a").await.unwrap();
+    assert_eq!(
+        refusal(c.cancel("cancel-offered", "a").await),
+        Refusal::AlreadySettled
+    );
+    c.take("cancel-taken", "b").await.unwrap();
+    assert_eq!(refusal(c.cancel("cancel-taken", "a").await), Refusal::Taken);
+
     // ------------------------------------------------------------ side-effect gate
     let email = action("email-1", "smtp", RetrySafety::Safe);
     assert_eq!(
