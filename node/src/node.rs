@@ -293,7 +293,7 @@ fn answer_of(response: Response, name: &str, index: Option<u64>) -> Result<Reply
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used)]
 
     use std::collections::BTreeMap;
@@ -335,7 +335,7 @@ mod tests {
     }
 
     /// [`lone_leader`] behind the admission gate `gate`.
-    async fn lone_leader_behind(dir: &std::path::Path, gate: Admission) -> Node {
+    pub(crate) async fn lone_leader_behind(dir: &std::path::Path, gate: Admission) -> Node {
         let (log, state_machine) =
             crate::store::open_with(&dir.join("db"), Default::default()).unwrap();
         let config = openraft::Config {

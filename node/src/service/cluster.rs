@@ -80,6 +80,14 @@ impl ClusterService {
         }
     }
 
+    /// Refuses a membership change while the gate is closed (a handover, a shutdown), as a
+    /// client request would be: its reads and its entry would undo the handover — read-index
+    /// heartbeats renew the followers' leader leases, so the successor's vote is refused, and an
+    /// entry appended after the successor caught up leaves it behind. The client retries.
+    fn not_while_handing_over(&self) -> Result<(), Status> {
+        self.admission.refusal_now().map_or(Ok(()), Err)
+    }
+
     /// Asks every other member of the cluster being initialized to join it; fails, naming the
     /// ones that did not, unless all did. A member that has not joined refuses the votes of
     /// the cluster's candidates (it cannot tell them from a stale node's) until a leader's
@@ -321,6 +329,7 @@ impl cluster_server::Cluster for ClusterService {
         &self,
         request: Request<AddLearnerRequest>,
     ) -> Result<Response<MembershipResponse>, Status> {
+        self.not_while_handing_over()?;
         let AddLearnerRequest { id, addr } = request.into_inner();
         let addr = addr.trim().to_string();
         if addr.is_empty() {
@@ -365,6 +374,7 @@ impl cluster_server::Cluster for ClusterService {
         &self,
         request: Request<ChangeMembershipRequest>,
     ) -> Result<Response<MembershipResponse>, Status> {
+        self.not_while_handing_over()?;
         let voters: std::collections::BTreeSet<u64> =
             request.into_inner().voters.into_iter().collect();
         if voters.is_empty() {
@@ -398,6 +408,7 @@ impl cluster_server::Cluster for ClusterService {
         &self,
         request: Request<RemoveMemberRequest>,
     ) -> Result<Response<MembershipResponse>, Status> {
+        self.not_while_handing_over()?;
         let id = request.into_inner().id;
         // Judged on the committed and applied membership, read linearizably (which also
         // redirects a follower to the leader): an answer of "already gone" must not rest on a
@@ -687,6 +698,48 @@ mod tests {
                 .collect(),
         );
         metrics
+    }
+
+    /// While the gate is closed for a handover no membership change is made (or read for).
+    #[tokio::test]
+    async fn membership_changes_wait_out_a_handover() {
+        use crate::admission::{Admission, Closed};
+        use baton_rpc::proto::cluster_server::Cluster;
+        let dir = tempfile::tempdir().unwrap();
+        let gate = Admission::new(None);
+        let node = Arc::new(crate::node::tests::lone_leader_behind(dir.path(), gate.clone()).await);
+        let service = ClusterService::new(
+            node.clone(),
+            gate.clone(),
+            Network::default(),
+            String::new(),
+            OwnCluster::default(),
+        );
+        gate.close(Closed::HandingOver);
+        let add = AddLearnerRequest {
+            id: 2,
+            addr: "127.0.0.1:9".into(),
+        };
+        let refused = [
+            service.add_learner(Request::new(add.clone())).await.err(),
+            service
+                .change_membership(Request::new(ChangeMembershipRequest { voters: vec![1, 2] }))
+                .await
+                .err(),
+            service
+                .remove_member(Request::new(RemoveMemberRequest { id: 2 }))
+                .await
+                .err(),
+        ];
+        for status in refused {
+            let status = status.expect("refused while handing over");
+            assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        }
+        let members = node.raft.metrics().borrow().membership_config.clone();
+        assert_eq!(members.membership().nodes().count(), 1, "{members:?}");
+        // Once the gate reopens, the same change goes through.
+        gate.reopen();
+        service.add_learner(Request::new(add)).await.unwrap();
     }
 
     #[test]
