@@ -3,6 +3,7 @@
 //! It judges itself (exit 0 and its summary line only when every check held); this test runs it
 //! as a user would, so a regression in what it shows (the worker's drain, one active attempt per
 //! key, the fenced sink refusing the older token) fails the suite, not only the README check.
+#![allow(clippy::unwrap_used)]
 
 use std::path::PathBuf;
 use std::process::Stdio;
