@@ -9,8 +9,9 @@
 //! Every run prints its seed first, then `scenario=<name> seed=<n> ops=<n> ambiguous=<n>
 //! faults=<n> verdict=ok|VIOLATION` (and the violating slice of history when there is one). The
 //! seed picks the scenario and the fault time, so `--seed S` alone replays a run. The last line
-//! is `robustness: scenarios=N ops=M faults=F violations=V`; the exit status is non-zero when a
-//! violation was found or a scenario could not run.
+//! is `robustness: scenarios=N ops=M faults=F violations=V` (a scenario that could not run its
+//! faults or recover is an error, and the violations its history showed until then count in
+//! `V`); the exit status is non-zero when a violation was found or a scenario could not run.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -115,8 +116,19 @@ async fn main() -> ExitCode {
             }
             Err(error) => {
                 errors += 1;
+                // A run that did not recover was still judged on its history until then; what
+                // that found counts like any other run's violations.
+                let (run_ops, ambiguous, run_faults, found) = error
+                    .downcast_ref::<robustness::Unrecovered>()
+                    .map_or((0, 0, 0, 0), |run| {
+                        (run.ops, run.ambiguous, run.faults, run.violations)
+                    });
+                ops += run_ops;
+                faults += run_faults;
+                violations += found;
                 println!(
-                    "scenario={scenario} seed={seed} ops=0 ambiguous=0 faults=0 verdict=ERROR"
+                    "scenario={scenario} seed={seed} ops={run_ops} ambiguous={ambiguous} \
+                     faults={run_faults} violations={found} verdict=ERROR"
                 );
                 println!("{error:#}");
             }

@@ -31,8 +31,10 @@ use super::check::{
     by_key, exclusive_holds, increasing_fences, no_stale_holder, sink, unique_grants,
     unique_tokens, Grant, Use, Violation, CLOCK_SLACK_US,
 };
+use super::effect_watch;
 use super::history::{Input, Op, Output, Recorder};
 use super::reconcile::Backlog;
+use super::watcher::deliveries;
 
 /// Share of fresh keys declared unsafe to repeat.
 const UNSAFE_SHARE: f64 = 0.25;
@@ -443,10 +445,10 @@ fn fresh_keys(history: &[Op], final_from: u64) -> Vec<Violation> {
 /// when the acquire was applied: an acquire other than itself, granted or unanswered, sent
 /// before the answer came back, whose hold was not certainly over when the acquire was sent —
 /// not freed by a release answered before then, and not certainly expired (its answer + TTL,
-/// plus [`CLOCK_SLACK_US`], before then). An unanswered grant's hold may have begun at any time,
-/// so only a release could have ended it, and it has no holder to send one: it explains any
-/// later answer. A store that kept a freed or expired hold passes every other rule (`contended`
-/// changes nothing). Reports the first few per resource.
+/// plus [`CLOCK_SLACK_US`], before then). An unanswered acquire's hold, if it won one, is
+/// bounded by what the effect watch delivered ([`WatchedGrants::may_hold`]); without that
+/// evidence it explains any later answer. A store that kept a freed or expired hold passes
+/// every other rule (`contended` changes nothing). Reports the first few per resource.
 fn unexplained_contended(history: &[Op]) -> Vec<Violation> {
     let acquires = by_key(history, |input| match input {
         Input::Acquire { resource, .. } => Some(resource.as_str()),
@@ -457,6 +459,7 @@ fn unexplained_contended(history: &[Op]) -> Vec<Violation> {
         _ => None,
     });
     let ttl_us = TTL_MS as u64 * 1_000;
+    let watched = WatchedGrants::of(history);
     let mut violations = Vec::new();
     for (resource, ops) in &acquires {
         let mut found = 0;
@@ -480,7 +483,7 @@ fn unexplained_contended(history: &[Op]) -> Vec<Violation> {
                         });
                         !expired && !freed
                     }
-                    _ => grant.is_ambiguous(),
+                    _ => grant.is_ambiguous() && watched.may_hold(grant, contended),
                 }
             });
             if !explained {
@@ -498,6 +501,104 @@ fn unexplained_contended(history: &[Op]) -> Vec<Violation> {
         }
     }
     violations
+}
+
+/// What the effect watch delivered, to bound when an unanswered acquire can have held its
+/// resource — the counterpart of the board's [`super::board`] `silent_winners`, which learns the
+/// same of unanswered claims from the fences listed after recovery.
+///
+/// The watch delivers every grant of an effect workload key (`granted`) in log order, each
+/// after it was applied. An unanswered acquire applied before a `contended` answer came back
+/// was applied before every acquire sent after that answer: so once the watch delivered the
+/// grant of an acknowledged acquire sent after it (the answer is *covered*), it had delivered
+/// the unanswered acquire's grant too, if it won one — or met a `COMPACTED` that may have hidden
+/// it. Its hold began no later than that delivery or compaction, and lasted its TTL at most on
+/// the store's clock (the workload never renews; every node stamps with this machine's clock, and
+/// a store time is stamped before its apply): it was certainly over when the `contended` acquire
+/// was sent if that came later than the TTL plus [`CLOCK_SLACK_US`]. No delivery and no
+/// compaction: it had won nothing by then. An answer the watch does not cover (it ended, or
+/// nothing was acknowledged after it) keeps the old bound: any unanswered acquire before it
+/// explains it.
+struct WatchedGrants<'h> {
+    /// Action key -> when the watch delivered each of its `granted`, in order.
+    granted: BTreeMap<&'h str, Vec<u64>>,
+    /// When the watch met each `COMPACTED`, in order.
+    compactions: Vec<u64>,
+    /// The acknowledged grants the watch delivered: (sending, first delivery), by sending, with
+    /// each delivery replaced by the earliest of its own and those of every grant sent later.
+    covers: Vec<(u64, u64)>,
+}
+
+impl<'h> WatchedGrants<'h> {
+    fn of(history: &'h [Op]) -> Self {
+        let mut granted: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+        let mut first: BTreeMap<(&str, u64), u64> = BTreeMap::new();
+        for d in deliveries(history, effect_watch::NAME) {
+            if d.kind == "granted" {
+                granted.entry(d.key).or_default().push(d.op.call);
+                first.entry((d.key, d.fence)).or_insert(d.op.call);
+            }
+        }
+        let compactions = history
+            .iter()
+            .filter(|op| {
+                op.client == effect_watch::NAME && matches!(op.input, Input::WatchCompacted { .. })
+            })
+            .map(|op| op.call)
+            .collect();
+        let mut covers: Vec<(u64, u64)> = history
+            .iter()
+            .filter_map(|op| match (&op.input, op.ok()) {
+                (Input::Acquire { key, .. }, Some(Output::Granted { fence, .. })) => {
+                    Some((op.call, *first.get(&(key.as_str(), *fence))?))
+                }
+                _ => None,
+            })
+            .collect();
+        covers.sort_unstable();
+        let mut earliest = u64::MAX;
+        for (_, delivered) in covers.iter_mut().rev() {
+            earliest = earliest.min(*delivered);
+            *delivered = earliest;
+        }
+        WatchedGrants {
+            granted,
+            compactions,
+            covers,
+        }
+    }
+
+    /// By when the watch had delivered every change applied before `at`: the earliest delivery
+    /// of an acknowledged grant sent after `at` (`None`: no such delivery).
+    fn covered_by(&self, at: u64) -> Option<u64> {
+        let from = self.covers.partition_point(|(sent, _)| *sent <= at);
+        self.covers.get(from).map(|(_, delivered)| *delivered)
+    }
+
+    /// Whether the unanswered acquire `grant` may have held its resource when `contended` was
+    /// applied (see [`WatchedGrants`]).
+    fn may_hold(&self, grant: &Op, contended: &Op) -> bool {
+        let Input::Acquire { key, .. } = &grant.input else {
+            return true;
+        };
+        // The watch records only the workload's keys.
+        if !key.starts_with(KEY_PREFIX) {
+            return true;
+        }
+        let Some(covered) = contended.ret.and_then(|ret| self.covered_by(ret)) else {
+            return true;
+        };
+        let since_sent = grant.call..=covered;
+        let granted_by = self
+            .granted
+            .get(key.as_str())
+            .into_iter()
+            .flatten()
+            .chain(&self.compactions)
+            .filter(|at| since_sent.contains(*at))
+            .max();
+        granted_by.is_some_and(|at| at + TTL_MS as u64 * 1_000 + CLOCK_SLACK_US >= contended.call)
+    }
 }
 
 /// The result an operation submitted for its key: a completion submits the key itself, a
@@ -782,4 +883,103 @@ pub fn completed_keys(history: &[Op]) -> Vec<String> {
         .filter_map(|op| key_of(&op.input))
         .collect();
     keys.into_iter().map(str::to_string).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::robustness::test_history::{rules, H};
+
+    fn acquire(key: &str) -> Input {
+        Input::Acquire {
+            key: key.into(),
+            resource: "res-0".into(),
+        }
+    }
+
+    fn granted(fence: u64) -> Output {
+        Output::Granted {
+            fence,
+            holder: format!("h{fence}"),
+            until_ms: None,
+        }
+    }
+
+    fn contended() -> Output {
+        Output::NotGranted("contended".into())
+    }
+
+    /// `holder-0/1`'s acquire goes unanswered and the watch delivers its grant at 5 ms (when
+    /// `won`); `holder-1/1`'s acquire sent at 3,000 ms is granted and delivered, covering what
+    /// was answered before it; `holder-2/1`'s acquire sent at `contended_at` ms is answered
+    /// `contended` 10 ms later.
+    fn unanswered_grant(won: bool, contended_at: u64) -> H {
+        let mut h = H::default();
+        h.ambiguous("holder-0", acquire("holder-0/1"), 0);
+        if won {
+            h.delivered(effect_watch::NAME, ("granted", "holder-0/1", "", 1), 5, 5);
+        }
+        h.ok(
+            "holder-2",
+            acquire("holder-2/1"),
+            contended_at,
+            contended_at + 10,
+            contended(),
+        );
+        h.ok("holder-1", acquire("holder-1/1"), 3_000, 3_010, granted(2));
+        h.delivered(
+            effect_watch::NAME,
+            ("granted", "holder-1/1", "", 2),
+            3_011,
+            6,
+        );
+        h
+    }
+
+    fn found(h: &H) -> Vec<String> {
+        rules(&unexplained_contended(&h.ops))
+            .into_iter()
+            .map(String::from)
+            .collect()
+    }
+
+    /// The unanswered grant's hold ran out (delivered at 5 ms, TTL 2 s, slack 250 ms) before
+    /// the acquire answered `contended` was sent; or it never won (no `granted` delivered before
+    /// the watch delivered a grant sent after the answer).
+    #[test]
+    fn a_contended_answer_after_an_unanswered_grant_ran_out_is_unexplained() {
+        assert_eq!(
+            found(&unanswered_grant(true, 2_300)),
+            ["unexplained-contended"]
+        );
+        assert_eq!(
+            found(&unanswered_grant(false, 100)),
+            ["unexplained-contended"]
+        );
+    }
+
+    /// Legal: within the unanswered grant's TTL (plus slack) of its delivery; without a delivery
+    /// covering the answer (the watch may not have got that far); with a `COMPACTED` that may
+    /// have hidden the grant; on a key the watch does not record.
+    #[test]
+    fn an_unanswered_grant_that_may_still_hold_explains_contended() {
+        assert!(found(&unanswered_grant(true, 2_200)).is_empty());
+
+        let mut h = unanswered_grant(true, 2_300);
+        h.ops.truncate(3);
+        assert!(found(&h).is_empty());
+
+        let mut h = unanswered_grant(false, 2_300);
+        h.compacted(effect_watch::NAME, 1_000, 4);
+        assert!(found(&h).is_empty());
+
+        let mut h = unanswered_grant(false, 100);
+        h.ops[0].input = Input::Acquire {
+            key: "other/1".into(),
+            resource: "res-0".into(),
+        };
+        assert!(found(&h).is_empty());
+    }
 }

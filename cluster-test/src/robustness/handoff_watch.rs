@@ -40,6 +40,11 @@
 //!   (its end is a `lost` or a `closed`), no `lost` of one an acknowledged reply closed, no
 //!   `withdrawn` of one taken; and no `offered` while a generation of the key the watch
 //!   delivered since the latest compaction it met had not ended;
+//! - `watch-ticket-double-take`: no generation is delivered `taken` twice (at two positions),
+//!   nor `taken` after an end of it: only an offered ticket is taken, and every other take of
+//!   its generation changes nothing (refused, or a retry answered from the session table), so a
+//!   second `taken` is a second holder of one generation — which the answer-based rules
+//!   (`unique-grant`, `linearizable`) miss when the answer to one of the two takes was lost;
 //! - `watch-order`: positions strictly increase, resumes included (as the checkpoint watch's).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -48,7 +53,7 @@ use baton_statemachine::{Change, ChangeKind};
 
 use super::check::{Violation, CLOCK_SLACK_US};
 use super::history::{Input, Op, Output};
-use super::watcher::{self, deliveries, Delivery, Finding};
+use super::watcher::{self, deliveries, Delivery, Finding, Met};
 use super::{courier, handoff};
 
 /// The client name the handoff watch's changes are recorded under.
@@ -278,6 +283,7 @@ pub fn check(history: &[Op], complete: bool) -> Vec<Violation> {
     let mut findings = phantoms(history, &calls, &delivered);
     findings.extend(early(&calls, &delivered));
     findings.extend(ended(history, &calls, &delivered));
+    findings.extend(double_takes(history));
     let missed = complete.then(|| ("watch-ticket-missed", missed(history)));
     watcher::lease_verdict(
         history,
@@ -479,4 +485,179 @@ fn ended<'h>(history: &'h [Op], calls: &Calls<'h>, delivered: &[Delivery<'h>]) -
         }
     }
     findings
+}
+
+/// `watch-ticket-double-take`: a generation delivered `taken` a second time, or after an end of
+/// it. A take applies only to an offered ticket and makes it accepted in the same step; every
+/// other take of that generation is refused (`TAKEN`, or `EXPIRED` / `ALREADY_SETTLED` once it
+/// ended) and changes nothing, a retried take is answered from the session table without being
+/// applied again, and offering a settled key again makes a new generation. A compaction only
+/// hides changes, so it excuses nothing here; repeated deliveries of one change are left to
+/// `watch-order` ([`watcher::met`]).
+fn double_takes(history: &[Op]) -> Vec<Finding<'_>> {
+    let mut taken: BTreeMap<(&str, u64), &Op> = BTreeMap::new();
+    let mut ended: BTreeMap<(&str, u64), &Op> = BTreeMap::new();
+    let mut findings = Vec::new();
+    for met in watcher::met(history, NAME) {
+        let Met::Change(d) = met else {
+            continue;
+        };
+        let generation = (d.key, d.fence);
+        if ENDS.contains(&d.kind) {
+            ended.entry(generation).or_insert(d.op);
+            continue;
+        }
+        if d.kind != "taken" {
+            continue;
+        }
+        let earlier = taken
+            .get(&generation)
+            .or_else(|| ended.get(&generation))
+            .copied();
+        if let Some(earlier) = earlier {
+            findings.push((
+                "watch-ticket-double-take",
+                d.key,
+                format!(
+                    "delivered a take of generation {} by {} after {}: one generation granted \
+                     twice",
+                    d.fence, d.holder, earlier.input
+                ),
+                vec![earlier.index, d.op.index],
+            ));
+        }
+        taken.entry(generation).or_insert(d.op);
+    }
+    findings
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::robustness::handoff::{FROM, TO};
+    use crate::robustness::test_history::{rules, H};
+
+    const KEY: &str = "ticket-0";
+
+    fn offer() -> Input {
+        Input::Offer {
+            key: KEY.into(),
+            from: FROM.into(),
+            to: TO.into(),
+        }
+    }
+
+    fn take() -> Input {
+        Input::Take {
+            key: KEY.into(),
+            to: TO.into(),
+        }
+    }
+
+    fn offered(generation: u64) -> Output {
+        Output::Ticket {
+            generation,
+            state: "offered".into(),
+            holder: None,
+        }
+    }
+
+    /// Generation 1 offered and taken by `c1` (token `t1`), each change delivered: the answer to
+    /// `c2`'s take of it was lost.
+    fn taken_once() -> H {
+        let w = NAME;
+        let mut h = H::default();
+        h.ok("c0", offer(), 0, 10, offered(1));
+        h.delivered(w, ("offered", KEY, "", 1), 11, 5);
+        h.ok(
+            "c1",
+            take(),
+            20,
+            30,
+            Output::Handle {
+                fence: 1,
+                token: "t1".into(),
+            },
+        );
+        h.ambiguous("c2", take(), 25);
+        h.delivered(w, ("taken", KEY, TO, 1), 31, 6);
+        h
+    }
+
+    /// The rules the checker reports on `h` (before the read-back).
+    fn found(h: &H) -> Vec<String> {
+        rules(&check(&h.ops, false))
+            .into_iter()
+            .map(String::from)
+            .collect()
+    }
+
+    /// A second `taken` of one generation is a second holder, though only one take was answered.
+    #[test]
+    fn a_generation_taken_twice_is_a_double_take() {
+        assert!(found(&taken_once()).is_empty());
+        let mut h = taken_once();
+        h.delivered(NAME, ("taken", KEY, TO, 1), 40, 7);
+        let violations = check(&h.ops, false);
+        assert_eq!(rules(&violations), ["watch-ticket-double-take"]);
+        assert_eq!(violations[0].ops, [4, 5]);
+    }
+
+    /// A take delivered after its generation ended (closed by the taker's reply), also when a
+    /// `COMPACTED` hid the first take.
+    #[test]
+    fn a_generation_taken_after_its_end_is_a_double_take() {
+        let reply = Input::Reply {
+            key: KEY.into(),
+            token: "t1".into(),
+        };
+        let mut h = taken_once();
+        h.ok("c1", reply.clone(), 40, 50, Output::Done);
+        h.delivered(NAME, ("closed", KEY, TO, 1), 51, 7);
+        assert!(found(&h).is_empty());
+        h.delivered(NAME, ("taken", KEY, TO, 1), 60, 8);
+        assert_eq!(found(&h), ["watch-ticket-double-take"]);
+
+        let mut h = taken_once();
+        h.ops.pop();
+        h.compacted(NAME, 35, 9);
+        h.ok("c1", reply, 40, 50, Output::Done);
+        h.delivered(NAME, ("closed", KEY, TO, 1), 51, 10);
+        assert!(found(&h).is_empty());
+        h.delivered(NAME, ("taken", KEY, TO, 1), 60, 11);
+        assert_eq!(found(&h), ["watch-ticket-double-take"]);
+    }
+
+    /// Legal: the next generation taken once its predecessor ended; and one change delivered
+    /// twice at one position is `watch-order`'s, not a second take.
+    #[test]
+    fn a_new_generation_or_a_repeated_delivery_is_no_double_take() {
+        let reply = Input::Reply {
+            key: KEY.into(),
+            token: "t1".into(),
+        };
+        let mut h = taken_once();
+        h.ok("c1", reply, 40, 50, Output::Done);
+        h.delivered(NAME, ("closed", KEY, TO, 1), 51, 7);
+        h.ok("c0", offer(), 60, 70, offered(2));
+        h.delivered(NAME, ("offered", KEY, "", 2), 71, 8);
+        h.ok(
+            "c2",
+            take(),
+            80,
+            90,
+            Output::Handle {
+                fence: 2,
+                token: "t2".into(),
+            },
+        );
+        h.delivered(NAME, ("taken", KEY, TO, 2), 91, 9);
+        assert!(found(&h).is_empty());
+
+        let mut h = taken_once();
+        h.delivered(NAME, ("taken", KEY, TO, 1), 40, 6);
+        assert_eq!(found(&h), ["watch-order"]);
+    }
 }

@@ -46,6 +46,8 @@ pub mod queue_watch;
 pub mod reconcile;
 pub mod sink_watch;
 pub mod target;
+#[cfg(test)]
+mod test_history;
 pub mod watcher;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -371,6 +373,51 @@ impl Report {
         }
         text.push_str(&format!("replay: {}\n", self.replay));
         text
+    }
+}
+
+/// The error of a run that could not run its faults or did not recover (the context of the
+/// cause), with what its history showed until then: everything that can be judged without the
+/// read-back was ([`drive`]), and a violation found so is as real as in any other run, so the
+/// binary counts it with the others (`violations=`) besides counting the run as an error.
+/// (`lost-ack` needs the read-back and `progress` a run that went its whole course: neither is
+/// judged.)
+#[derive(Debug)]
+pub struct Unrecovered {
+    /// Operations recorded.
+    pub ops: usize,
+    /// Operations whose outcome is unknown.
+    pub ambiguous: usize,
+    /// Faults injected.
+    pub faults: usize,
+    /// Violations found in the history until then.
+    pub violations: usize,
+    /// What the run was and found ([`Report::explain`]).
+    explained: String,
+}
+
+impl Unrecovered {
+    fn of(report: &Report) -> Self {
+        Unrecovered {
+            ops: report.ops(),
+            ambiguous: report.ambiguous(),
+            faults: report.faults,
+            violations: report.violations.len(),
+            explained: format!(
+                "scenario {} seed {} could not run its faults or recover; {} violation(s) in the \
+                 history until then (not read back)\n{}",
+                report.scenario,
+                report.seed,
+                report.violations.len(),
+                report.explain()
+            ),
+        }
+    }
+}
+
+impl fmt::Display for Unrecovered {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.explained)
     }
 }
 
@@ -820,13 +867,7 @@ async fn drive<T: Target>(
             report.violations.len()
         );
         report.history_file = write_history(&report, &summary, settings).ok();
-        return Err(error.context(format!(
-            "scenario {} seed {seed} could not run its faults or recover; {} violation(s) in \
-             the history until then (not read back)\n{}",
-            report.scenario,
-            report.violations.len(),
-            report.explain()
-        )));
+        return Err(error.context(Unrecovered::of(&report)));
     }
     if !report.violations.is_empty() {
         report.cluster_dir = Some(cluster.keep());
@@ -841,11 +882,14 @@ async fn drive<T: Target>(
 /// equal ([`digests_disagree`]). A member that installed a snapshot, a restarted one that
 /// replayed its log and one that applied every entry as it came must agree; a difference is a
 /// non-deterministic apply rule or a snapshot that loses or adds state, which no read through
-/// the leader shows until that member leads. Rule `replicas-agree`. Members never seen at one
-/// index within `limit` are not a violation (nothing was seen to differ); that is printed.
+/// the leader shows until that member leads. Rule `replicas-agree`; members never all seen at
+/// one index within `limit` are [`never_agreed`]'s violation.
 pub async fn replicas_agree<T: Target>(cluster: &T, limit: Duration) -> Vec<Violation> {
     let started = Instant::now();
     let mut seen = SeenDigests::default();
+    // The members the leader named last, and the applied index each last answered with.
+    let mut named: Vec<u64> = Vec::new();
+    let mut last_applied: BTreeMap<u64, u64> = BTreeMap::new();
     loop {
         let members: Vec<u64> = match cluster.leader().await {
             Ok(leader) => match cluster.node_info(leader).await {
@@ -857,21 +901,67 @@ pub async fn replicas_agree<T: Target>(cluster: &T, limit: Duration) -> Vec<Viol
         for id in &members {
             if let Ok(answer) = cluster.state_digest(*id).await {
                 seen.record(*id, &answer);
+                last_applied.insert(*id, answer.applied_index);
             }
         }
-        let violations = digests_disagree(&seen);
-        if !violations.is_empty() || seen.common(&members).is_some() {
-            return violations;
+        if !members.is_empty() {
+            named.clone_from(&members);
         }
-        if started.elapsed() > limit {
-            eprintln!(
-                "robustness: the members were never all seen at one applied index within \
-                 {limit:?}; their states were compared only where two were: {seen:?}"
-            );
+        let timed_out = (started.elapsed() > limit).then_some(limit);
+        if let Some(violations) = settled(&seen, &named, &last_applied, timed_out) {
             return violations;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// What [`replicas_agree`] has seen settles: two members that differ at one applied index
+/// (`replicas-agree`), nothing wrong once every one of `members` was seen at one index, or —
+/// once the limit `timed_out` — [`never_agreed`]; `None` while none of these.
+fn settled(
+    seen: &SeenDigests,
+    members: &[u64],
+    last_applied: &BTreeMap<u64, u64>,
+    timed_out: Option<Duration>,
+) -> Option<Vec<Violation>> {
+    let violations = digests_disagree(seen);
+    if !violations.is_empty() || seen.common(members).is_some() {
+        return Some(violations);
+    }
+    timed_out.map(|limit| vec![never_agreed(members, last_applied, limit)])
+}
+
+/// `replicas-never-agreed`: the members (`named` by the leader last; none when no leader named
+/// them) were never all seen at one applied index within `limit`; `last_applied`: the index
+/// each member last answered with. After recovery the workloads and the watches have stopped
+/// and the leader's sweeps settle (an idle cluster proposes nothing but a session sweep a
+/// minute: node/src/sweeper.rs), and recovery itself required every member running and caught
+/// up: a member still apart after `limit` has stopped applying the log or answering, and its
+/// state, which [`replicas_agree`] exists to compare, went unjudged. That is the store's doing
+/// after every fault was undone, as a workload left without a grant is
+/// (`available-after-recovery`), so it is a violation and not a note on stderr.
+pub fn never_agreed(
+    named: &[u64],
+    last_applied: &BTreeMap<u64, u64>,
+    limit: Duration,
+) -> Violation {
+    let detail = if named.is_empty() {
+        format!("no leader named the members within {limit:?} after recovery")
+    } else {
+        let shown: Vec<String> = named
+            .iter()
+            .map(|id| match last_applied.get(id) {
+                Some(index) => format!("node {id}: applied {index}"),
+                None => format!("node {id}: never answered"),
+            })
+            .collect();
+        format!(
+            "the members were never all seen at one applied index within {limit:?} after \
+             recovery, so their states were not compared (last seen: {})",
+            shown.join(", ")
+        )
+    };
+    Violation::new("replicas-never-agreed", "state", detail, Vec::new())
 }
 
 /// Two members seen with different state digests at one applied index.
@@ -1092,4 +1182,96 @@ fn write_history(report: &Report, summary: &str, settings: &Settings) -> anyhow:
     }
     std::fs::write(&path, text)?;
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use baton_rpc::proto::StateDigestResponse;
+
+    use super::*;
+
+    fn seen(answers: &[(u64, u64, &str)]) -> SeenDigests {
+        let mut seen = SeenDigests::default();
+        for (member, applied_index, digest) in answers {
+            let answer = StateDigestResponse {
+                applied_index: *applied_index,
+                digest: digest.to_string(),
+            };
+            seen.record(*member, &answer);
+        }
+        seen
+    }
+
+    /// Members never all seen at one index leave nothing settled, which `replicas_agree` then
+    /// reports as `replicas-never-agreed`; seen at one index (at different polls) they agree.
+    #[test]
+    fn members_never_seen_at_one_index_never_agreed() {
+        let members = [1, 2, 3];
+        let limit = Some(Duration::from_secs(20));
+        let last = BTreeMap::from([(1, 9), (2, 8)]);
+        let rules = |seen: &SeenDigests, members: &[u64], timed_out| {
+            settled(seen, members, &last, timed_out)
+                .map(|violations| violations.into_iter().map(|v| v.rule).collect::<Vec<_>>())
+        };
+        // Node 3 never at an index where 1 and 2 were: not settled until the limit, then a
+        // violation (also when no leader named the members).
+        let apart = seen(&[(1, 7, "a"), (2, 8, "b"), (3, 6, "z"), (1, 9, "c")]);
+        assert_eq!(rules(&apart, &members, None), None);
+        assert_eq!(
+            rules(&apart, &members, limit),
+            Some(vec!["replicas-never-agreed".to_string()])
+        );
+        assert_eq!(
+            rules(&apart, &[], limit),
+            Some(vec!["replicas-never-agreed".to_string()])
+        );
+        let violation = never_agreed(&members, &last, Duration::from_secs(20));
+        assert!(
+            violation.detail.contains("node 3: never answered"),
+            "{}",
+            violation.detail
+        );
+
+        // Legal: all seen at one index, at different polls; differing there is replicas-agree.
+        let together = seen(&[(1, 7, "a"), (2, 8, "b"), (3, 8, "b"), (1, 8, "b")]);
+        assert_eq!(rules(&together, &members, limit), Some(Vec::new()));
+        let differ = seen(&[(1, 7, "a"), (2, 7, "x")]);
+        assert_eq!(
+            rules(&differ, &members, limit),
+            Some(vec!["replicas-agree".to_string()])
+        );
+    }
+
+    /// The binary finds the violations of a run that did not recover behind the error's cause.
+    #[test]
+    fn a_run_that_did_not_recover_carries_its_violations() {
+        let report = Report {
+            scenario: "leader-kill".into(),
+            seed: 7,
+            history: Vec::new(),
+            faults: 2,
+            fault_log: Vec::new(),
+            violations: vec![Violation::new(
+                "exclusive-hold",
+                "task-0",
+                "two",
+                Vec::new(),
+            )],
+            elapsed: Duration::ZERO,
+            phases: Vec::new(),
+            history_file: None,
+            cluster_dir: None,
+            replay: String::new(),
+        };
+        let error = anyhow::anyhow!("no leader").context(Unrecovered::of(&report));
+        let unrecovered = error.downcast_ref::<Unrecovered>().unwrap();
+        assert_eq!((unrecovered.violations, unrecovered.faults), (1, 2));
+        let shown = format!("{error:#}");
+        assert!(
+            shown.contains("exclusive-hold") && shown.ends_with("no leader"),
+            "{shown}"
+        );
+    }
 }

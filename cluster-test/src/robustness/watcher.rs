@@ -269,6 +269,52 @@ pub(super) fn deliveries<'h>(history: &'h [Op], watch: &str) -> Vec<Delivery<'h>
         .collect()
 }
 
+/// What a lease watch met, in the order it met it ([`met`]).
+pub(super) enum Met<'h> {
+    /// A change delivered past every earlier delivery's position.
+    Change(Delivery<'h>),
+    /// A `COMPACTED`: the watch went on past changes it never delivered.
+    Compacted,
+}
+
+/// `watch`'s deliveries of leases and its compactions, in the order it met them, without the
+/// deliveries at or below an earlier delivery's position: those repeat a change already
+/// delivered or come out of order, which `watch-order` reports, so rules that count a key's
+/// changes (a second grant, a claim over a live one) must not count them again.
+pub(super) fn met<'h>(history: &'h [Op], watch: &str) -> Vec<Met<'h>> {
+    let mut latest: Option<(u64, u32)> = None;
+    let mut met = Vec::new();
+    for op in history.iter().filter(|op| op.client == watch) {
+        match (&op.input, op.ok()) {
+            (Input::WatchCompacted { .. }, _) => met.push(Met::Compacted),
+            (
+                Input::WatchLease {
+                    kind,
+                    key,
+                    holder,
+                    fence,
+                },
+                Some(Output::Position { revision, index }),
+            ) => {
+                let at = (*revision, *index);
+                if latest.is_some_and(|latest| at <= latest) {
+                    continue;
+                }
+                latest = Some(at);
+                met.push(Met::Change(Delivery {
+                    op,
+                    kind,
+                    key,
+                    holder,
+                    fence: *fence,
+                }));
+            }
+            _ => {}
+        }
+    }
+    met
+}
+
 /// What a lease watch delivered, by change `(kind, key, fence)`: the agent each delivery named.
 pub(super) type Delivered<'h> = BTreeMap<(&'h str, &'h str, u64), Vec<&'h str>>;
 
