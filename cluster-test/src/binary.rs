@@ -1,5 +1,5 @@
-//! Finding the `baton` binary the cluster tests run, and building it when it is missing or older
-//! than its sources.
+//! Finding the `baton` binary the cluster tests run (and the examples some run), and building it
+//! when it is missing or older than its sources.
 //!
 //! `cargo nextest run -p baton-cluster-test` builds this crate's tests but not another package's
 //! binary, so a test could otherwise run yesterday's server against today's client. The check is
@@ -39,18 +39,35 @@ fn locate() -> anyhow::Result<PathBuf> {
         }
         return Ok(bin);
     }
-    let bin = default_path()?;
+    let bin = profile_dir()?.join(format!("baton{}", std::env::consts::EXE_SUFFIX));
+    built(bin, &["-p", "baton-node", "--bin", "baton"])
+}
+
+/// The path of example `name` of package `package`, built (by cargo) if it is missing or stale.
+/// `cargo nextest run` builds the workspace's examples with the tests, so in a suite run it is
+/// fresh: building it again for one package alone would compile much of its dependency tree
+/// anew (features are unified per build), in the middle of the run.
+pub fn example_bin(package: &str, name: &str) -> anyhow::Result<PathBuf> {
+    let bin = profile_dir()?
+        .join("examples")
+        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    built(bin, &["-p", package, "--example", name])
+}
+
+/// `bin`, built with `cargo build <what>` first if it is missing or older than its sources.
+fn built(bin: PathBuf, what: &[&str]) -> anyhow::Result<PathBuf> {
     let fresh = match modified(&bin) {
         None => false,
         Some(built) => newest_source(&bin).is_none_or(|source| source <= built),
     };
     if !fresh {
-        match build(&bin) {
+        match build(&bin, what) {
             Ok(()) => {}
             // A half-edited workspace may not compile; an existing binary is still useful.
             Err(error) if bin.is_file() => {
                 eprintln!(
-                    "cluster-test: rebuilding baton failed ({error:#}); using the existing binary"
+                    "cluster-test: rebuilding {} failed ({error:#}); using the existing binary",
+                    bin.display()
                 )
             }
             Err(error) => return Err(error),
@@ -62,15 +79,15 @@ fn locate() -> anyhow::Result<PathBuf> {
     Ok(bin)
 }
 
-/// `<target>/<profile>/baton`, derived from this test executable
+/// `<target>/<profile>`, derived from this test executable
 /// (`<target>/<profile>/deps/<test>-<hash>`).
-fn default_path() -> anyhow::Result<PathBuf> {
+fn profile_dir() -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("cannot tell where this test executable is")?;
     let mut dir = exe.parent().context("test executable has no directory")?;
     if dir.file_name().is_some_and(|name| name == "deps") {
         dir = dir.parent().context("deps directory has no parent")?;
     }
-    Ok(dir.join(format!("baton{}", std::env::consts::EXE_SUFFIX)))
+    Ok(dir.to_path_buf())
 }
 
 fn modified(path: &Path) -> Option<SystemTime> {
@@ -151,33 +168,28 @@ fn newest_in(dir: &Path, newest: &mut Option<SystemTime>) {
     }
 }
 
-/// Builds the binary with the profile of the directory it is expected in (`debug` -> `dev`).
-fn build(bin: &Path) -> anyhow::Result<()> {
-    let profile = match bin
-        .parent()
-        .and_then(Path::file_name)
-        .and_then(|n| n.to_str())
-    {
+/// Builds `bin` (`cargo build <what>`) with the profile of the directory it is expected in
+/// (`debug` -> `dev`).
+fn build(bin: &Path, what: &[&str]) -> anyhow::Result<()> {
+    let profile = match profile_dir()?.file_name().and_then(|n| n.to_str()) {
         Some("debug") | None => "dev".to_string(),
         Some(other) => other.to_string(),
     };
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    eprintln!("cluster-test: building the baton binary (cargo build -p baton-node --bin baton --profile {profile})");
+    let what = what.join(" ");
+    eprintln!(
+        "cluster-test: building {} (cargo build {what} --profile {profile})",
+        bin.display()
+    );
     let status = Command::new(cargo)
-        .args([
-            "build",
-            "-p",
-            "baton-node",
-            "--bin",
-            "baton",
-            "--profile",
-            &profile,
-        ])
+        .arg("build")
+        .args(what.split(' '))
+        .args(["--profile", &profile])
         .current_dir(workspace_root())
         .status()
         .context("cannot run cargo")?;
     if !status.success() {
-        bail!("cargo build -p baton-node --bin baton failed: {status}");
+        bail!("cargo build {what} failed: {status}");
     }
     Ok(())
 }

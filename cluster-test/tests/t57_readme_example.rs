@@ -5,52 +5,15 @@
 //! key, the fenced sink refusing the older token) fails the suite, not only the README check.
 #![allow(clippy::unwrap_used)]
 
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
 use baton_cluster_test::{Cluster, Options};
-
-/// Builds the example (a no-op after `cargo nextest run`, which builds examples) in this test
-/// binary's profile and returns its path.
-fn example() -> anyhow::Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let mut dir = exe.parent().context("test executable has no directory")?;
-    if dir.file_name().is_some_and(|name| name == "deps") {
-        dir = dir.parent().context("deps directory has no parent")?;
-    }
-    let profile = match dir.file_name().and_then(|n| n.to_str()) {
-        Some("debug") | None => "dev".to_string(),
-        Some(other) => other.to_string(),
-    };
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .context("no workspace root")?
-        .to_path_buf();
-    let status = std::process::Command::new(cargo)
-        .args([
-            "build",
-            "-q",
-            "-p",
-            "baton-rpc",
-            "--example",
-            "keyed-concurrency",
-        ])
-        .args(["--profile", &profile])
-        .current_dir(root)
-        .status()
-        .context("cannot run cargo")?;
-    if !status.success() {
-        bail!("building the keyed-concurrency example failed: {status}");
-    }
-    Ok(dir.join("examples").join("keyed-concurrency"))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t57_the_keyed_concurrency_example_passes_against_a_live_cluster() {
-    let example = example().unwrap();
+    let example =
+        baton_cluster_test::binary::example_bin("baton-rpc", "keyed-concurrency").unwrap();
     let cluster = Cluster::start(3, Options::default()).await.unwrap();
     cluster.leader().await.unwrap();
     let run = tokio::process::Command::new(&example)

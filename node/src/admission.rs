@@ -12,7 +12,8 @@
 //! - While the **gate** is closed (a leader handover or a shutdown in progress), new client
 //!   requests other than cluster administration are refused with a retryable status, so clients
 //!   move to another node; requests already admitted are counted until they finish, so a shutdown
-//!   can wait for them.
+//!   can wait for them. (Of cluster administration, the membership changes refuse themselves
+//!   while the gate is closed: `service::cluster`.)
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -28,7 +28,7 @@ pub enum MembersCommand {
         addr: String,
     },
     /// Make a learner a voter. Refused unless most of the resulting voters answer, and (by the
-    /// leader) unless the learner has stored the entry that made it a member.
+    /// leader) unless the learner has stored the latest membership entry (which lists it).
     Promote {
         /// The learner's id.
         #[arg(long)]

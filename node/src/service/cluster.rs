@@ -83,7 +83,10 @@ impl ClusterService {
     /// Refuses a membership change while the gate is closed (a handover, a shutdown), as a
     /// client request would be: its reads and its entry would undo the handover — read-index
     /// heartbeats renew the followers' leader leases, so the successor's vote is refused, and an
-    /// entry appended after the successor caught up leaves it behind. The client retries.
+    /// entry appended after the successor caught up leaves it behind. The client retries. Asked
+    /// on arrival and again just before the change is proposed (a handover does not wait for
+    /// cluster administration, which it does not count among the requests it drains); one
+    /// beginning between that and the proposal is not kept out.
     fn not_while_handing_over(&self) -> Result<(), Status> {
         self.admission.refusal_now().map_or(Ok(()), Err)
     }
@@ -352,6 +355,8 @@ impl cluster_server::Cluster for ClusterService {
             return Err(conflict);
         }
         tracing::info!(id, %addr, "adding learner");
+        // Again: a handover may have begun during the read.
+        self.not_while_handing_over()?;
         let raft = &self.node.raft;
         let written = unless_deposed(
             raft,
@@ -400,6 +405,8 @@ impl cluster_server::Cluster for ClusterService {
             }
         }
         tracing::info!(?voters, "changing voters");
+        // Again: a handover may have begun during the wait.
+        self.not_while_handing_over()?;
         let written = unless_deposed(raft, raft.change_membership(voters, false)).await?;
         Ok(Response::new(membership_response(&written)))
     }
@@ -437,6 +444,8 @@ impl cluster_server::Cluster for ClusterService {
             ChangeMembers::RemoveNodes(BTreeSet::from([id]))
         };
         tracing::info!(id, ?change, "removing member");
+        // Again: a handover may have begun during the read.
+        self.not_while_handing_over()?;
         let raft = &self.node.raft;
         let written = unless_deposed(raft, raft.change_membership(change, false)).await?;
         Ok(Response::new(membership_response(&written)))
@@ -609,8 +618,8 @@ fn already_voter(
 }
 
 /// Why `voters` must not become the voters yet, judged on the leader's replication `metrics`:
-/// a learner they would make a voter has not stored the membership entry that lists it. It has
-/// accepted nothing the leader sent — it is down, at a wrong address, or a node of another
+/// a learner they would make a voter has not stored the latest membership entry (which lists
+/// it). Most often it has accepted nothing the leader sent — it is down, at a wrong address, or a node of another
 /// cluster refusing every entry — and as a voter it would count against every quorum: with one
 /// or two voters the change itself could never commit, and it holds every write and every later
 /// membership change (a removal too) until it does; with more, the cluster would be a failure
@@ -641,10 +650,10 @@ fn unreplicated_newcomers(
         Code::FailedPrecondition,
         infra::MEMBERSHIP,
         format!(
-            "learner(s) {behind:?} have not stored the entry that made them members (log index \
-             {listed}): down, at a wrong address, or of another cluster, they would be voters \
-             that never vote; start them (or remove them and add them at the right address), \
-             wait until `baton status` shows them caught up, then promote"
+            "learner(s) {behind:?} have not stored the latest membership entry, which lists \
+             them (log index {listed}): if down, at a wrong address, or of another cluster, they \
+             would be voters that never vote; start them (or remove them and add them at the \
+             right address), wait until `baton status` shows them caught up, then promote"
         ),
     ))
 }

@@ -199,7 +199,10 @@ impl Client {
             done: false,
         };
         // Open the first stream now, so that "from now" means from this call.
-        if let Err(error) = watcher.connect().await.map(|s| watcher.stream = Some(s)) {
+        if let Err(error) = watcher.connect().await.map(|s| {
+            watcher.stream = Some(s);
+            watcher.opened = Instant::now();
+        }) {
             return Watch {
                 events: futures::stream::once(async { Err(error) }).boxed(),
                 resume,
