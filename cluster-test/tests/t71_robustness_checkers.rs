@@ -6,8 +6,9 @@
 
 use baton_cluster_test::robustness::check::{self, Violation};
 use baton_cluster_test::robustness::history::{
-    AttemptEnd, AttemptRecord, Clock, Input, LeasedTask, Op, Outcome, Output, Recorder,
+    AttemptEnd, AttemptRecord, Clock, Input, LeasedTask, Outcome, Output, Recorder,
 };
+use baton_cluster_test::robustness::test_history::{rules, H};
 use baton_cluster_test::robustness::{
     self, available_again, board, board_watch, chain, checkpoint, courier, effect, effect_watch,
     handoff, handoff_watch, progress, queue, queue_watch, reconcile, sink_watch, watcher,
@@ -17,50 +18,6 @@ use baton_rpc::replicas::SeenDigests;
 use baton_rpc::Error;
 use std::time::Duration;
 
-/// Builds a history; times are in milliseconds for readability.
-#[derive(Default)]
-struct H {
-    ops: Vec<Op>,
-}
-
-impl H {
-    fn op(&mut self, client: &str, input: Input, call: u64, ret: Option<u64>, outcome: Outcome) {
-        let index = self.ops.len();
-        self.ops.push(Op {
-            index,
-            client: client.into(),
-            input,
-            call: call * 1000,
-            ret: ret.map(|r| r * 1000),
-            outcome,
-        });
-    }
-
-    fn ok(&mut self, client: &str, input: Input, call: u64, ret: u64, output: Output) {
-        self.op(client, input, call, Some(ret), Outcome::Ok(output));
-    }
-
-    fn refused(&mut self, client: &str, input: Input, call: u64, ret: u64, code: &str) {
-        self.op(
-            client,
-            input,
-            call,
-            Some(ret),
-            Outcome::Refused(code.into()),
-        );
-    }
-
-    fn ambiguous(&mut self, client: &str, input: Input, call: u64) {
-        self.op(
-            client,
-            input,
-            call,
-            None,
-            Outcome::Ambiguous("timed out".into()),
-        );
-    }
-}
-
 /// Asserts whether `violations` include one of `rule`, showing them all when not as expected.
 fn assert_reported(violations: &[Violation], rule: &str, expected: bool) {
     assert_eq!(
@@ -68,13 +25,6 @@ fn assert_reported(violations: &[Violation], rule: &str, expected: bool) {
         expected,
         "{rule}: {violations:?}"
     );
-}
-
-fn rules(violations: &[Violation]) -> Vec<&str> {
-    let mut rules: Vec<&str> = violations.iter().map(|v| v.rule.as_str()).collect();
-    rules.sort();
-    rules.dedup();
-    rules
 }
 
 fn offer(key: &str) -> Input {

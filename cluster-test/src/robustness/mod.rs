@@ -46,8 +46,7 @@ pub mod queue_watch;
 pub mod reconcile;
 pub mod sink_watch;
 pub mod target;
-#[cfg(test)]
-mod test_history;
+pub mod test_history;
 pub mod watcher;
 
 use std::collections::{BTreeMap, BTreeSet};

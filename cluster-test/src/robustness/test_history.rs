@@ -1,12 +1,14 @@
-//! Made-up histories for the checkers' unit tests (as `tests/t71_robustness_checkers.rs` builds
-//! them): times are given in milliseconds for readability and recorded in microseconds.
+//! Histories made by hand, for the checkers' tests (the unit tests beside the rules and
+//! `tests/t71_robustness_checkers.rs`): times are given in milliseconds for readability and
+//! recorded in microseconds.
 
 use super::check::Violation;
 use super::history::{Input, Op, Outcome, Output};
 
 /// A history under construction.
 #[derive(Default)]
-pub(super) struct H {
+pub struct H {
+    /// The operations so far, in the order they were added (each one's index its place).
     pub ops: Vec<Op>,
 }
 
@@ -34,6 +36,17 @@ impl H {
     /// An answered operation.
     pub fn ok(&mut self, client: &str, input: Input, call: u64, ret: u64, output: Output) {
         self.op(client, input, call, Some(ret), Outcome::Ok(output));
+    }
+
+    /// An operation refused with `code`.
+    pub fn refused(&mut self, client: &str, input: Input, call: u64, ret: u64, code: &str) {
+        self.op(
+            client,
+            input,
+            call,
+            Some(ret),
+            Outcome::Refused(code.into()),
+        );
     }
 
     /// An operation that got no answer.
@@ -75,12 +88,12 @@ impl H {
 }
 
 /// A watch position at `revision`, first change.
-pub(super) fn position(revision: u64) -> Output {
+pub fn position(revision: u64) -> Output {
     Output::Position { revision, index: 0 }
 }
 
 /// The rules `violations` break, sorted, each once.
-pub(super) fn rules(violations: &[Violation]) -> Vec<&str> {
+pub fn rules(violations: &[Violation]) -> Vec<&str> {
     let mut rules: Vec<&str> = violations.iter().map(|v| v.rule.as_str()).collect();
     rules.sort_unstable();
     rules.dedup();
