@@ -559,6 +559,51 @@ async fn t55_members_promote_refuses_a_change_most_voters_cannot_answer() {
     assert!(last.stderr.contains("node 1 is the last voter"), "{last}");
 }
 
+/// Two learners promoted at once by two operators both become voters, and a promotion asked
+/// again changes nothing. Before, each `members promote` sent the whole voter list it had read:
+/// the later change dropped the voter the earlier one added (or was refused while the earlier
+/// one was still committing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t58_promotions_made_at_once_both_land() {
+    let mut cluster = Cluster::start(3, Options::default()).await.unwrap();
+    let client = cluster.client().await.unwrap();
+    let mut learners = Vec::new();
+    for _ in 0..2 {
+        let id = cluster.add_node().await.unwrap();
+        client.add_learner(id, cluster.addr(id)).await.unwrap();
+        learners.push(id);
+    }
+    let bin = cluster.bin().to_path_buf();
+    let endpoints = cluster.endpoints().join(",");
+    let e = endpoints.as_str();
+    let [a, b] = [learners[0].to_string(), learners[1].to_string()];
+    let promote_a = ["members", "promote", "--id", &a];
+    let promote_b = ["members", "promote", "--id", &b];
+    let (first, second) = tokio::join!(baton(&bin, e, &promote_a), baton(&bin, e, &promote_b));
+    assert_eq!(first.code, Some(0), "{first}");
+    assert_eq!(second.code, Some(0), "{second}");
+    let leader = cluster.leader().await.unwrap();
+    let members = cluster.node_info(leader).await.unwrap().members;
+    let voters: Vec<u64> = members.iter().filter(|m| m.voter).map(|m| m.id).collect();
+    assert_eq!(voters, [1, 2, 3, learners[0], learners[1]], "{members:?}");
+
+    // Asked again (a client's retry of a promotion that went through): answered, no new entry.
+    let before = cluster.node_info(leader).await.unwrap().applied_index;
+    let again = client.promote_member(learners[0]).await.unwrap();
+    assert_eq!(again.members.len(), 5, "{again:?}");
+    assert!(
+        again.log_index <= before,
+        "{again:?} after applied index {before}"
+    );
+    // A stranger is refused, naming the way in.
+    let stranger = client.promote_member(99).await.unwrap_err();
+    assert!(
+        stranger.to_string().contains("add it as a learner first"),
+        "{stranger}"
+    );
+    println!("t58: learners {learners:?} promoted at once; voters {voters:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t54_members_remove_takes_out_learners_and_voters_and_refuses_strangers() {
     let cluster = Cluster::start(3, Options::default()).await.unwrap();

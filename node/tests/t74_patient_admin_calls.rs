@@ -69,6 +69,12 @@ impl Cluster for SlowLeader {
     ) -> Result<Response<proto::StateDigestResponse>, Status> {
         Err(Status::unimplemented("not in this test"))
     }
+    async fn promote_member(
+        &self,
+        _: Request<proto::PromoteMemberRequest>,
+    ) -> Result<Response<proto::MembershipResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
     async fn remove_member(
         &self,
         _: Request<proto::RemoveMemberRequest>,

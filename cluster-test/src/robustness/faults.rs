@@ -503,11 +503,8 @@ impl Nemesis {
         retry("add learner", || admin.add_learner(new, &addr)).await?;
         self.faults += 1;
         self.note(format!("node {new} added as a learner (caught up)"));
-        let mut voters = self.voters.clone();
-        voters.insert(new);
-        let list: Vec<u64> = voters.iter().copied().collect();
-        retry("promote", || admin.change_membership(&list)).await?;
-        self.voters = voters;
+        retry("promote", || admin.promote_member(new)).await?;
+        self.voters.insert(new);
         self.faults += 1;
         self.note(format!("voters {:?}", self.voters));
         self.sleep_between(1_000, 2_000).await;
@@ -546,11 +543,8 @@ impl Nemesis {
         } else {
             "a follower"
         };
-        let mut voters = self.voters.clone();
-        voters.remove(&victim);
-        let list: Vec<u64> = voters.iter().copied().collect();
-        retry("remove", || admin.change_membership(&list)).await?;
-        self.voters = voters;
+        retry("remove", || admin.remove_member(victim)).await?;
+        self.voters.remove(&victim);
         self.faults += 1;
         self.note(format!(
             "removed node {victim} ({role}): voters {:?}",

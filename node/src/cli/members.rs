@@ -86,7 +86,7 @@ pub async fn run(command: MembersCommand, client: &Client, within: Duration) -> 
                 );
                 return exit::USAGE;
             }
-            client.change_membership(&next).await
+            client.promote_member(id).await
         }
         MembersCommand::Remove { id, force } => {
             // The store answers a removal of a stranger with success (a retry must succeed);

@@ -10,12 +10,12 @@ use baton_rpc::proto::cluster_server;
 use baton_rpc::proto::{
     snapshot_part, AddLearnerRequest, ChangeMembershipRequest, InitializeRequest,
     InitializeResponse, Member, MembershipResponse, NodeInfoRequest, NodeInfoResponse,
-    RemoveMemberRequest, SaveSnapshotRequest, SnapshotMeta, SnapshotPart, StateDigestRequest,
-    StateDigestResponse, TransferLeaderRequest, TransferLeaderResponse,
+    PromoteMemberRequest, RemoveMemberRequest, SaveSnapshotRequest, SnapshotMeta, SnapshotPart,
+    StateDigestRequest, StateDigestResponse, TransferLeaderRequest, TransferLeaderResponse,
 };
 use baton_statemachine::Refusal;
 use futures::StreamExt;
-use openraft::error::{InitializeError, RaftError};
+use openraft::error::{ChangeMembershipError, ClientWriteError, InitializeError, RaftError};
 use openraft::{BasicNode, ChangeMembers, ServerState, StoredMembership};
 use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
@@ -41,6 +41,9 @@ const JOIN_LIMIT: Duration = Duration::from_secs(3);
 
 /// How long a voter change waits for the learners it promotes to store their membership.
 const CATCH_UP_LIMIT: Duration = Duration::from_secs(3);
+
+/// How long a membership change waits for an earlier one to commit before it is refused.
+const SETTLE_LIMIT: Duration = Duration::from_secs(5);
 
 /// Bytes of encoded state per streamed snapshot chunk.
 const SNAPSHOT_CHUNK: usize = 1 << 20;
@@ -89,6 +92,55 @@ impl ClusterService {
     /// beginning between that and the proposal is not kept out.
     fn not_while_handing_over(&self) -> Result<(), Status> {
         self.admission.refusal_now().map_or(Ok(()), Err)
+    }
+
+    /// Refuses to make `voters` the voters while a learner among them has not stored the latest
+    /// membership entry ([`unreplicated_newcomers`]), after giving it [`CATCH_UP_LIMIT`] to do
+    /// so: a learner just added may not have the entry that added it yet (`add_learner` returns
+    /// once the leader no longer counts it far behind, at once on a young cluster).
+    async fn newcomers_stored(&self, voters: &BTreeSet<NodeId>) -> Result<(), Status> {
+        let raft = &self.node.raft;
+        let stored = raft
+            .wait(Some(CATCH_UP_LIMIT))
+            .metrics(
+                |metrics| unreplicated_newcomers(metrics, voters).is_none(),
+                "newcomers stored their membership",
+            )
+            .await;
+        if stored.is_err() {
+            if let Some(refusal) = unreplicated_newcomers(&raft.metrics().borrow(), voters) {
+                return Err(refusal);
+            }
+        }
+        Ok(())
+    }
+
+    /// Proposes `change` and waits for it to commit. openraft takes one membership change at a
+    /// time and refuses another while the last is uncommitted (a joint configuration between
+    /// its two steps, say): such a change is proposed again until [`SETTLE_LIMIT`], so that two
+    /// operators' changes at once both land rather than one failing. A change given as a
+    /// difference (voters added or removed) is applied to the membership it finds then, so
+    /// neither undoes the other.
+    async fn change_members(
+        &self,
+        change: ChangeMembers<NodeId, BasicNode>,
+    ) -> Result<Response<MembershipResponse>, Status> {
+        let raft = &self.node.raft;
+        let deadline = tokio::time::Instant::now() + SETTLE_LIMIT;
+        let settled = async {
+            loop {
+                match raft.change_membership(change.clone(), false).await {
+                    Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(
+                        ChangeMembershipError::InProgress(_),
+                    ))) if tokio::time::Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    written => return written,
+                }
+            }
+        };
+        let written = unless_deposed(raft, settled).await?;
+        Ok(Response::new(membership_response(&written)))
     }
 
     /// Asks every other member of the cluster being initialized to join it; fails, naming the
@@ -388,27 +440,45 @@ impl cluster_server::Cluster for ClusterService {
                 "must not be empty",
             )));
         }
-        // A learner just added may not have the entry that added it yet (`add_learner` returns
-        // once the leader no longer counts it far behind, at once on a young cluster): given a
-        // moment to store it.
-        let raft = &self.node.raft;
-        let stored = raft
-            .wait(Some(CATCH_UP_LIMIT))
-            .metrics(
-                |metrics| unreplicated_newcomers(metrics, &voters).is_none(),
-                "newcomers stored their membership",
-            )
-            .await;
-        if stored.is_err() {
-            if let Some(refusal) = unreplicated_newcomers(&raft.metrics().borrow(), &voters) {
-                return Err(refusal);
-            }
-        }
+        self.newcomers_stored(&voters).await?;
         tracing::info!(?voters, "changing voters");
         // Again: a handover may have begun during the wait.
         self.not_while_handing_over()?;
+        let raft = &self.node.raft;
         let written = unless_deposed(raft, raft.change_membership(voters, false)).await?;
         Ok(Response::new(membership_response(&written)))
+    }
+
+    async fn promote_member(
+        &self,
+        request: Request<PromoteMemberRequest>,
+    ) -> Result<Response<MembershipResponse>, Status> {
+        self.not_while_handing_over()?;
+        let id = request.into_inner().id;
+        // Judged on the committed and applied membership, read linearizably (which also
+        // redirects a follower to the leader), as a removal is.
+        let stored = self.node.read(|applied| applied.membership.clone()).await?;
+        let membership = stored.membership();
+        if membership.get_node(&id).is_none() {
+            return Err(refusal_status(&Refusal::invalid(
+                "id",
+                format!("node {id} is not a member; add it as a learner first"),
+            )));
+        }
+        if membership.voter_ids().any(|voter| voter == id) {
+            // Already a voter (a retry of a promotion that went through): nothing to change.
+            return Ok(Response::new(MembershipResponse {
+                members: members_of(&stored),
+                log_index: stored.log_id().map_or(0, |id| id.index),
+            }));
+        }
+        let voters: BTreeSet<NodeId> = membership.voter_ids().chain([id]).collect();
+        self.newcomers_stored(&voters).await?;
+        tracing::info!(id, "promoting learner");
+        // Again: a handover may have begun during the read and the wait.
+        self.not_while_handing_over()?;
+        self.change_members(ChangeMembers::AddVoterIds(BTreeSet::from([id])))
+            .await
     }
 
     async fn remove_member(
@@ -446,9 +516,7 @@ impl cluster_server::Cluster for ClusterService {
         tracing::info!(id, ?change, "removing member");
         // Again: a handover may have begun during the read.
         self.not_while_handing_over()?;
-        let raft = &self.node.raft;
-        let written = unless_deposed(raft, raft.change_membership(change, false)).await?;
-        Ok(Response::new(membership_response(&written)))
+        self.change_members(change).await
     }
 
     async fn transfer_leader(

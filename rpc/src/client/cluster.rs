@@ -51,6 +51,19 @@ impl Client {
         .await
     }
 
+    /// Makes learner `id` a voter (joint consensus), added to the voters the cluster has when
+    /// the change is made, so that promotions (and removals) made at once by others stand.
+    /// Refused (`INVALID_ARGUMENT`) for a node that is not a member, and (`MEMBERSHIP`) for a
+    /// learner that has not caught up with the membership; a voter changes nothing and answers
+    /// the current membership, so that a retry of a promotion that went through succeeds.
+    pub async fn promote_member(&self, id: u64) -> Result<MembershipResponse, Error> {
+        self.call_patiently(|channel: Conn| {
+            let request = proto::PromoteMemberRequest { id };
+            async move { ClusterClient::new(channel).promote_member(request).await }
+        })
+        .await
+    }
+
     /// Removes member `id`, voter or learner, from the cluster. Refused (`INVALID_ARGUMENT`) for
     /// the last voter; for a node that is not a member (any more) it changes nothing and answers
     /// the current membership, so that a retry of a removal that went through succeeds.
