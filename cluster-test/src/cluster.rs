@@ -453,6 +453,17 @@ impl Cluster {
         self.cut_power(id, loss).map(Some)
     }
 
+    /// Fills node `id`'s disk (`full`: every write of file data fails with `ENOSPC`) or empties
+    /// it again; needs [`Options::power_cut`], whose data dirs this works through.
+    pub fn fill_disk(&self, id: u64, full: bool) -> anyhow::Result<()> {
+        let disk = self
+            .disks
+            .get(&id)
+            .with_context(|| format!("node {id}'s data dir cannot be filled (no power_cut)"))?;
+        disk.power().fill(full);
+        Ok(())
+    }
+
     /// Lets every sync a failed power loss left held fail, so no node waits on one for ever.
     fn fail_held_syncs(&self) {
         for disk in self.disks.values() {

@@ -19,6 +19,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -238,6 +239,7 @@ impl std::fmt::Display for CutReport {
 pub struct PowerCut {
     books: Arc<Mutex<Books>>,
     gate: Arc<SyncGate>,
+    full: Arc<AtomicBool>,
 }
 
 /// Where syncs stand: whether they complete, wait, or fail because the power went.
@@ -275,6 +277,14 @@ impl SyncGate {
 }
 
 impl PowerCut {
+    /// Whether the disk is full from now on: every write that would make a file longer fails
+    /// with `ENOSPC`, as on a disk with no free block left (a file's blocks count as allocated
+    /// up to its length, so writes within it succeed, and files can still be created empty, as
+    /// with inodes to spare), until it is emptied again (`false`).
+    pub fn fill(&self, full: bool) {
+        self.full.store(full, Ordering::SeqCst);
+    }
+
     /// From now on every `fsync` / `fdatasync` waits, until the power goes: call it shortly
     /// before killing the writers, so that writes in flight are caught between their `write`
     /// and their sync instead of only by chance.
@@ -438,9 +448,11 @@ impl Mounted {
             state: Mutex::new(Syncs::Complete),
             changed: Condvar::new(),
         });
+        let full = Arc::new(AtomicBool::new(false));
         let fs = PowerCutFs {
             books: books.clone(),
             gate: gate.clone(),
+            full: full.clone(),
         };
         let mut config = Config::default();
         config.mount_options = vec![MountOption::FSName("baton-power-cut".into())];
@@ -448,7 +460,7 @@ impl Mounted {
         let session = fuser::spawn_mount(fs, mountpoint, &config)?;
         Ok(Self {
             session: Some(session),
-            power: PowerCut { books, gate },
+            power: PowerCut { books, gate, full },
         })
     }
 
@@ -530,6 +542,7 @@ fn attr_of(inode: u64, meta: &std::fs::Metadata) -> FileAttr {
 struct PowerCutFs {
     books: Arc<Mutex<Books>>,
     gate: Arc<SyncGate>,
+    full: Arc<AtomicBool>,
 }
 
 impl PowerCutFs {
@@ -801,6 +814,10 @@ impl Filesystem for PowerCutFs {
         let result = (|| -> Result<(), Errno> {
             let mut books = lock(&self.books);
             let (inode, file) = books.file(fh)?;
+            let end = offset + data.len() as u64;
+            if self.full.load(Ordering::SeqCst) && end > file.metadata()?.len() {
+                return Err(Errno::ENOSPC);
+            }
             books.remember(inode, &file, offset, Some(data.len() as u64))?;
             file.write_all_at(data, offset)?;
             Ok(())
@@ -1019,6 +1036,7 @@ mod tests {
         PowerCut {
             books: Arc::new(Mutex::new(books)),
             gate: gate(),
+            full: Arc::default(),
         }
     }
 

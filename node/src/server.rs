@@ -130,7 +130,8 @@ pub async fn serve_secured(
     }
     let (log_store, state_machine) =
         store::open_with(&config.data_dir.join("db"), config.watch.history)
-            .with_context(|| format!("cannot open storage in {}", config.data_dir.display()))?;
+            .with_context(|| format!("cannot open storage in {}", config.data_dir.display()))
+            .map_err(|e| with_disk_hint(e, &config.data_dir))?;
     // Under the store's lock, so no other node writes here (a restore writes its last files
     // after letting go of that lock, while its unfinished-restore marker keeps nodes from
     // starting): files of small writes (`node-id`, `cluster-id`, ...) a crash interrupted.
@@ -340,6 +341,7 @@ pub async fn serve_secured(
         fatal = raft_stopped(&raft) => {
             tracing::error!(
                 error = %fatal,
+                hint = disk_full_hint(&fatal, &config.data_dir).unwrap_or_default(),
                 "Raft has stopped on an error it cannot go on from; the node exits so that its \
                  supervisor restarts it"
             );
@@ -379,14 +381,19 @@ pub async fn serve_secured(
     if let Some(http) = http {
         stopped(http, "the HTTP endpoint", stop_by).await;
     }
+    if let Some(fatal) = raft_failure {
+        // Its core has stopped already: nothing to wait for.
+        tracing::info!(id = config.id, "node stopped");
+        return Err(with_disk_hint(
+            anyhow::anyhow!("Raft stopped: {fatal}"),
+            &config.data_dir,
+        ));
+    }
     match tokio::time::timeout(RAFT_STOP_LIMIT, raft.shutdown()).await {
         Ok(stopped) => stopped.map_err(|e| anyhow::anyhow!("raft shutdown: {e}"))?,
         Err(_) => tracing::warn!("Raft did not stop within {RAFT_STOP_LIMIT:?}; leaving it"),
     }
     tracing::info!(id = config.id, "node stopped");
-    if let Some(fatal) = raft_failure {
-        anyhow::bail!("Raft stopped: {fatal}");
-    }
     served.context("grpc server failed")
 }
 
@@ -410,6 +417,26 @@ async fn close(
 /// then serve nothing but refusals, yet would look alive to every probe that only asks whether
 /// it answers; exiting lets its supervisor restart it (systemd `Restart=on-failure`, Docker's
 /// restart policy), and a damage that persists stops that restart with its own message.
+/// What to do about a storage failure, when its text says the disk is full. The errors come
+/// through openraft as text (its `AnyError` keeps no types), so the text is what is judged.
+fn disk_full_hint(error: &str, data_dir: &std::path::Path) -> Option<String> {
+    (error.contains("No space left on device") || error.contains("os error 28")).then(|| {
+        format!(
+            "the file system holding {} is full: free space there (the node needs room for its \
+             log and two snapshot images), then start the node again; what it stored is kept",
+            data_dir.display()
+        )
+    })
+}
+
+/// `error`, led by [`disk_full_hint`] when it applies.
+fn with_disk_hint(error: anyhow::Error, data_dir: &std::path::Path) -> anyhow::Error {
+    match disk_full_hint(&format!("{error:#}"), data_dir) {
+        Some(hint) => error.context(hint),
+        None => error,
+    }
+}
+
 async fn raft_stopped(raft: &Raft) -> String {
     let mut metrics = raft.metrics();
     loop {
@@ -535,5 +562,28 @@ mod tests {
         assert_eq!(open_door("[::1]:7001".parse().unwrap(), false, false), None);
         assert_eq!(open_door(wide, true, false), None);
         assert_eq!(open_door(wide, false, true), None);
+    }
+
+    /// A full disk is named as such, with the data dir to free space in; other failures are
+    /// left as they are.
+    #[test]
+    fn a_full_disk_is_said_with_the_data_dir() {
+        let dir = std::path::Path::new("/var/lib/baton");
+        // As openraft words a failed append on a full disk.
+        let fatal = anyhow::anyhow!(
+            "Raft stopped: when Write Log(LogId {{ index: 170 }}): std::io::error::Error: IO \
+             error: No space left on device (os error 28)"
+        );
+        let said = format!("{:#}", with_disk_hint(fatal, dir));
+        assert!(
+            said.starts_with("the file system holding /var/lib/baton is full"),
+            "{said}"
+        );
+        assert!(said.contains("index: 170"), "the cause is kept: {said}");
+        let other = anyhow::anyhow!("Raft stopped: the Raft log lost entry 7");
+        assert_eq!(
+            format!("{:#}", with_disk_hint(other, dir)),
+            "Raft stopped: the Raft log lost entry 7"
+        );
     }
 }

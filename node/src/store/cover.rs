@@ -36,15 +36,15 @@ const INSTALL_LIMIT: Duration = Duration::from_secs(30 * 60);
 const INSTALL_WARN_EVERY: Duration = Duration::from_secs(30);
 
 /// How far the durable snapshot reaches, and what became of the snapshots streamed in.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Covered {
     /// The last entry of the snapshot stored on disk, if any.
     durable: Option<LogId>,
     /// Whether a snapshot from a leader has begun streaming in since the store opened: only
     /// an install's purge can outrun what is on disk, so until then no purge waits.
     streamed: bool,
-    /// The last entry of the newest snapshot whose install failed, if any.
-    abandoned: Option<LogId>,
+    /// The last entry of the newest snapshot whose install failed, and why it failed.
+    abandoned: Option<(LogId, String)>,
 }
 
 /// The shared record; clones share it.
@@ -82,9 +82,18 @@ impl Cover {
         self.0.send_modify(|c| c.durable = c.durable.max(last));
     }
 
-    /// The snapshot that streamed in, ending at `last`, will not be stored (its install failed).
-    pub(crate) fn abandoned(&self, last: Option<LogId>) {
-        self.0.send_modify(|c| c.abandoned = c.abandoned.max(last));
+    /// The snapshot that streamed in, ending at `last`, will not be stored: its install failed
+    /// for reason `why` (said again by the purge it was to cover, which is what stops Raft).
+    pub(crate) fn abandoned(&self, last: Option<LogId>, why: &dyn std::fmt::Display) {
+        let Some(last) = last else { return };
+        self.0.send_modify(|c| {
+            if c.abandoned
+                .as_ref()
+                .is_none_or(|(newest, _)| *newest < last)
+            {
+                c.abandoned = Some((last, why.to_string()));
+            }
+        });
     }
 
     /// Waits until purging up to `upto` is safe: the durable snapshot reaches it (or no
@@ -98,7 +107,8 @@ impl Cover {
     pub(crate) async fn purge_allowed(&self, upto: LogId) -> Result<(), String> {
         let mut seen = self.0.subscribe();
         let covered = |c: &Covered| c.durable >= Some(upto);
-        let settled = |c: &Covered| covered(c) || c.abandoned >= Some(upto);
+        let settled =
+            |c: &Covered| covered(c) || c.abandoned.as_ref().is_some_and(|(last, _)| *last >= upto);
         if covered(&seen.borrow()) || !seen.borrow().streamed {
             return Ok(());
         }
@@ -107,7 +117,9 @@ impl Cover {
             let waited = tokio::time::timeout(INSTALL_WARN_EVERY, seen.wait_for(settled)).await;
             match waited {
                 Ok(settled) => {
-                    break *settled.map_err(|_| "the snapshot store is gone".to_string())?
+                    break settled
+                        .map_err(|_| "the snapshot store is gone".to_string())?
+                        .clone()
                 }
                 Err(_) if started.elapsed() >= INSTALL_LIMIT => {
                     return Err(format!(
@@ -123,9 +135,10 @@ impl Cover {
             }
         };
         if !covered(&settled) {
+            let why = settled.abandoned.map(|(_, why)| why).unwrap_or_default();
             return Err(format!(
                 "no snapshot on disk covers the purge up to {upto}: the one streaming in was \
-                 not stored"
+                 not stored ({why})"
             ));
         }
         Ok(())
@@ -210,14 +223,18 @@ mod tests {
         });
         tokio::time::sleep(Duration::from_millis(50)).await;
         // An older stream's failed install is not this purge's.
-        cover.abandoned(Some(id(30)));
+        cover.abandoned(Some(id(30)), &"an older one");
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(
             !purge.is_finished(),
             "another snapshot's failure ended the wait"
         );
-        cover.abandoned(Some(id(50)));
-        assert!(purge.await.unwrap().is_err());
+        cover.abandoned(Some(id(50)), &"No space left on device");
+        let refused = purge.await.unwrap().unwrap_err();
+        assert!(
+            refused.contains("No space left on device"),
+            "the purge says why the install failed: {refused}"
+        );
     }
 
     /// A new leader's snapshot can begin streaming in before an older leader's, received

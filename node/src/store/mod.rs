@@ -16,6 +16,7 @@ mod image;
 mod legacy;
 mod log;
 mod recent;
+mod sled_leftovers;
 mod state_machine;
 mod unwind;
 
@@ -41,6 +42,8 @@ pub fn open_with(
     path: &std::path::Path,
     limits: HistoryLimits,
 ) -> Result<(LogStore, StateMachineStore), StorageError> {
+    sled_leftovers::remove(path)
+        .map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Delete, e))?;
     let log = open_disk(sled::Config::new().path(path), path)?;
     // Under sled's lock on `path`: no other process writes an image here.
     let removed = crate::durable_file::remove_leftovers(path).map_err(|e| {

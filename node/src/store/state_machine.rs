@@ -396,15 +396,16 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         // would apply entries twice: stop instead.
         let applied = self.read().last_applied;
         if applied.is_some() && applied > meta.last_log_id {
-            self.cover.abandoned(meta.last_log_id);
-            return Err(io_error(
+            let error = io_error(
                 ErrorSubject::Snapshot(Some(meta.signature())),
                 ErrorVerb::Write,
                 std::io::Error::other(format!(
                     "a snapshot ending at {:?} is older than the state, applied to {applied:?}",
                     meta.last_log_id
                 )),
-            ));
+            );
+            self.cover.abandoned(meta.last_log_id, &error);
+            return Err(error);
         }
         let installed = async {
             // Decoding a large state takes a while (~0.3–1 s per million leases), and the
@@ -425,7 +426,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             self.save_snapshot(meta, data).await
         };
         if let Err(error) = installed.await {
-            self.cover.abandoned(meta.last_log_id);
+            self.cover.abandoned(meta.last_log_id, &error);
             return Err(error);
         }
         // Stored now, or a snapshot as new was already: either way the stream has landed.
