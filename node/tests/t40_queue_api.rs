@@ -1250,7 +1250,7 @@ async fn a_drain_that_times_out_says_so_and_a_conflicting_registration_fails_the
     // The same identity with another capability is refused at registration.
     let conflicting = Worker::builder(c.clone(), "stubborn")
         .queue("dq")
-        .concurrency_keys(true)
+        .concurrency_keys(false)
         .build()
         .unwrap();
     // Never told to stop: a stop while registering would end the run before the refusal.

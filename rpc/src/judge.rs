@@ -57,7 +57,15 @@ pub type ClaimRace = Race<Task>;
 impl<W> Race<W> {
     /// `Ok` when exactly one contender won and every other one lost with `TAKEN`: the tallies
     /// must also account for every contender started, none lost nor counted twice.
+    /// Two winners are the finding that matters most (the store did not make the transfer
+    /// atomic): said first, whatever else failed in the same race.
     pub fn verdict(&self) -> Result<(), String> {
+        if self.winners.len() > 1 {
+            return Err(format!(
+                "{} winners, want exactly 1: the store did not make the transfer atomic",
+                self.winners.len()
+            ));
+        }
         if !self.infra_errors.is_empty() {
             return Err(format!(
                 "{} infrastructure failures (first: {})",
@@ -235,6 +243,22 @@ mod tests {
             race(0, 0, vec![], 5),
         ] {
             assert!(failing.verdict().is_err(), "{failing:?} passed");
+        }
+    }
+
+    /// A second winner is named as such even when other contenders failed or missed: it is a
+    /// broken store, not an outage to run the race again after.
+    #[test]
+    fn two_winners_are_named_before_any_other_failure() {
+        for failing in [
+            race(2, 0, vec![], 3),
+            race(2, 1, vec![Refusal::NotAddressee], 0),
+        ] {
+            let verdict = failing.verdict();
+            assert!(
+                verdict.as_ref().is_err_and(|why| why.contains("2 winners")),
+                "{failing:?}: {verdict:?}"
+            );
         }
     }
 

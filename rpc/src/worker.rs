@@ -32,7 +32,6 @@
 //!
 //! let worker = Worker::builder(client.clone(), "worker-1")
 //!     .queue("images")
-//!     .concurrency_keys(true)
 //!     .slots(4)
 //!     .build()?;
 //! let summary = worker
@@ -449,10 +448,12 @@ impl WorkerBuilder {
         self
     }
 
-    /// Whether this worker supports concurrency keys (default false): only then is it handed
-    /// keyed tasks. Enable it only when the handlers present the permit token to a resource side
-    /// that checks it. It is a fixed property of the worker identity: registering the same id
-    /// with another answer is refused `STATE_CONFLICT` (use a new id for a new process version).
+    /// Whether this worker supports concurrency keys (default true, as seed 004 has its
+    /// high-level worker declare): only then is it handed keyed tasks, each with its key and
+    /// permit token in the [`TaskContext`], which the handler presents to a resource side that
+    /// checks it. Turn it off for handlers that cannot: keyed tasks then wait for other workers.
+    /// It is a fixed property of the worker identity: registering the same id with another
+    /// answer is refused `STATE_CONFLICT` (use a new id for a new process version).
     pub fn concurrency_keys(mut self, enabled: bool) -> Self {
         self.concurrency_keys = enabled;
         self
@@ -679,7 +680,7 @@ impl Worker {
             client,
             id: id.into(),
             queues: Vec::new(),
-            concurrency_keys: false,
+            concurrency_keys: true,
             slots: 1,
             lease_ttl: Duration::from_secs(30),
             poll_wait: Duration::from_secs(10),
@@ -1559,6 +1560,20 @@ mod tests {
 
     /// A handler that blocked its thread past the lease's end sees the lease lost at once, before
     /// the runtime's renewal task (which could not run meanwhile) has said so.
+    /// Seed 004 §4: the high-level worker declares keyed-task support by itself; only an
+    /// integrator that turns it off (or talks to the store directly) goes without.
+    #[tokio::test]
+    async fn a_worker_takes_keyed_tasks_unless_told_not_to() {
+        let client = crate::Client::new(&["127.0.0.1:1"], crate::ClientConfig::default()).unwrap();
+        let by_default = Worker::builder(client.clone(), "w");
+        assert!(by_default.concurrency_keys);
+        assert!(
+            !Worker::builder(client, "w")
+                .concurrency_keys(false)
+                .concurrency_keys
+        );
+    }
+
     #[test]
     fn a_lease_past_its_end_is_lost_to_a_handler_that_blocked_its_thread() {
         let lost = watch::Sender::new(false);
