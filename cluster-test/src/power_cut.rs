@@ -1144,6 +1144,8 @@ mod tests {
         assert_eq!(cut(7), cut(7));
     }
 
+    /// A sync while syncs are held blocks until the power goes, and then fails; without a hold
+    /// a sync goes through.
     #[test]
     fn a_held_sync_waits_until_the_power_goes_and_then_fails() {
         let dir = tempfile::tempdir().unwrap();
@@ -1153,7 +1155,14 @@ mod tests {
         assert!(power.gate.pass());
         power.hold_syncs();
         let gate = power.gate.clone();
-        let sync = std::thread::spawn(move || gate.pass());
+        let (calling_tx, calling_rx) = std::sync::mpsc::channel();
+        let sync = std::thread::spawn(move || {
+            calling_tx.send(()).unwrap();
+            gate.pass()
+        });
+        // The sync is under way (not merely a thread not yet started): one that did not wait
+        // would be done well within the pause.
+        calling_rx.recv().unwrap();
         std::thread::sleep(Duration::from_millis(50));
         assert!(!sync.is_finished(), "a held sync returned");
         power.fail_held_syncs();

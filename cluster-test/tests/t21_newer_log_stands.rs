@@ -3,13 +3,14 @@
 //! (`node/src/pre_vote.rs` for a pre-vote, `node/src/newer_log_stands.rs` for a real vote; the
 //! failover target of issue 6, "writes resume within 1 s").
 //!
-//! Three nodes; node 3 is given a long election timeout (4 s: a leader lease of 8 s and its own
-//! timer at 12–16 s after it last heard from a leader), node 2 the default. Node 2 is frozen
+//! Three nodes; node 3 is given a long election timeout (8 s: a leader lease of 16 s and its own
+//! timer at 24–32 s after it last heard from a leader), node 2 the default. Node 2 is frozen
 //! (SIGSTOP) while more offers are acknowledged by nodes 1 and 3, so node 2's log is older. Then
 //! the leader is killed and, once node 3's lease has run out, node 2 is thawed: it asks first,
 //! and only node 3 can win (its vote is needed and its log is newer). Without the rule node 3
-//! would campaign only when its own timer fires, at least 12 s after the kill; with it, node 3
-//! stands as soon as node 2 asks for its (pre-)vote. (Run without the rule before pre-votes,
+//! would campaign only when its own timer fires, at least 24 s after the kill; with it, node 3
+//! stands as soon as node 2 asks for its (pre-)vote, 17–18 s after the kill, leaving a busy
+//! machine some 6 s before that timer. (With a 4 s timeout, run without the rule before pre-votes,
 //! node 3 did not lead within 24 s at all: node 2, with its shorter timer, stood again in ever
 //! higher terms, and node 3's own candidacies came too late each time, a livelock. With
 //! pre-votes and without the rule, node 3 led 14 s after the kill, on its own timer.) The offers
@@ -20,9 +21,13 @@ use std::time::{Duration, Instant};
 
 use baton_cluster_test::{offer_a_to_b, wait, Cluster, Options};
 
-/// Node 3's `--election-timeout` (its maximum and leader lease are twice this).
-const SLOW: Duration = Duration::from_secs(4);
+/// Node 3's `--election-timeout` (its maximum and leader lease are twice this). Long, so that
+/// standing on a refusal (about `2 * SLOW` + 1.7 s after the kill) and standing on its own timer
+/// (`3 * SLOW` at least) are far apart.
+const SLOW: Duration = Duration::from_secs(8);
 
+/// A survivor that refuses a candidate for its older log stands at once, and leads before its
+/// own election timer could have fired; what the old leader acknowledged is kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t21_the_survivor_with_the_newer_log_stands_when_refusing_a_candidate() {
     let options = Options {
@@ -85,7 +90,8 @@ async fn t21_the_survivor_with_the_newer_log_stands_when_refusing_a_candidate() 
     );
     // Node 3 stood because it refused node 2 (either rule logs it), and before its own timer
     // could fire: not before 3 x SLOW after its last word from node 1, which came just before
-    // the kill. (Node 2 asks at most its own lease and timeout, 1.2 s, after it thaws.)
+    // the kill. (Node 2 asks at most its own lease and timeout, 1.2 s, after it thaws, at
+    // 2 x SLOW + 0.5 s: 6 s before that timer.)
     let log = cluster.log_of_last_run(3);
     let log = log.get(logged_before_kill..).unwrap_or_default();
     assert!(

@@ -13,10 +13,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use baton_cluster_test::{offer_a_to_b, Cluster, Options};
+use baton_cluster_test::{offer_a_to_b, wait, Cluster, Options};
 
 /// What a node logs each time it holds a pre-vote (`node/src/pre_vote.rs`).
 const PRE_VOTE_LOG: &str = "holding a pre-vote";
+
+/// What it logs when a pre-vote found no quorum, so that it does not stand.
+const NOT_STANDING_LOG: &str = "no quorum would vote for this node; not standing";
 
 /// A three-node cluster whose peer links run through proxies, its leader and term, and how much
 /// each node had logged once it settled (what it logs later is what the checks read).
@@ -46,6 +49,25 @@ async fn proxied_cluster() -> Setup {
 }
 
 impl Setup {
+    /// Waits (30 s at most) until node `id` has held a pre-vote since the setup and been
+    /// refused it: the cut was long enough for it to try to stand, so its unchanged term says
+    /// the pre-vote held it back.
+    async fn wait_refused_pre_vote(&self, id: u64) {
+        let what = format!("node {id} to hold a pre-vote and be refused");
+        wait::until(&what, Duration::from_secs(30), || {
+            let log = self.cluster.log_of_last_run(id);
+            let since = log.get(self.logged[&id]..).unwrap_or_default();
+            let refused = since.contains(PRE_VOTE_LOG) && since.contains(NOT_STANDING_LOG);
+            async move {
+                refused
+                    .then_some(())
+                    .ok_or_else(|| "no refused pre-vote logged yet".to_string())
+            }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", self.cluster.log_tail(id, 20)));
+    }
+
     /// Heals every link, has a write go through, and asserts that every node follows the leader
     /// in its term a second later (time for a deposing answer to arrive) and that none of
     /// `steady`, which heard from the leader all along, held a pre-vote since the setup.
@@ -82,6 +104,8 @@ impl Setup {
     }
 }
 
+/// A follower cut off from both others tries to stand, finds no quorum, keeps its term, and
+/// once reconnected follows the leader, which keeps its role and term.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t22_a_reconnected_follower_does_not_depose_the_leader() {
     let setup = proxied_cluster().await;
@@ -98,6 +122,7 @@ async fn t22_a_reconnected_follower_does_not_depose_the_leader() {
             .unwrap();
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    setup.wait_refused_pre_vote(follower).await;
     let cut_off = cluster.node_info(follower).await.unwrap();
     assert_eq!(
         cut_off.term, term,
@@ -120,6 +145,8 @@ async fn t22_a_reconnected_follower_does_not_depose_the_leader() {
     );
 }
 
+/// A follower cut off from the leader alone tries to stand and gets no yes from the other
+/// follower, which still hears the leader: no term moves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t22_a_follower_cut_off_from_the_leader_alone_gets_no_yes_from_the_other() {
     let setup = proxied_cluster().await;
@@ -135,6 +162,7 @@ async fn t22_a_follower_cut_off_from_the_leader_alone_gets_no_yes_from_the_other
     network.cut(leader, cut);
     network.cut(cut, leader);
     tokio::time::sleep(Duration::from_secs(3)).await;
+    setup.wait_refused_pre_vote(cut).await;
     let cut_off = cluster.node_info(cut).await.unwrap();
     assert_eq!(
         cut_off.term, term,

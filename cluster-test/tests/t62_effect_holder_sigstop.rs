@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use baton_cluster_test::holder::Holder;
-use baton_cluster_test::{wait, wall_clock_ms, Cluster, Options};
+use baton_cluster_test::{wait, Cluster, Options};
 use baton_statemachine::effect::{Action, KeyStatus, Outcome, RetrySafety};
 
 const OLD_TTL_MS: i64 = 2_000;
@@ -186,7 +186,6 @@ async fn t62_sigstopped_holder_is_fenced_out_after_sigcont() {
     assert_eq!(new_view.result.as_deref(), Some("new-result"));
     let sink = client.read_sink(SINK).await.unwrap();
     assert_eq!(sink.value, b"new-holder-2");
-    assert!(wall_clock_ms() > old_lease.until_ms);
 
     println!(
         "t62: holder pid {pid} acquired fence {} (ttl {OLD_TTL_MS}ms), wrote, was SIGSTOPped; {contended} \

@@ -33,7 +33,7 @@
 
 use std::time::{Duration, Instant};
 
-use baton_cluster_test::{client_config, Cluster, Options};
+use baton_cluster_test::{client_config, wait, Cluster, Options};
 use baton_rpc::error::detail_of;
 use baton_rpc::proto::handoff_client::HandoffClient;
 use baton_rpc::proto::{GetTicketRequest, OfferRequest, RequestHeader};
@@ -43,6 +43,18 @@ use tonic::transport::Endpoint;
 
 /// How long the old leader may take to answer its pending write once the partition healed.
 const ANSWER_LIMIT: Duration = Duration::from_secs(5);
+
+/// What a node logs once it has stored a snapshot its leader sent it.
+const INSTALLED: &str = "installed snapshot";
+
+/// How the old leader is to catch up once healed.
+#[derive(Clone, Copy)]
+enum CatchUp {
+    /// From the log: the majority's leader still holds every entry it lacks.
+    FromLog,
+    /// By a snapshot: the majority's leader purged the entries it lacks.
+    BySnapshot,
+}
 
 fn offer(key: &str) -> OfferArgs {
     OfferArgs {
@@ -66,12 +78,14 @@ enum Pending {
 }
 
 /// Isolates the leader, sends it one `pending` request, lets the majority commit `writes`
-/// entries, heals, and returns how long after healing the old leader answered the pending request,
-/// the answer, and the old leader's snapshot index once it caught up.
+/// entries, heals, checks that the old leader caught up as `catch_up` says (by its log), and
+/// returns how long after healing it answered the pending request, the answer, and its snapshot
+/// index once it caught up.
 async fn pending_after_heal(
     options: Options,
     pending: Pending,
     writes: usize,
+    catch_up: CatchUp,
 ) -> (Option<Duration>, String, u64) {
     let cluster = Cluster::start(3, options).await.unwrap();
     let old = cluster.leader().await.unwrap();
@@ -127,6 +141,33 @@ async fn pending_after_heal(
     let answered = tokio::time::timeout(ANSWER_LIMIT * 3, pending).await;
     cluster.wait_all_caught_up().await.unwrap();
     let snapshot = cluster.node_info(old).await.unwrap().snapshot_index;
+    match catch_up {
+        // The install is logged once the snapshot is stored, a moment after the node counts its
+        // state as applied: waited for.
+        CatchUp::BySnapshot => {
+            wait::until(
+                "the old leader to log a snapshot install",
+                Duration::from_secs(30),
+                || {
+                    let logged = cluster.log_of_last_run(old).contains(INSTALLED);
+                    async move { logged.then_some(()).ok_or_else(|| "not logged".to_string()) }
+                },
+            )
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "node {old} did not catch up by snapshot: {e:#}\n{}",
+                    cluster.log_tail(old, 20)
+                )
+            });
+        }
+        // Too few entries for a snapshot to purge any the old leader lacked.
+        CatchUp::FromLog => assert!(
+            !cluster.log_of_last_run(old).contains(INSTALLED),
+            "node {old} caught up by snapshot:\n{}",
+            cluster.log_tail(old, 20)
+        ),
+    }
     let (after, answer) = match answered {
         Ok(Ok((at, answer))) => {
             let answer = match answer {
@@ -142,10 +183,12 @@ async fn pending_after_heal(
     (after, answer, snapshot)
 }
 
+/// Control: an old leader that catches up from the log answers its pending write `NOT_LEADER`
+/// soon after the partition heals.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t79_control_old_leader_catching_up_from_the_log_answers_its_pending_write() {
     let (after, answer, snapshot) =
-        pending_after_heal(Options::proxied(), Pending::Write, 200).await;
+        pending_after_heal(Options::proxied(), Pending::Write, 200, CatchUp::FromLog).await;
     println!(
         "t79 control: the old leader (snapshot at {snapshot}) answered {answer} {after:?} after healing"
     );
@@ -156,6 +199,8 @@ async fn t79_control_old_leader_catching_up_from_the_log_answers_its_pending_wri
     assert_eq!(answer, "NOT_LEADER");
 }
 
+/// An old leader that catches up by snapshot (its pending write's entry purged under it)
+/// answers that write too, telling the client to go to the leader, soon after the heal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t79_issue_old_leader_write_hangs() {
     let options = Options {
@@ -163,7 +208,8 @@ async fn t79_issue_old_leader_write_hangs() {
         keep_logs: 10,
         ..Options::proxied()
     };
-    let (after, answer, snapshot) = pending_after_heal(options, Pending::Write, 200).await;
+    let (after, answer, snapshot) =
+        pending_after_heal(options, Pending::Write, 200, CatchUp::BySnapshot).await;
     println!(
         "t79: the old leader (caught up by snapshot, now at {snapshot}) answered {answer} {after:?} after healing"
     );
@@ -188,7 +234,8 @@ async fn t79_issue_old_leader_read_hangs() {
         keep_logs: 10,
         ..Options::proxied()
     };
-    let (after, answer, snapshot) = pending_after_heal(options, Pending::Read, 200).await;
+    let (after, answer, snapshot) =
+        pending_after_heal(options, Pending::Read, 200, CatchUp::BySnapshot).await;
     println!(
         "t79 read: the old leader (caught up by snapshot, now at {snapshot}) answered {answer} {after:?} after healing"
     );

@@ -319,6 +319,26 @@ mod tests {
     fn nothing_is_admitted_after_the_drain_saw_nothing_in_flight() {
         use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
         use std::sync::Arc;
+        use std::time::Instant;
+
+        /// What one racer did in a round.
+        #[derive(Default)]
+        struct Racer {
+            /// Decisions it made.
+            decided: AtomicUsize,
+            /// Refusals it got for requests it made once the drain had returned.
+            refused_after_drain: AtomicUsize,
+        }
+
+        /// Spins until `done`, for 30 s at most.
+        fn wait_until(what: &str, done: impl Fn() -> bool) {
+            let started = Instant::now();
+            while !done() {
+                assert!(started.elapsed() < Duration::from_secs(30), "{what}");
+                std::thread::yield_now();
+            }
+        }
+
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
@@ -328,30 +348,54 @@ mod tests {
             let gate = Admission::new(None);
             let drained = Arc::new(AtomicBool::new(false));
             let stop = Arc::new(AtomicBool::new(false));
-            let racers: Vec<_> = (0..2)
-                .map(|_| {
-                    let (gate, drained, stop, late) =
-                        (gate.clone(), drained.clone(), stop.clone(), late.clone());
+            let racers: Vec<Arc<Racer>> = (0..2).map(|_| Arc::default()).collect();
+            let threads: Vec<_> = racers
+                .iter()
+                .map(|racer| {
+                    let (gate, drained, stop, late, racer) = (
+                        gate.clone(),
+                        drained.clone(),
+                        stop.clone(),
+                        late.clone(),
+                        racer.clone(),
+                    );
                     std::thread::spawn(move || {
                         while !stop.load(Ordering::Acquire) {
+                            let after_drain = drained.load(Ordering::Acquire);
                             let decision = gate.decide(&request("/baton.v1.Handoff/Offer", None));
-                            if matches!(decision, Decision::Counted(_))
-                                && drained.load(Ordering::Acquire)
-                            {
-                                late.fetch_add(1, Ordering::Relaxed);
+                            match decision {
+                                Decision::Counted(_) if drained.load(Ordering::Acquire) => {
+                                    late.fetch_add(1, Ordering::Relaxed);
+                                }
+                                Decision::Refuse(_) if after_drain => {
+                                    racer.refused_after_drain.fetch_add(1, Ordering::Relaxed);
+                                }
+                                _ => {}
                             }
+                            racer.decided.fetch_add(1, Ordering::Release);
                         }
                     })
                 })
                 .collect();
-            std::thread::yield_now();
+            // Both racers are deciding when the gate closes (not still starting up).
+            wait_until("a racer made no decision before the close", || {
+                racers
+                    .iter()
+                    .all(|racer| racer.decided.load(Ordering::Acquire) > 0)
+            });
             gate.close(Closed::ShuttingDown);
             let running = runtime.block_on(gate.drain(Duration::from_secs(5)));
             assert_eq!(running, 0);
             drained.store(true, Ordering::Release);
-            std::thread::sleep(Duration::from_micros(200));
+            // And both went on asking after the drain, and were refused: the rounds looked where
+            // a late admission would show.
+            wait_until("a racer was not refused after the drain", || {
+                racers
+                    .iter()
+                    .all(|racer| racer.refused_after_drain.load(Ordering::Relaxed) > 0)
+            });
             stop.store(true, Ordering::Release);
-            racers.into_iter().for_each(|r| r.join().expect("racer"));
+            threads.into_iter().for_each(|r| r.join().expect("racer"));
         }
         assert_eq!(
             late.load(Ordering::Relaxed),

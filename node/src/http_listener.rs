@@ -156,16 +156,22 @@ mod tests {
         closed_within(&mut stream, Duration::from_secs(5)).await;
     }
 
+    /// A connection whose requests keep coming is never idle for the limit, and stays open
+    /// past it: every request is answered on the same connection.
     #[tokio::test]
     async fn a_connection_in_use_stays_open() {
-        let addr = endpoint(8, Duration::from_millis(400)).await;
+        let limit = Duration::from_millis(1500);
+        let addr = endpoint(8, limit).await;
         let mut stream = TcpStream::connect(addr).await.unwrap();
-        // Requests 200 ms apart for 1.2 s: never idle for the limit, always answered on the
-        // same connection.
-        for _ in 0..6 {
+        // Requests 200 ms apart for 2 s, past the limit; each gap leaves 1.3 s for a busy
+        // machine to be late by.
+        let started = Instant::now();
+        for _ in 0..10 {
             assert!(ask(&mut stream).await.contains("200 OK"));
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        assert!(ask(&mut stream).await.contains("200 OK"));
+        assert!(started.elapsed() > limit, "open for less than the limit");
     }
 
     #[tokio::test]

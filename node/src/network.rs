@@ -1050,6 +1050,8 @@ mod tests {
         }
     }
 
+    /// A fresh connection left unanswered pauses dialing that peer: the calls within
+    /// [`REDIAL_PAUSE`] fail without a new connection, and the first call after it dials again.
     #[tokio::test]
     async fn a_peer_that_swallows_connections_is_not_dialed_again_at_once() {
         let peer = StandIn::start().await;
@@ -1057,12 +1059,19 @@ mod tests {
         let mut network = Network::default();
         assert!(!vote_through_new_client(&mut network, &peer.addr).await);
         assert_eq!(peer.accepted.load(SeqCst), 1);
-        let started = std::time::Instant::now();
+        // The clock stands still for the calls inside the pause, so that a slow machine cannot
+        // let the pause run out under them (they touch no socket: the pause is read first).
+        tokio::time::pause();
+        let started = Instant::now();
         for _ in 0..10 {
             assert!(!vote_through_new_client(&mut network, &peer.addr).await);
         }
-        assert!(started.elapsed() < REDIAL_PAUSE, "they failed at once");
+        assert_eq!(started.elapsed(), Duration::ZERO, "they failed at once");
+        // Had one dialed, the connection would be accepted while it waits for the answer; the
+        // accepting task gets its turn here as well, in case it has not had one yet.
+        tokio::task::yield_now().await;
         assert_eq!(peer.accepted.load(SeqCst), 1, "without dialing");
+        tokio::time::resume();
         tokio::time::sleep(REDIAL_PAUSE).await;
         peer.mute.store(false, SeqCst);
         assert!(vote_through_new_client(&mut network, &peer.addr).await);

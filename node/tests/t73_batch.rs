@@ -22,6 +22,11 @@ use tonic::{Code, Request, Response, Status};
 mod support;
 use support::{claim_item, Cluster};
 
+/// The node's request counts are the process's, and `cargo test` runs this file's tests on
+/// threads of one process: every test that runs a node holds this for its whole run, so that the
+/// requests a test counts (before and after) are its own.
+static ONE_NODE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn specs(n: usize) -> Vec<TaskSpec> {
     (0..n)
         .map(|i| TaskSpec {
@@ -31,8 +36,11 @@ fn specs(n: usize) -> Vec<TaskSpec> {
         .collect()
 }
 
+/// Concurrent calls from one client travel to the node in shared batches (at least one, far
+/// fewer than the calls), and each gets the answer it would have got alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_calls_share_batches_and_each_gets_its_own_answer() {
+    let _alone = ONE_NODE_AT_A_TIME.lock().await;
     let cluster = Cluster::start().await;
     let client = cluster.client.clone();
     client.seed(&specs(32)).await.unwrap();
@@ -91,6 +99,7 @@ async fn concurrent_calls_share_batches_and_each_gets_its_own_answer() {
 /// decodes by default) all succeed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_answers_add_up_in_a_batch() {
+    let _alone = ONE_NODE_AT_A_TIME.lock().await;
     let cluster = Cluster::start().await;
     let client = cluster.client.clone();
     let payload = |i: usize| vec![b'a' + i as u8; 1_000_000];
@@ -126,6 +135,7 @@ async fn large_answers_add_up_in_a_batch() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_item_is_refused_alone_and_changes_nothing() {
+    let _alone = ONE_NODE_AT_A_TIME.lock().await;
     let cluster = Cluster::start().await;
     cluster.client.seed(&specs(2)).await.unwrap();
     let channel = Endpoint::from_shared(format!("http://{}", cluster.addr))
@@ -194,6 +204,7 @@ async fn a_bad_item_is_refused_alone_and_changes_nothing() {
 /// library ever sends, before running any of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_batch_is_refused_whole() {
+    let _alone = ONE_NODE_AT_A_TIME.lock().await;
     let cluster = Cluster::start().await;
     let n = batch::MAX_ITEMS + 1;
     cluster.client.seed(&specs(n)).await.unwrap();
@@ -419,6 +430,7 @@ async fn attempts_after_the_first_are_marked_as_retries() {
 /// over it, to be retried after a pause.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_leave_room_on_the_connection_for_a_long_poll() {
+    let _alone = ONE_NODE_AT_A_TIME.lock().await;
     let cluster = Cluster::start().await;
     let client = cluster.client.clone();
     client.seed(&specs(600)).await.unwrap();

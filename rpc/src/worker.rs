@@ -1539,22 +1539,25 @@ mod tests {
     /// the TTL later.
     #[tokio::test]
     async fn a_lease_that_runs_out_before_the_first_renewal_is_due_stops_the_handler() {
-        let (worker, _silent) = worker_facing_silence(Duration::from_secs(3));
+        // A long TTL puts the next renewal (a third of it) 10 s away, far from the lease's end.
+        let (worker, _silent) = worker_facing_silence(Duration::from_secs(30));
         let lost = Arc::new(watch::Sender::new(false));
         let mut seen = lost.subscribe();
         let started = Instant::now();
         let lease_end = started + Duration::from_millis(200);
         let until = Arc::new(Mutex::new(lease_end));
         let renewer = tokio::spawn(renew_loop(worker.settings.clone(), 7, 1, until, lost));
-        tokio::time::timeout(Duration::from_secs(5), seen.wait_for(|lost| *lost))
+        tokio::time::timeout(Duration::from_secs(30), seen.wait_for(|lost| *lost))
             .await
             .unwrap()
             .unwrap();
         let took = started.elapsed();
+        // Halfway between the lease's end (200 ms) and the renewal after the first (10 s).
         assert!(
-            took < Duration::from_millis(700),
+            took < Duration::from_secs(5),
             "the lease ended at 200 ms, the handler was stopped at {took:?}"
         );
+        println!("the lease ended at 200 ms, the handler was stopped at {took:?}");
         renewer.abort();
     }
 
@@ -1590,11 +1593,11 @@ mod tests {
             token: None,
             worker: "w".into(),
             lost: lost.subscribe(),
-            valid_until: Arc::new(Mutex::new(Instant::now() + Duration::from_millis(100))),
+            valid_until: Arc::new(Mutex::new(Instant::now() + Duration::from_secs(1))),
         };
-        assert!(!context.lease_lost());
-        std::thread::sleep(Duration::from_millis(150));
-        assert!(context.lease_lost(), "the lease ended 50 ms ago");
+        assert!(!context.lease_lost(), "the lease has a second left");
+        std::thread::sleep(Duration::from_millis(1200));
+        assert!(context.lease_lost(), "the lease ended 200 ms ago");
     }
 
     /// What is left of a lease counts from the answer's arrival: all of it for a fresh grant,

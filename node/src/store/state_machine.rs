@@ -465,21 +465,29 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (_log, mut sm) = crate::store::open(dir.path()).unwrap();
 
-        // A long copy on another thread, overlapping a short one that ends first.
+        // A long copy on another thread, overlapping a short one that ends first. It lasts until
+        // the runtime has ticked 10 times, which it can only do while the apply below waits for
+        // the copy (the test's task does not yield before): a blocked runtime never ticks, and
+        // the copy gives up after 30 s.
+        let ticks = Arc::new(AtomicUsize::new(0));
         let (held_tx, held_rx) = std::sync::mpsc::channel();
         let copier = {
-            let sm = sm.clone();
+            let (sm, ticks) = (sm.clone(), ticks.clone());
             std::thread::spawn(move || {
                 sm.copy(|_| {
                     held_tx.send(()).unwrap();
-                    std::thread::sleep(Duration::from_millis(300));
+                    let started = std::time::Instant::now();
+                    while ticks.load(Ordering::Relaxed) < 10
+                        && started.elapsed() < Duration::from_secs(30)
+                    {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
                 })
             })
         };
         held_rx.recv().unwrap();
         sm.copy(|_| ());
 
-        let ticks = Arc::new(AtomicUsize::new(0));
         let ticker = {
             let ticks = ticks.clone();
             tokio::spawn(async move {

@@ -736,10 +736,13 @@ mod tests {
             matches!(first, Some(Err(Error::Unavailable { .. }))),
             "{first:?}"
         );
+        // Seconds from both the deadline and where the first try alone used to end (its 10 s
+        // attempt timeout).
         assert!(
-            took < deadline * 2,
+            took < deadline * 5,
             "took {took:?} for a {deadline:?} deadline"
         );
+        println!("opening the watch ended after {took:?} for a {deadline:?} deadline");
         // Resuming it runs in a spawned task: the future does not borrow the watch, which is
         // not `Sync` (before, this did not compile).
         let resumed = tokio::spawn(async move {
