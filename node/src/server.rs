@@ -341,7 +341,7 @@ pub async fn serve_secured(
         fatal = raft_stopped(&raft) => {
             tracing::error!(
                 error = %fatal,
-                hint = disk_full_hint(&fatal, &config.data_dir).unwrap_or_default(),
+                hint = disk_full_hint(&fatal, &config.data_dir).as_deref(),
                 "Raft has stopped on an error it cannot go on from; the node exits so that its \
                  supervisor restarts it"
             );
@@ -412,15 +412,17 @@ async fn close(
     }
 }
 
-/// Resolves, with the reason, once Raft has stopped by itself: openraft stops on an error it
-/// treats as fatal (a storage error: a log or snapshot it cannot read or write). The node can
-/// then serve nothing but refusals, yet would look alive to every probe that only asks whether
-/// it answers; exiting lets its supervisor restart it (systemd `Restart=on-failure`, Docker's
-/// restart policy), and a damage that persists stops that restart with its own message.
-/// What to do about a storage failure, when its text says the disk is full. The errors come
-/// through openraft as text (its `AnyError` keeps no types), so the text is what is judged.
+/// What to do about a storage failure, when its text says the disk (or the quota of the node's
+/// user on it) is full. The errors come through openraft as text (its `AnyError` keeps no
+/// types), so the text is what is judged.
 fn disk_full_hint(error: &str, data_dir: &std::path::Path) -> Option<String> {
-    (error.contains("No space left on device") || error.contains("os error 28")).then(|| {
+    let full = [
+        "No space left on device",
+        "os error 28",
+        "Disk quota exceeded",
+        "os error 122",
+    ];
+    full.iter().any(|said| error.contains(said)).then(|| {
         format!(
             "the file system holding {} is full: free space there (the node needs room for its \
              log and two snapshot images), then start the node again; what it stored is kept",
@@ -437,6 +439,11 @@ fn with_disk_hint(error: anyhow::Error, data_dir: &std::path::Path) -> anyhow::E
     }
 }
 
+/// Resolves, with the reason, once Raft has stopped by itself: openraft stops on an error it
+/// treats as fatal (a storage error: a log or snapshot it cannot read or write). The node can
+/// then serve nothing but refusals, yet would look alive to every probe that only asks whether
+/// it answers; exiting lets its supervisor restart it (systemd `Restart=on-failure`, Docker's
+/// restart policy), and a damage that persists stops that restart with its own message.
 async fn raft_stopped(raft: &Raft) -> String {
     let mut metrics = raft.metrics();
     loop {

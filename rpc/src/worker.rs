@@ -1561,8 +1561,6 @@ mod tests {
         renewer.abort();
     }
 
-    /// A handler that blocked its thread past the lease's end sees the lease lost at once, before
-    /// the runtime's renewal task (which could not run meanwhile) has said so.
     /// Seed 004 §4: the high-level worker declares keyed-task support by itself; only an
     /// integrator that turns it off (or talks to the store directly) goes without.
     #[tokio::test]
@@ -1577,6 +1575,8 @@ mod tests {
         );
     }
 
+    /// A handler that blocked its thread past the lease's end sees the lease lost at once, before
+    /// the runtime's renewal task (which could not run meanwhile) has said so.
     #[test]
     fn a_lease_past_its_end_is_lost_to_a_handler_that_blocked_its_thread() {
         let lost = watch::Sender::new(false);

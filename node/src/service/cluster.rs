@@ -120,7 +120,7 @@ impl ClusterService {
     /// its two steps, say): such a change is proposed again until [`SETTLE_LIMIT`], so that two
     /// operators' changes at once both land rather than one failing. A change given as a
     /// difference (voters added or removed) is applied to the membership it finds then, so
-    /// neither undoes the other.
+    /// neither undoes the other. Each proposal is kept out of a handover, as the first is.
     async fn change_members(
         &self,
         change: ChangeMembers<NodeId, BasicNode>,
@@ -129,17 +129,20 @@ impl ClusterService {
         let deadline = tokio::time::Instant::now() + SETTLE_LIMIT;
         let settled = async {
             loop {
+                if let Err(refused) = self.not_while_handing_over() {
+                    return Ok(Err(refused));
+                }
                 match raft.change_membership(change.clone(), false).await {
                     Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(
                         ChangeMembershipError::InProgress(_),
                     ))) if tokio::time::Instant::now() < deadline => {
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
-                    written => return written,
+                    written => return written.map(Ok),
                 }
             }
         };
-        let written = unless_deposed(raft, settled).await?;
+        let written = unless_deposed(raft, settled).await??;
         Ok(Response::new(membership_response(&written)))
     }
 
@@ -465,12 +468,12 @@ impl cluster_server::Cluster for ClusterService {
                 format!("node {id} is not a member; add it as a learner first"),
             )));
         }
-        if membership.voter_ids().any(|voter| voter == id) {
-            // Already a voter (a retry of a promotion that went through): nothing to change.
-            return Ok(Response::new(MembershipResponse {
-                members: members_of(&stored),
-                log_index: stored.log_id().map_or(0, |id| id.index),
-            }));
+        // Already a voter, in a configuration that is not a joint one a deposed leader left half
+        // done (a retry of a promotion that went through): nothing to change. In a joint one the
+        // change below finishes it.
+        let uniform = membership.get_joint_config();
+        if uniform.len() == 1 && uniform[0].contains(&id) {
+            return Ok(Response::new(unchanged(&stored)));
         }
         let voters: BTreeSet<NodeId> = membership.voter_ids().chain([id]).collect();
         self.newcomers_stored(&voters).await?;
@@ -495,10 +498,7 @@ impl cluster_server::Cluster for ClusterService {
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
         if membership.get_node(&id).is_none() {
             // Already gone (a retry of a removal that went through): nothing to change.
-            return Ok(Response::new(MembershipResponse {
-                members: members_of(&stored),
-                log_index: stored.log_id().map_or(0, |id| id.index),
-            }));
+            return Ok(Response::new(unchanged(&stored)));
         }
         // Voters and learners leave by different changes: openraft's voter replacement keeps
         // learners, and its node removal refuses voters.
@@ -724,6 +724,14 @@ fn unreplicated_newcomers(
              right address), wait until `baton status` shows them caught up, then promote"
         ),
     ))
+}
+
+/// The answer to a change already made: the membership as `stored`.
+fn unchanged(stored: &StoredMembership<NodeId, BasicNode>) -> MembershipResponse {
+    MembershipResponse {
+        members: members_of(stored),
+        log_index: stored.log_id().map_or(0, |id| id.index),
+    }
 }
 
 fn membership_response(

@@ -23,26 +23,37 @@ const UNFINISHED: &str = ".generating";
 /// is removed (and no error returned) when another process holds the database's lock: sled's
 /// own open then says so.
 pub fn remove(path: &Path) -> std::io::Result<usize> {
-    let unfinished = unfinished(path)?;
-    if unfinished.is_empty() {
+    // A look without the lock first, so that the usual start takes none.
+    if unfinished(path)?.is_empty() {
         return Ok(0);
     }
-    let locked = std::fs::OpenOptions::new()
+    let locked = match std::fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .open(path.join(LOCKED_FILE))?;
+        .open(path.join(LOCKED_FILE))
+    {
+        Ok(locked) => locked,
+        // No database file: nothing sled could be reading.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
     if locked.try_lock_exclusive().is_err() {
         return Ok(0);
     }
-    for file in &unfinished {
-        std::fs::remove_file(file)?;
+    let mut removed = 0;
+    for file in unfinished(path)? {
+        match std::fs::remove_file(&file) {
+            Ok(()) => removed += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        }
         tracing::warn!(
             file = %file.display(),
             "removed an index file sled left unfinished (a start on a full disk, or a crash)"
         );
     }
     // Dropping the file lets go of the lock, for sled to take.
-    Ok(unfinished.len())
+    Ok(removed)
 }
 
 /// The `snap.*.generating` files in `path` (none when `path` does not exist yet).
