@@ -120,7 +120,8 @@ impl ClusterService {
     /// its two steps, say): such a change is proposed again until [`SETTLE_LIMIT`], so that two
     /// operators' changes at once both land rather than one failing. A change given as a
     /// difference (voters added or removed) is applied to the membership it finds then, so
-    /// neither undoes the other. Each proposal is kept out of a handover, as the first is.
+    /// neither undoes the other. Each proposal asks again whether a handover has begun (during
+    /// the caller's reads and waits, or since the last proposal).
     async fn change_members(
         &self,
         change: ChangeMembers<NodeId, BasicNode>,
@@ -471,15 +472,13 @@ impl cluster_server::Cluster for ClusterService {
         // Already a voter, in a configuration that is not a joint one a deposed leader left half
         // done (a retry of a promotion that went through): nothing to change. In a joint one the
         // change below finishes it.
-        let uniform = membership.get_joint_config();
-        if uniform.len() == 1 && uniform[0].contains(&id) {
+        let configs = membership.get_joint_config();
+        if configs.len() == 1 && configs[0].contains(&id) {
             return Ok(Response::new(unchanged(&stored)));
         }
         let voters: BTreeSet<NodeId> = membership.voter_ids().chain([id]).collect();
         self.newcomers_stored(&voters).await?;
         tracing::info!(id, "promoting learner");
-        // Again: a handover may have begun during the read and the wait.
-        self.not_while_handing_over()?;
         self.change_members(ChangeMembers::AddVoterIds(BTreeSet::from([id])))
             .await
     }
@@ -514,8 +513,6 @@ impl cluster_server::Cluster for ClusterService {
             ChangeMembers::RemoveNodes(BTreeSet::from([id]))
         };
         tracing::info!(id, ?change, "removing member");
-        // Again: a handover may have begun during the read.
-        self.not_while_handing_over()?;
         self.change_members(change).await
     }
 
@@ -809,6 +806,10 @@ mod tests {
             service.add_learner(Request::new(add.clone())).await.err(),
             service
                 .change_membership(Request::new(ChangeMembershipRequest { voters: vec![1, 2] }))
+                .await
+                .err(),
+            service
+                .promote_member(Request::new(PromoteMemberRequest { id: 2 }))
                 .await
                 .err(),
             service

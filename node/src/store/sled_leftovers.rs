@@ -33,7 +33,7 @@ pub fn remove(path: &Path) -> std::io::Result<usize> {
         .open(path.join(LOCKED_FILE))
     {
         Ok(locked) => locked,
-        // No database file: nothing sled could be reading.
+        // No database file, so no lock to take: left to sled, which says what it finds.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
         Err(e) => return Err(e),
     };
