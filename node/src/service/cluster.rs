@@ -187,8 +187,7 @@ impl ClusterService {
 }
 
 /// The members of a membership, as the wire lists them.
-fn members_of(membership: &StoredMembership<NodeId, BasicNode>) -> Vec<Member> {
-    let membership = membership.membership();
+fn members_of(membership: &openraft::Membership<NodeId, BasicNode>) -> Vec<Member> {
     membership
         .nodes()
         .map(|(id, node)| Member {
@@ -604,7 +603,7 @@ impl cluster_server::Cluster for ClusterService {
             last_log_index: last.index,
             last_log_term: last.leader_id.term,
             last_log_leader: last.leader_id.node_id,
-            members: members_of(&membership),
+            members: members_of(membership.membership()),
             state_bytes: state.len() as u64,
             state_format: STATE_FORMAT,
             served_by: self.node.id,
@@ -726,7 +725,7 @@ fn unreplicated_newcomers(
 /// The answer to a change already made: the membership as `stored`.
 fn unchanged(stored: &StoredMembership<NodeId, BasicNode>) -> MembershipResponse {
     MembershipResponse {
-        members: members_of(stored),
+        members: members_of(stored.membership()),
         log_index: stored.log_id().map_or(0, |id| id.index),
     }
 }
@@ -734,22 +733,12 @@ fn unchanged(stored: &StoredMembership<NodeId, BasicNode>) -> MembershipResponse
 fn membership_response(
     written: &openraft::raft::ClientWriteResponse<TypeConfig>,
 ) -> MembershipResponse {
-    let members = written
-        .membership
-        .as_ref()
-        .map(|membership| {
-            membership
-                .nodes()
-                .map(|(id, node)| Member {
-                    id: *id,
-                    addr: node.addr.clone(),
-                    voter: membership.voter_ids().any(|voter| voter == *id),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
     MembershipResponse {
-        members,
+        members: written
+            .membership
+            .as_ref()
+            .map(members_of)
+            .unwrap_or_default(),
         log_index: written.log_id.index,
     }
 }
