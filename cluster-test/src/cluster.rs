@@ -590,6 +590,25 @@ impl Cluster {
         .await
     }
 
+    /// Waits until every running node applies this build's apply rules
+    /// (`baton_statemachine::rules`), which a leader has the cluster adopt by itself once every
+    /// member runs a build that applies them.
+    pub async fn wait_rules_adopted(&self) -> anyhow::Result<()> {
+        let rules = baton_statemachine::rules::RULES;
+        for id in self.live_ids() {
+            let what = format!("node {id} to apply rules {rules}");
+            wait::until(&what, self.options.timeout, || async move {
+                match self.node_info(id).await {
+                    Ok(info) if info.apply_rules == rules => Ok(()),
+                    Ok(info) => Err(format!("applies rules {}", info.apply_rules)),
+                    Err(error) => Err(error.to_string()),
+                }
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
     /// Waits until every running node has applied what the leader has applied right now.
     pub async fn wait_all_caught_up(&self) -> anyhow::Result<u64> {
         let leader = self.leader().await?;

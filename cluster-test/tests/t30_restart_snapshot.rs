@@ -1,7 +1,9 @@
 //! Claims: a SIGKILLed node restarts from its data dir and catches up — from the log when the
 //! leader still has the entries it missed, by installing a snapshot when the leader has purged
 //! them — and afterwards it is a full member: with the original leader killed, the restarted node
-//! is half of the only possible quorum, and every acknowledged operation is still readable.
+//! is half of the only possible quorum, and every acknowledged operation is still readable, and
+//! it applies commands by the rules the cluster adopted (`baton_statemachine::rules`), which come
+//! back with the log it replays or the snapshot it installs.
 //! And a SIGKILL of every node at once (a power cut) loses no acknowledged operation: what was
 //! acknowledged was durable on a quorum's disks. And the members build their snapshots at
 //! staggered points of the log, never all at once.
@@ -15,6 +17,7 @@ use baton_cluster_test::history::{lock, verify_live, SharedHistory};
 use baton_cluster_test::robustness::replicas_agree;
 use baton_cluster_test::workload::{self, Workload};
 use baton_cluster_test::{offer_a_to_b, wait, Cluster, Options};
+use baton_statemachine::rules::RULES;
 
 /// Runs `tasks` workload tasks of `chains` chains each to completion.
 async fn write(
@@ -62,6 +65,7 @@ async fn assert_all_readable(cluster: &Cluster, history: &SharedHistory) -> usiz
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t30_killed_leader_restarts_from_its_data_dir_and_catches_up_from_the_log() {
     let mut cluster = Cluster::start(3, Options::default()).await.unwrap();
+    cluster.wait_rules_adopted().await.unwrap();
     let history = SharedHistory::default();
     write(&cluster, "t30-before", 2, 15, &history).await;
 
@@ -99,6 +103,8 @@ async fn t30_killed_leader_restarts_from_its_data_dir_and_catches_up_from_the_lo
     assert!(!cluster
         .log_of_last_run(old_leader)
         .contains("installed snapshot"));
+    // Replayed from its log, the adopting entry included: the rules are the cluster's again.
+    assert_eq!(caught_up.apply_rules, RULES, "{caught_up:?}");
 
     // Kill the new leader: the restarted node and the third node are now the only quorum.
     cluster.kill(new_leader).unwrap();
@@ -120,6 +126,8 @@ async fn t31_follower_behind_a_purged_log_catches_up_by_snapshot() {
         ..Options::default()
     };
     let mut cluster = Cluster::start(3, options).await.unwrap();
+    // The leader adopts this build's apply rules by itself; the snapshot must carry them.
+    cluster.wait_rules_adopted().await.unwrap();
     let history = SharedHistory::default();
     write(&cluster, "t31-before", 2, 10, &history).await;
 
@@ -166,6 +174,8 @@ async fn t31_follower_behind_a_purged_log_catches_up_by_snapshot() {
         "the restarted follower logged no snapshot install:\n{}",
         cluster.log_tail(follower, 20)
     );
+    // An install replaces the whole state: the rules in force came with the snapshot's image.
+    assert_eq!(caught_up.apply_rules, RULES, "{caught_up:?}");
     // The follower that installed a snapshot holds the state of those that applied every
     // entry: their digests at one applied index are equal. And a digest is of the state: a
     // write changes it.

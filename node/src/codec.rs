@@ -1,6 +1,7 @@
 //! The one place that turns Rust values into bytes and back (log entries, votes, snapshots, Raft
 //! RPC bodies), so the encoding can be swapped in one module.
 
+use baton_statemachine::rules::RULES;
 use baton_statemachine::State;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -35,10 +36,12 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::error::De
     whole(bytes, bincode::serde::decode_from_slice(bytes, config)?)
 }
 
-/// A state's image, for snapshots and backups: its encoding, then, in a state a restore raised,
-/// its fence floor ([`State::fence_floor`]), which the state's own encoding leaves out so that
-/// every other state keeps the layout it always had. (A build from before the floor refuses an
-/// image that has one — "trailing bytes" — rather than lose it and hand out fences again.)
+/// A state's image, for snapshots and backups: its encoding, then, in a state a restore raised or
+/// one under apply rules newer than 0, its fence floor ([`State::fence_floor`]), and in the
+/// latter its rules ([`State::rules`]) after the floor. The state's own encoding leaves both out
+/// so that every other state keeps the layout it always had. A build from before the floor
+/// refuses an image that has one, and a build from before versioned rules one that has rules —
+/// "trailing bytes" — rather than hand out fences again or apply later entries by older rules.
 pub fn encode_state(state: &State) -> Result<Vec<u8>, bincode::error::EncodeError> {
     let mut bytes = Vec::new();
     encode_state_into(state, &mut bytes)?;
@@ -51,8 +54,11 @@ pub fn encode_state_into(
     writer: &mut impl std::io::Write,
 ) -> Result<(), bincode::error::EncodeError> {
     encode_into(state, writer)?;
-    if state.fence_floor > 0 {
+    if state.fence_floor > 0 || state.rules > 0 {
         encode_into(&state.fence_floor, writer)?;
+    }
+    if state.rules > 0 {
+        encode_into(&state.rules, writer)?;
     }
     Ok(())
 }
@@ -60,10 +66,26 @@ pub fn encode_state_into(
 /// Decodes a state's image ([`encode_state`]) with a limit that grows with the image
 /// ([`decode_sized`]) rather than [`decode`]'s: a state may be of any size (a million leases
 /// claim hundreds of MiB).
+///
+/// Refuses the image of a state under apply rules this build does not know
+/// ([`baton_statemachine::rules::RULES`]): the entries after it would be applied by older rules
+/// than every other member's.
 pub fn decode_state(bytes: &[u8]) -> Result<State, bincode::error::DecodeError> {
-    let (mut state, read): (State, usize) = decode_sized(bytes)?;
+    let config = bincode::config::standard();
+    let (mut state, mut read): (State, usize) = decode_sized(bytes)?;
     if read < bytes.len() {
-        state.fence_floor = decode(&bytes[read..])?;
+        let (floor, used) = bincode::serde::decode_from_slice(&bytes[read..], config)?;
+        (state.fence_floor, read) = (floor, read + used);
+    }
+    if read < bytes.len() {
+        state.rules = decode(&bytes[read..])?;
+    }
+    if state.rules > RULES {
+        return Err(bincode::error::DecodeError::OtherString(format!(
+            "the state is under apply rules {}; this build applies rules up to {RULES}: run a \
+             newer build",
+            state.rules
+        )));
     }
     Ok(state)
 }
@@ -188,6 +210,33 @@ mod tests {
         assert!(
             before_the_floor.is_err(),
             "an older build would drop the floor"
+        );
+    }
+
+    /// A state under newer apply rules carries them after its floor (0 when never raised),
+    /// which a build from before versioned rules refuses as trailing bytes; a build refuses the
+    /// image of a state under rules it does not know.
+    #[test]
+    fn a_state_image_carries_its_rules_once_newer_than_0() {
+        for floor in [0, 1_000] {
+            let mut state = State::default();
+            state.raise_fences(floor);
+            state.rules = RULES;
+            let image = encode_state(&state).unwrap();
+            let read = decode_state(&image).unwrap();
+            assert_eq!((read.fence_floor, read.rules), (floor, RULES));
+            assert_eq!(read, state);
+            let before_rules = decode_sized::<State>(&image).unwrap();
+            assert!(before_rules.1 < image.len(), "older builds must refuse it");
+        }
+        let beyond = State {
+            rules: RULES + 1,
+            ..State::default()
+        };
+        let refused = decode_state(&encode_state(&beyond).unwrap()).unwrap_err();
+        assert!(
+            refused.to_string().contains("run a newer build"),
+            "{refused}"
         );
     }
 

@@ -29,6 +29,7 @@ pub mod raft_server;
 pub mod raft_wire;
 pub mod read_index;
 pub mod readiness;
+pub mod rules_adoption;
 pub mod security;
 pub mod server;
 pub mod service;

@@ -325,13 +325,13 @@ impl Network {
         }
     }
 
-    /// Sends `frame`, which carries `traffic`, to peer `target` at `addr` and returns the answer
-    /// by `deadline` (dialing included). Every failure is a transport failure.
+    /// Sends `frame`, a `kind` request which carries `traffic`, to peer `target` at `addr` and
+    /// returns the answer by `deadline` (dialing included). Every failure is a transport failure.
     async fn call(
         &self,
         target: NodeId,
         addr: &str,
-        traffic: Traffic,
+        (kind, traffic): (Kind, Traffic),
         frame: Bytes,
         deadline: Instant,
     ) -> Result<(Outcome, Bytes), CallFailure> {
@@ -346,7 +346,7 @@ impl Network {
         }
         if let Some(link) = self.take_idle(target, addr) {
             match exchange(link, frame.clone(), deadline).await {
-                Ok((link, answer)) => return self.answered(target, addr, link, answer),
+                Ok((link, answer)) => return self.answered(target, addr, kind, link, answer),
                 // A slow peer, or a dead connection that keepalive has not broken yet: only
                 // this connection is dropped (the peer's others may be fine).
                 Err(Failure::Late) => return Err(unanswered()),
@@ -373,7 +373,7 @@ impl Network {
         let failure = match self.dial_kept(target, addr, slot, deadline).await {
             Err(why) => CallFailure::unsent(why),
             Ok((link, _slot)) => match exchange(link, frame, deadline).await {
-                Ok((link, answer)) => return self.answered(target, addr, link, answer),
+                Ok((link, answer)) => return self.answered(target, addr, kind, link, answer),
                 Err(Failure::Late) => unanswered(),
                 Err(Failure::Broken(why)) => {
                     CallFailure::sent(format!("node {target} at {addr}: {why}"))
@@ -386,26 +386,33 @@ impl Network {
         Err(failure)
     }
 
-    /// The outcome and body of `answer`, which came over `link`; the link is kept for the next
-    /// call unless the peer is closing it (after a request it could not handle).
+    /// The outcome and body of `answer` to a `kind` request, which came over `link`; the link is
+    /// kept for the next call unless the peer is closing it (after a request it could not
+    /// handle).
     fn answered(
         &self,
         target: NodeId,
         addr: &str,
+        kind: Kind,
         link: Link,
         answer: Bytes,
     ) -> Result<(Outcome, Bytes), CallFailure> {
         let (outcome, body) = raft_wire::parse_answer(answer)
             .map_err(|e| CallFailure::sent(format!("node {target} at {addr}: {e}")))?;
-        if outcome == Outcome::Failed {
+        match outcome {
+            // A build from before the question fails it and closes the connection, which says
+            // nothing of the next request: pausing would fail the replication to that peer
+            // meanwhile, at every question.
+            Outcome::Failed if kind == Kind::Rules => {}
             // The peer closes the connection after such a refusal (of this node or this cluster,
             // say): a new one at once would most likely be refused too, and redialing on every
             // call (read-index rounds keep coming) costs both nodes a handshake each time.
-            self.with_links(target, addr, |links| {
-                links.quiet_until = Some(Instant::now() + REDIAL_PAUSE);
-            });
-        } else {
-            self.give_back(target, addr, link);
+            Outcome::Failed => {
+                self.with_links(target, addr, |links| {
+                    links.quiet_until = Some(Instant::now() + REDIAL_PAUSE);
+                });
+            }
+            Outcome::Answered | Outcome::Refused => self.give_back(target, addr, link),
         }
         Ok((outcome, body))
     }
@@ -437,6 +444,18 @@ impl Network {
         self.ask(target, addr, Kind::Join, &(), limit).await
     }
 
+    /// Asks member `target` whether its build applies `rules` (`crate::rules_adoption`), within
+    /// `limit`.
+    pub async fn applies_rules(
+        &self,
+        target: NodeId,
+        addr: &str,
+        rules: u32,
+        limit: Duration,
+    ) -> Result<(), Declined> {
+        self.ask(target, addr, Kind::Rules, &rules, limit).await
+    }
+
     /// Sends `target` a request of Baton's own whose answer is a yes or a refusal in words.
     async fn ask<T: Serialize>(
         &self,
@@ -451,7 +470,7 @@ impl Network {
         let frame = raft_wire::request(kind, self.header(target), message)
             .map_err(|e| Declined::Refused(e.to_string()))?;
         let (outcome, body) = self
-            .call(target, &addr, Traffic::Other, frame, deadline)
+            .call(target, &addr, (kind, Traffic::Other), frame, deadline)
             .await
             .map_err(|failure| {
                 let why = format!("node {target}: {}", failure.why);
@@ -629,7 +648,7 @@ impl Peer {
             .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let (outcome, body) = self
             .network
-            .call(self.target, &self.addr, traffic, frame, deadline)
+            .call(self.target, &self.addr, (kind, traffic), frame, deadline)
             .await
             .map_err(CallFailure::into_rpc_error)?;
         match outcome {
@@ -825,6 +844,11 @@ mod tests {
                 }
                 if self.refuse.load(SeqCst) {
                     let _ = link.send(raft_wire::failed("not this node")).await;
+                    return;
+                }
+                if kind == Kind::Rules {
+                    // As a build from before the question answers it.
+                    let _ = link.send(raft_wire::failed("unknown request kind 7")).await;
                     return;
                 }
                 assert_eq!(kind, Kind::Vote);
@@ -1074,6 +1098,25 @@ mod tests {
         tokio::time::resume();
         tokio::time::sleep(REDIAL_PAUSE).await;
         peer.mute.store(false, SeqCst);
+        assert!(vote_through_new_client(&mut network, &peer.addr).await);
+        assert_eq!(peer.accepted.load(SeqCst), 2);
+    }
+
+    /// A build from before the apply rules question fails it and closes the connection, as any
+    /// request it does not know: the answer is no, and the next call dials again at once (a
+    /// pause would fail the replication to the older peer at every question).
+    #[tokio::test]
+    async fn an_older_peer_says_no_to_the_rules_question_and_is_dialed_again_at_once() {
+        let peer = StandIn::start().await;
+        let mut network = Network::default();
+        let rules = baton_statemachine::rules::RULES;
+        let limit = Duration::from_millis(500);
+        let asked = network.applies_rules(2, &peer.addr, rules, limit).await;
+        assert!(
+            matches!(&asked, Err(Declined::Refused(why)) if why.contains("unknown request")),
+            "{asked:?}"
+        );
+        assert!(network.peers.lock().unwrap()[&2].quiet_until.is_none());
         assert!(vote_through_new_client(&mut network, &peer.addr).await);
         assert_eq!(peer.accepted.load(SeqCst), 2);
     }

@@ -26,6 +26,7 @@ use crate::cluster_id::{OwnCluster, Standing};
 use crate::node::{is_voter, is_voter_id};
 use crate::pre_vote::{self, Contact};
 use crate::raft_wire::{self, Header, Kind};
+use crate::rules_adoption;
 use crate::snapshot_chunks::ChunkIntake;
 use crate::throttle::Throttle;
 use crate::tls::{PeerAcceptor, TLS_REFUSAL};
@@ -428,6 +429,10 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
         }
         // Refused in words: the node initializing the cluster says who did not join.
         Kind::Join => raft_wire::answer::<(), String>(&join_if_invited(true).map(drop)),
+        Kind::Rules => {
+            let rules: u32 = codec::decode(&body).map_err(undecodable)?;
+            raft_wire::answer::<(), String>(&rules_adoption::applies(rules))
+        }
     };
     answer.map_err(|e| format!("cannot encode the answer: {e}"))
 }

@@ -97,6 +97,10 @@ pub enum Kind {
     /// Join the cluster the header names: a node initializing a cluster asks the new members
     /// before the first election (`crate::cluster_id`). No message.
     Join = 6,
+    /// Does the peer's build apply these rules? The leader asks every member before it has the
+    /// cluster adopt them (`crate::rules_adoption`). A build from before this request answers it
+    /// `Failed` (an unknown kind), which counts as no.
+    Rules = 7,
 }
 
 impl Kind {
@@ -108,6 +112,7 @@ impl Kind {
             Self::TimeoutNow,
             Self::PreVote,
             Self::Join,
+            Self::Rules,
         ]
         .into_iter()
         .find(|kind| *kind as u8 == byte)

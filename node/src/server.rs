@@ -47,7 +47,9 @@ use crate::store;
 use crate::throttle::Throttle;
 use crate::tls::NodeTls;
 use crate::types::Raft;
-use crate::{http, raft_server, snapshot_schedule, stalled_leader, sweeper, systemd};
+use crate::{
+    http, raft_server, rules_adoption, snapshot_schedule, stalled_leader, sweeper, systemd,
+};
 
 /// Runs a node until `shutdown` resolves, then leaves gracefully ([`crate::shutdown`]), stops
 /// serving and shuts Raft down.
@@ -207,6 +209,12 @@ pub async fn serve_secured(
         network.clone(),
         contact.clone(),
         config.raft.election_timing(),
+        stop_rx.clone(),
+    ));
+    let rules = tokio::spawn(rules_adoption::run(
+        node.clone(),
+        network.clone(),
+        admission.clone(),
         stop_rx.clone(),
     ));
     let snapshots = tokio::spawn(snapshot_schedule::run(
@@ -378,6 +386,7 @@ pub async fn serve_secured(
     stopped(sweeper, "the sweeper", stop_by).await;
     stopped(elections, "the election timer", stop_by).await;
     stopped(snapshots, "the snapshot schedule", stop_by).await;
+    stopped(rules, "the apply rules adoption", stop_by).await;
     if let Some(http) = http {
         stopped(http, "the HTTP endpoint", stop_by).await;
     }

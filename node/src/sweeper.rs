@@ -10,7 +10,8 @@
 //! otherwise the next waits at least [`SWEEP_SPACING`], so leases that fall due one by one cost
 //! at most a few sweep entries a second. With nothing due
 //! nothing is proposed, except a sweep every [`SESSION_SWEEP_EVERY`] to forget idle client
-//! sessions: an idle cluster stays idle.
+//! sessions (followed by the next at once while a sweep's bound left some idle): an idle cluster
+//! stays idle.
 //!
 //! A command applied meanwhile may bring an earlier deadline, so a leading sweeper also wakes
 //! whenever the applied state changes; every sweeper wakes when the node's role or leader
@@ -186,7 +187,10 @@ pub async fn run(
                 match proposed {
                     Ok(reply) => {
                         tracing::debug!(?reply, bound = bound.expiries, "swept");
-                        backlog = bound.more_due;
+                        // Idle sessions are forgotten a bounded number per sweep from rules 1 on
+                        // (`baton_statemachine::rules`): the next sweep takes the rest.
+                        let state = &node.state_machine.read().state;
+                        backlog = bound.more_due || state.sessions.idle_due(state.clock_ms);
                     }
                     Err(status) => tracing::debug!(%status, "sweep not applied"),
                 }

@@ -29,6 +29,7 @@ impl Command {
             Command::Checkpoint(command) => command.name(),
             Command::Queue(command) => command.name(),
             Command::Sweep | Command::SweepAtMost { .. } => "sweep",
+            Command::AdoptRules { .. } => "adopt_rules",
         }
     }
 }
@@ -94,6 +95,14 @@ pub enum Command {
     SweepAtMost {
         /// The most expiries this sweep materialises.
         expiries: u32,
+    },
+    /// Apply every later entry by `rules` (crate::rules), when they are newer than the rules in
+    /// force. Proposed by the leader once every member runs a build that applies them.
+    ///
+    /// Appended last, like [`Command::SweepAtMost`].
+    AdoptRules {
+        /// The rules version to adopt.
+        rules: u32,
     },
 }
 

@@ -19,6 +19,7 @@ mod error;
 pub mod handoff;
 pub mod limits;
 pub mod queue;
+pub mod rules;
 mod session;
 pub mod sink;
 mod state;

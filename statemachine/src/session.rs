@@ -236,18 +236,23 @@ impl Sessions {
         true
     }
 
-    /// Forgets clients idle for longer than [`SESSION_IDLE_TTL_MS`]; returns how many.
-    pub fn expire_idle(&mut self, clock_ms: u64) -> usize {
-        let cutoff = clock_ms.saturating_sub(SESSION_IDLE_TTL_MS);
+    /// Forgets at most `most` clients idle for longer than [`SESSION_IDLE_TTL_MS`], the longest
+    /// idle first; returns how many.
+    pub fn expire_idle(&mut self, clock_ms: u64, most: usize) -> usize {
         let mut expired = 0;
-        while let Some(&(last_seen, _)) = self.by_idle.first() {
-            if last_seen >= cutoff {
-                break;
-            }
+        while expired < most && self.idle_due(clock_ms) {
             self.evict_idlest();
             expired += 1;
         }
         expired
+    }
+
+    /// Whether a client has been idle for longer than [`SESSION_IDLE_TTL_MS`] at `clock_ms`.
+    pub fn idle_due(&self, clock_ms: u64) -> bool {
+        let cutoff = clock_ms.saturating_sub(SESSION_IDLE_TTL_MS);
+        self.by_idle
+            .first()
+            .is_some_and(|&(last_seen, _)| last_seen < cutoff)
     }
 
     /// Number of clients remembered.
@@ -448,7 +453,7 @@ mod tests {
         let mut s = Sessions::default();
         s.record(&from(1, 1), large(1000), 0);
         s.record(&from(2, 1), large(10), SESSION_IDLE_TTL_MS);
-        assert_eq!(s.expire_idle(SESSION_IDLE_TTL_MS + 1), 1);
+        assert_eq!(s.expire_idle(SESSION_IDLE_TTL_MS + 1, usize::MAX), 1);
         assert_eq!(s.bytes(), weight(&large(10)));
         assert_accounted(&s);
     }
@@ -463,7 +468,7 @@ mod tests {
             acked_below: 0,
         };
         s.record(&other, answer(1), SESSION_IDLE_TTL_MS);
-        assert_eq!(s.expire_idle(SESSION_IDLE_TTL_MS + 1), 1);
+        assert_eq!(s.expire_idle(SESSION_IDLE_TTL_MS + 1, usize::MAX), 1);
         assert_eq!(s.lookup(&origin(1, 0)), SessionLookup::New);
         assert_eq!(s.lookup(&other), SessionLookup::Seen(answer(1)));
     }

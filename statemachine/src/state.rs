@@ -10,6 +10,7 @@ use crate::effect::{self, Gate};
 use crate::error::Refusal;
 use crate::handoff::{self, Desk};
 use crate::queue::{self, TaskQueue};
+use crate::rules;
 use crate::session::{SessionLookup, Sessions};
 use crate::sink::{self, Sink};
 use crate::sweep::Plan;
@@ -42,6 +43,12 @@ pub struct State {
     /// node's codec writes it after the state when it is not 0.
     #[serde(skip)]
     pub fence_floor: u64,
+    /// The apply rules in force ([`crate::rules`]): 0 until the cluster adopts newer ones. Like
+    /// [`State::fence_floor`], outside the derived encoding: a node's codec writes it after the
+    /// floor when it is not 0, so a build from before versioned rules refuses such a state
+    /// instead of applying later entries by its older rules.
+    #[serde(skip)]
+    pub rules: u32,
 }
 
 /// The largest raise [`State::raise_fences`] is meant for: 2^40 (a trillion) leaves room for
@@ -252,7 +259,7 @@ fn run(state: &mut State, stamp: &Stamp, command: &Command) -> Result<Reply, Ref
             .map(|()| Reply::Done),
         Command::Queue(command) => queue_command(&mut state.queue, clock, floor, command.clone()),
         Command::Sweep => {
-            state.sessions.expire_idle(clock);
+            forget_idle_sessions(state, clock);
             let expired = state.handoff.sweep(clock)
                 + state.board.sweep(clock)
                 + state.effects.sweep(clock)
@@ -260,7 +267,7 @@ fn run(state: &mut State, stamp: &Stamp, command: &Command) -> Result<Reply, Ref
             Ok(Reply::Swept { expired })
         }
         Command::SweepAtMost { expiries } => {
-            state.sessions.expire_idle(clock);
+            forget_idle_sessions(state, clock);
             let max = usize::try_from(*expiries).unwrap_or(usize::MAX);
             let plan = Plan::first_due(state, clock, max);
             let expired = state.handoff.sweep_first(clock, plan.tickets)
@@ -271,7 +278,23 @@ fn run(state: &mut State, stamp: &Stamp, command: &Command) -> Result<Reply, Ref
                     .sweep_first(clock, plan.leases, plan.retries, plan.deadlines);
             Ok(Reply::Swept { expired })
         }
+        Command::AdoptRules { rules } => {
+            // Never back: entries applied by newer rules stay so (an older build cannot run
+            // them, and `rules::beyond_this_build` stops a node before it would adopt them).
+            state.rules = state.rules.max(*rules);
+            Ok(Reply::Done)
+        }
     }
+}
+
+/// Forgets idle client sessions, all of them under rules 0, a bounded number from rules 1 on.
+fn forget_idle_sessions(state: &mut State, clock: u64) {
+    let most = if state.rules >= 1 {
+        rules::IDLE_SESSIONS_PER_SWEEP
+    } else {
+        usize::MAX
+    };
+    state.sessions.expire_idle(clock, most);
 }
 
 fn handoff_command(

@@ -11,8 +11,8 @@
 //! and a test fails until an envelope carries it). Every image must still be the encoding of the
 //! envelopes it was written from, which stay a prefix of the list, and the newest image must cover
 //! the whole list. When it does not, the test writes the image of the grown list to a temporary
-//! file and names it: it goes to `tests/data/commands-<short commit>.bin` and at the end of
-//! [`IMAGES`]. An image is never rewritten.
+//! file and names it: it goes to `tests/data/commands-<short commit, or what it adds>.bin` and at
+//! the end of [`IMAGES`]. An image is never rewritten.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -27,7 +27,13 @@ use serde::Serialize;
 const T0: u64 = 1_800_000_000_000;
 
 /// The images earlier versions wrote of [`envelopes`], oldest first: the commit and its bytes.
-const IMAGES: &[(&str, &[u8])] = &[("835c89b", include_bytes!("data/commands-835c89b.bin"))];
+const IMAGES: &[(&str, &[u8])] = &[
+    ("835c89b", include_bytes!("data/commands-835c89b.bin")),
+    (
+        "the build adding AdoptRules",
+        include_bytes!("data/commands-adopt-rules.bin"),
+    ),
+];
 
 /// Encodes as the node's codec does (`node/src/codec.rs`).
 fn encode<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
@@ -324,6 +330,7 @@ fn envelopes() -> Vec<Envelope> {
         queue(queue::Command::Cancel { task_id: task + 4 }),
         Command::Sweep,
         Command::SweepAtMost { expiries: 500 },
+        Command::AdoptRules { rules: 1 },
     ])
 }
 
@@ -386,6 +393,7 @@ impl Seen {
             }
             Command::Sweep => self.mark(name, command, 6),
             Command::SweepAtMost { .. } => self.mark(name, command, 7),
+            Command::AdoptRules { .. } => self.mark(name, command, 8),
         }
     }
 

@@ -135,6 +135,37 @@ fn on_nodes(groups: &BTreeMap<&str, Vec<u64>>) -> String {
         .join(", ")
 }
 
+/// `status`'s line on the apply rules the `members` apply commands by (the newest any of them
+/// shows: a lagging member has not applied the adopting entry yet), and on newer rules a build
+/// among them applies: waiting for the members whose builds do not (upgrade them), or about to
+/// be adopted. `None` before any member reports rules (versions before they were versioned).
+fn rules_line(members: &[&NodeInfoResponse]) -> Option<String> {
+    let in_force = members.iter().map(|info| info.apply_rules).max()?;
+    let newest = members
+        .iter()
+        .map(|info| info.apply_rules_supported)
+        .max()?;
+    if newest == 0 {
+        return None;
+    }
+    if newest <= in_force {
+        return Some(format!("apply rules: {in_force}"));
+    }
+    let behind: Vec<u64> = members
+        .iter()
+        .filter(|info| info.apply_rules_supported < newest)
+        .map(|info| info.id)
+        .collect();
+    Some(if behind.is_empty() {
+        format!("apply rules: {in_force} (adopting {newest})")
+    } else {
+        format!(
+            "apply rules: {in_force} (rules {newest} wait until nodes {behind:?} run a build \
+             that applies them)"
+        )
+    })
+}
+
 /// How `status` names the group of initialized nodes that have no cluster id.
 const NO_CLUSTER_ID: &str = "(no cluster id)";
 
@@ -329,6 +360,8 @@ pub async fn status(
                     "version": info.as_ref().map(|i| i.version.as_str()).filter(|v| !v.is_empty()),
                     "restored_from": info.as_ref().map(|i| i.restored_from.as_str()).filter(|f| !f.is_empty()),
                     "cluster_id": info.as_ref().map(|i| i.cluster_id.as_str()).filter(|c| !c.is_empty()),
+                    "apply_rules": info.as_ref().map(|i| i.apply_rules),
+                    "apply_rules_supported": info.as_ref().map(|i| i.apply_rules_supported).filter(|r| *r > 0),
                 })
             })
             .collect();
@@ -395,6 +428,14 @@ pub async fn status(
         }
         if let [(id, _)] = clusters.iter().collect::<Vec<_>>()[..] {
             out!("cluster: {id}");
+        }
+        let members: Vec<&NodeInfoResponse> = rows
+            .iter()
+            .filter_map(|(_, _, _, info)| info.as_ref())
+            .filter(ours)
+            .collect();
+        if let Some(line) = rules_line(&members) {
+            out!("{line}");
         }
     }
     if cluster_mismatch {
@@ -501,5 +542,30 @@ mod tests {
             of("", info(2, "follower", 8, 800)),
         ];
         assert_eq!(membership_source(&answered).map(|i| i.id), Some(1));
+    }
+
+    #[test]
+    fn status_says_which_rules_apply_and_who_holds_newer_ones_back() {
+        let member = |id, apply_rules, apply_rules_supported| NodeInfoResponse {
+            id,
+            apply_rules,
+            apply_rules_supported,
+            ..NodeInfoResponse::default()
+        };
+        let line = |members: &[NodeInfoResponse]| rules_line(&members.iter().collect::<Vec<_>>());
+        // Every member from before versioned rules: nothing to say.
+        assert_eq!(line(&[member(1, 0, 0), member(2, 0, 0)]), None);
+        assert_eq!(
+            line(&[member(1, 1, 1), member(2, 1, 1), member(3, 0, 1)]).as_deref(),
+            Some("apply rules: 1")
+        );
+        assert_eq!(
+            line(&[member(1, 0, 1), member(2, 0, 0), member(3, 0, 1)]).as_deref(),
+            Some("apply rules: 0 (rules 1 wait until nodes [2] run a build that applies them)")
+        );
+        assert_eq!(
+            line(&[member(1, 0, 1), member(2, 0, 1)]).as_deref(),
+            Some("apply rules: 0 (adopting 1)")
+        );
     }
 }

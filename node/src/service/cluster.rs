@@ -296,6 +296,8 @@ impl cluster_server::Cluster for ClusterService {
                 .get()
                 .map(|id| id.to_string())
                 .unwrap_or_default(),
+            apply_rules: self.node.state_machine.read().state.rules,
+            apply_rules_supported: baton_statemachine::rules::RULES,
         }))
     }
 

@@ -14,6 +14,7 @@ use std::io::Cursor;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
+use baton_statemachine::rules::{self, RULES};
 use baton_statemachine::{apply_with_changes, State};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
@@ -330,7 +331,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let mut responses = Vec::new();
         let mut changed = Vec::new();
         let before = applied.last_applied;
+        let mut unknown_rules = None;
         for entry in entries {
+            if let Some(rules) = rules_beyond_this_build(&entry) {
+                unknown_rules = Some((entry.log_id, rules));
+                break;
+            }
             applied.last_applied = Some(entry.log_id);
             let answers = match entry.payload {
                 EntryPayload::Normal(Batch(envelopes)) => {
@@ -371,6 +377,19 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         if after != before {
             self.history.record(changed, after.map_or(0, |id| id.index));
             self.bump(after);
+        }
+        if let Some((log_id, rules)) = unknown_rules {
+            // Raft stops on this error and the node exits saying why: applying the entry, or any
+            // after it, by older rules would leave this replica different from the others.
+            return Err(io_error(
+                ErrorSubject::Apply(log_id),
+                ErrorVerb::Write,
+                std::io::Error::other(format!(
+                    "entry {} adopts apply rules {rules}; this build applies rules up to {RULES}: \
+                     run a newer build on this node",
+                    log_id.index
+                )),
+            ));
         }
         Ok(responses)
     }
@@ -446,6 +465,17 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 }
 
+/// The apply rules `entry` adopts when this build does not know them
+/// ([`rules::beyond_this_build`]).
+fn rules_beyond_this_build(entry: &Entry<TypeConfig>) -> Option<u32> {
+    match &entry.payload {
+        EntryPayload::Normal(Batch(envelopes)) => envelopes
+            .iter()
+            .find_map(|envelope| rules::beyond_this_build(&envelope.command)),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -511,5 +541,40 @@ mod tests {
             ticked >= 10,
             "the runtime ran only {ticked} ticks while the apply waited"
         );
+    }
+
+    /// An entry adopting apply rules this build does not know stops the apply before it (Raft
+    /// then stops the node), with the entries before it applied; rules it knows are adopted.
+    #[tokio::test]
+    async fn an_entry_adopting_unknown_rules_is_not_applied() {
+        use baton_statemachine::{Command, Envelope, Stamp};
+
+        let dir = tempfile::tempdir().unwrap();
+        let (_log, mut sm) = crate::store::open(dir.path()).unwrap();
+        let adopt = |index, rules| Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(Batch(vec![Envelope {
+                stamp: Stamp {
+                    now_ms: 1,
+                    entropy: 0,
+                },
+                origin: None,
+                command: Command::AdoptRules { rules },
+            }])),
+        };
+        sm.apply(vec![adopt(1, RULES)]).await.unwrap();
+        assert_eq!(sm.read().state.rules, RULES);
+
+        let refused = sm
+            .apply(vec![adopt(2, RULES), adopt(3, RULES + 1), adopt(4, RULES)])
+            .await
+            .unwrap_err();
+        assert!(
+            refused.to_string().contains("run a newer build"),
+            "{refused}"
+        );
+        let applied = sm.read();
+        assert_eq!(applied.last_applied.map(|id| id.index), Some(2));
+        assert_eq!(applied.state.rules, RULES);
     }
 }

@@ -1,0 +1,156 @@
+//! The cluster adopts this build's apply rules ([`baton_statemachine::rules`]) once every member
+//! runs a build that applies them.
+//!
+//! In a node-by-node upgrade old and new builds run side by side, and until the last member runs
+//! the new one every entry must be applied by rules all members know. So the leader asks each
+//! member, voters and learners, over the Raft connections ([`Kind::Rules`]) whether its build
+//! applies this build's rules, and proposes [`Command::AdoptRules`] once all say yes. A build
+//! from before versioned rules does not know the question and answers it as an unknown request,
+//! which counts as no; so does a member that does not answer. The leader asks again every
+//! [`ASK_EVERY`] while it leads and the cluster's rules are older than its build's. Once they are
+//! not, on any node, the task ends.
+//!
+//! A member added later with an older build stops at the adopting entry or at a snapshot under
+//! the new rules (it can read neither), saying so, rather than apply entries by other rules than
+//! the rest.
+//!
+//! [`Kind::Rules`]: crate::raft_wire::Kind::Rules
+
+use std::time::Duration;
+
+use baton_statemachine::rules::RULES;
+use baton_statemachine::Command;
+use futures::future::join_all;
+use tokio::sync::watch;
+
+use crate::admission::Admission;
+use crate::network::Network;
+use crate::node::NodeRef;
+use crate::types::NodeId;
+
+/// How often a leader asks the members again while one of them cannot apply the new rules. (A
+/// build from before the question closes the connection it came on: one dial more each time.)
+pub const ASK_EVERY: Duration = Duration::from_secs(5);
+
+/// How long a member has to answer.
+const ASK_LIMIT: Duration = Duration::from_secs(1);
+
+/// The answer to a peer asking whether this node's build applies `rules`.
+pub fn applies(rules: u32) -> Result<(), String> {
+    if rules <= RULES {
+        Ok(())
+    } else {
+        Err(format!(
+            "this node's build applies rules up to {RULES}, not {rules}"
+        ))
+    }
+}
+
+/// Has the cluster adopt [`RULES`] while this node leads, until the applied state is under them
+/// or `stop` turns true.
+pub async fn run(
+    node: NodeRef,
+    network: Network,
+    admission: Admission,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut server = node.raft.server_metrics();
+    let mut last_refusal = String::new();
+    loop {
+        let adopted = node.state_machine.read().state.rules;
+        if adopted >= RULES {
+            return;
+        }
+        let leading = server.borrow_and_update().current_leader == Some(node.id);
+        // A leader handing over or shutting down must not propose.
+        if leading && !admission.is_closed() {
+            match refusal(&node, &network).await {
+                None => {
+                    let adopt = Command::AdoptRules { rules: RULES };
+                    let proposed = tokio::select! {
+                        proposed = node.propose(None, adopt) => proposed,
+                        _ = stop.changed() => return,
+                    };
+                    match proposed {
+                        Ok(_) => {
+                            tracing::info!(from = adopted, to = RULES, "apply rules adopted");
+                            continue;
+                        }
+                        Err(status) => tracing::debug!(%status, "apply rules not adopted"),
+                    }
+                }
+                Some(why) if why != last_refusal => {
+                    tracing::info!(
+                        rules = RULES,
+                        in_force = adopted,
+                        %why,
+                        "new apply rules wait until every member's build applies them"
+                    );
+                    last_refusal = why;
+                }
+                Some(_) => {}
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(ASK_EVERY) => {}
+            changed = server.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// Why the cluster cannot adopt [`RULES`] now: the members (other than this node) that did not
+/// say their build applies them, with their answers; `None` when all did.
+async fn refusal(node: &NodeRef, network: &Network) -> Option<String> {
+    let members: Vec<(NodeId, String)> = {
+        let metrics = node.raft.metrics();
+        let metrics = metrics.borrow();
+        metrics
+            .membership_config
+            .membership()
+            .nodes()
+            .filter(|(id, _)| **id != node.id)
+            .map(|(id, member)| (*id, member.addr.clone()))
+            .collect()
+    };
+    let answers = join_all(members.iter().map(|(id, addr)| async move {
+        (
+            *id,
+            network.applies_rules(*id, addr, RULES, ASK_LIMIT).await,
+        )
+    }))
+    .await;
+    let refusals: Vec<String> = answers
+        .into_iter()
+        .filter_map(|(id, answer)| {
+            // A failure to reach the member names it already; a refusal in words does not.
+            let why = answer.err()?.to_string();
+            let named = format!("node {id}: ");
+            Some(if why.starts_with(&named) {
+                why
+            } else {
+                named + &why
+            })
+        })
+        .collect();
+    (!refusals.is_empty()).then(|| refusals.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_build_applies_its_rules_and_older_ones_only() {
+        assert_eq!(applies(0), Ok(()));
+        assert_eq!(applies(RULES), Ok(()));
+        let refused = applies(RULES + 1).unwrap_err();
+        assert!(refused.contains(&format!("up to {RULES}")), "{refused}");
+    }
+}
