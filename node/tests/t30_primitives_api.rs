@@ -734,9 +734,9 @@ async fn ttls_past_their_bound_are_refused_before_the_log() {
     cluster.stop().await;
 }
 
-/// A read naming a key no command could have written (empty, or over 512 bytes) is refused as
-/// invalid input, naming the field, rather than answered "not found" (contract §0, Validation):
-/// `seen_fence("")` must not say 0.
+/// A read naming a key no command could have written (empty, or over 512 bytes; a sink resource
+/// over 2 KiB) is refused as invalid input, naming the field, rather than answered "not found"
+/// (contract §0, Validation): `seen_fence("")` must not say 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_of_malformed_keys_are_refused_with_the_field() {
     let cluster = Cluster::start().await;
@@ -745,10 +745,16 @@ async fn reads_of_malformed_keys_are_refused_with_the_field() {
     for key in ["", long.as_str()] {
         assert_eq!(invalid_field(c.ticket(key).await), "key");
         assert_eq!(invalid_field(c.show_action(key).await), "key");
-        assert_eq!(invalid_field(c.read_sink(key).await), "resource");
-        assert_eq!(invalid_field(c.seen_fence(key).await), "resource");
         assert_eq!(invalid_field(c.load(key).await), "run");
     }
+    let longer = "r".repeat(baton_statemachine::limits::MAX_RESOURCE_BYTES + 1);
+    for resource in ["", longer.as_str()] {
+        assert_eq!(invalid_field(c.read_sink(resource).await), "resource");
+        assert_eq!(invalid_field(c.seen_fence(resource).await), "resource");
+    }
+    // A resource as long as a namespaced concurrency key may be read (and written, once the
+    // cluster applies rules 1).
+    assert_eq!(c.seen_fence(&"r".repeat(1_277)).await.unwrap(), 0);
     // Well-formed keys that were never written are still "not found".
     assert_eq!(refusal(c.ticket("none").await), Refusal::UnknownKey);
     assert_eq!(c.seen_fence("none").await.unwrap(), 0);

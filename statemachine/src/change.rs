@@ -20,7 +20,7 @@ use crate::checkpoint::Checkpoint;
 use crate::effect::ActionView;
 use crate::error::Refusal;
 use crate::handoff::Ticket;
-use crate::limits::{MAX_AGENT_BYTES, MAX_KEY_BYTES};
+use crate::limits::{MAX_AGENT_BYTES, MAX_KEY_BYTES, MAX_RESOURCE_BYTES};
 use crate::queue;
 use crate::sink::SinkValue;
 use crate::validate;
@@ -480,11 +480,12 @@ impl ChangeFilter {
                 "must not be combined with an exact key",
             ));
         }
+        // As long as the longest key of any primitive: a fenced-sink resource name.
         if let Some(key) = &self.key {
-            validate::required("filter.key", key, MAX_KEY_BYTES)?;
+            validate::required("filter.key", key, MAX_RESOURCE_BYTES)?;
         }
         if let Some(prefix) = &self.key_prefix {
-            validate::required("filter.key_prefix", prefix, MAX_KEY_BYTES)?;
+            validate::required("filter.key_prefix", prefix, MAX_RESOURCE_BYTES)?;
         }
         if let Some(agent) = &self.ticket_to {
             validate::required("filter.ticket_to", agent, MAX_AGENT_BYTES)?;

@@ -6,6 +6,10 @@
 
 /// Longest key (ticket key, task id, ...) in bytes.
 pub const MAX_KEY_BYTES: usize = 512;
+/// Longest fenced-sink resource name in bytes, from apply rules 1 on ([`crate::rules`]; before,
+/// [`MAX_KEY_BYTES`]): room for a queue namespace, a slash and the longest concurrency key (512 +
+/// 1 + 764 bytes), the name the worker docs fence a key's writes under.
+pub const MAX_RESOURCE_BYTES: usize = 2 << 10;
 /// Longest agent / holder name in bytes.
 pub const MAX_AGENT_BYTES: usize = 256;
 /// Longest address (e.g. a ticket's `reply_to`) in bytes.

@@ -17,7 +17,9 @@
 //! - **0**: every build from before the rules were versioned.
 //! - **1**: a sweep forgets at most [`IDLE_SESSIONS_PER_SWEEP`] idle client sessions (under 0,
 //!   every idle session at once: up to 200,000 sessions and 256 MiB of stored answers freed in
-//!   one apply, on every replica).
+//!   one apply, on every replica); a fenced-sink resource name may be up to
+//!   [`crate::limits::MAX_RESOURCE_BYTES`] long (under 0, a key's 512 bytes: a queue's namespace
+//!   and a long concurrency key, fenced as `"{namespace}/{key}"`, did not fit).
 
 /// The newest rules this build applies.
 pub const RULES: u32 = 1;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Refusal;
-use crate::limits::{MAX_KEY_BYTES, MAX_PAYLOAD_BYTES};
+use crate::limits::{MAX_KEY_BYTES, MAX_PAYLOAD_BYTES, MAX_RESOURCE_BYTES};
 use crate::validate;
 
 /// What a resource holds.
@@ -56,14 +56,21 @@ pub struct Sink {
 }
 
 impl Sink {
-    /// Writes if `fence >= highest seen`; returns the resource after the write.
+    /// Writes if `fence >= highest seen`, under apply `rules` ([`crate::rules`]); returns the
+    /// resource after the write.
     pub fn write(
         &mut self,
+        rules: u32,
         resource: &str,
         fence: u64,
         value: Vec<u8>,
     ) -> Result<SinkValue, Refusal> {
-        validate::required("resource", resource, MAX_KEY_BYTES)?;
+        let longest = if rules >= 1 {
+            MAX_RESOURCE_BYTES
+        } else {
+            MAX_KEY_BYTES
+        };
+        validate::required("resource", resource, longest)?;
         validate::bounded_bytes("value", &value, MAX_PAYLOAD_BYTES)?;
         if fence == 0 {
             return Err(Refusal::invalid("fence", "must be > 0"));
@@ -86,6 +93,11 @@ impl Sink {
         entry.value = value;
         entry.writes += 1;
         Ok(entry.clone())
+    }
+
+    /// Checks a resource name to read: any a write may give under the newest rules.
+    pub fn read_name(resource: &str) -> Result<(), Refusal> {
+        validate::required("resource", resource, MAX_RESOURCE_BYTES)
     }
 
     /// The highest fence a resource has accepted (0 if never written).

@@ -248,7 +248,7 @@ fn run(state: &mut State, stamp: &Stamp, command: &Command) -> Result<Reply, Ref
             value,
         }) => state
             .sink
-            .write(resource, *fence, value.clone())
+            .write(state.rules, resource, *fence, value.clone())
             .map(|written| Reply::Written {
                 seen_fence: written.seen_fence,
                 writes: written.writes,

@@ -1,11 +1,14 @@
 //! Versioned apply rules (`baton_statemachine::rules`): a state applies commands by the rules in
 //! force, which only an `AdoptRules` entry changes, never back; and each rule change holds only
 //! from the entry that adopted it on, so a log replays the same on every build that knows it.
+//! One test per rule change, run under the rules before it and after.
 #![allow(clippy::unwrap_used)]
 
+use baton_statemachine::limits::{MAX_KEY_BYTES, MAX_RESOURCE_BYTES};
+use baton_statemachine::queue::MAX_KEY_CHARS;
 use baton_statemachine::rules::{self, IDLE_SESSIONS_PER_SWEEP, RULES};
 use baton_statemachine::{
-    apply, checkpoint, Command, Envelope, Origin, Reply, Response, Stamp, State,
+    apply, checkpoint, sink, Command, Envelope, Origin, Refusal, Reply, Response, Stamp, State,
     SESSION_IDLE_TTL_MS,
 };
 
@@ -92,4 +95,41 @@ fn from_rules_1_a_sweep_forgets_a_bounded_number_of_idle_sessions() {
     sweep(&mut bounded, idle);
     assert_eq!(bounded.sessions.len(), 0);
     assert!(!bounded.sessions.idle_due(bounded.clock_ms));
+}
+
+fn sink_write(state: &mut State, resource: &str) -> Response {
+    let write = Command::Sink(sink::Command::Write {
+        resource: resource.into(),
+        fence: 1,
+        value: b"v".to_vec(),
+    });
+    apply(state, &envelope(T0, None, write))
+}
+
+fn refused_as_too_long(response: &Response) -> bool {
+    matches!(response, Response::Answer(Err(Refusal::Invalid { field, .. })) if field == "resource")
+}
+
+/// Rules 0: a fenced-sink resource name is a key, at most 512 bytes, so a queue namespace and a
+/// long concurrency key fenced as `"{namespace}/{key}"` do not fit. From rules 1, names up to
+/// `MAX_RESOURCE_BYTES` do.
+#[test]
+fn from_rules_1_a_namespaced_concurrency_key_fits_the_sink() {
+    let namespace = "n".repeat(MAX_KEY_BYTES);
+    let key = "键".repeat(MAX_KEY_CHARS);
+    let resource = format!("{namespace}/{key}");
+    assert!(resource.len() > MAX_KEY_BYTES && resource.len() <= MAX_RESOURCE_BYTES);
+
+    let mut state = State::default();
+    assert!(refused_as_too_long(&sink_write(&mut state, &resource)));
+    assert!(state.sink.read(&resource).is_none());
+
+    adopt(&mut state, 1);
+    assert!(matches!(
+        sink_write(&mut state, &resource),
+        Response::Answer(Ok(Reply::Written { .. }))
+    ));
+    let too_long = "r".repeat(MAX_RESOURCE_BYTES + 1);
+    assert!(refused_as_too_long(&sink_write(&mut state, &too_long)));
+    assert!(state.sink.read(&too_long).is_none());
 }

@@ -2,8 +2,8 @@
 
 use baton_rpc::proto::sink_server;
 use baton_rpc::proto::{SinkReadRequest, SinkReadResponse, SinkWriteRequest, SinkWriteResponse};
-use baton_statemachine::sink::Command;
-use baton_statemachine::{read_key, Command as Cmd, Refusal, Reply};
+use baton_statemachine::sink::{Command, Sink};
+use baton_statemachine::{Command as Cmd, Refusal, Reply};
 use tonic::{Request, Response, Status};
 
 use super::{origin, refused, revision, unexpected};
@@ -52,7 +52,7 @@ impl sink_server::Sink for SinkService {
         request: Request<SinkReadRequest>,
     ) -> Result<Response<SinkReadResponse>, Status> {
         let resource = request.into_inner().resource;
-        read_key("resource", &resource).map_err(refused)?;
+        Sink::read_name(&resource).map_err(refused)?;
         let reply = self
             .node
             .read(|applied| {
