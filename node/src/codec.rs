@@ -1,7 +1,7 @@
 //! The one place that turns Rust values into bytes and back (log entries, votes, snapshots, Raft
 //! RPC bodies), so the encoding can be swapped in one module.
 
-use baton_statemachine::rules::RULES;
+use baton_statemachine::rules;
 use baton_statemachine::State;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -68,8 +68,8 @@ pub fn encode_state_into(
 /// claim hundreds of MiB).
 ///
 /// Refuses the image of a state under apply rules this build does not know
-/// ([`baton_statemachine::rules::RULES`]): the entries after it would be applied by older rules
-/// than every other member's.
+/// ([`rules::known`]): the entries after it would be applied by older rules than every other
+/// member's.
 pub fn decode_state(bytes: &[u8]) -> Result<State, bincode::error::DecodeError> {
     let config = bincode::config::standard();
     let (mut state, mut read): (State, usize) = decode_sized(bytes)?;
@@ -80,13 +80,9 @@ pub fn decode_state(bytes: &[u8]) -> Result<State, bincode::error::DecodeError> 
     if read < bytes.len() {
         state.rules = decode(&bytes[read..])?;
     }
-    if state.rules > RULES {
-        return Err(bincode::error::DecodeError::OtherString(format!(
-            "the state is under apply rules {}; this build applies rules up to {RULES}: run a \
-             newer build",
-            state.rules
-        )));
-    }
+    rules::known(state.rules).map_err(|why| {
+        bincode::error::DecodeError::OtherString(format!("the state's apply rules: {why}"))
+    })?;
     Ok(state)
 }
 
@@ -221,16 +217,16 @@ mod tests {
         for floor in [0, 1_000] {
             let mut state = State::default();
             state.raise_fences(floor);
-            state.rules = RULES;
+            state.rules = rules::RULES;
             let image = encode_state(&state).unwrap();
             let read = decode_state(&image).unwrap();
-            assert_eq!((read.fence_floor, read.rules), (floor, RULES));
+            assert_eq!((read.fence_floor, read.rules), (floor, rules::RULES));
             assert_eq!(read, state);
             let before_rules = decode_sized::<State>(&image).unwrap();
             assert!(before_rules.1 < image.len(), "older builds must refuse it");
         }
         let beyond = State {
-            rules: RULES + 1,
+            rules: rules::RULES + 1,
             ..State::default()
         };
         let refused = decode_state(&encode_state(&beyond).unwrap()).unwrap_err();

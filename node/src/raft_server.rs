@@ -26,7 +26,6 @@ use crate::cluster_id::{OwnCluster, Standing};
 use crate::node::{is_voter, is_voter_id};
 use crate::pre_vote::{self, Contact};
 use crate::raft_wire::{self, Header, Kind};
-use crate::rules_adoption;
 use crate::snapshot_chunks::ChunkIntake;
 use crate::throttle::Throttle;
 use crate::tls::{PeerAcceptor, TLS_REFUSAL};
@@ -431,7 +430,7 @@ async fn handle(local: &Local, frame: Bytes) -> Result<Bytes, String> {
         Kind::Join => raft_wire::answer::<(), String>(&join_if_invited(true).map(drop)),
         Kind::Rules => {
             let rules: u32 = codec::decode(&body).map_err(undecodable)?;
-            raft_wire::answer::<(), String>(&rules_adoption::applies(rules))
+            raft_wire::answer::<(), String>(&baton_statemachine::rules::known(rules))
         }
     };
     answer.map_err(|e| format!("cannot encode the answer: {e}"))

@@ -98,7 +98,8 @@ pub enum Kind {
     /// before the first election (`crate::cluster_id`). No message.
     Join = 6,
     /// Does the peer's build apply these rules? The leader asks every member before it has the
-    /// cluster adopt them (`crate::rules_adoption`). A build from before this request answers it
+    /// cluster adopt them (`crate::rules_adoption`); the answer is yes or, in words, no
+    /// (`baton_statemachine::rules::known`). A build from before this request answers it
     /// `Failed` (an unknown kind), which counts as no.
     Rules = 7,
 }

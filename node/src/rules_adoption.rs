@@ -10,9 +10,9 @@
 //! [`ASK_EVERY`] while it leads and the cluster's rules are older than its build's. Once they are
 //! not, on any node, the task ends.
 //!
-//! A member added later with an older build stops at the adopting entry or at a snapshot under
-//! the new rules (it can read neither), saying so, rather than apply entries by other rules than
-//! the rest.
+//! A member added later with an older build stops (or, from before versioned rules, falls behind)
+//! at the adopting entry or at a snapshot under the new rules, which it cannot read, rather than
+//! apply entries by other rules than the rest.
 //!
 //! [`Kind::Rules`]: crate::raft_wire::Kind::Rules
 
@@ -35,17 +35,6 @@ pub const ASK_EVERY: Duration = Duration::from_secs(5);
 /// How long a member has to answer.
 const ASK_LIMIT: Duration = Duration::from_secs(1);
 
-/// The answer to a peer asking whether this node's build applies `rules`.
-pub fn applies(rules: u32) -> Result<(), String> {
-    if rules <= RULES {
-        Ok(())
-    } else {
-        Err(format!(
-            "this node's build applies rules up to {RULES}, not {rules}"
-        ))
-    }
-}
-
 /// Has the cluster adopt [`RULES`] while this node leads, until the applied state is under them
 /// or `stop` turns true.
 pub async fn run(
@@ -55,7 +44,8 @@ pub async fn run(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut server = node.raft.server_metrics();
-    let mut last_refusal = String::new();
+    // The members that last held the adoption back, said once per change.
+    let mut holding_back = Vec::new();
     loop {
         let adopted = node.state_machine.read().state.rules;
         if adopted >= RULES {
@@ -64,31 +54,38 @@ pub async fn run(
         let leading = server.borrow_and_update().current_leader == Some(node.id);
         // A leader handing over or shutting down must not propose.
         if leading && !admission.is_closed() {
-            match refusal(&node, &network).await {
-                None => {
-                    let adopt = Command::AdoptRules { rules: RULES };
-                    let proposed = tokio::select! {
-                        proposed = node.propose(None, adopt) => proposed,
-                        _ = stop.changed() => return,
-                    };
-                    match proposed {
-                        Ok(_) => {
-                            tracing::info!(from = adopted, to = RULES, "apply rules adopted");
-                            continue;
-                        }
-                        Err(status) => tracing::debug!(%status, "apply rules not adopted"),
+            let refusals = tokio::select! {
+                refusals = refusals(&node, &network) => refusals,
+                _ = stop.changed() => return,
+            };
+            if refusals.is_empty() {
+                let adopt = Command::AdoptRules { rules: RULES };
+                let proposed = tokio::select! {
+                    proposed = node.propose(None, adopt) => proposed,
+                    _ = stop.changed() => return,
+                };
+                match proposed {
+                    Ok(_) => {
+                        tracing::info!(from = adopted, to = RULES, "apply rules adopted");
+                        continue;
                     }
+                    Err(status) => tracing::debug!(%status, "apply rules not adopted"),
                 }
-                Some(why) if why != last_refusal => {
+            } else {
+                let ids: Vec<NodeId> = refusals.iter().map(|(id, _)| *id).collect();
+                if ids != holding_back {
+                    let why: Vec<String> = refusals
+                        .iter()
+                        .map(|(id, why)| format!("node {id}: {why}"))
+                        .collect();
                     tracing::info!(
                         rules = RULES,
                         in_force = adopted,
-                        %why,
+                        why = why.join("; "),
                         "new apply rules wait until every member's build applies them"
                     );
-                    last_refusal = why;
+                    holding_back = ids;
                 }
-                Some(_) => {}
             }
         }
         tokio::select! {
@@ -104,8 +101,8 @@ pub async fn run(
 }
 
 /// Why the cluster cannot adopt [`RULES`] now: the members (other than this node) that did not
-/// say their build applies them, with their answers; `None` when all did.
-async fn refusal(node: &NodeRef, network: &Network) -> Option<String> {
+/// say their build applies them, with their answers; none when all did.
+async fn refusals(node: &NodeRef, network: &Network) -> Vec<(NodeId, String)> {
     let members: Vec<(NodeId, String)> = {
         let metrics = node.raft.metrics();
         let metrics = metrics.borrow();
@@ -124,33 +121,13 @@ async fn refusal(node: &NodeRef, network: &Network) -> Option<String> {
         )
     }))
     .await;
-    let refusals: Vec<String> = answers
+    answers
         .into_iter()
         .filter_map(|(id, answer)| {
             // A failure to reach the member names it already; a refusal in words does not.
             let why = answer.err()?.to_string();
-            let named = format!("node {id}: ");
-            Some(if why.starts_with(&named) {
-                why
-            } else {
-                named + &why
-            })
+            let why = why.strip_prefix(&format!("node {id}: ")).unwrap_or(&why);
+            Some((id, why.to_string()))
         })
-        .collect();
-    (!refusals.is_empty()).then(|| refusals.join("; "))
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-
-    use super::*;
-
-    #[test]
-    fn a_build_applies_its_rules_and_older_ones_only() {
-        assert_eq!(applies(0), Ok(()));
-        assert_eq!(applies(RULES), Ok(()));
-        let refused = applies(RULES + 1).unwrap_err();
-        assert!(refused.contains(&format!("up to {RULES}")), "{refused}");
-    }
+        .collect()
 }

@@ -76,6 +76,9 @@ struct Situation {
     since_last: Duration,
     /// Whether the last sweep left expiries due (its budget or bound was reached).
     backlog: bool,
+    /// Whether the last sweep left idle client sessions (its bound on them was reached: apply
+    /// rules 1 on, `baton_statemachine::rules`).
+    sessions_left: bool,
 }
 
 /// What to do next.
@@ -92,14 +95,18 @@ fn next(situation: Situation, every: Duration) -> Next {
     if !situation.leading {
         return Next::Wait(every);
     }
-    let spacing = if situation.backlog {
+    let spacing = if situation.backlog || situation.sessions_left {
         Duration::ZERO
     } else {
         SWEEP_SPACING
             .min(every)
             .saturating_sub(situation.since_last)
     };
-    let sessions_in = SESSION_SWEEP_EVERY.saturating_sub(situation.since_last);
+    let sessions_in = if situation.sessions_left {
+        Duration::ZERO
+    } else {
+        SESSION_SWEEP_EVERY.saturating_sub(situation.since_last)
+    };
     let due_in = situation
         .next_due_ms
         .map_or(Duration::MAX, |due| {
@@ -132,7 +139,7 @@ pub async fn run(
     let mut server = node.raft.server_metrics();
     let (mut watching, mut watching_server) = (true, true);
     let mut last_sweep = Instant::now();
-    let mut backlog = false;
+    let (mut backlog, mut sessions_left) = (false, false);
     loop {
         // Seen from here on: a change applied after this wakes the wait below.
         applied.borrow_and_update();
@@ -152,6 +159,7 @@ pub async fn run(
                 wall_ms,
                 since_last: last_sweep.elapsed(),
                 backlog,
+                sessions_left,
             }
         };
         match next(situation, every) {
@@ -169,11 +177,11 @@ pub async fn run(
             }
             Next::Sweep => {
                 last_sweep = Instant::now();
-                backlog = false;
-                let bound = {
+                (backlog, sessions_left) = (false, false);
+                let (bound, now_ms) = {
                     let applied = node.state_machine.read();
                     let now_ms = wall_clock_ms().max(applied.state.clock_ms);
-                    applied.state.sweep_bound(now_ms, budget)
+                    (applied.state.sweep_bound(now_ms, budget), now_ms)
                 };
                 let command = Command::SweepAtMost {
                     expiries: bound.expiries,
@@ -187,10 +195,10 @@ pub async fn run(
                 match proposed {
                     Ok(reply) => {
                         tracing::debug!(?reply, bound = bound.expiries, "swept");
-                        // Idle sessions are forgotten a bounded number per sweep from rules 1 on
-                        // (`baton_statemachine::rules`): the next sweep takes the rest.
-                        let state = &node.state_machine.read().state;
-                        backlog = bound.more_due || state.sessions.idle_due(state.clock_ms);
+                        backlog = bound.more_due;
+                        // The sweep was stamped at `now_ms` or later: a session idle at `now_ms`
+                        // and still remembered was left by its bound (apply rules 1 on).
+                        sessions_left = node.state_machine.read().state.sessions.idle_due(now_ms);
                     }
                     Err(status) => tracing::debug!(%status, "sweep not applied"),
                 }
@@ -217,6 +225,7 @@ mod tests {
             wall_ms: NOW,
             since_last: Duration::from_millis(since_last_ms),
             backlog,
+            sessions_left: false,
         }
     }
 
@@ -273,6 +282,17 @@ mod tests {
         // A sweep interval shorter than the spacing shortens it.
         let short = Duration::from_millis(10);
         assert_eq!(next(leader(Some(NOW - 10), 4, false), short), wait(6));
+    }
+
+    #[test]
+    fn a_sweep_that_left_idle_sessions_is_followed_by_the_next_at_once() {
+        for since_last_ms in [0, 20, 5_000] {
+            let left = Situation {
+                sessions_left: true,
+                ..leader(None, since_last_ms, false)
+            };
+            assert_eq!(next(left, EVERY), Next::Sweep, "{since_last_ms} ms after");
+        }
     }
 
     #[test]

@@ -28,11 +28,14 @@ pub const RULES: u32 = 1;
 /// once while more are idle, so a table of idle sessions is forgotten in bounded steps.
 pub const IDLE_SESSIONS_PER_SWEEP: usize = 10_000;
 
-/// The rules `command` asks this build to adopt when they are newer than it applies ([`RULES`]),
-/// so a node can stop rather than apply the entry, and those after it, by rules it does not know.
-pub fn beyond_this_build(command: &crate::Command) -> Option<u32> {
-    match command {
-        crate::Command::AdoptRules { rules } if *rules > RULES => Some(*rules),
-        _ => None,
+/// Whether this build applies `rules`; when it does not, why, in words for an operator: a node
+/// stops rather than apply commands by rules it does not know, and says so to a leader asking.
+pub fn known(rules: u32) -> Result<(), String> {
+    if rules <= RULES {
+        Ok(())
+    } else {
+        Err(format!(
+            "this build applies rules up to {RULES}, not {rules}: run a newer build"
+        ))
     }
 }

@@ -68,12 +68,11 @@ fn rules_are_adopted_by_an_entry_and_never_go_back() {
 }
 
 #[test]
-fn a_build_knows_which_adoptions_are_beyond_it() {
-    let beyond = |rules| rules::beyond_this_build(&Command::AdoptRules { rules });
-    assert_eq!(beyond(RULES), None);
-    assert_eq!(beyond(0), None);
-    assert_eq!(beyond(RULES + 1), Some(RULES + 1));
-    assert_eq!(rules::beyond_this_build(&Command::Sweep), None);
+fn a_build_knows_its_rules_and_older_ones_only() {
+    assert_eq!(rules::known(0), Ok(()));
+    assert_eq!(rules::known(RULES), Ok(()));
+    let unknown = rules::known(RULES + 1).unwrap_err();
+    assert!(unknown.contains("run a newer build"), "{unknown}");
 }
 
 /// Rules 0: one sweep forgets every idle client session. Rules 1: at most

@@ -135,11 +135,12 @@ fn on_nodes(groups: &BTreeMap<&str, Vec<u64>>) -> String {
         .join(", ")
 }
 
-/// `status`'s line on the apply rules the `members` apply commands by (the newest any of them
-/// shows: a lagging member has not applied the adopting entry yet), and on newer rules a build
-/// among them applies: waiting for the members whose builds do not (upgrade them), or about to
-/// be adopted. `None` before any member reports rules (versions before they were versioned).
-fn rules_line(members: &[&NodeInfoResponse]) -> Option<String> {
+/// `status`'s line on the apply rules the `members` that answered apply commands by (the newest
+/// any of them shows: a lagging member has not applied the adopting entry yet), and on newer
+/// rules a build among them applies: waiting for the members whose builds do not (upgrade them)
+/// or for the `unreachable` ones (the leader must hear from every member), or about to be
+/// adopted. `None` before any member reports rules (versions before they were versioned).
+fn rules_line(members: &[&NodeInfoResponse], unreachable: &[u64]) -> Option<String> {
     let in_force = members.iter().map(|info| info.apply_rules).max()?;
     let newest = members
         .iter()
@@ -156,12 +157,21 @@ fn rules_line(members: &[&NodeInfoResponse]) -> Option<String> {
         .filter(|info| info.apply_rules_supported < newest)
         .map(|info| info.id)
         .collect();
-    Some(if behind.is_empty() {
+    let mut waiting = Vec::new();
+    if !behind.is_empty() {
+        waiting.push(format!(
+            "until nodes {behind:?} run a build that applies them"
+        ));
+    }
+    if !unreachable.is_empty() {
+        waiting.push(format!("for unreachable nodes {unreachable:?}"));
+    }
+    Some(if waiting.is_empty() {
         format!("apply rules: {in_force} (adopting {newest})")
     } else {
         format!(
-            "apply rules: {in_force} (rules {newest} wait until nodes {behind:?} run a build \
-             that applies them)"
+            "apply rules: {in_force} (rules {newest} wait {})",
+            waiting.join(" and ")
         )
     })
 }
@@ -434,7 +444,12 @@ pub async fn status(
             .filter_map(|(_, _, _, info)| info.as_ref())
             .filter(ours)
             .collect();
-        if let Some(line) = rules_line(&members) {
+        let unreachable: Vec<u64> = rows
+            .iter()
+            .filter(|(_, _, _, info)| info.is_none())
+            .map(|(id, _, _, _)| *id)
+            .collect();
+        if let Some(line) = rules_line(&members, &unreachable) {
             out!("{line}");
         }
     }
@@ -552,7 +567,8 @@ mod tests {
             apply_rules_supported,
             ..NodeInfoResponse::default()
         };
-        let line = |members: &[NodeInfoResponse]| rules_line(&members.iter().collect::<Vec<_>>());
+        let line =
+            |members: &[NodeInfoResponse]| rules_line(&members.iter().collect::<Vec<_>>(), &[]);
         // Every member from before versioned rules: nothing to say.
         assert_eq!(line(&[member(1, 0, 0), member(2, 0, 0)]), None);
         assert_eq!(
@@ -566,6 +582,20 @@ mod tests {
         assert_eq!(
             line(&[member(1, 0, 1), member(2, 0, 1)]).as_deref(),
             Some("apply rules: 0 (adopting 1)")
+        );
+        // A member that did not answer holds the adoption back too.
+        let answered = [member(1, 0, 1), member(2, 0, 1)];
+        assert_eq!(
+            rules_line(&answered.iter().collect::<Vec<_>>(), &[3]).as_deref(),
+            Some("apply rules: 0 (rules 1 wait for unreachable nodes [3])")
+        );
+        let answered = [member(1, 0, 1), member(2, 0, 0)];
+        assert_eq!(
+            rules_line(&answered.iter().collect::<Vec<_>>(), &[3]).as_deref(),
+            Some(
+                "apply rules: 0 (rules 1 wait until nodes [2] run a build that applies them and \
+                 for unreachable nodes [3])"
+            )
         );
     }
 }

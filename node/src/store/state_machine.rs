@@ -14,8 +14,8 @@ use std::io::Cursor;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
-use baton_statemachine::rules::{self, RULES};
-use baton_statemachine::{apply_with_changes, State};
+use baton_statemachine::rules;
+use baton_statemachine::{apply_with_changes, Command, State};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
     BasicNode, Entry, EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder, SnapshotMeta,
@@ -333,8 +333,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let before = applied.last_applied;
         let mut unknown_rules = None;
         for entry in entries {
-            if let Some(rules) = rules_beyond_this_build(&entry) {
-                unknown_rules = Some((entry.log_id, rules));
+            if let Some(why) = unknown_rules_adopted(&entry) {
+                unknown_rules = Some((entry.log_id, why));
                 break;
             }
             applied.last_applied = Some(entry.log_id);
@@ -378,15 +378,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             self.history.record(changed, after.map_or(0, |id| id.index));
             self.bump(after);
         }
-        if let Some((log_id, rules)) = unknown_rules {
+        if let Some((log_id, why)) = unknown_rules {
             // Raft stops on this error and the node exits saying why: applying the entry, or any
             // after it, by older rules would leave this replica different from the others.
             return Err(io_error(
                 ErrorSubject::Apply(log_id),
                 ErrorVerb::Write,
                 std::io::Error::other(format!(
-                    "entry {} adopts apply rules {rules}; this build applies rules up to {RULES}: \
-                     run a newer build on this node",
+                    "entry {} adopts new apply rules, and {why}",
                     log_id.index
                 )),
             ));
@@ -465,15 +464,18 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 }
 
-/// The apply rules `entry` adopts when this build does not know them
-/// ([`rules::beyond_this_build`]).
-fn rules_beyond_this_build(entry: &Entry<TypeConfig>) -> Option<u32> {
-    match &entry.payload {
-        EntryPayload::Normal(Batch(envelopes)) => envelopes
-            .iter()
-            .find_map(|envelope| rules::beyond_this_build(&envelope.command)),
-        _ => None,
-    }
+/// Why this build cannot apply `entry`: it adopts apply rules the build does not know
+/// ([`rules::known`]).
+fn unknown_rules_adopted(entry: &Entry<TypeConfig>) -> Option<String> {
+    let EntryPayload::Normal(Batch(envelopes)) = &entry.payload else {
+        return None;
+    };
+    envelopes
+        .iter()
+        .find_map(|envelope| match envelope.command {
+            Command::AdoptRules { rules } => rules::known(rules).err(),
+            _ => None,
+        })
 }
 
 #[cfg(test)]
@@ -547,7 +549,8 @@ mod tests {
     /// then stops the node), with the entries before it applied; rules it knows are adopted.
     #[tokio::test]
     async fn an_entry_adopting_unknown_rules_is_not_applied() {
-        use baton_statemachine::{Command, Envelope, Stamp};
+        use baton_statemachine::rules::RULES;
+        use baton_statemachine::{Envelope, Stamp};
 
         let dir = tempfile::tempdir().unwrap();
         let (_log, mut sm) = crate::store::open(dir.path()).unwrap();

@@ -208,6 +208,18 @@ impl Cluster {
         let client = Client::connect_with_security(&[addr.as_str()], config, client)
             .await
             .unwrap();
+        // The node has the cluster adopt its apply rules with an entry of its own as soon as it
+        // leads: tests that count entries start after it.
+        let adopted = async {
+            while client.node_info(&addr).await.unwrap().apply_rules
+                != baton_statemachine::rules::RULES
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), adopted)
+            .await
+            .expect("the node adopted its apply rules");
         Cluster {
             client,
             addr,
