@@ -255,9 +255,11 @@ impl Procs {
         }
     }
 
-    /// Runs the `baton` command line (with a time limit) and returns its output.
+    /// Runs the `baton` command line (with a time limit) and returns its output. The output is
+    /// read while the command runs: one that fills a pipe (64 KiB) would otherwise wait for a
+    /// reader for ever, and the time limit would call it hung.
     pub fn cli(&self, args: &[&str]) -> anyhow::Result<Output> {
-        let mut child = Command::new(&self.bin)
+        let child = Command::new(&self.bin)
             .args(args)
             .env_remove("BATON_TOKEN")
             .env_remove("BATON_ENDPOINTS")
@@ -266,15 +268,21 @@ impl Procs {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()?;
-        let started = Instant::now();
-        while child.try_wait()?.is_none() {
-            if started.elapsed() > Duration::from_secs(60) {
-                let _ = child.kill();
+        let pid = child.id();
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = done.send(child.wait_with_output());
+        });
+        match finished.recv_timeout(Duration::from_secs(60)) {
+            Ok(output) => Ok(output?),
+            Err(_) => {
+                // Not reaped yet (its waiter still waits), so the pid is still the command's.
+                let _ = Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status();
                 bail!("baton {args:?} did not finish within 60s");
             }
-            std::thread::sleep(Duration::from_millis(20));
         }
-        Ok(child.wait_with_output()?)
     }
 
     /// Node `id`'s whole log.

@@ -116,8 +116,17 @@ fn generate(
         ),
     }
     let ca_key = KeyPair::from_pem(&read(&ca_key_path)?).context("unreadable CA key")?;
-    let issuer = Issuer::from_ca_cert_pem(&read(&ca_cert_path)?, ca_key)
-        .context("unreadable CA certificate")?;
+    let ca_cert = read(&ca_cert_path)?;
+    // A key from another CA would sign certificates that verify against neither: nothing is
+    // made (rcgen signs with the key it is given whatever the certificate says).
+    anyhow::ensure!(
+        certified_key(&ca_cert)? == ca_key.public_key_raw(),
+        "{} and {} are not a pair (the key is not the one the certificate is for): put back the \
+         key this CA was made with, or move both away to make a new CA",
+        ca_cert_path.display(),
+        ca_key_path.display()
+    );
+    let issuer = Issuer::from_ca_cert_pem(&ca_cert, ca_key).context("unreadable CA certificate")?;
 
     let mut params = CertificateParams::new(if client { Vec::new() } else { hosts.to_vec() })
         .context("invalid host name")?;
@@ -141,6 +150,14 @@ fn generate(
     write_pair((&cert_path, &cert.pem()), (&key_path, &key.serialize_pem()))?;
     written.extend([cert_path, key_path]);
     Ok(written)
+}
+
+/// The public key a PEM certificate is for, as its raw bytes.
+fn certified_key(pem: &str) -> anyhow::Result<Vec<u8>> {
+    let (_, pem) =
+        x509_parser::pem::parse_x509_pem(pem.as_bytes()).context("unreadable CA certificate")?;
+    let cert = pem.parse_x509().context("unreadable CA certificate")?;
+    Ok(cert.public_key().subject_public_key.data.to_vec())
 }
 
 fn new_ca() -> anyhow::Result<(String, String)> {
@@ -227,6 +244,25 @@ mod tests {
         std::fs::write(out.join("ca-key.pem"), "key").unwrap();
         assert!(generate(out, "node2", &hosts, false).is_err());
         assert!(!out.join("ca.pem").exists());
+    }
+
+    #[test]
+    fn a_ca_certificate_with_another_cas_key_is_refused_and_nothing_is_written() {
+        let (dir, other) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let hosts = ["127.0.0.1".to_string()];
+        generate(dir.path(), "node1", &hosts, false).unwrap();
+        generate(other.path(), "node1", &hosts, false).unwrap();
+        // The pair as it is still issues.
+        generate(dir.path(), "node2", &hosts, false).unwrap();
+        std::fs::copy(
+            other.path().join("ca-key.pem"),
+            dir.path().join("ca-key.pem"),
+        )
+        .unwrap();
+        let error = generate(dir.path(), "node3", &hosts, false).unwrap_err();
+        assert!(format!("{error:#}").contains("not a pair"), "{error:#}");
+        assert!(!dir.path().join("node3.pem").exists());
+        assert!(!dir.path().join("node3-key.pem").exists());
     }
 
     #[test]
