@@ -23,6 +23,8 @@ use baton_statemachine::Refusal;
 async fn a_saved_snapshot_restores_into_a_new_cluster_that_continues_above_it() {
     // The source cluster: a claimed task (fence 2 after two claims), a checkpoint.
     let source = Cluster::start(3, Options::default()).await.unwrap();
+    // The file is to show the rules this build's cluster adopts.
+    source.wait_rules_adopted().await.unwrap();
     let client = source.client().await.unwrap();
     client
         .seed(&[TaskSpec {
@@ -65,7 +67,10 @@ async fn a_saved_snapshot_restores_into_a_new_cluster_that_continues_above_it() 
         .output()
         .unwrap();
     assert!(inspect.status.success(), "{}", show(&inspect));
-    assert!(String::from_utf8_lossy(&inspect.stdout).contains("checksum ok"));
+    let printed = String::from_utf8_lossy(&inspect.stdout);
+    assert!(printed.contains("checksum ok"), "{printed}");
+    let rules = format!("\napply rules: {}\n", baton_statemachine::rules::RULES);
+    assert!(printed.contains(&rules), "{printed}");
     drop(source);
 
     // A new three-node cluster on new addresses, seeded from the file.

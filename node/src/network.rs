@@ -456,6 +456,38 @@ impl Network {
         self.ask(target, addr, Kind::Rules, &rules, limit).await
     }
 
+    /// What the build of node `target` at `addr`, a member or not yet one, says of `rules`
+    /// (`members add` asks before the node joins), within `limit`.
+    pub async fn rules_verdict(
+        &self,
+        target: NodeId,
+        addr: &str,
+        rules: u32,
+        limit: Duration,
+    ) -> RulesVerdict {
+        match self
+            .exchange(target, addr, Kind::Rules, &rules, limit)
+            .await
+        {
+            Ok((Outcome::Answered, _)) => RulesVerdict::Applies,
+            Ok((Outcome::Refused, body)) => match codec::decode::<String>(&body) {
+                Ok(why) => RulesVerdict::AppliesNot(why),
+                Err(e) => RulesVerdict::Unknown(format!("node {target}: undecodable answer: {e}")),
+            },
+            Ok((Outcome::Failed, body)) => {
+                let why = String::from_utf8_lossy(&body);
+                if why.starts_with(UNKNOWN_KIND) {
+                    RulesVerdict::AppliesNot(
+                        "its build is from before versioned apply rules: run a newer build".into(),
+                    )
+                } else {
+                    RulesVerdict::Unknown(format!("node {target}: {why}"))
+                }
+            }
+            Err(declined) => RulesVerdict::Unknown(declined.to_string()),
+        }
+    }
+
     /// Sends `target` a request of Baton's own whose answer is a yes or a refusal in words.
     async fn ask<T: Serialize>(
         &self,
@@ -465,21 +497,7 @@ impl Network {
         message: &T,
         limit: Duration,
     ) -> Result<(), Declined> {
-        let deadline = call_deadline(Instant::now(), limit);
-        let addr = self.address(target, addr);
-        let frame = raft_wire::request(kind, self.header(target), message)
-            .map_err(|e| Declined::Refused(e.to_string()))?;
-        let (outcome, body) = self
-            .call(target, &addr, (kind, Traffic::Other), frame, deadline)
-            .await
-            .map_err(|failure| {
-                let why = format!("node {target}: {}", failure.why);
-                if failure.delivery == Delivery::Sent {
-                    Declined::Unanswered(why)
-                } else {
-                    Declined::Refused(why)
-                }
-            })?;
+        let (outcome, body) = self.exchange(target, addr, kind, message, limit).await?;
         match outcome {
             Outcome::Answered => Ok(()),
             Outcome::Refused => Err(Declined::Refused(
@@ -492,6 +510,48 @@ impl Network {
             ))),
         }
     }
+
+    /// Sends `target` a request of Baton's own: the answer's outcome and body, or why none came.
+    async fn exchange<T: Serialize>(
+        &self,
+        target: NodeId,
+        addr: &str,
+        kind: Kind,
+        message: &T,
+        limit: Duration,
+    ) -> Result<(Outcome, Bytes), Declined> {
+        let deadline = call_deadline(Instant::now(), limit);
+        let addr = self.address(target, addr);
+        let frame = raft_wire::request(kind, self.header(target), message)
+            .map_err(|e| Declined::Refused(e.to_string()))?;
+        self.call(target, &addr, (kind, Traffic::Other), frame, deadline)
+            .await
+            .map_err(|failure| {
+                let why = format!("node {target}: {}", failure.why);
+                if failure.delivery == Delivery::Sent {
+                    Declined::Unanswered(why)
+                } else {
+                    Declined::Refused(why)
+                }
+            })
+    }
+}
+
+/// How a build that does not know a request kind fails it (every build so far: the words of
+/// [`raft_wire::WireError::UnknownKind`]).
+const UNKNOWN_KIND: &str = "unknown request kind";
+
+/// What a node's build says of a version of the apply rules ([`Network::rules_verdict`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RulesVerdict {
+    /// It applies them.
+    Applies,
+    /// It does not, for the reason given: it answered no, or its build is older than the
+    /// question (it fails it as an unknown request).
+    AppliesNot(String),
+    /// No answer that says either: the node could not be reached, or refused the request itself
+    /// (it belongs to another cluster, say).
+    Unknown(String),
 }
 
 /// Why a peer did not say yes to one of Baton's own requests.
@@ -1119,6 +1179,38 @@ mod tests {
         assert!(network.peers.lock().unwrap()[&2].quiet_until.is_none());
         assert!(vote_through_new_client(&mut network, &peer.addr).await);
         assert_eq!(peer.accepted.load(SeqCst), 2);
+    }
+
+    /// Asked of a node being added, the same failure is a build that does not apply the rules;
+    /// a refusal of the request itself, or no connection, says nothing of its build.
+    #[tokio::test]
+    async fn what_a_node_being_added_says_of_the_rules() {
+        let rules = baton_statemachine::rules::RULES;
+        let limit = Duration::from_millis(500);
+        let older = StandIn::start().await;
+        let network = Network::default();
+        let verdict = network.rules_verdict(2, &older.addr, rules, limit).await;
+        assert!(
+            matches!(&verdict, RulesVerdict::AppliesNot(why) if why.contains("from before")),
+            "{verdict:?}"
+        );
+        let refusing = StandIn::start().await;
+        refusing.refuse.store(true, SeqCst);
+        let verdict = Network::default()
+            .rules_verdict(2, &refusing.addr, rules, limit)
+            .await;
+        assert!(
+            matches!(&verdict, RulesVerdict::Unknown(why) if why.contains("not this node")),
+            "{verdict:?}"
+        );
+        let closed = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().to_string()
+        };
+        let verdict = Network::default()
+            .rules_verdict(2, &closed, rules, limit)
+            .await;
+        assert!(matches!(verdict, RulesVerdict::Unknown(_)), "{verdict:?}");
     }
 
     /// A refusal closes the connection, and the next call does not dial again at once: a

@@ -273,9 +273,11 @@ impl Local {
                 self.id, header.to, header.to
             )
         } else {
+            // The rules question changes nothing, and `members add` asks it before the node
+            // joins: a new node answers it as it would an invitation, without taking one.
             let inviting = matches!(
                 kind,
-                Kind::AppendEntries | Kind::InstallSnapshot | Kind::Join
+                Kind::AppendEntries | Kind::InstallSnapshot | Kind::Join | Kind::Rules
             );
             match self.cluster.admit(header.cluster, inviting) {
                 Ok(standing) => return Ok(standing),

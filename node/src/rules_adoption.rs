@@ -10,9 +10,11 @@
 //! [`ASK_EVERY`] while it leads and the cluster's rules are older than its build's. Once they are
 //! not, on any node, the task ends.
 //!
-//! A member added later with an older build stops (or, from before versioned rules, falls behind)
-//! at the adopting entry or at a snapshot under the new rules, which it cannot read, rather than
-//! apply entries by other rules than the rest.
+//! Adding a member asks it the same question first, about the rules in force, and refuses a node
+//! whose build says no (`crate::service::cluster`). One that could not be asked and runs an older
+//! build stops (or, from before versioned rules, falls behind) at the adopting entry or at a
+//! snapshot under the new rules, which it cannot read, rather than apply entries by other rules
+//! than the rest.
 //!
 //! [`Kind::Rules`]: crate::raft_wire::Kind::Rules
 

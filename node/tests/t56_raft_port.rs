@@ -534,3 +534,146 @@ async fn beyond_the_connection_limit_clients_are_closed_and_peers_still_served()
     }
     cluster.stop().await;
 }
+
+/// Node `id` started without a cluster (as `baton members add` finds one), stopped through the
+/// sender: its address, the server and the data dir.
+async fn bare_node(
+    id: NodeId,
+) -> (
+    String,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+    tempfile::TempDir,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let config = baton_node::config::NodeConfig::new(
+        id,
+        listener.local_addr().unwrap(),
+        dir.path().join(format!("node-{id}")),
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(baton_node::server::serve(config, listener, async move {
+        let _ = stopped.await;
+    }));
+    (addr, stop, server, dir)
+}
+
+/// Asks the node at `addr` over a fresh Raft connection whether its build applies `rules`.
+async fn ask_rules(addr: &str, header: Header, rules: u32) -> (Outcome, bytes::Bytes) {
+    let mut link = raft_link(addr).await;
+    link.send(raft_wire::request(Kind::Rules, header, &rules).unwrap())
+        .await
+        .unwrap();
+    next_answer(&mut link).await.expect("an answer")
+}
+
+/// Claim: a node not in a cluster yet answers the apply rules question from a cluster it has not
+/// joined (`members add` asks it before the node joins) and joins nothing by it; a member of
+/// another cluster still refuses the question. Before, the new node refused it as from a cluster
+/// it had not joined, and a node whose build could not follow was added all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_node_answers_the_rules_question_before_it_joins() {
+    use baton_statemachine::rules::RULES;
+    let (addr, stop, server, _dir) = bare_node(1).await;
+    let client = baton_rpc::Client::new(&[addr.as_str()], Default::default()).unwrap();
+    let inviting = Header {
+        cluster: Some(ClusterId::random()),
+        to: 1,
+    };
+    let (outcome, _) = ask_rules(&addr, inviting, RULES).await;
+    assert_eq!(
+        outcome,
+        Outcome::Answered,
+        "its build applies rules {RULES}"
+    );
+    let (outcome, why) = ask_rules(&addr, inviting, RULES + 1).await;
+    assert_eq!(outcome, Outcome::Refused);
+    let why: String = baton_node::codec::decode(&why).unwrap();
+    assert!(
+        why.contains(&format!("up to {RULES}, not {}", RULES + 1)),
+        "{why}"
+    );
+    let info = client.node_info(&addr).await.unwrap();
+    assert!(!info.initialized);
+    assert_eq!(info.cluster_id, "", "the question invited it into nothing");
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+
+    let cluster = Cluster::start().await;
+    let foreign = Header {
+        cluster: Some(ClusterId::random()),
+        ..header_of(&cluster).await
+    };
+    let (outcome, why) = ask_rules(&cluster.addr, foreign, RULES).await;
+    assert_eq!(outcome, Outcome::Failed);
+    let why = String::from_utf8(why.to_vec()).unwrap();
+    assert!(why.contains("refused"), "{why}");
+    let (outcome, _) = ask_rules(&cluster.addr, header_of(&cluster).await, RULES).await;
+    assert_eq!(outcome, Outcome::Answered, "its own cluster's question");
+    cluster.stop().await;
+}
+
+/// A stand-in for a node being added that answers every Raft request with `answer` and closes
+/// the connection: its address.
+async fn answering_stand_in(answer: bytes::Bytes) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let mut preamble = [0u8; raft_wire::PREAMBLE.len()];
+                if stream.read_exact(&mut preamble).await.is_err() {
+                    return;
+                }
+                let mut link = raft_wire::link(Box::new(stream));
+                if let Some(Ok(_request)) = link.next().await {
+                    let _ = link.send(answer).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Claim: `AddLearner` refuses (`MEMBERSHIP`) a node whose build does not apply the cluster's
+/// apply rules — one from before versioned rules fails the question as an unknown request, a
+/// newer one under older rules says no — naming why, and the membership stays as it was. A node
+/// whose build applies them is added. Before, both were added, to stop or fall behind at their
+/// first entries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adding_a_node_whose_build_cannot_follow_the_rules_is_refused() {
+    use baton_statemachine::rules::RULES;
+    let cluster = Cluster::start().await;
+    let client = &cluster.client;
+    let older = raft_wire::failed("unknown request kind 7");
+    let no = raft_wire::answer::<(), String>(&Err(format!(
+        "this build applies rules up to {}, not {RULES}: run a newer build",
+        RULES - 1
+    )))
+    .unwrap();
+    for (answer, says) in [
+        (older, "from before versioned apply rules".to_string()),
+        (no, format!("this build applies rules up to {}", RULES - 1)),
+    ] {
+        let addr = answering_stand_in(answer).await;
+        match client.add_learner(2, &addr).await {
+            Err(baton_rpc::Error::Server { code, message }) => {
+                assert_eq!(code, "MEMBERSHIP");
+                assert!(message.contains(&says), "{message}");
+                assert!(message.contains(&format!("node 2 at {addr}")), "{message}");
+            }
+            other => panic!("{says}: {other:?}"),
+        }
+        let info = client.node_info(&cluster.addr).await.unwrap();
+        assert_eq!(info.members.len(), 1, "{says}: {:?}", info.members);
+    }
+    let (addr, stop, server, _dir) = bare_node(2).await;
+    let added = client.add_learner(2, &addr).await.unwrap();
+    assert_eq!(added.members.len(), 2, "{:?}", added.members);
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+    cluster.stop().await;
+}

@@ -280,7 +280,7 @@ fn run(state: &mut State, stamp: &Stamp, command: &Command) -> Result<Reply, Ref
         }
         Command::AdoptRules { rules } => {
             // Never back: entries applied by newer rules stay so (an older build cannot run
-            // them, and `rules::beyond_this_build` stops a node before it would adopt them).
+            // them, and a node stops before an entry adopting rules `rules::known` refuses).
             state.rules = state.rules.max(*rules);
             Ok(Reply::Done)
         }

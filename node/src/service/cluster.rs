@@ -27,7 +27,7 @@ use crate::codec;
 use crate::config::undialable;
 use crate::deposed::unless_deposed;
 use crate::handover;
-use crate::network::Network;
+use crate::network::{Network, RulesVerdict};
 use crate::node::NodeRef;
 use crate::snapshot_file::STATE_FORMAT;
 use crate::stamp::wall_clock_ms;
@@ -38,6 +38,9 @@ const TRANSFER_DRAIN: Duration = Duration::from_secs(5);
 
 /// How long initialization waits for each new member to join the cluster.
 const JOIN_LIMIT: Duration = Duration::from_secs(3);
+
+/// How long a node being added has to say whether its build applies the cluster's rules.
+const RULES_LIMIT: Duration = Duration::from_secs(1);
 
 /// How long a voter change waits for the learners it promotes to store their membership.
 const CATCH_UP_LIMIT: Duration = Duration::from_secs(3);
@@ -63,6 +66,40 @@ pub struct ClusterService {
 }
 
 impl ClusterService {
+    /// Refuses to add node `id` at `addr` when its build does not apply the cluster's `rules`:
+    /// a learner under older rules stops at its first entries (or, from before versioned rules,
+    /// falls behind for good), and the cluster cannot go back to older rules. Every build applies
+    /// rules 0. A node that cannot be asked (not started yet, unreachable) is added as before,
+    /// and the adoption of newer rules waits for it like for any member.
+    async fn follows_rules(&self, id: NodeId, addr: &str, rules: u32) -> Result<(), Status> {
+        if rules == 0 {
+            return Ok(());
+        }
+        match self
+            .network
+            .rules_verdict(id, addr, rules, RULES_LIMIT)
+            .await
+        {
+            RulesVerdict::Applies => Ok(()),
+            RulesVerdict::AppliesNot(why) => Err(infra_status(
+                Code::FailedPrecondition,
+                infra::MEMBERSHIP,
+                format!(
+                    "node {id} at {addr} cannot follow this cluster (apply rules {rules}): {why}"
+                ),
+            )),
+            RulesVerdict::Unknown(why) => {
+                tracing::info!(
+                    id,
+                    addr,
+                    %why,
+                    "adding a learner whose build could not be asked about the apply rules"
+                );
+                Ok(())
+            }
+        }
+    }
+
     /// Serves `node`; handovers close `admission` and reach the successor through `network`.
     /// `restored_from` is the data dir's restore fingerprint, reported by `node_info` with
     /// `cluster`.
@@ -405,12 +442,16 @@ impl cluster_server::Cluster for ClusterService {
         // address would be answered with the unchanged membership, as if the node were added.
         // Judged on the committed membership, read linearizably (redirecting a follower); a
         // learner again at its own address goes on, so that a retry waits for it to catch up.
-        let stored = self.node.read(|applied| applied.membership.clone()).await?;
+        let (stored, rules) = self
+            .node
+            .read(|applied| (applied.membership.clone(), applied.state.rules))
+            .await?;
         if let Some(conflict) = address_conflict(stored.membership(), id, &addr)
             .or_else(|| already_voter(stored.membership(), id))
         {
             return Err(conflict);
         }
+        self.follows_rules(id, &addr, rules).await?;
         tracing::info!(id, %addr, "adding learner");
         // Again: a handover may have begun during the read.
         self.not_while_handing_over()?;

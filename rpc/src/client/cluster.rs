@@ -27,7 +27,8 @@ pub struct SavedSnapshot {
 impl Client {
     /// Adds node `id` at `addr` as a learner and waits until it has caught up with the log.
     /// Adding a learner again at its own address is harmless (a retry); a voter's id is refused
-    /// (`MEMBERSHIP`), as is a member's id at another address or its address under another id.
+    /// (`MEMBERSHIP`), as is a member's id at another address or its address under another id,
+    /// and a node whose build says it does not apply the cluster's apply rules.
     pub async fn add_learner(&self, id: u64, addr: &str) -> Result<MembershipResponse, Error> {
         self.call_patiently(|channel: Conn| {
             let request = proto::AddLearnerRequest {
