@@ -375,8 +375,8 @@ impl Report {
     }
 }
 
-/// The error of a run that could not run its faults or did not recover (the context of the
-/// cause), with what its history showed until then: everything that can be judged without the
+/// The error of a run that could not run its faults, did not recover, or could not be read back
+/// after it (the context of the cause), with what its history showed until then: everything that can be judged without the
 /// read-back was ([`drive`]), and a violation found so is as real as in any other run, so the
 /// binary counts it with the others (`violations=`) besides counting the run as an error.
 /// (`lost-ack` needs the read-back and `progress` a run that went its whole course: neither is
@@ -403,8 +403,8 @@ impl Unrecovered {
             faults: report.faults,
             violations: report.violations.len(),
             explained: format!(
-                "scenario {} seed {} could not run its faults or recover; {} violation(s) in the \
-                 history until then (not read back)\n{}",
+                "scenario {} seed {} could not run its faults, recover or be read back; {} \
+                 violation(s) in the history until then (not read back)\n{}",
                 report.scenario,
                 report.seed,
                 report.violations.len(),
@@ -783,14 +783,14 @@ async fn drive<T: Target>(
     let recovered = nemesis.recover(cluster).await;
     phase("recovery");
     let unrecovered = faulted.and(recovered).err();
-    let (mut violations, final_from) = match unrecovered {
+    let (mut violations, final_from, unrecovered) = match unrecovered {
         // No read-back from a cluster that did not recover, but the history so far is still
         // judged: a store that broke a rule under the faults may be why it did not recover.
-        Some(_) => {
+        Some(error) => {
             let stopped = workloads.stop(Duration::from_secs(15)).await;
             let mut violations = stopped;
             violations.extend(watcher.catch_up_and_stop(&rec, Duration::ZERO).await);
-            (violations, None)
+            (violations, None, Some(error))
         }
         None => {
             let recovered_at = rec.clock().now();
@@ -801,17 +801,27 @@ async fn drive<T: Target>(
             let final_from = rec.clock().now();
             let mut keys = tickets.clone();
             keys.extend(nemesis.probe_keys.iter().cloned());
-            read_back(&endpoints, &rec, &keys, mix).await?;
-            phase("read-back");
-            violations.extend(
-                watcher
-                    .catch_up_and_stop(&rec, settings.recovery_limit)
-                    .await,
-            );
-            phase("watch caught up");
-            violations.extend(replicas_agree(cluster, settings.recovery_limit).await);
-            phase("replicas compared");
-            (violations, Some(final_from))
+            match read_back(&endpoints, &rec, &keys, mix).await {
+                // Judged as a run that did not recover: what the history shows until then
+                // stands, and the binary counts it (before, the run ended here unjudged).
+                Err(error) => {
+                    violations.extend(watcher.catch_up_and_stop(&rec, Duration::ZERO).await);
+                    let error = error.context("the read-back after recovery failed");
+                    (violations, None, Some(error))
+                }
+                Ok(()) => {
+                    phase("read-back");
+                    violations.extend(
+                        watcher
+                            .catch_up_and_stop(&rec, settings.recovery_limit)
+                            .await,
+                    );
+                    phase("watch caught up");
+                    violations.extend(replicas_agree(cluster, settings.recovery_limit).await);
+                    phase("replicas compared");
+                    (violations, Some(final_from), None)
+                }
+            }
         }
     };
     let history = rec.finish();
