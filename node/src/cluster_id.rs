@@ -124,7 +124,8 @@ pub enum Standing {
     Unnamed,
     /// This node is new (its log is empty) and the request asks it into cluster `0` (a join, or
     /// a leader's entries or snapshot): it is answered once the node has taken that id
-    /// ([`OwnCluster::join`]), after the request was judged fit.
+    /// ([`OwnCluster::join`]), after the request was judged fit. (The apply rules question is
+    /// admitted so too, and answered without taking the id: it changes nothing.)
     Invited(ClusterId),
 }
 
@@ -267,7 +268,8 @@ impl OwnCluster {
 
     /// Where a request from a node of cluster `theirs` (`None`: it has no id) stands, or why it
     /// is refused; `inviting`: the request may ask a new node in (a join, a leader's entries or
-    /// snapshot).
+    /// snapshot), or is one a new node answers from a cluster it has not joined (the apply rules
+    /// question).
     pub fn admit(&self, theirs: Option<ClusterId>, inviting: bool) -> Result<Standing, Foreign> {
         let fresh = self.inner.fresh.load(Ordering::Acquire);
         match (self.get(), theirs) {

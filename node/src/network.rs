@@ -470,15 +470,24 @@ impl Network {
             .await
         {
             Ok((Outcome::Answered, _)) => RulesVerdict::Applies,
-            Ok((Outcome::Refused, body)) => match codec::decode::<String>(&body) {
-                Ok(why) => RulesVerdict::AppliesNot(why),
-                Err(e) => RulesVerdict::Unknown(format!("node {target}: undecodable answer: {e}")),
-            },
+            Ok((Outcome::Refused, body)) => {
+                // Most often the node is not added: its connection is not kept for later.
+                let dialed = self.address(target, addr);
+                self.with_links(target, &dialed, |links| links.idle.clear());
+                match codec::decode::<String>(&body) {
+                    Ok(why) => RulesVerdict::AppliesNot(format!("its build says: {why}")),
+                    Err(e) => {
+                        RulesVerdict::Unknown(format!("node {target}: undecodable answer: {e}"))
+                    }
+                }
+            }
             Ok((Outcome::Failed, body)) => {
                 let why = String::from_utf8_lossy(&body);
                 if why.starts_with(UNKNOWN_KIND) {
                     RulesVerdict::AppliesNot(
-                        "its build is from before versioned apply rules: run a newer build".into(),
+                        "the build at that address is from before versioned apply rules: run a \
+                         newer build"
+                            .into(),
                     )
                 } else {
                     RulesVerdict::Unknown(format!("node {target}: {why}"))
@@ -1193,6 +1202,10 @@ mod tests {
         assert!(
             matches!(&verdict, RulesVerdict::AppliesNot(why) if why.contains("from before")),
             "{verdict:?}"
+        );
+        assert!(
+            network.peers.lock().unwrap()[&2].quiet_until.is_none(),
+            "no redial pause"
         );
         let refusing = StandIn::start().await;
         refusing.refuse.store(true, SeqCst);

@@ -11,8 +11,9 @@
 //! not, on any node, the task ends.
 //!
 //! Adding a member asks it the same question first, about the rules in force, and refuses a node
-//! whose build says no (`crate::service::cluster`). One that could not be asked and runs an older
-//! build stops (or, from before versioned rules, falls behind) at the adopting entry or at a
+//! whose build says no (`crate::service::cluster`); a membership that changed while the leader
+//! asked is asked again before the adoption. A member that could not be asked and runs an older
+//! build, or one added in the moment between that last look and the adoption, stops (or, from before versioned rules, falls behind) at the adopting entry or at a
 //! snapshot under the new rules, which it cannot read, rather than apply entries by other rules
 //! than the rest.
 //!
@@ -56,10 +57,15 @@ pub async fn run(
         let leading = server.borrow_and_update().current_leader == Some(node.id);
         // A leader handing over or shutting down must not propose.
         if leading && !admission.is_closed() {
+            let asked = membership_entry(&node);
             let refusals = tokio::select! {
                 refusals = refusals(&node, &network) => refusals,
                 _ = stop.changed() => return,
             };
+            // A member added meanwhile was not asked: ask again, it included.
+            if refusals.is_empty() && membership_entry(&node) != asked {
+                continue;
+            }
             if refusals.is_empty() {
                 let adopt = Command::AdoptRules { rules: RULES };
                 let proposed = tokio::select! {
@@ -100,6 +106,11 @@ pub async fn run(
             _ = stop.changed() => return,
         }
     }
+}
+
+/// The log entry of the membership this node goes by (the latest it holds, committed or not).
+fn membership_entry(node: &NodeRef) -> Option<crate::types::LogId> {
+    *node.raft.metrics().borrow().membership_config.log_id()
 }
 
 /// Why the cluster cannot adopt [`RULES`] now: the members (other than this node) that did not

@@ -111,6 +111,11 @@ impl SnapshotFile {
     /// Parses and verifies a file's bytes: magic, format, lengths, checksum, and that the state
     /// decodes. Every refusal says what is wrong.
     pub fn from_bytes(bytes: &[u8]) -> anyhow::Result<Self> {
+        Self::parse(bytes).map(|(file, _)| file)
+    }
+
+    /// [`Self::from_bytes`], and the state it decoded.
+    fn parse(bytes: &[u8]) -> anyhow::Result<(Self, State)> {
         let header_len = check_prefix(bytes)?;
         ensure!(
             bytes.len() >= 16 + CHECKSUM_BYTES,
@@ -154,14 +159,21 @@ impl SnapshotFile {
             state.len(),
             header.state_bytes
         );
-        codec::decode_state(&state).context("the snapshot's state does not decode")?;
-        Ok(Self { header, state })
+        let decoded =
+            codec::decode_state(&state).context("the snapshot's state does not decode")?;
+        Ok((Self { header, state }, decoded))
     }
 
     /// Reads and verifies a backup file.
     pub fn read(path: &Path) -> anyhow::Result<Self> {
+        Self::read_decoded(path).map(|(file, _)| file)
+    }
+
+    /// [`Self::read`], and the state the file holds, decoded (`snapshot inspect` shows some of
+    /// it).
+    pub fn read_decoded(path: &Path) -> anyhow::Result<(Self, State)> {
         read_bounded(path)
-            .and_then(|bytes| Self::from_bytes(&bytes))
+            .and_then(|bytes| Self::parse(&bytes))
             .with_context(|| format!("{} was refused", path.display()))
     }
 

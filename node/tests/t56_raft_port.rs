@@ -641,8 +641,8 @@ async fn answering_stand_in(answer: bytes::Bytes) -> String {
 /// Claim: `AddLearner` refuses (`MEMBERSHIP`) a node whose build does not apply the cluster's
 /// apply rules — one from before versioned rules fails the question as an unknown request, a
 /// newer one under older rules says no — naming why, and the membership stays as it was. A node
-/// whose build applies them is added. Before, both were added, to stop or fall behind at their
-/// first entries.
+/// whose build applies them is added, and so is one that cannot be asked. Before, all were
+/// added, the first two to stop or fall behind at their first entries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adding_a_node_whose_build_cannot_follow_the_rules_is_refused() {
     use baton_statemachine::rules::RULES;
@@ -655,7 +655,10 @@ async fn adding_a_node_whose_build_cannot_follow_the_rules_is_refused() {
     )))
     .unwrap();
     for (answer, says) in [
-        (older, "from before versioned apply rules".to_string()),
+        (
+            older.clone(),
+            "from before versioned apply rules".to_string(),
+        ),
         (no, format!("this build applies rules up to {}", RULES - 1)),
     ] {
         let addr = answering_stand_in(answer).await;
@@ -670,9 +673,16 @@ async fn adding_a_node_whose_build_cannot_follow_the_rules_is_refused() {
         let info = client.node_info(&cluster.addr).await.unwrap();
         assert_eq!(info.members.len(), 1, "{says}: {:?}", info.members);
     }
+    // A node that cannot be asked (not started yet) is added as before.
+    let unstarted = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().to_string()
+    };
+    let added = client.add_learner(3, &unstarted).await.unwrap();
+    assert_eq!(added.members.len(), 2, "{:?}", added.members);
     let (addr, stop, server, _dir) = bare_node(2).await;
     let added = client.add_learner(2, &addr).await.unwrap();
-    assert_eq!(added.members.len(), 2, "{:?}", added.members);
+    assert_eq!(added.members.len(), 3, "{:?}", added.members);
     let _ = stop.send(());
     server.await.unwrap().unwrap();
     cluster.stop().await;

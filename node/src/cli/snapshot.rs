@@ -153,8 +153,8 @@ pub async fn run(command: SnapshotCommand, client: &Client) -> u8 {
 }
 
 fn inspect(file: &std::path::Path) -> u8 {
-    match SnapshotFile::read(file) {
-        Ok(snapshot) => {
+    match SnapshotFile::read_decoded(file) {
+        Ok((snapshot, state)) => {
             let h = &snapshot.header;
             out!(
                 "file: {} (format {}, checksum ok)",
@@ -168,10 +168,7 @@ fn inspect(file: &std::path::Path) -> u8 {
                 h.last_log_leader
             );
             out!("state: {} bytes, format {}", h.state_bytes, h.state_format);
-            // Read already (the file is refused unless its state decodes), so this cannot fail.
-            if let Ok(state) = baton_node::codec::decode_state(&snapshot.state) {
-                out!("apply rules: {}", state.rules);
-            }
+            out!("apply rules: {}", state.rules);
             out!(
                 "saved: {} by node {} (baton {})",
                 super::rfc3339(h.saved_at_ms),

@@ -69,9 +69,16 @@ impl ClusterService {
     /// Refuses to add node `id` at `addr` when its build does not apply the cluster's `rules`:
     /// a learner under older rules stops at its first entries (or, from before versioned rules,
     /// falls behind for good), and the cluster cannot go back to older rules. Every build applies
-    /// rules 0. A node that cannot be asked (not started yet, unreachable) is added as before,
-    /// and the adoption of newer rules waits for it like for any member.
-    async fn follows_rules(&self, id: NodeId, addr: &str, rules: u32) -> Result<(), Status> {
+    /// rules 0. A node that cannot be asked (not started yet, unreachable, or refusing the
+    /// question itself: of another cluster, say) is added as before, and the adoption of newer
+    /// rules waits for it like for any member. `learner`: it is one already (a retry).
+    async fn follows_rules(
+        &self,
+        id: NodeId,
+        addr: &str,
+        rules: u32,
+        learner: bool,
+    ) -> Result<(), Status> {
         if rules == 0 {
             return Ok(());
         }
@@ -81,13 +88,24 @@ impl ClusterService {
             .await
         {
             RulesVerdict::Applies => Ok(()),
-            RulesVerdict::AppliesNot(why) => Err(infra_status(
-                Code::FailedPrecondition,
-                infra::MEMBERSHIP,
-                format!(
-                    "node {id} at {addr} cannot follow this cluster (apply rules {rules}): {why}"
-                ),
-            )),
+            RulesVerdict::AppliesNot(why) => {
+                let already = if learner {
+                    format!(
+                        " (it is a learner already: upgrade it, or take it out with `baton \
+                         members remove --id {id}`)"
+                    )
+                } else {
+                    String::new()
+                };
+                Err(infra_status(
+                    Code::FailedPrecondition,
+                    infra::MEMBERSHIP,
+                    format!(
+                        "node {id} at {addr} cannot follow this cluster (apply rules {rules}): \
+                         {why}{already}"
+                    ),
+                ))
+            }
             RulesVerdict::Unknown(why) => {
                 tracing::info!(
                     id,
@@ -451,7 +469,8 @@ impl cluster_server::Cluster for ClusterService {
         {
             return Err(conflict);
         }
-        self.follows_rules(id, &addr, rules).await?;
+        let learner = stored.membership().get_node(&id).is_some();
+        self.follows_rules(id, &addr, rules, learner).await?;
         tracing::info!(id, %addr, "adding learner");
         // Again: a handover may have begun during the read.
         self.not_while_handing_over()?;
