@@ -637,7 +637,8 @@ async fn t71_the_recorder_records_only_a_fault_s_errors_as_ambiguous() {
 
 /// After recovery every workload but handoff must get a grant again: prompt refusals alone (every
 /// acquire `contended`, as from a store that stopped freeing holds) are reported for that
-/// workload.
+/// workload. The queue needs a lease on each concurrency key: one key's leases do not hide the
+/// other's permit never freed.
 #[tokio::test]
 async fn t71_recovery_needs_a_grant_not_just_answers() {
     let rec = Recorder::new(Clock::start());
@@ -661,6 +662,12 @@ async fn t71_recovery_needs_a_grant_not_just_answers() {
                 worker: "w0".into(),
             },
             Outcome::Ok(leased(1, "key-0", Some(1), None)),
+        ),
+        (
+            Input::Lease {
+                worker: "w1".into(),
+            },
+            Outcome::Ok(leased(2, "key-1", Some(1), None)),
         ),
         (
             Input::SaveCheckpoint {
@@ -697,6 +704,23 @@ async fn t71_recovery_needs_a_grant_not_just_answers() {
         }),
     );
     assert!(available_again(&rec, since, limit).await.is_empty());
+
+    // Without the lease on key-1, that key alone is reported.
+    let one_key = Recorder::new(Clock::start());
+    let since_one = one_key.clock().now();
+    for op in rec.finish() {
+        if !queue::leased_on(&op, "key-1") {
+            let index = one_key.invoke("c", op.input);
+            one_key.complete(index, op.outcome);
+        }
+    }
+    let violations = available_again(&one_key, since_one, limit).await;
+    assert_eq!(
+        rules(&violations),
+        ["available-after-recovery"],
+        "{violations:?}"
+    );
+    assert_eq!(violations[0].key, "queue key-1");
 
     // A change the handoff watch delivered is not an answer: it may have been made before the
     // faults.

@@ -424,6 +424,8 @@ impl fmt::Display for Unrecovered {
 const WORKLOADS: [&str; 5] = ["handoff", "board", "effect+sink", "queue", "checkpoint"];
 /// [`WORKLOADS`]' handoff.
 const HANDOFF: usize = 0;
+/// [`WORKLOADS`]' queue.
+const QUEUE_WORKLOAD: usize = 3;
 
 /// Which of [`WORKLOADS`] `op` belongs to.
 fn workload_of(op: &Op) -> usize {
@@ -1077,7 +1079,9 @@ fn observed(op: &Op) -> bool {
 /// was applied but whose answer was lost stays taken for its hour-long TTL (nobody has its token
 /// to reply), so with few keys every take after recovery may rightly be refused; its answers are
 /// judged by the linearizability check instead (a change a watch delivered is not an answer: it
-/// may have been made before the faults).
+/// may have been made before the faults). The queue's concurrency keys each need a lease of
+/// their own: a key whose permit is never freed stops only its tasks, and the other key's leases
+/// would hide it (the submitter keeps tasks waiting on both).
 pub async fn available_again(rec: &Recorder, since: u64, limit: Duration) -> Vec<Violation> {
     let started = Instant::now();
     let recovered = |op: &Op, slot: usize| {
@@ -1087,10 +1091,25 @@ pub async fn available_again(rec: &Recorder, since: u64, limit: Duration) -> Vec
         let silent: Vec<usize> = (0..WORKLOADS.len())
             .filter(|slot| rec.answered_since(since, |op| recovered(op, *slot)) == 0)
             .collect();
-        if silent.is_empty() {
+        let stuck: Vec<&str> = queue::KEYS
+            .into_iter()
+            .filter(|key| rec.answered_since(since, |op| queue::leased_on(op, key)) == 0)
+            .collect();
+        if silent.is_empty() && stuck.is_empty() {
             return Vec::new();
         }
         if started.elapsed() >= limit {
+            let stuck = stuck.into_iter().map(|key| {
+                Violation::new(
+                    "available-after-recovery",
+                    &format!("{} {key}", WORKLOADS[QUEUE_WORKLOAD]),
+                    format!(
+                        "no lease of a task on concurrency key {key} within {limit:?} after \
+                         every fault was undone (its permit never freed?)"
+                    ),
+                    Vec::new(),
+                )
+            });
             return silent
                 .into_iter()
                 .map(|slot| {
@@ -1108,6 +1127,7 @@ pub async fn available_again(rec: &Recorder, since: u64, limit: Duration) -> Vec
                         Vec::new(),
                     )
                 })
+                .chain(stuck)
                 .collect();
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

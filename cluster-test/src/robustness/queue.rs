@@ -61,6 +61,15 @@ pub struct Pace {
     leased: Mutex<Option<(u64, String)>>,
 }
 
+/// Whether `op` is an acknowledged lease of a task on concurrency key `key`.
+pub fn leased_on(op: &Op, key: &str) -> bool {
+    matches!(
+        (&op.input, op.ok()),
+        (Input::Lease { .. }, Some(Output::Leased(assignments)))
+            if assignments.iter().any(|assignment| assignment.key == key)
+    )
+}
+
 /// Creates the queue and registers `workers`, retrying infrastructure failures (set-up, not
 /// part of the checked history).
 pub async fn setup(client: &Client, workers: &[String]) -> anyhow::Result<()> {
