@@ -721,6 +721,18 @@ async fn t71_recovery_needs_a_grant_not_just_answers() {
         "{violations:?}"
     );
     assert_eq!(violations[0].key, "queue key-1");
+    // Without any lease, the queue is reported once, not once more per key.
+    let no_queue = Recorder::new(Clock::start());
+    let since_none = no_queue.clock().now();
+    for op in rec.finish() {
+        if !matches!(op.input, Input::Lease { .. }) {
+            let index = no_queue.invoke("c", op.input);
+            no_queue.complete(index, op.outcome);
+        }
+    }
+    let violations = available_again(&no_queue, since_none, limit).await;
+    let keys: Vec<&str> = violations.iter().map(|v| v.key.as_str()).collect();
+    assert_eq!(keys, ["queue"], "{violations:?}");
 
     // A change the handoff watch delivered is not an answer: it may have been made before the
     // faults.

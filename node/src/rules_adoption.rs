@@ -10,12 +10,13 @@
 //! [`ASK_EVERY`] while it leads and the cluster's rules are older than its build's. Once they are
 //! not, on any node, the task ends.
 //!
-//! Adding a member asks it the same question first, about the rules in force, and refuses a node
-//! whose build says no (`crate::service::cluster`); a membership that changed while the leader
-//! asked is asked again before the adoption. A member that could not be asked and runs an older
-//! build, or one added in the moment between that last look and the adoption, stops (or, from before versioned rules, falls behind) at the adopting entry or at a
-//! snapshot under the new rules, which it cannot read, rather than apply entries by other rules
-//! than the rest.
+//! Adding a member asks it the same question first, about the rules in force, and again about
+//! newer ones adopted while it was being added (`crate::service::cluster`); a membership that
+//! changed while the leader asked is asked again before the adoption. A member that could not be
+//! asked and runs an older build, or one added in the moment between the leader's last look and
+//! the adoption's commit, stops (or, from before versioned rules, falls behind) at the adopting
+//! entry or at a snapshot under the new rules, which it cannot read, rather than apply entries by
+//! other rules than the rest.
 //!
 //! [`Kind::Rules`]: crate::raft_wire::Kind::Rules
 

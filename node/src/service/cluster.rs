@@ -489,6 +489,12 @@ impl cluster_server::Cluster for ClusterService {
         {
             return Err(conflict);
         }
+        // The leader may have adopted newer rules while the node was asked and added (it asked
+        // the members it had then): the node is asked about those too.
+        let adopted = self.node.state_machine.read().state.rules;
+        if adopted > rules {
+            self.follows_rules(id, &addr, adopted, true).await?;
+        }
         Ok(Response::new(membership_response(&written)))
     }
 
