@@ -680,9 +680,11 @@ async fn adding_a_node_whose_build_cannot_follow_the_rules_is_refused() {
     };
     let added = client.add_learner(3, &unstarted).await.unwrap();
     assert_eq!(added.members.len(), 2, "{:?}", added.members);
+    assert!(added.unasked.contains("cannot connect"), "{added:?}");
     let (addr, stop, server, _dir) = bare_node(2).await;
     let added = client.add_learner(2, &addr).await.unwrap();
     assert_eq!(added.members.len(), 3, "{:?}", added.members);
+    assert_eq!(added.unasked, "", "it was asked");
     let _ = stop.send(());
     server.await.unwrap().unwrap();
     cluster.stop().await;

@@ -107,9 +107,20 @@ pub async fn run(command: MembersCommand, client: &Client, within: Duration) -> 
         }
     };
     match result {
-        Ok(MembershipResponse { members, log_index }) => {
+        Ok(MembershipResponse {
+            members,
+            log_index,
+            unasked,
+        }) => {
             print_members(&members, false);
             out!("membership committed at log index {log_index}");
+            if !unasked.is_empty() {
+                eprintln!(
+                    "baton: note: the new node could not be asked whether its build applies the \
+                     cluster's apply rules ({unasked}); is it started, at that address? `baton \
+                     status` shows it once it answers"
+                );
+            }
             warn_if_fragile(members.iter().filter(|m| m.voter).count());
             exit::OK
         }

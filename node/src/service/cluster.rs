@@ -71,23 +71,24 @@ impl ClusterService {
     /// falls behind for good), and the cluster cannot go back to older rules. Every build applies
     /// rules 0. A node that cannot be asked (not started yet, unreachable, or refusing the
     /// question itself: of another cluster, say) is added as before, and the adoption of newer
-    /// rules waits for it like for any member. `learner`: it is one already (a retry).
+    /// rules waits for it like for any member: why it could not be asked is returned, for the
+    /// operator. `learner`: it is one already (a retry).
     async fn follows_rules(
         &self,
         id: NodeId,
         addr: &str,
         rules: u32,
         learner: bool,
-    ) -> Result<(), Status> {
+    ) -> Result<Option<String>, Status> {
         if rules == 0 {
-            return Ok(());
+            return Ok(None);
         }
         match self
             .network
             .rules_verdict(id, addr, rules, RULES_LIMIT)
             .await
         {
-            RulesVerdict::Applies => Ok(()),
+            RulesVerdict::Applies => Ok(None),
             RulesVerdict::AppliesNot(why) => {
                 let already = if learner {
                     format!(
@@ -113,7 +114,7 @@ impl ClusterService {
                     %why,
                     "adding a learner whose build could not be asked about the apply rules"
                 );
-                Ok(())
+                Ok(Some(why))
             }
         }
     }
@@ -470,7 +471,7 @@ impl cluster_server::Cluster for ClusterService {
             return Err(conflict);
         }
         let learner = stored.membership().get_node(&id).is_some();
-        self.follows_rules(id, &addr, rules, learner).await?;
+        let mut unasked = self.follows_rules(id, &addr, rules, learner).await?;
         tracing::info!(id, %addr, "adding learner");
         // Again: a handover may have begun during the read.
         self.not_while_handing_over()?;
@@ -493,9 +494,12 @@ impl cluster_server::Cluster for ClusterService {
         // the members it had then): the node is asked about those too.
         let adopted = self.node.state_machine.read().state.rules;
         if adopted > rules {
-            self.follows_rules(id, &addr, adopted, true).await?;
+            unasked = self.follows_rules(id, &addr, adopted, true).await?;
         }
-        Ok(Response::new(membership_response(&written)))
+        Ok(Response::new(MembershipResponse {
+            unasked: unasked.unwrap_or_default(),
+            ..membership_response(&written)
+        }))
     }
 
     async fn change_membership(
@@ -795,6 +799,7 @@ fn unchanged(stored: &StoredMembership<NodeId, BasicNode>) -> MembershipResponse
     MembershipResponse {
         members: members_of(stored.membership()),
         log_index: stored.log_id().map_or(0, |id| id.index),
+        unasked: String::new(),
     }
 }
 
@@ -808,6 +813,7 @@ fn membership_response(
             .map(members_of)
             .unwrap_or_default(),
         log_index: written.log_id.index,
+        unasked: String::new(),
     }
 }
 
