@@ -13,7 +13,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// Set to `1` to fail, instead of skip, the clock-skew tests on a machine without libfaketime.
 pub const REQUIRE_ENV: &str = "BATON_REQUIRE_FAKETIME";
 
-/// Names the libfaketime library to preload, where it is not in one of [`LIBRARIES`].
+/// Names the libfaketime library to preload, where it is not in one of `LIBRARIES`.
 pub const LIBRARY_ENV: &str = "BATON_FAKETIME_LIB";
 
 /// Where Debian's and a source build's libfaketime live.

@@ -30,7 +30,7 @@ pub fn encode_into<T: Serialize>(
 const DECODE_LIMIT: usize = crate::raft_wire::MAX_FRAME_BYTES;
 
 /// Decodes a value encoded by [`encode`], refusing trailing bytes and lengths past
-/// [`DECODE_LIMIT`].
+/// `DECODE_LIMIT`.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::error::DecodeError> {
     let config = bincode::config::standard().with_limit::<DECODE_LIMIT>();
     whole(bytes, bincode::serde::decode_from_slice(bytes, config)?)
@@ -64,7 +64,7 @@ pub fn encode_state_into(
 }
 
 /// Decodes a state's image ([`encode_state`]) with a limit that grows with the image
-/// ([`decode_sized`]) rather than [`decode`]'s: a state may be of any size (a million leases
+/// (`decode_sized`) rather than [`decode`]'s: a state may be of any size (a million leases
 /// claim hundreds of MiB).
 ///
 /// Refuses the image of a state under apply rules this build does not know

@@ -5,7 +5,7 @@
 //! being told (regression tests `t79_issue_old_leader_write_hangs` for a client write and
 //! `t79_issue_old_leader_read_hangs` for the entry a fresh leader commits before its first read).
 //! Every write this node proposes — client batches, the read barrier, the read-index nudge,
-//! membership changes — is raced against [`deposed`] through [`unless_deposed`].
+//! membership changes — is raced against `deposed` through `unless_deposed`.
 //!
 //! Answering `NOT_LEADER` as soon as a new leader is known is safe: the entry's fate is in the
 //! log, not in the answer. A client retries at the leader with the same `(client_id, seq)`, so if

@@ -264,7 +264,7 @@ fn word(bytes: &[u8], at: usize) -> [u8; 4] {
 /// Seeds `data_dir` as member `id` of a new cluster of `members` (every one a voter) holding the
 /// snapshot's state, with every fence raised by `raise_fences` (the same on every member, or
 /// their states differ). Refuses a data dir that already has content. Returns the restore's
-/// [`fingerprint`], also kept in the data dir ([`restored_from`]).
+/// `fingerprint`, also kept in the data dir ([`restored_from`]).
 pub async fn restore(
     snapshot: &SnapshotFile,
     data_dir: &Path,

@@ -191,7 +191,7 @@ impl Sessions {
         }
     }
 
-    /// Bytes of answers remembered, in all clients (see [`MAX_REPLY_BYTES`]).
+    /// Bytes of answers remembered, in all clients (see `MAX_REPLY_BYTES`).
     pub fn bytes(&self) -> u64 {
         self.bytes
     }

@@ -73,7 +73,7 @@ fn acknowledged_claim(op: &Op) -> Option<(&str, &str, u64)> {
     }
 }
 
-/// Whether every change the watch must deliver so far was delivered (see [`missed`]).
+/// Whether every change the watch must deliver so far was delivered (see `missed`).
 pub fn all_delivered(history: &[Op]) -> bool {
     missed(history).is_empty()
 }

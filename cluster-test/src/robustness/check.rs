@@ -359,7 +359,7 @@ fn refusals_allowed(input: &Input) -> Option<&'static [&'static str]> {
     })
 }
 
-/// Every refusal of a call that a correct store does not make for it ([`refusals_allowed`]).
+/// Every refusal of a call that a correct store does not make for it (`refusals_allowed`).
 /// Reports the first few of each code, and how many there were.
 pub fn unexpected_refusals(history: &[Op]) -> Vec<Violation> {
     const SHOWN_PER_CODE: usize = 2;

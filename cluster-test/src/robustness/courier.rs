@@ -16,7 +16,7 @@
 //!   answered, or the deadline certainly passed) starts generation 2 (`reoffer-generation`);
 //! - after recovery the ticket is `closed` if a reply was acknowledged and `expired` if no reply
 //!   can have been applied (either, if one went unanswered), or the second generation's
-//!   (`final-state`; judged [`SWEEP_US`] past the deadline: a read does not expire a ticket, the
+//!   (`final-state`; judged `SWEEP_US` past the deadline: a read does not expire a ticket, the
 //!   sweeper does);
 //! - nothing but a take or reply is refused, and those only `EXPIRED` (`unexpected-refusal`).
 

@@ -743,7 +743,7 @@ fn completed_final(
 /// The keys (with their resources) granted to a workload whose intent nobody is known to have
 /// resolved: no completion of it was acknowledged, and every resolution of it sent (if any)
 /// was refused. Each key's intent runs out unresolved, or ran out already (or its holder marked it
-/// uncertain) — unless a completion sent without an answer was applied ([`maybe_completed`]).
+/// uncertain) — unless a completion sent without an answer was applied (`maybe_completed`).
 pub fn unresolved_keys(history: &[Op]) -> Vec<(String, String)> {
     // A completion acknowledged, or a resolution that may have changed the key (answered or
     // not; a refused one changed nothing): not judged here.

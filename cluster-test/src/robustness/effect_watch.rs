@@ -86,7 +86,7 @@ fn may_end(op: &Op) -> Option<(&str, u64)> {
     }
 }
 
-/// Whether every change the watch must deliver so far was delivered (see [`missed`]).
+/// Whether every change the watch must deliver so far was delivered (see `missed`).
 pub fn all_delivered(history: &[Op]) -> bool {
     missed(history).is_empty()
 }

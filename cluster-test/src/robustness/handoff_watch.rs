@@ -180,7 +180,7 @@ impl<'h> Calls<'h> {
     }
 }
 
-/// Whether every change the watch must deliver so far was delivered (see [`missed`]).
+/// Whether every change the watch must deliver so far was delivered (see `missed`).
 pub fn all_delivered(history: &[Op]) -> bool {
     missed(history).is_empty()
 }

@@ -377,7 +377,7 @@ impl Report {
 
 /// The error of a run that could not run its faults, did not recover, or could not be read back
 /// after it (the context of the cause), with what its history showed until then: everything that
-/// can be judged without the read-back was ([`drive`]), and a violation found so is as real as in
+/// can be judged without the read-back was (`drive`), and a violation found so is as real as in
 /// any other run, so the binary counts it with the others (`violations=`) besides counting the
 /// run as an error.
 /// (`lost-ack` needs the read-back and `progress` a run that went its whole course: neither is

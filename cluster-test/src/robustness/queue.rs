@@ -108,7 +108,7 @@ fn spec(idempotency_key: &str, concurrency_key: &str) -> TaskSpec {
     }
 }
 
-/// The submitter: keeps up to [`BACKLOG`] tasks waiting, until `stop`.
+/// The submitter: keeps up to `BACKLOG` tasks waiting, until `stop`.
 pub async fn submit(
     client: Client,
     name: String,

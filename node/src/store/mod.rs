@@ -3,7 +3,7 @@
 //!
 //! One sled database per node, at `path`, holds the trees `log` (entries by index) and `meta`
 //! (vote, committed, last purged). The latest snapshot is a plain file beside them
-//! (`path/raft-snapshot`, [`image`]): replaced whole, it needs no database, and in sled a value
+//! (`path/raft-snapshot`, `image`): replaced whole, it needs no database, and in sled a value
 //! that large stalled the log (in the log's database: a ~100 MB image held sled's database-wide
 //! batch lock and a writer on its IO buffer, so every append and sync waited for the whole
 //! write; docs/benchmarks.md, "State scale") or was never freed (in a database of its own).

@@ -179,7 +179,7 @@ impl StateMachineStore {
     }
 
     /// Runs `copy` on the applied state under the read lock, telling applies meanwhile to wait
-    /// for the lock without blocking a runtime worker ([`Self::write_for_apply`]). For reads
+    /// for the lock without blocking a runtime worker (`Self::write_for_apply`). For reads
     /// that take long because they copy much of the state: a snapshot build, a backup.
     pub fn copy<T>(&self, copy: impl FnOnce(&Applied) -> T) -> T {
         let _copying = Copying::start(&self.copying);

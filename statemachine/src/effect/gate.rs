@@ -336,7 +336,7 @@ impl Gate {
     /// Resolves an uncertain key from downstream facts (no fence check: the original holder may
     /// be long dead). The first resolution wins. For an unsafe action, "did not happen" leaves
     /// the key blocked unless the resolution forces it retryable: unsafe as any grant of the key
-    /// or the resolver declared it ([`stricter`]).
+    /// or the resolver declared it (`stricter`).
     pub fn resolve_uncertain(
         &mut self,
         clock_ms: u64,

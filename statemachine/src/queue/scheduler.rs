@@ -760,7 +760,7 @@ impl TaskQueue {
 
     /// Whether a lease by `worker` on `queues` at `clock_ms` could hand out something (read-only,
     /// so an idle worker costs no log entry). Errs on the side of "yes" for the expiries the
-    /// lease would materialise first ([`TaskQueue::due_for`]).
+    /// lease would materialise first (`TaskQueue::due_for`).
     pub fn has_leasable(&self, clock_ms: u64, worker: &str, queues: &[String]) -> bool {
         let Some(capable) = self.workers.get(worker).map(|w| w.concurrency_keys) else {
             return false;
