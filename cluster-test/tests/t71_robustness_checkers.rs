@@ -6,7 +6,7 @@
 
 use baton_cluster_test::robustness::check::{self, Violation};
 use baton_cluster_test::robustness::history::{
-    AttemptEnd, AttemptRecord, Clock, Input, LeasedTask, Outcome, Output, Recorder,
+    AttemptEnd, AttemptRecord, Clock, Input, LeasedTask, Op, Outcome, Output, Recorder,
 };
 use baton_cluster_test::robustness::test_history::{rules, H};
 use baton_cluster_test::robustness::{
@@ -635,6 +635,18 @@ async fn t71_the_recorder_records_only_a_fault_s_errors_as_ambiguous() {
     );
 }
 
+/// A new recorder holding the operations of `rec` that `keep` keeps, recorded after the moment
+/// it returns with it.
+fn recorded_again(rec: &Recorder, keep: impl Fn(&Op) -> bool) -> (Recorder, u64) {
+    let again = Recorder::new(Clock::start());
+    let since = again.clock().now();
+    for op in rec.finish().into_iter().filter(|op| keep(op)) {
+        let index = again.invoke("c", op.input);
+        again.complete(index, op.outcome);
+    }
+    (again, since)
+}
+
 /// After recovery every workload but handoff must get a grant again: prompt refusals alone (every
 /// acquire `contended`, as from a store that stopped freeing holds) are reported for that
 /// workload. The queue needs a lease on each concurrency key: one key's leases do not hide the
@@ -706,14 +718,7 @@ async fn t71_recovery_needs_a_grant_not_just_answers() {
     assert!(available_again(&rec, since, limit).await.is_empty());
 
     // Without the lease on key-1, that key alone is reported.
-    let one_key = Recorder::new(Clock::start());
-    let since_one = one_key.clock().now();
-    for op in rec.finish() {
-        if !queue::leased_on(&op, "key-1") {
-            let index = one_key.invoke("c", op.input);
-            one_key.complete(index, op.outcome);
-        }
-    }
+    let (one_key, since_one) = recorded_again(&rec, |op| !queue::leased_on(op, "key-1"));
     let violations = available_again(&one_key, since_one, limit).await;
     assert_eq!(
         rules(&violations),
@@ -722,28 +727,15 @@ async fn t71_recovery_needs_a_grant_not_just_answers() {
     );
     assert_eq!(violations[0].key, "queue key-1");
     // Without any lease, the queue is reported once, not once more per key.
-    let no_queue = Recorder::new(Clock::start());
-    let since_none = no_queue.clock().now();
-    for op in rec.finish() {
-        if !matches!(op.input, Input::Lease { .. }) {
-            let index = no_queue.invoke("c", op.input);
-            no_queue.complete(index, op.outcome);
-        }
-    }
+    let (no_queue, since_none) =
+        recorded_again(&rec, |op| !matches!(op.input, Input::Lease { .. }));
     let violations = available_again(&no_queue, since_none, limit).await;
     let keys: Vec<&str> = violations.iter().map(|v| v.key.as_str()).collect();
     assert_eq!(keys, ["queue"], "{violations:?}");
 
     // A change the handoff watch delivered is not an answer: it may have been made before the
     // faults.
-    let watched = Recorder::new(Clock::start());
-    let since = watched.clock().now();
-    for op in rec.finish() {
-        if !matches!(op.input, Input::Take { .. }) {
-            let index = watched.invoke("c", op.input);
-            watched.complete(index, op.outcome);
-        }
-    }
+    let (watched, since) = recorded_again(&rec, |op| !matches!(op.input, Input::Take { .. }));
     watched.observe(
         handoff_watch::NAME,
         ticket_change("offered", "ticket-0", "", 1),
